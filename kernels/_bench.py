@@ -1,0 +1,118 @@
+"""Shared benchmark helpers for the fp4ref kernels: an L2-flushing CUDA-event timer and a table printer.
+
+The timer follows the public benchmarks the workloads come from (/work/shared/facts/seeds.md, "How those
+benchmarks time kernels"): CUDA events, 10 warm-up and 50 timed iterations, L2 flushed before EACH iteration by
+writing a buffer of twice the L2 size, no CUDA graphs, median. Always time the peer in the same run.
+
+Nothing runs at import; torch is imported lazily so ``--help`` works without a GPU.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Sequence
+
+__all__ = ["l2_flush_buffer", "time_cuda", "print_table", "geomean"]
+
+_FLUSH_BUFFERS: dict = {}
+
+
+def l2_flush_buffer(device=None):
+    """Return a cached int8 CUDA buffer of 2 x the device's L2 size (bytes); writing it evicts L2.
+
+    Falls back to 2 x 64 MiB when torch does not report the L2 size (an upper estimate for Hopper's 50 MiB L2).
+    """
+    import torch
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    key = str(dev)
+    buf = _FLUSH_BUFFERS.get(key)
+    if buf is None:
+        props = torch.cuda.get_device_properties(dev)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+        buf = torch.empty(2 * l2, dtype=torch.int8, device=dev)
+        _FLUSH_BUFFERS[key] = buf
+    return buf
+
+
+def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2: bool = True) -> float:
+    """Median time of ``fn()`` on the current CUDA stream, in MICROSECONDS.
+
+    Each timed iteration: write the L2 flush buffer (outside the timed region), record a start event, call
+    ``fn()``, record an end event. ``warmup`` untimed calls come first (each after a flush too). Returns the
+    median over ``iters`` of the event-measured times.
+
+    Raises:
+        ValueError: ``warmup`` < 0 or ``iters`` < 1.
+        RuntimeError: CUDA is not available.
+    """
+    import torch
+
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup}: expected >= 0")
+    if iters < 1:
+        raise ValueError(f"iters={iters}: expected >= 1")
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_cuda needs a CUDA device; torch.cuda.is_available() is False")
+    flush = l2_flush_buffer() if flush_l2 else None
+    for _ in range(warmup):
+        if flush is not None:
+            flush.zero_()
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean of positive numbers (ValueError on an empty sequence or a non-positive value)."""
+    import math
+
+    vals = list(values)
+    if not vals:
+        raise ValueError("geomean of an empty sequence")
+    if any(v <= 0 for v in vals):
+        raise ValueError(f"geomean needs positive values, got {min(vals)}")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool = False) -> str:
+    """Print a table (rich when installed; plain text otherwise) and return it as Markdown text.
+
+    Floats are shown with 4 significant figures. With ``markdown=True`` the Markdown text is printed instead of
+    the rich table (useful to paste into docs/benchmarks.md).
+    """
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+        return str(v)
+
+    cells = [[fmt(v) for v in row] for row in rows]
+    md = "\n".join(
+        [f"| {' | '.join(columns)} |", "|" + "|".join(" --- " for _ in columns) + "|"]
+        + [f"| {' | '.join(r)} |" for r in cells]
+    )
+    if markdown:
+        print(f"{title}\n\n{md}")
+        return md
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is a dependency, but keep the printer usable without it
+        print(title)
+        print(md)
+        return md
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in cells:
+        table.add_row(*r)
+    Console(width=200).print(table)
+    return md
