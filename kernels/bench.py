@@ -1,0 +1,40 @@
+"""Benchmark dispatcher: ``python -m fp4ref.kernels.bench NAME [options]``.
+
+NAME selects the module ``fp4ref.kernels.bench_<NAME>``, which exposes ``main(argv: list[str]) -> int``; the
+remaining arguments are passed to it. Each benchmark times the kernel and its peer in the same run with
+``fp4ref.kernels._bench.time_cuda`` (L2 flushed, CUDA events, 10 warm-up + 50 timed iterations, median) and prints
+a table. ``python -m fp4ref.kernels.bench --list`` lists the names.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+__all__ = ["BENCHMARKS", "main"]
+
+# name -> module (relative to this package). Owners: gemm_fp16 (dense fp16 GEMM), sparse_gemm_fp4_fp8
+# (2:4 sparse FP4 x FP8 GEMM), nvfp4_linear (NVFP4 linear layer).
+BENCHMARKS = {
+    "gemm_fp16": ".bench_gemm_fp16",
+    "sparse_gemm_fp4_fp8": ".bench_sparse_gemm_fp4_fp8",
+    "nvfp4_linear": ".bench_nvfp4_linear",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print(__doc__.strip())
+        print("\nbenchmarks: " + ", ".join(BENCHMARKS))
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark NAME={name!r}; expected one of {sorted(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    package = __package__ or "fp4ref.kernels"
+    module = importlib.import_module(BENCHMARKS[name], package=package)
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
