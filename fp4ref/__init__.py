@@ -1,0 +1,22 @@
+"""fp4ref: reference codecs, exact GEMMs and rigorous error bounds for FP4/FP8 numerics.
+
+Pure numpy + ml_dtypes; never imports torch or triton (the Triton kernels live in ``fp4ref.kernels``).
+"""
+from .formats import (  # noqa: F401
+    E2M1,
+    E2M3,
+    E3M2,
+    E4M3FN,
+    E5M2,
+    FORMATS,
+    UE8M0,
+    FloatFormat,
+    NanPolicy,
+    Rounding,
+    decode,
+    encode,
+    get_format,
+)
+from .packing import pack_fp4, unpack_fp4  # noqa: F401
+
+__version__ = "0.1.0"

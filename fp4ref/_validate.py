@@ -1,0 +1,60 @@
+"""Argument checks shared by the public functions: clear errors naming the argument, no silent casts."""
+from __future__ import annotations
+
+import numpy as np
+
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
+    """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``."""
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(axis).__name__} {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}={axis} is out of range for an array with {ndim} dimension(s)")
+    return int(axis) % ndim
+
+
+def as_code_array(x, name: str, *, nbits: int, allow_int8: bool = False) -> np.ndarray:
+    """Validate an array of ``nbits``-bit codes and return it as uint8 (values unchanged; input never modified).
+
+    int8 arrays are read as unsigned bytes (a view, not a conversion) when ``allow_int8``; otherwise every value
+    must already lie in 0 .. 2**nbits - 1.
+    """
+    arr = np.asarray(x)
+    if arr.dtype == np.int8 and allow_int8:
+        arr = arr.view(np.uint8)
+    if arr.dtype.kind not in "ui":
+        hint = ""
+        if arr.dtype.kind == "V" or arr.dtype.name.startswith("float8") or arr.dtype.name.startswith("float4"):
+            hint = " (for an ml_dtypes array of raw bytes, pass arr.view(np.uint8))"
+        raise TypeError(f"{name} must be an integer array of {nbits}-bit codes, got dtype {arr.dtype}{hint}")
+    if arr.size:
+        lo, hi = arr.min(), arr.max()
+        if lo < 0 or hi >= (1 << nbits):
+            bad = np.flatnonzero((arr < 0) | (arr >= (1 << nbits)))
+            first = np.unravel_index(bad[0], arr.shape)
+            raise ValueError(
+                f"{name} holds {bad.size} value(s) outside the {nbits}-bit code range 0..{(1 << nbits) - 1} "
+                f"(first {arr[first]} at index {tuple(int(i) for i in first)})"
+            )
+    return arr.astype(np.uint8, copy=False)
+
+
+def as_float_array(x, name: str) -> np.ndarray:
+    """Validate a floating array (float16, ml_dtypes bfloat16, float32, float64); python floats become float64.
+
+    Integer, bool, complex and other dtypes raise TypeError: nothing is silently cast.
+    """
+    if isinstance(x, (float, np.floating)):
+        arr = np.asarray(x)
+    else:
+        arr = np.asarray(x)
+        if arr.dtype == object:
+            raise TypeError(f"{name} must be a floating array, got dtype object")
+    if arr.dtype.name not in _FLOAT_NAMES:
+        raise TypeError(
+            f"{name} must be float16, bfloat16 (ml_dtypes), float32 or float64, got dtype {arr.dtype}; "
+            "convert explicitly (e.g. x.astype(np.float64)) if that is what you mean"
+        )
+    return arr

@@ -1,0 +1,484 @@
+"""Element formats (E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0) and exact encode / decode.
+
+A format is data: one frozen :class:`FloatFormat` per element type, and one registry (:data:`FORMATS`) that drives
+``__all__``, the tests, the CLI and docs/formats.md. Composite block formats (NVFP4, MXFP4, ...) live in
+:mod:`fp4ref.blockscale`.
+
+Encoding rounds the exact input value once. float16 and bfloat16 inputs widen exactly to float32, float32 stays
+float32 and float64 stays float64, and the rounding to the target format is done with integer arithmetic on the
+input's bits: there is no intermediate cast that could round twice.
+
+Policies (each one documented and tested; see docs/formats.md):
+
+* Rounding: ``"rne"`` (default), ``"rz"``, ``"ru"`` (toward +inf), ``"rd"`` (toward -inf), ``"stochastic"``
+  (needs ``rng``); aliases ``"floor"`` = rd, ``"ceil"`` = ru. See :class:`Rounding`.
+* Saturation: with ``saturate=True`` every finite overflow and +-inf becomes +-max (PTX ``cvt ... .satfinite``, the
+  CUDA ``__NV_SATFINITE`` conversions and Triton's fp8 casts). With ``saturate=False``, overflow follows IEEE 754-2019
+  §7.4 with "infinity" meaning the format's inf code if it has one, else its NaN code (ml_dtypes' behaviour).
+  Defaults: E2M1/E2M3/E3M2 saturate always (they have neither inf nor NaN); E4M3FN and E5M2 saturate by default;
+  UE8M0 does not (overflow and inf give its NaN byte 0xFF).
+* NaN input: formats with a NaN keep it (``nan="nan"``, sign kept where the format is signed); formats without one
+  raise ``ValueError`` by default; ``nan="max"`` gives +max whatever the NaN's sign (PTX ``cvt.rn.satfinite``),
+  ``nan="zero"`` gives +0.
+* Zeros: -0.0 and negative values that round to zero give the negative-zero code (E2M1 0x8, E4M3FN/E5M2 0x80).
+* UE8M0 is unsigned and has no zero: a negative non-zero input raises ``ValueError``; +-0 and every value that
+  rounds below 2^-127 give byte 0 (2^-127), as torch's float8_e8m0fnu cast maps 0 to 0x00.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validate import as_code_array, as_float_array
+
+__all__ = [
+    "FloatFormat",
+    "Rounding",
+    "NanPolicy",
+    "E2M1",
+    "E2M3",
+    "E3M2",
+    "E4M3FN",
+    "E5M2",
+    "UE8M0",
+    "FORMATS",
+    "get_format",
+    "decode",
+    "encode",
+    "code_class",
+]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A small binary floating-point element format.
+
+    Attributes:
+        name: registry name, lower case (``"e2m1"``).
+        ebits, mbits: exponent and explicit mantissa (fraction) bits.
+        bias: exponent bias. A normal code with exponent field E and fraction f has value (1 + f/2^m) * 2^(E - bias).
+        signed: whether the top bit is a sign bit.
+        has_subnormals: whether exponent field 0 encodes subnormals f/2^m * 2^(1 - bias) (False for UE8M0, whose
+            byte 0 is the normal value 2^-127).
+        special: how the all-ones exponent field is used: ``"none"`` (all codes finite), ``"ieee"`` (inf and NaN as in
+            IEEE 754), ``"fn"`` (only the all-ones code is NaN, "finite + NaN"), ``"ue8m0"`` (byte 0xFF is NaN).
+        source: the specification the format's definition comes from.
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    signed: bool
+    has_subnormals: bool
+    special: str
+    source: str
+    # Derived, filled by __post_init__.
+    nbits: int = field(init=False)
+    emin: int = field(init=False)
+    emax: int = field(init=False)
+    max_code: int = field(init=False)
+    max: float = field(init=False)
+    min_normal: float = field(init=False)
+    min_subnormal: float = field(init=False)
+    has_inf: bool = field(init=False)
+    has_nan: bool = field(init=False)
+    nan_codes: tuple = field(init=False)
+    inf_codes: tuple = field(init=False)
+
+    def __post_init__(self):
+        s = object.__setattr__
+        m = self.mbits
+        nbits = int(self.signed) + self.ebits + m
+        eall = (1 << self.ebits) - 1
+        if self.special == "ieee":
+            emax_field, mant_max = eall - 1, (1 << m) - 1
+        elif self.special == "fn":
+            emax_field, mant_max = eall, (1 << m) - 2
+        elif self.special == "ue8m0":
+            emax_field, mant_max = eall - 1, 0
+        elif self.special == "none":
+            emax_field, mant_max = eall, (1 << m) - 1
+        else:
+            raise ValueError(f"special={self.special!r} is not one of 'none', 'ieee', 'fn', 'ue8m0'")
+        emin = (1 if self.has_subnormals else 0) - self.bias
+        emax = emax_field - self.bias
+        s(self, "nbits", nbits)
+        s(self, "emin", emin)
+        s(self, "emax", emax)
+        s(self, "max_code", (emax_field << m) | mant_max)
+        s(self, "max", math.ldexp((1 << m) + mant_max, emax - m))
+        s(self, "min_normal", math.ldexp(1.0, emin))
+        s(self, "min_subnormal", math.ldexp(1.0, emin - m) if self.has_subnormals else math.ldexp(1.0, emin))
+        mag = (1 << (nbits - int(self.signed))) - 1
+        sign = (1 << (nbits - 1)) if self.signed else 0
+        if self.special == "ieee":
+            inf = (eall << m,)
+            nans = tuple(range((eall << m) + 1, mag + 1))
+        elif self.special in ("fn", "ue8m0"):
+            inf, nans = (), (mag,)
+        else:
+            inf, nans = (), ()
+        with_sign = lambda codes: tuple(sorted(codes + tuple(c | sign for c in codes))) if sign else codes
+        s(self, "inf_codes", with_sign(inf))
+        s(self, "nan_codes", with_sign(nans))
+        s(self, "has_inf", bool(inf))
+        s(self, "has_nan", bool(nans))
+
+    @property
+    def num_codes(self) -> int:
+        """Number of codes, 2**nbits."""
+        return 1 << self.nbits
+
+    @property
+    def nan_code(self) -> int:
+        """The canonical (positive) NaN code this library writes; -1 if the format has no NaN."""
+        if not self.has_nan:
+            return -1
+        if self.special == "ieee":  # quiet NaN, top fraction bit set (ml_dtypes, torch)
+            return (((1 << self.ebits) - 1) << self.mbits) | (1 << (self.mbits - 1))
+        return (1 << (self.nbits - int(self.signed))) - 1
+
+    @property
+    def inf_code(self) -> int:
+        """The positive-infinity code; -1 if the format has no inf."""
+        return (((1 << self.ebits) - 1) << self.mbits) if self.has_inf else -1
+
+    def __repr__(self) -> str:
+        return f"FloatFormat({self.name!r}, ebits={self.ebits}, mbits={self.mbits}, bias={self.bias})"
+
+
+E2M1 = FloatFormat(
+    "e2m1", 2, 1, 1, signed=True, has_subnormals=True, special="none",
+    source="OCP Microscaling Formats (MX) v1.0, §5.3.3 (FP4 E2M1); NVFP4 element type (PTX ISA .e2m1)",
+)
+E2M3 = FloatFormat(
+    "e2m3", 2, 3, 1, signed=True, has_subnormals=True, special="none",
+    source="OCP Microscaling Formats (MX) v1.0, §5.3.2 (FP6 E2M3)",
+)
+E3M2 = FloatFormat(
+    "e3m2", 3, 2, 3, signed=True, has_subnormals=True, special="none",
+    source="OCP Microscaling Formats (MX) v1.0, §5.3.2 (FP6 E3M2)",
+)
+E4M3FN = FloatFormat(
+    "e4m3fn", 4, 3, 7, signed=True, has_subnormals=True, special="fn",
+    source="OCP 8-bit Floating Point Specification (OFP8) v1.0, §5 (E4M3); MX v1.0 §5.3.1; PTX ISA .e4m3",
+)
+E5M2 = FloatFormat(
+    "e5m2", 5, 2, 15, signed=True, has_subnormals=True, special="ieee",
+    source="OCP OFP8 v1.0, §5 (E5M2, IEEE 754-2019 conventions for inf/NaN); PTX ISA .e5m2",
+)
+UE8M0 = FloatFormat(
+    "ue8m0", 8, 0, 127, signed=False, has_subnormals=False, special="ue8m0",
+    source="OCP Microscaling Formats (MX) v1.0, §5.4.1 (E8M0 scale: 2^(b-127), 0xFF = NaN, no zero, no sign)",
+)
+
+#: Registry: name -> format. Drives tests, the CLI and the generated docs.
+FORMATS: dict = {f.name: f for f in (E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0)}
+
+
+def get_format(fmt) -> FloatFormat:
+    """Return the :class:`FloatFormat` for ``fmt`` (a FloatFormat or a registry name, case-insensitive).
+
+    Raises:
+        ValueError: unknown name. TypeError: neither a string nor a FloatFormat.
+    """
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    if isinstance(fmt, str):
+        try:
+            return FORMATS[fmt.lower()]
+        except KeyError:
+            raise ValueError(f"fmt={fmt!r} is not a known format; expected one of {sorted(FORMATS)}") from None
+    raise TypeError(f"fmt must be a format name or FloatFormat, got {type(fmt).__name__}")
+
+
+class Rounding(str, enum.Enum):
+    """Rounding of the exact value to the format (IEEE 754-2019 §4.3 attributes).
+
+    RNE: round to nearest, ties to even (roundTiesToEven). Default everywhere.
+    RZ: round toward zero (truncate the magnitude).
+    RU: round toward +inf (ceil). RD: round toward -inf (floor).
+    STOCHASTIC: round the magnitude up with probability (|x| - lo) / (hi - lo), where lo <= |x| <= hi are the
+        neighbouring representable magnitudes; unbiased: E[decode(encode(x))] = x inside the finite range. The draw
+        is a float64 uniform from the given numpy Generator (probability resolution 2^-53).
+    """
+
+    RNE = "rne"
+    RZ = "rz"
+    RU = "ru"
+    RD = "rd"
+    STOCHASTIC = "stochastic"
+
+
+_ROUNDING_ALIASES = {"floor": Rounding.RD, "ceil": Rounding.RU}
+
+
+class NanPolicy(str, enum.Enum):
+    """What encode does with a NaN input.
+
+    NAN: the format's NaN code, sign kept for signed formats (only for formats that have a NaN; their default).
+    RAISE: ValueError with the count and the first index (default for E2M1, E2M3, E3M2).
+    MAX: +max whatever the NaN's sign (PTX cvt.rn.satfinite.e2m1x2.f32 gives 0x7 = +6).
+    ZERO: +0 (TransformerEngine's python NVFP4 reference maps NaN to code 0x0).
+    """
+
+    NAN = "nan"
+    RAISE = "raise"
+    MAX = "max"
+    ZERO = "zero"
+
+
+def _parse_rounding(rounding) -> Rounding:
+    if isinstance(rounding, Rounding):
+        return rounding
+    if isinstance(rounding, str):
+        key = rounding.lower()
+        if key in _ROUNDING_ALIASES:
+            return _ROUNDING_ALIASES[key]
+        try:
+            return Rounding(key)
+        except ValueError:
+            pass
+    names = [r.value for r in Rounding] + sorted(_ROUNDING_ALIASES)
+    raise ValueError(f"rounding={rounding!r} is not one of {names}")
+
+
+def _parse_nan(nan, fmt: FloatFormat) -> NanPolicy:
+    if nan is None:
+        return NanPolicy.NAN if fmt.has_nan else NanPolicy.RAISE
+    try:
+        policy = NanPolicy(nan.lower() if isinstance(nan, str) else nan)
+    except ValueError:
+        raise ValueError(f"nan={nan!r} is not one of {[p.value for p in NanPolicy]}") from None
+    if policy is NanPolicy.NAN and not fmt.has_nan:
+        raise ValueError(f"nan='nan' is impossible for {fmt.name.upper()}, which has no NaN; use 'raise', 'max' or 'zero'")
+    return policy
+
+
+def _parse_saturate(saturate, fmt: FloatFormat) -> bool:
+    if saturate is None:
+        return fmt.special != "ue8m0"
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate must be True, False or None, got {saturate!r}")
+    if not saturate and fmt.special == "none":
+        raise ValueError(
+            f"saturate=False is impossible for {fmt.name.upper()}: it has neither inf nor NaN to overflow to"
+        )
+    return bool(saturate)
+
+
+# ----------------------------------------------------------------------------------------------------------- decode
+
+_TABLES: dict = {}
+
+
+def _value_of(code: int, fmt: FloatFormat) -> float:
+    """Exact value of one code (python float; exact for every format here)."""
+    m = fmt.mbits
+    sign = -1.0 if fmt.signed and code >> (fmt.nbits - 1) else 1.0
+    mag = code & ((1 << (fmt.nbits - int(fmt.signed))) - 1)
+    if code in fmt.nan_codes:
+        return math.nan
+    if code in fmt.inf_codes:
+        return sign * math.inf
+    e, f = mag >> m, mag & ((1 << m) - 1)
+    if e == 0 and fmt.has_subnormals:
+        return sign * math.ldexp(f, fmt.emin - m)
+    return sign * math.ldexp((1 << m) + f, e - fmt.bias - m)
+
+
+def _table(fmt: FloatFormat) -> np.ndarray:
+    t = _TABLES.get(fmt.name)
+    if t is None:
+        t = np.array([_value_of(c, fmt) for c in range(fmt.num_codes)], dtype=np.float64)
+        t.flags.writeable = False
+        _TABLES[fmt.name] = t
+    return t
+
+
+def code_class(code: int, fmt) -> str:
+    """Class of one code: 'zero', 'subnormal', 'normal', 'max', 'nan' or 'inf' (used by the format tables)."""
+    fmt = get_format(fmt)
+    if code in fmt.nan_codes:
+        return "nan"
+    if code in fmt.inf_codes:
+        return "inf"
+    mag = code & ((1 << (fmt.nbits - int(fmt.signed))) - 1)
+    if mag == fmt.max_code:
+        return "max"
+    if fmt.has_subnormals and mag >> fmt.mbits == 0:
+        return "zero" if mag == 0 else "subnormal"
+    return "normal"
+
+
+def decode(codes, fmt, dtype=np.float32) -> np.ndarray:
+    """Decode codes of ``fmt`` to their values.
+
+    Args:
+        codes: integer array of codes, any shape, values 0 .. 2**fmt.nbits - 1. For 8-bit formats an int8 array is
+            read as unsigned bytes (torch int8 storage of fp8 bytes).
+        fmt: a :class:`FloatFormat` or its name.
+        dtype: ``np.float32`` (default) or ``np.float64``. Every value of every format here is exact in float32
+            (UE8M0 byte 0 is 2^-127, a float32 subnormal; byte 255 is NaN).
+
+    Returns:
+        Array of ``dtype`` with the shape of ``codes``. NaN codes give NaN (sign kept), inf codes +-inf.
+
+    Raises:
+        TypeError: ``codes`` is not an integer array, or ``dtype`` is not float32/float64.
+        ValueError: a code is out of range; unknown ``fmt``.
+
+    Source: the value rule of each format's specification (see ``fmt.source``).
+    """
+    fmt = get_format(fmt)
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    c = as_code_array(codes, "codes", nbits=fmt.nbits, allow_int8=fmt.nbits == 8)
+    return _table(fmt).astype(dt)[c]
+
+
+# ----------------------------------------------------------------------------------------------------------- encode
+
+_CHUNK = 1 << 16  # elements per chunk: keeps the integer temporaries cache-resident
+
+
+def _first_index(mask: np.ndarray) -> tuple:
+    return tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(mask)[0]), mask.shape))
+
+
+def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.ndarray:
+    """Round each value of ``x`` once, exactly, to ``fmt`` and return the codes.
+
+    Args:
+        x: float16, ml_dtypes.bfloat16, float32 or float64 array (any shape), or a python float.
+        fmt: a :class:`FloatFormat` or its name (``"e2m1"``, ``"e4m3fn"``, ``"e5m2"``, ``"ue8m0"``, ``"e2m3"``,
+            ``"e3m2"``).
+        rounding: a :class:`Rounding` or its name; ``"floor"``/``"ceil"`` are aliases of ``"rd"``/``"ru"``.
+        saturate: ``None`` for the format's default (True except UE8M0), or a bool. See the module docstring.
+        nan: ``None`` for the format's default, or a :class:`NanPolicy` name.
+        rng: a ``numpy.random.Generator``; required for ``rounding="stochastic"``, ignored otherwise.
+
+    Returns:
+        uint8 array of codes with the shape of ``x`` (0-d for a python float).
+
+    Raises:
+        TypeError: ``x`` is not a floating array; ``rng`` is not a Generator (stochastic); bad ``saturate`` type.
+        ValueError: unknown ``fmt``/``rounding``/``nan``; NaN in ``x`` with ``nan="raise"`` (the message gives the
+            count and first index); ``saturate=False`` for a format with neither inf nor NaN; a negative non-zero
+            ``x`` for the unsigned UE8M0.
+
+    Source: IEEE 754-2019 §4.3 (rounding attributes) and §7.4 (overflow) applied to the format's value set;
+    satfinite behaviour of PTX ``cvt``; policies in docs/formats.md.
+    """
+    fmt = get_format(fmt)
+    mode = _parse_rounding(rounding)
+    sat = _parse_saturate(saturate, fmt)
+    nanpol = _parse_nan(nan, fmt)
+    if mode is Rounding.STOCHASTIC and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rounding='stochastic' needs rng=numpy.random.Generator, got {type(rng).__name__}")
+    arr = as_float_array(x, "x")
+
+    # Exact widening. float64 input stays float64; narrower inputs widen to float32 unless the format reaches
+    # below float32's normal range (UE8M0's 2^-127), where the float64 path keeps the leading-bit exponent exact.
+    if arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126:
+        work = arr.astype(np.float64)  # exact widening (copy; the input is never written)
+    else:
+        work = arr.astype(np.float32)
+
+    isnan = np.isnan(work)
+    if isnan.any() and nanpol is NanPolicy.RAISE:
+        raise ValueError(
+            f"x has {int(isnan.sum())} NaN value(s) (first at index {_first_index(isnan)}); "
+            f"{fmt.name.upper()} has no NaN: pass nan='max' (PTX satfinite: +max) or nan='zero'"
+        )
+    if not fmt.signed:
+        neg = (work < 0) & ~isnan
+        if neg.any():
+            raise ValueError(
+                f"x has {int(neg.sum())} negative value(s) (first {work[_first_index(neg)]!r} at index "
+                f"{_first_index(neg)}); {fmt.name.upper()} is unsigned"
+            )
+
+    flat = work.reshape(-1)
+    out = np.empty(flat.shape, dtype=np.uint8)
+    for start in range(0, flat.size, _CHUNK):
+        stop = min(start + _CHUNK, flat.size)
+        u = rng.random(stop - start) if mode is Rounding.STOCHASTIC else None
+        out[start:stop] = _encode_chunk(flat[start:stop], fmt, mode, sat, nanpol, u)
+    return out.reshape(arr.shape)
+
+
+def _encode_chunk(v: np.ndarray, fmt: FloatFormat, mode: Rounding, sat: bool, nanpol: NanPolicy, u) -> np.ndarray:
+    """Encode a 1-D float32/float64 chunk. Integer arithmetic on the bits; see encode() for the semantics."""
+    if v.dtype == np.float32:
+        uint, sint, width, p, sbias = np.uint32, np.int32, 32, 23, 127
+    else:
+        uint, sint, width, p, sbias = np.uint64, np.int64, 64, 52, 1023
+    m = fmt.mbits
+    bits = v.view(uint)
+    sign = (bits >> uint(width - 1)).astype(bool)
+    expf = ((bits >> uint(p)) & uint((1 << (width - 1 - p)) - 1)).astype(sint)
+    frac = bits & uint((1 << p) - 1)
+    special = expf == (1 << (width - 1 - p)) - 1  # inf or NaN
+    normal = expf != 0
+    # |v| = M * 2^(e_x - p), M < 2^(p+1); for subnormal inputs e_x is the minimum exponent (value below every
+    # target's emin on the paths encode() chooses, so the quantum below is right).
+    M = np.where(normal, frac | uint(1 << p), frac)
+    e_x = np.maximum(expf, 1) - sbias
+    e_t = np.maximum(e_x, fmt.emin)  # exponent of the target binade (emin for the subnormal range)
+    # The target quantum is 2^(e_t - m); M is shifted right by (e_t - m) - (e_x - p) >= p - m > 0 bits.
+    shift = (e_t - e_x) + (p - m)
+    sh = np.minimum(shift, width - 1).astype(uint)  # beyond p+1 bits only "below half" matters: same outcome
+    n = M >> sh
+    r = M & ((uint(1) << sh) - uint(1))
+    half = uint(1) << (sh - uint(1))
+    if mode is Rounding.RNE:
+        up = (r > half) | ((r == half) & ((n & uint(1)) == 1))
+    elif mode is Rounding.RZ:
+        up = np.zeros(v.shape, dtype=bool)
+    elif mode is Rounding.RU:
+        up = (r != 0) & ~sign
+    elif mode is Rounding.RD:
+        up = (r != 0) & sign
+    else:  # stochastic: P(up) = r / 2^shift, exact shift (no clamp) for the probability
+        up = u < np.ldexp(r.astype(np.float64), -shift.astype(np.int64))
+    n = n.astype(np.int64) + up
+    # Code of n * 2^(e_t - m): ((e_t + bias) << m) + n - 2^m, uniformly for subnormals, normals and the carry
+    # into the next binade (n = 2^(m+1)).
+    mag = ((e_t.astype(np.int64) + fmt.bias) << m) + n - (1 << m)
+    if fmt.special == "ue8m0":
+        mag = np.maximum(mag, 0)  # no zero: everything below 2^-127 is byte 0 (policy)
+    over = mag > fmt.max_code
+    if over.any():
+        if sat:
+            mag = np.where(over, fmt.max_code, mag)
+        else:
+            # IEEE 754 §7.4: modes that round toward zero for this sign overflow to max, the others to "inf".
+            toward_zero = {
+                Rounding.RZ: np.ones(v.shape, dtype=bool),
+                Rounding.RU: sign,
+                Rounding.RD: ~sign,
+            }.get(mode, np.zeros(v.shape, dtype=bool))
+            inf_mag = fmt.inf_code if fmt.has_inf else fmt.nan_code
+            mag = np.where(over, np.where(toward_zero, fmt.max_code, inf_mag), mag)
+    if special.any():
+        isinf = special & (frac == 0)
+        isnan = special & (frac != 0)
+        if sat:
+            mag = np.where(isinf, fmt.max_code, mag)
+        else:
+            mag = np.where(isinf, fmt.inf_code if fmt.has_inf else fmt.nan_code, mag)
+        if isnan.any():
+            nan_mag = {NanPolicy.NAN: fmt.nan_code, NanPolicy.MAX: fmt.max_code, NanPolicy.ZERO: 0}[nanpol]
+            mag = np.where(isnan, nan_mag, mag)
+            if nanpol is not NanPolicy.NAN:
+                sign = sign & ~isnan  # "max" and "zero" give +max / +0 whatever the NaN's sign
+    code = mag.astype(np.uint8)
+    if fmt.signed:
+        code |= sign.astype(np.uint8) << np.uint8(fmt.nbits - 1)
+    return code

@@ -1,0 +1,48 @@
+"""Test session set-up.
+
+* Kernels run in the Triton CPU interpreter unless a CUDA GPU is present. TRITON_INTERPRET must be set before any
+  @triton.jit module is imported, so it is set here, first.
+* From a source checkout that was not installed, ``fp4ref.kernels`` (which lives in the top-level ``kernels/``
+  directory and is mapped there by pyproject's package-dir) is registered by hand so plain ``pytest`` works.
+* Hypothesis profiles: ``ci`` (default, modest example counts) and ``thorough`` (HYPOTHESIS_PROFILE=thorough).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+if "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "0" if shutil.which("nvidia-smi") else "1"
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _register_kernels_package() -> None:
+    import fp4ref
+
+    if "fp4ref.kernels" in sys.modules or importlib.util.find_spec("fp4ref.kernels") is not None:
+        return
+    init = _ROOT / "kernels" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "fp4ref.kernels", init, submodule_search_locations=[str(init.parent)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fp4ref.kernels"] = module
+    spec.loader.exec_module(module)
+    fp4ref.kernels = module
+
+
+_register_kernels_package()
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
