@@ -1,0 +1,519 @@
+"""Exact reference GEMMs with certified, correctly rounded outputs.
+
+One function per workload (facts/seeds.md), with the workload's own operands and dtypes:
+
+=========================  ============================================================  ===========
+function                   operands                                                      output
+=========================  ============================================================  ===========
+``gemm_fp16``              A fp16 [M, K], B fp16 [N, K]; C = A @ B.T                     fp16 [M, N]
+``sparse_gemm_fp4_fp8``    a_vals, a_meta uint8/int8 [M, K/4] (2:4 E2M1), b E4M3FN [N, K]  bf16 [M, N]
+``nvfp4_gemm``             two NVFP4 operands [M, K], [N, K] (16-element blocks)         bf16 [M, N]
+``nvfp4_linear``           x bf16 [..., K], NVFP4 weight [N, K]; x quantized per recipe  bf16 [..., N]
+=========================  ============================================================  ===========
+
+Every function returns a :class:`Reference`: the exact result, its ONE round-to-nearest-even step to the output
+format (``out``), |A||B| for the error bounds (``absprod``), K and a description of the inputs.
+
+How exactness is obtained (facts/numerics.md §Exactness; design.md "Reference GEMM"):
+
+* If every product lies on 2^-q Z and the sum of the magnitudes is <= 2^(53-q), every float64 summation order is
+  exact, so a float64 matmul (any BLAS blocking, with or without FMA) IS the exact sum. This holds for the sparse
+  workload (E2M1 x E4M3FN: q = 10, exact up to K ~ 6e9).
+* Otherwise (fp16 x fp16: 40 bits of exponent range per operand) the float64 matmul S carries an error bound
+  e = (K + 4) * 2^-52 * ||a_i||_2 * ||b_j||_2 (Higham §3.1: |S - C| <= gamma_K |a|.|b| <= gamma_K ||a|| ||b||,
+  doubled for the rounding of the norms). The output is certified element by element: if RN(S - e) and
+  RN(S + e) agree (value and sign), RN is monotone, so that is RN(C). The other elements (exact output ties,
+  heavy cancellation) are recomputed exactly in Python integers and rounded exactly.
+* The rounding itself is this module's own RNE from float64 (``round_float64``): frexp/ldexp/rint, all exact,
+  so never a double rounding (ml_dtypes' float64 -> bfloat16 cast goes through float32 and DOES double-round:
+  1 + 2^-8 + 2^-40 gives 1.0 instead of 1 + 2^-7).
+
+Policies (named, documented, tested):
+
+* **Zero sign**: an exact sum of 0 gives +0.0 (an fp32 accumulator starting at +0 gives +0 for any sum of zeros);
+  a nonzero exact sum that rounds to zero keeps its sign (IEEE).
+* **Overflow**: RNE with IEEE overflow: |C| >= max + ulp(max)/2 gives +-inf (bf16 3.3961776e38, fp16 65520).
+* **NaN / Inf inputs**: IEEE arithmetic on the products that the semantics actually form: fp16 inf * 0 = NaN,
+  inf + -inf = NaN, otherwise +-inf. In the sparse workload only the B columns selected by the metadata enter
+  (an E4M3FN NaN byte 0x7F/0xFF in an unselected column does not poison the row; a selected one does, even
+  times a zero value).
+
+Torch tensors are accepted at the edges (converted bit for bit by :mod:`fp4ref._interop`; torch is not imported).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from ._interop import to_numpy
+from .packing import decompress_2to4
+
+__all__ = [
+    "Reference",
+    "OutputFormat",
+    "OUTPUT_FORMATS",
+    "round_float64",
+    "round_exact",
+    "gemm_fp16",
+    "sparse_gemm_fp4_fp8",
+    "nvfp4_gemm",
+    "nvfp4_linear",
+]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Output formats and exact rounding
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A binary floating output format, for exact RNE rounding.
+
+    Attributes:
+        name: numpy / ml_dtypes dtype name ("bfloat16", "float16", "float32").
+        p: significand precision in bits, hidden bit included (bf16 8, fp16 11, fp32 24).
+        emin: exponent of the smallest normal (bf16 -126, fp16 -14, fp32 -126).
+        emax: exponent of the largest finite value (bf16 127, fp16 15, fp32 127).
+        dtype: the numpy dtype.
+    """
+
+    name: str
+    p: int
+    emin: int
+    emax: int
+    dtype: Any = field(compare=False)
+
+    @property
+    def max(self) -> float:
+        """Largest finite value, (2 - 2^(1-p)) * 2^emax (bf16 0x1.fep127, fp16 65504)."""
+        return math.ldexp(2.0 - math.ldexp(1.0, 1 - self.p), self.emax)
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff of RNE, 2^-p (bf16 2^-8, fp16 2^-11, fp32 2^-24)."""
+        return math.ldexp(1.0, -self.p)
+
+    @property
+    def eta(self) -> float:
+        """Half the smallest subnormal, 2^(emin - p) (bf16 2^-134, fp16 2^-25): the absolute error floor."""
+        return math.ldexp(1.0, self.emin - self.p)
+
+    def ulp(self, x) -> np.ndarray:
+        """ulp of the format at |x| (float64 array): 2^(max(floor(log2|x|), emin) - p + 1), from the bits."""
+        x = np.asarray(x, dtype=np.float64)
+        _, e = np.frexp(np.where(np.isfinite(x), x, self.max))
+        return np.ldexp(1.0, np.maximum(e - 1, self.emin) - (self.p - 1))
+
+
+OUTPUT_FORMATS = {
+    "bfloat16": OutputFormat("bfloat16", 8, -126, 127, ml_dtypes.bfloat16),
+    "float16": OutputFormat("float16", 11, -14, 15, np.float16),
+    "float32": OutputFormat("float32", 24, -126, 127, np.float32),
+}
+
+
+def _get_format(fmt) -> OutputFormat:
+    if isinstance(fmt, OutputFormat):
+        return fmt
+    name = np.dtype(fmt).name if not isinstance(fmt, str) else fmt
+    if name not in OUTPUT_FORMATS:
+        raise ValueError(f"output format {fmt!r} is not supported; expected one of {sorted(OUTPUT_FORMATS)}")
+    return OUTPUT_FORMATS[name]
+
+
+def round_float64(x, fmt) -> np.ndarray:
+    """Round float64 values to ``fmt`` with ONE round-to-nearest-even step; return float64 values of ``fmt``.
+
+    Args:
+        x: float64 array (any shape); NaN and +-inf pass through.
+        fmt: "bfloat16", "float16", "float32" or an :class:`OutputFormat`.
+
+    Returns:
+        float64 array, same shape, each value exactly representable in ``fmt``: RNE with gradual underflow and
+        IEEE overflow (|x| >= max + ulp(max)/2 -> +-inf). Exact: frexp, ldexp and rint are exact operations.
+
+    Source: IEEE 754-2019 §4.3.1 (roundTiesToEven), §7.4 (overflow).
+    """
+    f = _get_format(fmt)
+    x = np.asarray(x, dtype=np.float64)
+    _, e = np.frexp(x)
+    q = np.maximum(e - 1, f.emin) - (f.p - 1)  # exponent of the format's ulp at x
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.ldexp(np.rint(np.ldexp(x, -q)), q)
+        y = np.where(np.abs(y) > f.max, np.copysign(np.inf, x), y)
+    return y
+
+
+def round_exact(n: int, s: int, fmt) -> float:
+    """Round the exact value n * 2^s (python ints) to ``fmt`` with RNE; return a python float.
+
+    Zero (n == 0) gives +0.0; a nonzero value that rounds to zero keeps its sign. Overflow gives +-inf.
+    """
+    f = _get_format(fmt)
+    if n == 0:
+        return 0.0
+    sign = -1.0 if n < 0 else 1.0
+    m = abs(n)
+    top = m.bit_length() - 1 + s  # exponent of the leading bit
+    q = max(top, f.emin) - (f.p - 1)
+    shift = q - s
+    if shift <= 0:
+        r, rq = m, s
+    else:
+        r = m >> shift
+        rem = m - (r << shift)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and (r & 1)):
+            r += 1
+        rq = q
+    if r == 0:
+        return math.copysign(0.0, sign)
+    if r.bit_length() + rq - 1 > f.emax:
+        return sign * math.inf
+    val = math.ldexp(r, rq)
+    if val > f.max:
+        return sign * math.inf
+    return sign * val
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reference
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Reference:
+    """The exact result of a reference GEMM and its correctly rounded output.
+
+    Attributes:
+        out: the correctly rounded output, dtype of the workload (bfloat16 / float16), shape [M, N] (or the
+            workload's shape). One RNE step from the exact value; zero policy and overflow as in the module doc.
+        exact: float64 array, shape of ``out``: the exact result where ``exact_err`` is 0, else a float64
+            value within ``exact_err`` of it. NaN / +-inf where the IEEE semantics give them.
+        exact_err: float64 array (or 0.0): a rigorous bound on |exact - true exact value| per element. 0.0 means
+            ``exact`` is exact everywhere (``is_exact``).
+        K: the reduction length (for the sparse workload: the dense K, 4 * a_vals.shape[1]).
+        output_format: the :class:`OutputFormat` of ``out``.
+        description: dict naming the workload, shapes, dtypes and recipe.
+        epilogue_multiplies: fp32 multiplies that a kernel is expected to apply to the accumulator (global scales);
+            the bound adds 2^-24 |exact| for each (facts/numerics.md "Per-element check").
+    """
+
+    out: np.ndarray
+    exact: np.ndarray
+    exact_err: Any
+    K: int
+    output_format: OutputFormat
+    description: dict
+    epilogue_multiplies: int = 0
+    _absprod_fn: Callable[[], np.ndarray] | None = field(default=None, repr=False)
+    _fraction_fn: Callable[[tuple], Fraction] | None = field(default=None, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def is_exact(self) -> bool:
+        """True when ``exact`` holds the exact result in every element."""
+        return bool(np.all(np.asarray(self.exact_err) == 0))
+
+    @property
+    def absprod(self) -> np.ndarray:
+        """|A||B| (float64, shape of ``out``): sum over k of |a_ik| |b_jk| (times the global scales for NVFP4).
+
+        Computed on first use (one more float64 matmul) and cached. Exact under the same conditions as
+        ``exact``; otherwise within a relative gamma_K (far below any accumulation bound it scales).
+        """
+        if "absprod" not in self._cache:
+            self._cache["absprod"] = self._absprod_fn()
+        return self._cache["absprod"]
+
+    @property
+    def shape(self) -> tuple:
+        return self.out.shape
+
+    def exact_fraction(self, index) -> Fraction:
+        """The exact value of one element as a ``fractions.Fraction`` (integer arithmetic). NaN/inf raise."""
+        index = tuple(int(i) for i in np.atleast_1d(index))
+        v = self.exact[index]
+        if not np.isfinite(v):
+            raise ValueError(f"element {index} is {v}: not a finite rational")
+        if np.asarray(self.exact_err).ndim == 0 and float(self.exact_err) == 0.0:
+            return Fraction(float(v))
+        return self._fraction_fn(index)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _check_2d(x, name: str, dtype_names: tuple[str, ...]) -> np.ndarray:
+    x = to_numpy(x, name)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}")
+    if x.dtype.name not in dtype_names:
+        raise TypeError(f"{name} must have dtype {' or '.join(dtype_names)}, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+    return x
+
+
+def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_int: Callable[[int, int], tuple[int, int]]):
+    """Certified RNE of the values S +- err; undecided elements are computed exactly by ``exact_int(i, j)``.
+
+    Returns (out float64 values of fmt, number of elements computed exactly).
+    """
+    finite = np.isfinite(S)
+    pos = err > 0
+    with np.errstate(invalid="ignore"):
+        lo = np.where(pos, np.nextafter(S - err, -np.inf), S)
+        hi = np.where(pos, np.nextafter(S + err, np.inf), S)
+    r_lo = round_float64(lo, fmt)
+    r_hi = round_float64(hi, fmt)
+    undecided = finite & ((r_lo != r_hi) | (np.signbit(r_lo) != np.signbit(r_hi)))
+    out = np.where(finite, r_lo, S)
+    out = np.where(finite & (out == 0) & ~pos, 0.0, out)  # exact zero (err 0, S = +-0) -> +0.0
+    idx = np.argwhere(undecided)
+    for i, j in idx:
+        n, s = exact_int(int(i), int(j))
+        out[i, j] = round_exact(n, s, fmt)
+    return out, len(idx)
+
+
+def _nonfinite_fix(S, Af, Bf, rows, cols):
+    """IEEE sums for the elements whose row of A or column of B holds a non-finite value."""
+    S = S.copy()
+    if rows.size == 0 and cols.size == 0:
+        return S
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in rows:
+            S[i, :] = np.sum(Af[i][None, :] * Bf, axis=1)
+        for j in cols:
+            S[:, j] = np.sum(Af * Bf[j][None, :], axis=1)
+    return S
+
+
+# --------------------------------------------------------------------------------------------------------------
+# gemm_fp16
+# --------------------------------------------------------------------------------------------------------------
+
+
+def gemm_fp16(A, B) -> Reference:
+    """Reference for the gemm_n3072_k2048 workload: C = A @ B.T in fp16, correctly rounded (RNE, once).
+
+    Args:
+        A: float16 array (or torch tensor) [M, K].
+        B: float16 array (or torch tensor) [N, K].
+
+    Returns:
+        :class:`Reference` with ``out`` float16 [M, N]. ``exact`` is the float64 matmul (products exact, sum
+        within ``exact_err`` = (K + 4) 2^-52 ||a_i|| ||b_j|| of the exact sum); ``out`` is certified, with an
+        exact integer recomputation of any element the float64 bound cannot decide. ``exact_fraction`` gives any
+        element exactly.
+
+    Raises:
+        TypeError: A or B is not float16.
+        ValueError: not 2-D, or K differs (message gives both shapes).
+
+    Source: facts/seeds.md §3 (FlashInfer-Bench gemm_n3072_k2048; C = A @ B.T, fp16 in and out); facts/numerics.md
+    §Exactness for the certified rounding; Higham (2002) §3.1 for the float64 error bound.
+    """
+    A = _check_2d(A, "A", ("float16",))
+    B = _check_2d(B, "B", ("float16",))
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(f"A [M, K] and B [N, K] must share K, got A {A.shape} and B {B.shape}")
+    M, K = A.shape
+    N = B.shape[0]
+    fmt = OUTPUT_FORMATS["float16"]
+    Af = A.astype(np.float64)
+    Bf = B.astype(np.float64)
+    finite_a = np.isfinite(Af).all(axis=1)
+    finite_b = np.isfinite(Bf).all(axis=1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = Af @ Bf.T
+    rows = np.flatnonzero(~finite_a)
+    cols = np.flatnonzero(~finite_b)
+    S = _nonfinite_fix(S, Af, Bf, rows, cols)
+    # Cauchy-Schwarz bound on |A||B| (cheap: no second matmul), inflated for its own rounding.
+    na = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Af), Af, 0), np.where(np.isfinite(Af), Af, 0)))
+    nb = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Bf), Bf, 0), np.where(np.isfinite(Bf), Bf, 0)))
+    err = ((K + 4) * 2.0**-52) * np.outer(na, nb)
+    err[~np.isfinite(S)] = 0.0
+
+    # Exact path: fp16 values are integers times 2^-24 (|.| <= 65504 * 2^24 < 2^40), products times 2^-48.
+    cache: dict = {}
+
+    def _ints(mat, which, r):
+        key = (which, r)
+        if key not in cache:
+            cache[key] = [int(v) for v in np.ldexp(mat[r], 24).astype(np.int64)]
+        return cache[key]
+
+    def exact_int(i, j):
+        a = _ints(Af, "a", i)
+        b = _ints(Bf, "b", j)
+        return sum(x * y for x, y in zip(a, b)), -48
+
+    out, n_exact = _certify(S, err, fmt, exact_int)
+
+    def fraction(index):
+        n, s = exact_int(*index)
+        return Fraction(n, 1 << -s)
+
+    return Reference(
+        out=out.astype(np.float16),
+        exact=S,
+        exact_err=err,
+        K=K,
+        output_format=fmt,
+        description={
+            "workload": "gemm_fp16",
+            "M": M, "N": N, "K": K,
+            "A": "float16 [M, K]", "B": "float16 [N, K]", "out": "float16 [M, N] = RNE(A @ B.T)",
+            "elements_recomputed_exactly": n_exact,
+        },
+        _absprod_fn=lambda: _absprod_dense(Af, Bf),
+        _fraction_fn=fraction,
+    )
+
+
+def _absprod_dense(Af, Bf):
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.abs(Af) @ np.abs(Bf).T
+
+
+# --------------------------------------------------------------------------------------------------------------
+# sparse_gemm_fp4_fp8
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _e4m3_table() -> np.ndarray:
+    """float64 value of every E4M3FN byte (0x7F / 0xFF are NaN)."""
+    try:
+        from .formats import E4M3FN, decode
+
+        return np.asarray(decode(np.arange(256, dtype=np.uint8), E4M3FN, dtype=np.float64), dtype=np.float64)
+    except (ImportError, AttributeError, TypeError):
+        return np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def _as_e4m3_bytes(b, name: str) -> np.ndarray:
+    b = to_numpy(b, name)
+    if not isinstance(b, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(b).__name__}")
+    if b.dtype.name == "float8_e4m3fn":
+        return b.view(np.uint8)
+    if b.dtype == np.uint8:
+        return b
+    if b.dtype == np.int8:
+        return b.view(np.uint8)
+    raise TypeError(
+        f"{name} must hold E4M3FN bytes: uint8 (or int8 read as unsigned) or ml_dtypes.float8_e4m3fn, "
+        f"got dtype {b.dtype}"
+    )
+
+
+def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
+    """Reference for sparse_gemm_fp4_fp8: 2:4-sparse E2M1 A times dense E4M3FN B.T, bf16 out, RNE once.
+
+    C[m, n] = sum_g (v0 * B[n, 4g + idx0] + v1 * B[n, 4g + idx1]) with, per byte pair (design.md "2:4 sparse
+    A"): v0 = E2M1(vals & 0xF), v1 = E2M1(vals >> 4), idx0 = meta & 3, idx1 = (meta >> 2) & 3, meta bits 7:4
+    ignored. Defined for every byte (duplicate and descending indices included): the expansion is
+    :func:`fp4ref.packing.decompress_2to4`.
+
+    Exactness: every product lies on 2^-10 Z with |v0 b| + |v1 b| <= 12 * 448 per group, so for K < 2^32 every
+    float64 summation order is exact (facts/numerics.md §Exactness): ``exact`` is exact and ``out`` is its RNE.
+
+    Args:
+        a_vals: uint8 or int8 (read as unsigned bytes) [M, K/4]; torch int8/uint8 accepted.
+        a_meta: same shape and dtype rules.
+        b_fp8: E4M3FN bytes [N, K]: uint8 / int8, or ml_dtypes.float8_e4m3fn (torch float8_e4m3fn accepted).
+            0x7F / 0xFF are NaN: a NaN selected by the metadata gives NaN in that output (even times a zero
+            value); an unselected NaN is ignored.
+
+    Returns:
+        :class:`Reference`, ``out`` ml_dtypes.bfloat16 [M, N].
+
+    Raises:
+        TypeError: wrong dtypes (e.g. float8_e5m2 for b_fp8).
+        ValueError: shapes (a_vals/a_meta differ, K != 4 * a_vals.shape[1], not 2-D, K >= 2^32).
+
+    Source: facts/seeds.md §1 (FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048); design.md "2:4 sparse A".
+    """
+    vals = to_numpy(a_vals, "a_vals")
+    meta = to_numpy(a_meta, "a_meta")
+    for nm, arr in (("a_vals", vals), ("a_meta", meta)):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"{nm} must be a numpy array or torch tensor, got {type(arr).__name__}")
+        if arr.dtype not in (np.uint8, np.int8):
+            raise TypeError(f"{nm} must be uint8 or int8 (raw bytes), got dtype {arr.dtype}")
+        if arr.ndim != 2:
+            raise ValueError(f"{nm} must be 2-D [M, K/4], got shape {arr.shape}")
+    if vals.shape != meta.shape:
+        raise ValueError(f"a_vals and a_meta must have the same shape, got {vals.shape} and {meta.shape}")
+    b = _as_e4m3_bytes(b_fp8, "b_fp8")
+    if b.ndim != 2:
+        raise ValueError(f"b_fp8 must be 2-D [N, K], got shape {b.shape}")
+    M, G = vals.shape
+    N, K = b.shape
+    if K != 4 * G:
+        raise ValueError(
+            f"b_fp8 [N, K] must have K = 4 * a_vals.shape[1] = {4 * G}, got b_fp8 {b.shape} and a_vals {vals.shape}"
+        )
+    if K >= 2**32:
+        raise ValueError(f"K={K} is beyond the float64 exactness limit 2^32 of this reference")
+    fmt = OUTPUT_FORMATS["bfloat16"]
+    A = decompress_2to4(vals, meta).astype(np.float64)
+    table = _e4m3_table()
+    Bv = table[b]
+    nan_b = np.isnan(Bv)
+    has_nan = bool(nan_b.any())
+    if has_nan:
+        Bv = np.where(nan_b, 0.0, Bv)
+    S = A @ Bv.T  # exact (see docstring)
+    out = round_float64(S, fmt)
+    out[out == 0] = 0.0  # exact zero -> +0.0 (S is exact, so out == 0 iff S == 0 here: |S| >= 2^-10 else)
+    exact = S.copy()
+    exact[exact == 0] = 0.0
+    if has_nan:
+        # Which B positions each row selects (any value): decompress with every value 0.5 (code 1).
+        sel = decompress_2to4(np.full_like(vals.view(np.uint8), 0x11), meta) != 0
+        hit = (sel.astype(np.float64) @ nan_b.T.astype(np.float64)) > 0
+        out[hit] = np.nan
+        exact[hit] = np.nan
+
+    def absprod():
+        abs_vals = vals.view(np.uint8) & np.uint8(0x77)  # clear both sign bits: |v0|, |v1| (a duplicate adds)
+        Aa = decompress_2to4(abs_vals, meta).astype(np.float64)
+        ap = Aa @ np.abs(Bv).T
+        if has_nan:
+            ap[hit] = np.nan
+        return ap
+
+    return Reference(
+        out=out.astype(ml_dtypes.bfloat16),
+        exact=exact,
+        exact_err=0.0,
+        K=K,
+        output_format=fmt,
+        description={
+            "workload": "sparse_gemm_fp4_fp8",
+            "M": M, "N": N, "K": K,
+            "a_vals": f"{vals.dtype} [M, K/4]", "a_meta": f"{meta.dtype} [M, K/4]", "b_fp8": "E4M3FN bytes [N, K]",
+            "out": "bfloat16 [M, N] = RNE(sum_g v0*B[4g+idx0] + v1*B[4g+idx1])",
+        },
+        _absprod_fn=absprod,
+    )
+
+
+def nvfp4_gemm(xq, wq, **kwargs) -> Reference:  # pragma: no cover - replaced below once blockscale lands
+    raise NotImplementedError("nvfp4_gemm: waiting for fp4ref.blockscale (NVFP4Tensor)")
+
+
+def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:  # pragma: no cover
+    raise NotImplementedError("nvfp4_linear: waiting for fp4ref.blockscale.nvfp4_quantize(recipe='sol')")

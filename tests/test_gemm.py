@@ -1,0 +1,314 @@
+"""Reference GEMMs against fractions.Fraction, with an independent rounding by table search.
+
+The rounding oracle here does not share code with fp4ref.gemm: it lists every finite value of the output format
+(all 65536 bit patterns through ml_dtypes / numpy), finds the neighbours of the exact Fraction by bisection and
+picks the nearer one by exact Fraction distance, ties to the even bit pattern; overflow follows IEEE RNE.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from fractions import Fraction
+from functools import lru_cache
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp4ref import gemm
+from fp4ref.packing import compress_2to4
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+@lru_cache(maxsize=None)
+def _table(dtype_name):
+    dt = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype_name]
+    bits = np.arange(65536, dtype=np.uint16)
+    vals = bits.view(dt).astype(np.float64)
+    ok = np.isfinite(vals) & ~((vals == 0) & np.signbit(vals))
+    vals, bits = vals[ok], bits[ok]
+    order = np.argsort(vals, kind="stable")
+    return [Fraction(float(v)) for v in vals[order]], [int(b) for b in bits[order]], float(vals.max())
+
+
+def oracle_round(x: Fraction, dtype_name: str) -> float:
+    vals, bits, vmax = _table(dtype_name)
+    if x == 0:
+        return 0.0
+    p = {"bfloat16": 8, "float16": 11}[dtype_name]
+    emax = {"bfloat16": 127, "float16": 15}[dtype_name]
+    overflow = Fraction(vmax) + Fraction(2) ** (emax - p)  # max + ulp(max)/2
+    if x >= overflow:
+        return math.inf
+    if x <= -overflow:
+        return -math.inf
+    i = bisect.bisect_left(vals, x)
+    cands = [j for j in (i - 1, i) if 0 <= j < len(vals)]
+    best = min(cands, key=lambda j: (abs(vals[j] - x), bits[j] & 1))
+    v = float(vals[best])
+    if v == 0:
+        return math.copysign(0.0, -1.0 if x < 0 else 1.0)
+    return v
+
+
+def frac_dot(a, b):
+    return sum((Fraction(float(p)) * Fraction(float(q)) for p, q in zip(a, b)), Fraction(0))
+
+
+def assert_matches_oracle(ref, exact, dtype_name):
+    out = ref.out.astype(np.float64)
+    for idx in np.ndindex(out.shape):
+        want = oracle_round(exact[idx], dtype_name)
+        got = out[idx]
+        assert got == want and (want != 0 or exact[idx] != 0 or not np.signbit(got)), (
+            f"at {idx}: got {got!r}, want {want!r} for exact {exact[idx]}"
+        )
+        if exact[idx] == 0:
+            assert not np.signbit(got), f"exact zero at {idx} must give +0.0"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# round_float64 / round_exact
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_round_float64_no_double_rounding():
+    # ml_dtypes goes float64 -> float32 -> bfloat16 and gets 1.0 here; the single RNE gives 1 + 2^-7.
+    x = 1 + 2.0**-8 + 2.0**-40
+    assert gemm.round_float64(np.array([x]), "bfloat16")[0] == 1 + 2.0**-7
+    assert gemm.round_float64(np.array([1 + 2.0**-8]), "bfloat16")[0] == 1.0  # exact tie -> even
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_round_float64_against_oracle_random(name):
+    rng = np.random.default_rng(1)
+    # Random float64 values across the format's range, including subnormal and overflow regions, plus midpoints.
+    emin, emax = (-133, 128) if name == "bfloat16" else (-25, 16)
+    x = rng.standard_normal(400) * np.ldexp(1.0, rng.integers(emin, emax, 400))
+    tbl = _table(name)[0]
+    mids = [float((tbl[i] + tbl[i + 1]) / 2) for i in rng.integers(0, len(tbl) - 1, 100)]
+    x = np.concatenate([x, mids, [0.0, -0.0]])
+    got = gemm.round_float64(x, name)
+    for xi, gi in zip(x, got):
+        assert gi == oracle_round(Fraction(float(xi)), name), xi
+    # and round_exact on the same values
+    for xi in x[:200]:
+        n, d = Fraction(float(xi)).as_integer_ratio()
+        s = -(d.bit_length() - 1)
+        assert gemm.round_exact(n, s, name) == oracle_round(Fraction(float(xi)), name)
+
+
+def test_round_overflow_thresholds():
+    bmax = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    half_ulp = 2.0**(127 - 8)
+    assert gemm.round_float64(np.array([bmax + half_ulp]), "bfloat16")[0] == np.inf
+    assert gemm.round_float64(np.array([np.nextafter(bmax + half_ulp, 0)]), "bfloat16")[0] == bmax
+    assert gemm.round_float64(np.array([65519.99]), "float16")[0] == 65504
+    assert gemm.round_float64(np.array([-65520.0]), "float16")[0] == -np.inf
+    assert gemm.round_exact(65520, 0, "float16") == np.inf
+    assert gemm.round_exact(-(65520 * 2**10 - 1), -10, "float16") == -65504
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gemm_fp16
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _fp16_exact(A, B):
+    return np.array([[frac_dot(A[i], B[j]) for j in range(B.shape[0])] for i in range(A.shape[0])], dtype=object)
+
+
+def test_gemm_fp16_random_small():
+    rng = np.random.default_rng(2)
+    A = (rng.standard_normal((6, 40)) * np.ldexp(1.0, rng.integers(-20, 8, (6, 40)))).astype(np.float16)
+    B = (rng.standard_normal((5, 40)) * np.ldexp(1.0, rng.integers(-20, 8, (5, 40)))).astype(np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    ex = _fp16_exact(A, B)
+    assert ref.out.dtype == np.float16 and ref.out.shape == (6, 5) and ref.K == 40
+    assert_matches_oracle(ref, ex, "float16")
+    for idx in np.ndindex(ex.shape):
+        assert ref.exact_fraction(idx) == ex[idx]
+        assert abs(Fraction(float(ref.exact[idx])) - ex[idx]) <= Fraction(float(ref.exact_err[idx]))
+
+
+def test_gemm_fp16_ties_cancellation_subnormal_overflow():
+    # Row 0: exact output ties of fp16 (1 + 2^-11 is halfway between 1 and 1 + 2^-10): 1*1 + 2^-11*1 -> 1.0 (even);
+    # row 1: 1 + 3*2^-11 -> 1 + 2^-9 (even); row 2: huge cancellation 2^15 - 2^15 + 2^-24 -> 2^-24 (subnormal);
+    # row 3: 60000 + 60000 -> overflow -> inf; row 4: 2^-24 * 2^-1 = 2^-25: a tie between 0 and the smallest
+    # subnormal -> +0 (even); row 5: -(2^-25 + 2^-48) -> -2^-24; row 6: tie broken by a tiny term far below.
+    K = 4
+    A = np.zeros((7, K), np.float16)
+    B = np.zeros((1, K), np.float16)
+    B[0] = [1.0, 1.0, 1.0, 2.0**-24]
+    A[0] = [1.0, 2.0**-11, 0, 0]
+    A[1] = [1.0, 3 * 2.0**-11, 0, 0]
+    A[2] = [2.0**15, -(2.0**15), 2.0**-24, 0]
+    A[3] = [60000, 60000, 0, 0]
+    A[4] = [2.0**-1 * 2.0**-24 * 2**24, 0, 0, 0]  # 0.5 * 1 ... replaced below
+    A[4] = [0, 0, 0, 0.5]  # 0.5 * 2^-24 = 2^-25
+    A[5] = [0, 0, 0, -0.5]
+    A[6] = [1.0, 2.0**-11, 0, 2.0**-24]  # 1 + 2^-11 + 2^-48 -> 1 + 2^-10
+    Bm = np.vstack([B, B * np.float16(-1)])
+    ref = gemm.gemm_fp16(A, Bm)
+    ex = _fp16_exact(A, Bm)
+    assert_matches_oracle(ref, ex, "float16")
+    out = ref.out.astype(np.float64)
+    assert out[0, 0] == 1.0 and out[1, 0] == 1 + 2.0**-9 and out[2, 0] == 2.0**-24
+    assert out[3, 0] == np.inf and out[3, 1] == -np.inf
+    assert out[4, 0] == 0.0 and not np.signbit(out[4, 0]) and np.signbit(out[4, 1])  # -2^-25 -> -0 (IEEE sign)
+    assert out[6, 0] == 1 + 2.0**-10
+    assert ref.description["elements_recomputed_exactly"] >= 2  # the ties were decided by the integer path
+
+
+def test_gemm_fp16_exact_zero_is_positive():
+    A = np.array([[1.0, -1.0], [-0.0, -0.0]], np.float16)
+    B = np.array([[1.0, 1.0]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert np.all(ref.out == 0) and not np.any(np.signbit(ref.out))
+
+
+def test_gemm_fp16_nonfinite_ieee():
+    A = np.array([[np.inf, 1.0], [np.inf, 1.0], [np.nan, 0.0], [1.0, 2.0]], np.float16)
+    B = np.array([[1.0, 1.0], [0.0, 1.0], [-1.0, np.inf]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    out = ref.out.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = np.array([[sum(float(a) * float(b) for a, b in zip(r, c)) for c in B] for r in A])
+    np.testing.assert_array_equal(out, want)  # inf*0 = NaN; inf + -inf = NaN
+    assert np.isnan(out[1, 1]) and out[0, 0] == np.inf and np.isnan(out[0, 2])
+
+
+def test_gemm_fp16_rejects_bad_input():
+    A = np.zeros((2, 4), np.float16)
+    with pytest.raises(TypeError, match="A must have dtype float16"):
+        gemm.gemm_fp16(A.astype(np.float32), A)
+    with pytest.raises(ValueError, match="share K"):
+        gemm.gemm_fp16(A, np.zeros((3, 5), np.float16))
+    with pytest.raises(ValueError, match="2-D"):
+        gemm.gemm_fp16(A[0], A)
+
+
+def test_gemm_fp16_does_not_modify_inputs():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((3, 8)).astype(np.float16)
+    B = rng.standard_normal((2, 8)).astype(np.float16)
+    a0, b0 = A.copy(), B.copy()
+    gemm.gemm_fp16(A, B)
+    np.testing.assert_array_equal(A, a0)
+    np.testing.assert_array_equal(B, b0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sparse_gemm_fp4_fp8
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _sparse_exact(vals, meta, b):
+    """Exact Fractions straight from the design.md formula, byte by byte."""
+    M, G = vals.shape
+    N = b.shape[0]
+    bv = E4M3[b]
+    out = np.empty((M, N), dtype=object)
+    nan = np.zeros((M, N), bool)
+    for m in range(M):
+        for n in range(N):
+            acc = Fraction(0)
+            for g in range(G):
+                v, t = int(vals[m, g]) & 0xFF, int(meta[m, g]) & 0xFF
+                for code, idx in ((v & 0xF, t & 3), (v >> 4, (t >> 2) & 3)):
+                    x = bv[n, 4 * g + idx]
+                    if np.isnan(x):
+                        nan[m, n] = True
+                    else:
+                        acc += Fraction(E2M1[code]) * Fraction(float(x))
+            out[m, n] = acc
+    return out, nan
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sparse_every_byte_random(seed):
+    rng = np.random.default_rng(seed)
+    M, N, G = 5, 4, 6
+    vals = rng.integers(-128, 128, (M, G), dtype=np.int8)  # the benchmark's randint int8: any byte
+    meta = rng.integers(-128, 128, (M, G), dtype=np.int8)
+    b = rng.integers(0, 256, (N, 4 * G), dtype=np.uint8)
+    b[(b & 0x7F) == 0x7F] = 0x38  # no NaN here (tested separately)
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    ex, nan = _sparse_exact(vals, meta, b)
+    assert not nan.any()
+    assert ref.out.dtype == ml_dtypes.bfloat16 and ref.is_exact and ref.K == 4 * G
+    assert_matches_oracle(ref, ex, "bfloat16")
+    for idx in np.ndindex(ex.shape):
+        assert Fraction(float(ref.exact[idx])) == ex[idx]
+
+
+def test_sparse_nan_selected_only():
+    # One group: meta 0x04 selects columns 0 and 1. NaN in column 2 (unselected) is ignored; NaN in column 1
+    # poisons the row even when the value there is zero.
+    vals = np.array([[0x02], [0x02]], np.uint8)  # v0 = 1.0 (code 2), v1 = 0 (code 0)
+    meta = np.array([[0x04], [0x04]], np.uint8)
+    b = np.array([[0x38, 0x38, 0x7F, 0x38], [0x38, 0xFF, 0x38, 0x38]], np.uint8)
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    out = ref.out.astype(np.float64)
+    assert out[0, 0] == 1.0 and np.isnan(out[0, 1])
+    assert np.isnan(ref.exact[1, 1])
+
+
+def test_sparse_ties_and_large_k_exact():
+    # bf16 ties: sum = 256 + 1 = 257 is halfway between 256 and 258 -> 256 (even); 259 -> 260.
+    G = 4
+    b = np.full((1, 4 * G), 0x38, np.uint8)  # all 1.0
+    # v0 = 6 (code 7), v1 = 2 (code 4) per group -> 8 per group; use E4M3 values to build 257 exactly:
+    # B[0] columns: 0 -> 256 (0x78), 1 -> 1 (0x38); meta 0x04 picks columns 0, 1; vals (1.0, 1.0) = 0x22.
+    b[0, 0] = 0x78  # 256
+    vals = np.zeros((2, G), np.uint8)
+    meta = np.full((2, G), 0x04, np.uint8)
+    vals[0, 0] = 0x22  # 1*256 + 1*1 = 257
+    vals[1, 0] = 0x52  # 1*256 + 3*1 = 259
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    out = ref.out.astype(np.float64)
+    assert out[0, 0] == 256.0 and out[1, 0] == 260.0
+    # exact-zero sign: all-zero A row
+    vals2 = np.zeros((1, G), np.uint8)
+    vals2[0, 0] = 0x88  # -0, -0
+    ref2 = gemm.sparse_gemm_fp4_fp8(vals2, np.full((1, G), 0x04, np.uint8), b)
+    assert ref2.out[0, 0] == 0 and not np.signbit(ref2.out.astype(np.float32)[0, 0])
+
+
+def test_sparse_matches_compress_roundtrip_and_accepts_float8():
+    rng = np.random.default_rng(5)
+    dense_codes = rng.integers(0, 16, (4, 32)).astype(np.uint8)
+    dense_codes.reshape(4, 8, 4)[:, :, 1:3] = 0  # keep positions 0 and 3
+    vals, meta = compress_2to4(dense_codes)
+    b = rng.standard_normal((3, 32)).astype(ml_dtypes.float8_e4m3fn)
+    r1 = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    r2 = gemm.sparse_gemm_fp4_fp8(vals, meta, b.view(np.uint8))
+    np.testing.assert_array_equal(r1.out.astype(np.float32), r2.out.astype(np.float32))
+    dense = np.array(E2M1)[dense_codes]
+    want = dense @ b.astype(np.float64).T  # exact here: small K
+    np.testing.assert_array_equal(r1.exact, want)
+
+
+def test_sparse_rejects_bad_input():
+    v = np.zeros((2, 4), np.uint8)
+    with pytest.raises(TypeError, match="b_fp8"):
+        gemm.sparse_gemm_fp4_fp8(v, v, np.zeros((3, 16), ml_dtypes.float8_e5m2))
+    with pytest.raises(ValueError, match="K = 4"):
+        gemm.sparse_gemm_fp4_fp8(v, v, np.zeros((3, 12), np.uint8))
+    with pytest.raises(ValueError, match="same shape"):
+        gemm.sparse_gemm_fp4_fp8(v, v[:1], np.zeros((3, 16), np.uint8))
+    with pytest.raises(TypeError, match="a_vals"):
+        gemm.sparse_gemm_fp4_fp8(v.astype(np.int16), v, np.zeros((3, 16), np.uint8))
+
+
+def test_absprod_sparse_duplicate_index_adds_magnitudes():
+    vals = np.array([[0x9A]], np.uint8)  # v0 = -1.0 (code 0xA), v1 = -0.5 (0x9)
+    meta = np.array([[0x00]], np.uint8)  # both at column 0: A = -1.5
+    b = np.array([[0xB8, 0x38, 0x38, 0x38]], np.uint8)  # -1.0
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    assert ref.exact[0, 0] == 1.5 and ref.absprod[0, 0] == 1.5
+    vals = np.array([[0x92]], np.uint8)  # v0 = +1.0, v1 = -0.5 -> A = 0.5, |A||B| = 1.5
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    assert ref.exact[0, 0] == -0.5 and ref.absprod[0, 0] == 1.5
