@@ -282,7 +282,7 @@ def _value_of(code: int, fmt: FloatFormat) -> float:
     sign = -1.0 if fmt.signed and code >> (fmt.nbits - 1) else 1.0
     mag = code & ((1 << (fmt.nbits - int(fmt.signed))) - 1)
     if code in fmt.nan_codes:
-        return math.nan
+        return math.copysign(math.nan, sign)  # the NaN keeps the code's sign bit
     if code in fmt.inf_codes:
         return sign * math.inf
     e, f = mag >> m, mag & ((1 << m) - 1)
