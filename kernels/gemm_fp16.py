@@ -1,0 +1,418 @@
+"""fp16 GEMM C = A @ B.T for the gemm_n3072_k2048 workload (Llama-3.2-1B fused qkv_proj), tuned for the H200.
+
+Workload (/work/shared/facts/seeds.md §3): A float16 [M, 2048], B float16 [3072, 2048], C float16 [M, 3072],
+43 values of M from 1 to 8192. Peer: torch.matmul (cuBLAS).
+
+Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune at start-up):
+
+* ``gemm_fp16_splitk_kernel`` (small M, memory-bound on B): pointer loads, one program per (C tile, K slice).
+  With SPLIT_K > 1 each program writes its fp32 partial tile to a workspace, then increments the tile's arrival
+  counter (an atomic with acq_rel semantics); the LAST program to arrive sums the SPLIT_K partials in the fixed
+  order s = 0, 1, ..., SPLIT_K-1 in fp32, rounds once to fp16 and resets the counter. Which program arrives last
+  varies run to run, but the summation order does not: the output is bitwise deterministic. No program ever waits
+  for another, so there is no deadlock whatever order the hardware schedules programs in.
+* ``gemm_fp16_tma_kernel`` (large M, compute-bound): tensor descriptors (TMA on sm_90), persistent programs
+  walking C tiles in grouped order, one fp32 chain over all of K per C element.
+
+Numeric contract (NUMERIC_CONTRACT below; read by tests and ``fp4ref verify``): products of fp16 values are exact;
+each K slice is accumulated in fp32 by the tensor cores (Hopper fp16 wgmma: 16 products per step aligned and
+truncated to 2^(E-25), accumulated with round-toward-zero; mma.sync on tiles with BLOCK_M < 64, bounded by the
+universal fp32 tensor-core bound); the SPLIT_K partials are summed in fp32, round-to-nearest-even, fixed order;
+the result is rounded ONCE to fp16 with RNE (cvt.rn.f16.f32; overflow gives +-inf, as IEEE RNE does).
+
+Alignment (what the kernels need; other shapes raise ValueError): A and B are 2-D CUDA fp16 tensors with unit
+stride along K and row strides that are multiples of 8 elements (16 bytes), 16-byte aligned data pointers;
+K >= 1 and N >= 1 multiples of 8 (16-byte rows, required by TMA descriptors and the fp16 C rows); any M >= 0
+(M = 0 returns an empty [0, N] tensor).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "GemmConfig",
+    "CONFIG_TABLE",
+    "NUMERIC_CONTRACT",
+    "ALIGN",
+    "pick_config",
+    "accumulation_eps",
+    "gemm_fp16",
+    "gemm_fp16_splitk_kernel",
+    "gemm_fp16_tma_kernel",
+]
+
+ALIGN = 8  # elements: N and K must be multiples of 8 (16-byte fp16 rows for TMA and vector loads)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """One launch configuration.
+
+    kernel: "splitk" (gemm_fp16_splitk_kernel) or "tma" (gemm_fp16_tma_kernel, persistent).
+    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile ("splitk" only; 1 = no split).
+    GROUP_M: tile-order grouping along M (L2 reuse). num_warps/num_stages: Triton launch options.
+    """
+
+    kernel: str
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int = 1
+    GROUP_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def __post_init__(self):
+        if self.kernel not in ("splitk", "tma"):
+            raise ValueError(f"kernel={self.kernel!r}: expected 'splitk' or 'tma'")
+        if self.kernel == "tma" and self.SPLIT_K != 1:
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}: the 'tma' kernel does not split K (expected 1)")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}={v}: expected a power of two >= 1")
+
+    @property
+    def uses_wgmma(self) -> bool:
+        """True when Triton lowers this config's tl.dot to Hopper wgmma (block M multiple of 64, warps % 4 == 0)."""
+        return self.BLOCK_M % 64 == 0 and self.num_warps % 4 == 0
+
+
+# Keyed on M (upper bound inclusive), for N = 3072, K = 2048 on the H200; used for any N, K (correct everywhere,
+# tuned only there). Small M: memory-bound on B (12.6 MB), so enough programs over K (split-K) to keep ~all 132
+# SMs streaming B; large M: big tiles, TMA, persistent. See docs/kernels.md for how the entries were chosen.
+CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
+    (16, GemmConfig("splitk", 16, 64, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+    (32, GemmConfig("splitk", 32, 64, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+    (64, GemmConfig("splitk", 64, 64, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+    (128, GemmConfig("splitk", 64, 128, 64, SPLIT_K=4, num_warps=4, num_stages=4)),
+    (256, GemmConfig("splitk", 128, 128, 64, SPLIT_K=4, num_warps=8, num_stages=4)),
+    (1024, GemmConfig("tma", 128, 128, 64, num_warps=8, num_stages=4)),
+    (2**62, GemmConfig("tma", 128, 256, 64, num_warps=8, num_stages=3)),
+)
+
+
+def pick_config(M: int, N: int, K: int) -> GemmConfig:
+    """The CONFIG_TABLE entry for ``M`` (first row whose bound is >= M). N and K do not change the choice."""
+    for bound, cfg in CONFIG_TABLE:
+        if M <= bound:
+            return cfg
+    raise ValueError(f"M={M}: larger than every CONFIG_TABLE bound")  # pragma: no cover - last bound is 2**62
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numeric contract (data; fp4ref's checker reads it)
+# ---------------------------------------------------------------------------------------------------------------
+NUMERIC_CONTRACT = {
+    "inputs": "float16",
+    "output": "float16",
+    "products": "exact",
+    # Accumulation of each K slice on the H200 (sm_90). fp4ref.bounds preset name, and the parameters from
+    # /work/shared/facts/numerics.md: k products per step, F fraction bits kept, accumulator fp32 with RZ.
+    "accumulation_model": "hopper_fp16_wgmma",
+    "accumulation_params": {"k": 16, "F": 25, "accumulator": "fp32", "rounding": "rz"},
+    # Tiles with BLOCK_M < 64 use mma.sync, not wgmma: bounded by the universal fp32 tensor-core bound K*2^-22.
+    "accumulation_model_mma_sync": "tensor_core_fp32_universal",
+    # SPLIT_K partial sums (each a chain of <= ceil(K / SPLIT_K) products, rounded to a BLOCK_K multiple) are
+    # added in fp32 with RNE in the fixed order s = 0..SPLIT_K-1: an extra gamma_{SPLIT_K-1} (u = 2^-24) term.
+    "split_k_reduction": "fp32_rn_fixed_order",
+    "output_rounding": "rne",  # one RNE from the fp32 accumulator to fp16 (GPU)
+    "output_rounding_interpreter": "rne",  # facts/triton.md: fp16 stores round correctly in the CPU interpreter
+    "deterministic": True,
+}
+
+
+def accumulation_eps(K: int, cfg: GemmConfig, interpreter: bool = False) -> float:
+    """Relative accumulation error bound eps_acc: |C_fp32 - exact| <= eps_acc * (|A| @ |B|.T), elementwise.
+
+    GPU: per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K), the Hopper wgmma model
+    ceil(L/16) * (17 * 2^-25 + 2^-23) (facts/numerics.md, "Tensor cores"; 2^-23 is u for fp32 RZ), or for mma.sync
+    tiles the universal bound L * 2^-22; then the fixed-order fp32 RN sum of SPLIT_K partials adds
+    gamma_{SPLIT_K-1}(2^-24) * (1 + eps_slice). Interpreter (``interpreter=True``): tl.dot is an fp32 numpy
+    product, bounded by gamma_L(2^-24) per slice (Higham §3.1), and the same reduction term; the larger of the
+    two models is returned so one bound covers both.
+
+    The fp4ref.bounds model ``NUMERIC_CONTRACT["accumulation_model"]`` is the authority once it exists; this
+    function states the same formula so the contract can be checked without it.
+    """
+    if K < 1:
+        raise ValueError(f"K={K}: expected >= 1")
+    k_tiles = -(-K // cfg.BLOCK_K)
+    L = min(K, -(-k_tiles // cfg.SPLIT_K) * cfg.BLOCK_K)
+
+    def gamma(n: int, u: float) -> float:
+        return n * u / (1 - n * u)
+
+    if cfg.uses_wgmma:
+        eps_slice = math.ceil(L / 16) * (17 * 2.0**-25 + 2.0**-23)
+    else:
+        eps_slice = L * 2.0**-22
+    if interpreter:
+        eps_slice = max(eps_slice, gamma(L, 2.0**-24))
+    S = cfg.SPLIT_K
+    eps_red = gamma(S - 1, 2.0**-24) if S > 1 else 0.0
+    return eps_slice + eps_red * (1 + eps_slice)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["M"])
+def gemm_fp16_splitk_kernel(
+    # pointers
+    a_ptr,  # *fp16 [M, K], unit stride along K
+    b_ptr,  # *fp16 [N, K], unit stride along K
+    c_ptr,  # *fp16 [M, N], row-major (written)
+    ws_ptr,  # *fp32 [SPLIT_K, num_tiles, BLOCK_M * BLOCK_N] partial tiles (SPLIT_K > 1 only)
+    cnt_ptr,  # *i32 [num_tiles] arrival counters, all 0 between launches (SPLIT_K > 1 only)
+    # sizes
+    M,
+    N,
+    K,
+    # strides (elements)
+    stride_am,
+    stride_bn,
+    stride_cm,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K is a multiple of BLOCK_K * SPLIT_K: no K masks
+):
+    tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    # Grouped tile order (tutorial 03): GROUP_M row-tiles share each B column-tile while it is in L2.
+    group_size = GROUP_M * num_pid_n
+    first_m = (tile // group_size) * GROUP_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % group_size) % rows_in_group
+    pid_n = (tile % group_size) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows past M / N are clamped to valid rows (their results are never stored), so A/B loads need no M/N mask.
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # This program's K slice: k-tiles [pid_k * tiles_per_split, (pid_k + 1) * tiles_per_split).
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_start = pid_k * tiles_per_split * BLOCK_K
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + (k_start + offs_k)[None, :]
+    b_ptrs = b_ptr + offs_bn[:, None] * stride_bn + (k_start + offs_k)[None, :]
+
+    # fp32 accumulation on the tensor cores; fp16 x fp16 products are exact.
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tiles_per_split):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - (k_start + kt * BLOCK_K)
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, acc.to(tl.float16), mask=c_mask)  # one RNE fp32 -> fp16
+    else:
+        # Partial tile -> workspace (bypass L1: another SM reads it), then count arrivals for this C tile.
+        tile_elems = BLOCK_M * BLOCK_N
+        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
+        ws_stride_s = num_tiles.to(tl.int64) * tile_elems
+        tl.store(ws_tile + pid_k * ws_stride_s + offs_t, acc, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # Last arrival: fixed-order fp32 (RNE) sum of the SPLIT_K partials, then one RNE to fp16.
+            total = tl.load(ws_tile + offs_t, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws_tile + s * ws_stride_s + offs_t, cache_modifier=".cg")
+            tl.store(c_ptrs, total.to(tl.float16), mask=c_mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_fp16_tma_kernel(
+    # tensor descriptors (TMA on sm_90); out-of-range rows/columns load as 0 and are not stored
+    a_desc,  # fp16 [M, K], block [BLOCK_M, BLOCK_K]
+    b_desc,  # fp16 [N, K], block [BLOCK_N, BLOCK_K]
+    c_desc,  # fp16 [M, N], block [BLOCK_M, BLOCK_N] (written)
+    # sizes
+    M,
+    N,
+    K,
+    # meta-parameters
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,  # persistent grid size; program p handles tiles p, p + NUM_PROGRAMS, ...
+):
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    group_size = GROUP_M * num_pid_n
+    for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=True):
+        first_m = (tile // group_size) * GROUP_M
+        rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group_size) % rows_in_group
+        pid_n = (tile % group_size) // rows_in_group
+        # One fp32 chain over all of K per C element (tensor cores); fp16 products exact.
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))  # one RNE fp32 -> fp16
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host wrapper
+# ---------------------------------------------------------------------------------------------------------------
+_WORKSPACES: dict = {}  # (device, stream) -> (fp32 workspace, int32 counters); counters are 0 between launches
+
+
+def _workspace(device: torch.device, ws_elems: int, n_counters: int):
+    """Cached split-K workspace for (device, current stream); grown when too small (never shrunk)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    ws, cnt = _WORKSPACES.get(key, (None, None))
+    if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
+        ws_n = max(ws_elems, ws.numel() if ws is not None else 0)
+        cnt_n = max(n_counters, cnt.numel() if cnt is not None else 0)
+        ws = torch.empty(ws_n, dtype=torch.float32, device=device)
+        cnt = torch.zeros(cnt_n, dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, cnt)
+    return ws, cnt
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # CPU interpreter: a few persistent programs, so the persistent loop is exercised
+    n = _NUM_SMS.get(device.index)
+    if n is None:
+        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+def _check_operand(name: str, t, dim_name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float16:
+        raise TypeError(f"{name}.dtype={t.dtype}: expected torch.float16")
+    if t.dim() != 2:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2-D [{dim_name}, K]")
+    if t.shape[0] > 0 and t.shape[1] > 0:
+        if t.stride(1) != 1:
+            raise ValueError(f"{name}.stride()={t.stride()}: expected unit stride along K (call .contiguous())")
+        if t.shape[0] > 1 and t.stride(0) % ALIGN:
+            raise ValueError(f"{name}.stride(0)={t.stride(0)}: expected a multiple of {ALIGN} elements (16 bytes)")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}.data_ptr()={t.data_ptr():#x}: expected 16-byte alignment")
+
+
+def gemm_fp16(
+    A: torch.Tensor, B: torch.Tensor, config: GemmConfig | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """C = A @ B.T in fp16 with fp32 accumulation and one RNE rounding to fp16 (see NUMERIC_CONTRACT).
+
+    Args:
+        A: torch.float16 [M, K], any M >= 0, unit stride along K, row stride a multiple of 8, 16-byte aligned.
+        B: torch.float16 [N, K], N >= 1 and K >= 1 multiples of 8 (ALIGN), same layout rules; same device as A.
+        config: override the CONFIG_TABLE choice (tests and tuning); None picks ``pick_config(M, N, K)``.
+        out: optional preallocated result, torch.float16 [M, N], contiguous, on A's device (every element is
+            written; tests pass a NaN-poisoned buffer). None allocates one.
+
+    Returns:
+        torch.float16 [M, N] (``out`` when given), contiguous; bitwise deterministic run to run. M = 0 gives
+        [0, N].
+
+    Raises:
+        TypeError: A or B is not a float16 torch.Tensor.
+        ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
+            ``out`` of the wrong shape/dtype/device or not contiguous.
+
+    Source: workload gemm_n3072_k2048 (FlashInfer-Bench; /work/shared/facts/seeds.md §3), C = A @ B.T.
+    """
+    _check_operand("A", A, "M")
+    _check_operand("B", B, "N")
+    M, K = A.shape
+    N, Kb = B.shape
+    if Kb != K:
+        raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
+    if A.device != B.device:
+        raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
+    if K < 1 or K % ALIGN:
+        raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
+    if N < 1 or N % ALIGN:
+        raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
+    if out is None:
+        C = torch.empty((M, N), dtype=torch.float16, device=A.device)
+    else:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float16:
+            raise TypeError(f"out: expected a torch.float16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+        if tuple(out.shape) != (M, N) or out.device != A.device or not out.is_contiguous():
+            raise ValueError(
+                f"out.shape={tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()}): expected a "
+                f"contiguous [{M}, {N}] tensor on {A.device}"
+            )
+        if out.data_ptr() % 16:
+            raise ValueError(f"out.data_ptr()={out.data_ptr():#x}: expected 16-byte alignment")
+        C = out
+    if M == 0:
+        return C
+    cfg = pick_config(M, N, K) if config is None else config
+    if not isinstance(cfg, GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig or None, got {type(cfg).__name__}")
+    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    num_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    if cfg.kernel == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor(A, [M, K], [A.stride(0), 1], [BM, BK])
+        b_desc = TensorDescriptor(B, [N, K], [B.stride(0), 1], [BN, BK])
+        c_desc = TensorDescriptor(C, [M, N], [N, 1], [BM, BN])
+        nprog = min(num_tiles, _num_sms(A.device))
+        gemm_fp16_tma_kernel[(nprog,)](
+            a_desc, b_desc, c_desc, M, N, K,
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        return C
+    S = cfg.SPLIT_K
+    if S > 1:
+        ws, cnt = _workspace(A.device, S * num_tiles * BM * BN, num_tiles)
+    else:
+        ws, cnt = C, C  # unused when SPLIT_K == 1
+    gemm_fp16_splitk_kernel[(num_tiles, S)](
+        A, B, C, ws, cnt, M, N, K,
+        A.stride(0), B.stride(0), C.stride(0),
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, EVEN_K=(K % (BK * S) == 0),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return C
