@@ -1,0 +1,568 @@
+"""Accumulation models, the K-aware per-element error bound, and ``check(out, ref, model) -> Report``.
+
+The bound (design.md "Bound"; facts/numerics.md "Per-element check"), for an output element with exact value C,
+|A||B| = P (``Reference.absprod``), K products, and an accumulation model with relative error eps_acc(K)::
+
+    e_acc  = eps_acc(K) * P                                         accumulation
+    e_epi  = gamma_m(2^-24) * (|C| + e_acc) + m * 2^-149            m fp32 epilogue multiplies (global scales)
+    bound  = u_out * |C| + (1 + u_out) * (e_acc + e_epi) + eta_out  one rounding to the output format
+
+with u_out = 2^-p (RNE; 2^(1-p) for ``faithful``: either neighbour) and eta_out half the smallest subnormal
+(2^(1-p) times it for faithful). gamma_n(u) = n u / (1 - n u) (Higham 2002, §3.1).
+
+Models are data (frozen dataclasses) with a name registry, so a kernel file declares
+``NUMERIC_MODEL = "hopper_fp16_wgmma"`` and the checker looks it up with :func:`get_model`:
+
+===============================  ==============================================================================
+name                             eps_acc(K)
+===============================  ==============================================================================
+``exact``                        0 (an exact accumulation; the output is then the correctly rounded value)
+``fp32_rn``                      gamma_K(2^-24): recursive fp32 summation, round to nearest, any order
+``ampere_fp16``                  block FMA k=8,  F=24, fp32 accumulator, RZ  (also bf16; Ampere / Ada mma.sync)
+``hopper_fp16_wgmma``            block FMA k=16, F=25, fp32 accumulator, RZ  (also bf16; Hopper wgmma)
+``hopper_fp8_wgmma``             block FMA k=32, F=13, e8m13 accumulator (14 bits), RZ, never promoted
+``hopper_fp8_wgmma_promote(N)``  the above for N elements, then added into fp32 (RN) every N elements
+``blackwell_fp8``                block FMA k=32, F=25, fp32 accumulator, RZ (ASSUMED; see below)
+``tc_fp32_universal``            K * 2^-22: any fp32-accumulating tensor core (facts/numerics.md)
+``splitk(<model>, C)``           chunks of C along K accumulated by <model>, then summed in fp32 (RN, fixed order)
+===============================  ==============================================================================
+
+Block-FMA model (MMA-Sim, arXiv 2511.10909; Khattak & Mikaitis, arXiv 2512.07004; Fasi et al., PeerJ CS 2021):
+per instruction, k exact products and the accumulator are aligned to the largest exponent E, each truncated to a
+multiple of 2^(E-F), summed exactly, and the sum is rounded toward zero to the accumulator (precision p_acc,
+u_R = 2^(1-p_acc)). Each of the k + 1 truncations errs by less than 2^(E-F) <= 2^-F * (that step's |terms|),
+the RZ by at most u_R * |sum|; over n = ceil(K/k) steps, with d = (k+1) 2^-F + u_R::
+
+    eps_acc(K) = gamma(n, d) = n d / (1 - n d)       (the 1/(1 - n d) absorbs the errors carried in the acc)
+
+The Blackwell fp8 preset is an assumption (fp32-wide accumulation like the 16-bit wgmma path, MMA-Sim reports
+Blackwell fixed Hopper's narrow fp8 accumulator); no kernel in this project runs on Blackwell, and
+``tc_fp32_universal`` covers it either way.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._interop import to_numpy
+from .gemm import OUTPUT_FORMATS, OutputFormat, Reference
+
+__all__ = [
+    "AccumulationModel",
+    "MODELS",
+    "get_model",
+    "register_model",
+    "splitk",
+    "hopper_fp8_wgmma_promote",
+    "gamma",
+    "bound",
+    "check",
+    "Report",
+    "OUTPUT_ROUNDINGS",
+]
+
+U32 = 2.0**-24  # fp32 unit roundoff (RN)
+OUTPUT_ROUNDINGS = ("rne", "faithful")
+
+
+def gamma(n, u) -> float:
+    """gamma_n(u) = n u / (1 - n u) (Higham 2002, Lemma 3.1); +inf once n u >= 1."""
+    nu = n * u
+    return math.inf if nu >= 1 else nu / (1 - nu)
+
+
+@dataclass(frozen=True)
+class AccumulationModel:
+    """How a kernel accumulates a length-K dot product, as data.
+
+    Attributes:
+        name: registry name (what a kernel file writes in ``NUMERIC_MODEL``).
+        kind: "exact", "recursive" (scalar RN summation with unit roundoff ``u``), "block_fma" (tensor core:
+            ``k`` products per step, ``F`` kept fraction bits, accumulator precision ``acc_p`` with rounding
+            ``acc_rounding``), or "linear" (eps_acc = ``slope`` * K).
+        k, F, acc_p, acc_rounding: block-FMA parameters (see the module docstring).
+        u: unit roundoff of the recursive summation ("recursive" only).
+        slope: eps_acc per product ("linear" only).
+        promote_every: if set, the block-FMA chain restarts every ``promote_every`` products and each chunk is
+            added into an fp32 accumulator with RN (Hopper fp8 promotion, DeepSeek-V3 §3.3.2).
+        chunk: if set (split-K), chunks of ``chunk`` products are accumulated by ``inner`` and the ceil(K/chunk)
+            partial results are summed in fp32 with RN in a fixed order.
+        inner: the per-chunk model for split-K.
+        epilogue_multiplies: fp32 multiplies applied after accumulation, on top of the Reference's own.
+        source: where the model comes from.
+    """
+
+    name: str
+    kind: str
+    k: int = 1
+    F: int = 0
+    acc_p: int = 24
+    acc_rounding: str = "rz"
+    u: float = 0.0
+    slope: float = 0.0
+    promote_every: int | None = None
+    chunk: int | None = None
+    inner: "AccumulationModel | None" = None
+    epilogue_multiplies: int = 0
+    source: str = ""
+
+    def __post_init__(self):
+        if self.kind not in ("exact", "recursive", "block_fma", "linear", "splitk"):
+            raise ValueError(f"kind={self.kind!r}: expected exact, recursive, block_fma, linear or splitk")
+        if self.kind == "block_fma" and (self.k < 1 or self.F < 1 or self.acc_p < 2):
+            raise ValueError(f"block_fma model {self.name!r} needs k >= 1, F >= 1, acc_p >= 2")
+        if self.acc_rounding not in ("rz", "rn"):
+            raise ValueError(f"acc_rounding={self.acc_rounding!r}: expected 'rz' or 'rn'")
+        if self.promote_every is not None and self.promote_every < 1:
+            raise ValueError(f"promote_every={self.promote_every} must be >= 1")
+        if self.kind == "splitk" and (self.inner is None or not self.chunk or self.chunk < 1):
+            raise ValueError("a splitk model needs inner (a model) and chunk >= 1")
+
+    def eps(self, K: int) -> float:
+        """eps_acc(K): |computed - exact| <= eps_acc(K) * (|A||B|) for a length-K dot product (rigorous)."""
+        if K < 0:
+            raise ValueError(f"K={K} must be >= 0")
+        if K == 0 or self.kind == "exact":
+            return 0.0
+        if self.kind == "recursive":
+            return gamma(K, self.u)
+        if self.kind == "linear":
+            return self.slope * K
+        if self.kind == "splitk":
+            n = -(-K // self.chunk)
+            e_in = self.inner.eps(min(K, self.chunk))
+            return e_in + gamma(max(n - 1, 0), U32) * (1 + e_in)
+        # block_fma
+        if self.promote_every is not None and K > self.promote_every:
+            e_in = self._block_eps(self.promote_every)
+            n = -(-K // self.promote_every)
+            # each chunk added into the fp32 accumulator with RN: n additions (the first into +0 is exact, kept
+            # for simplicity)
+            return e_in + gamma(n, U32) * (1 + e_in)
+        return self._block_eps(K)
+
+    def _block_eps(self, K: int) -> float:
+        n = -(-K // self.k)
+        u_r = 2.0 ** (1 - self.acc_p) if self.acc_rounding == "rz" else 2.0 ** (-self.acc_p)
+        d = (self.k + 1) * 2.0 ** (-self.F) + u_r
+        return gamma(n, d)
+
+    def describe(self, K: int | None = None) -> str:
+        """One line: name, parameters, and eps_acc(K) if K is given."""
+        if self.kind == "block_fma":
+            p = f"block FMA k={self.k} F={self.F} acc p={self.acc_p} {self.acc_rounding.upper()}"
+            if self.promote_every:
+                p += f", promoted to fp32 every {self.promote_every}"
+        elif self.kind == "recursive":
+            p = f"recursive RN u=2^{math.log2(self.u):.0f}"
+        elif self.kind == "linear":
+            p = f"eps = {self.slope:.3g} * K"
+        elif self.kind == "splitk":
+            p = f"split-K chunks of {self.chunk} by {self.inner.name}, fp32 RN sum"
+        else:
+            p = "exact"
+        s = f"{self.name}: {p}"
+        if K is not None:
+            s += f"; eps_acc(K={K}) = {self.eps(K):.3g}"
+        return s
+
+
+_FP8_SRC = "facts/numerics.md (MMA-Sim arXiv 2511.10909; DeepSeek-V3 report §3.3.2: ~14 bits, promote every N_C)"
+
+MODELS: dict[str, AccumulationModel] = {}
+
+
+def register_model(model: AccumulationModel) -> AccumulationModel:
+    """Add ``model`` to the registry under ``model.name`` (ValueError if the name is taken by another model)."""
+    if model.name in MODELS and MODELS[model.name] != model:
+        raise ValueError(f"model name {model.name!r} is already registered with different parameters")
+    MODELS[model.name] = model
+    return model
+
+
+for _m in (
+    AccumulationModel("exact", "exact", source="exact accumulation (integer / exactly representable sums)"),
+    AccumulationModel("fp32_rn", "recursive", u=U32, source="Higham 2002 §3.1: gamma_K, any order, RN fp32"),
+    AccumulationModel("ampere_fp16", "block_fma", k=8, F=24, acc_p=24, acc_rounding="rz",
+                      source="facts/numerics.md tensor-core table: Ampere/Ada fp16, bf16 (Fasi et al. 2021; MMA-Sim)"),
+    AccumulationModel("hopper_fp16_wgmma", "block_fma", k=16, F=25, acc_p=24, acc_rounding="rz",
+                      source="facts/numerics.md tensor-core table: Hopper fp16/bf16 wgmma (MMA-Sim; Khattak & Mikaitis)"),
+    AccumulationModel("hopper_fp8_wgmma", "block_fma", k=32, F=13, acc_p=14, acc_rounding="rz", source=_FP8_SRC),
+    AccumulationModel("blackwell_fp8", "block_fma", k=32, F=25, acc_p=24, acc_rounding="rz",
+                      source="ASSUMPTION: fp32-wide accumulation on Blackwell fp8 (MMA-Sim); not validated here"),
+    AccumulationModel("tc_fp32_universal", "linear", slope=2.0**-22,
+                      source="facts/numerics.md: universal fp32-accumulating tensor-core bound K*2^-22"),
+):
+    register_model(_m)
+
+# aliases: bf16 inputs accumulate the same way as fp16 on these tensor cores
+MODELS["ampere_bf16"] = MODELS["ampere_fp16"]
+MODELS["hopper_bf16_wgmma"] = MODELS["hopper_fp16_wgmma"]
+
+
+def hopper_fp8_wgmma_promote(n: int) -> AccumulationModel:
+    """Hopper fp8 wgmma with the 14-bit accumulator added into fp32 every ``n`` products (Triton's
+    ``max_num_imprecise_acc=n``; DeepSeek-V3 promotes every 128)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n={n!r}: the promotion interval must be a positive int")
+    base = MODELS["hopper_fp8_wgmma"]
+    return AccumulationModel(f"hopper_fp8_wgmma_promote({int(n)})", "block_fma", k=base.k, F=base.F,
+                             acc_p=base.acc_p, acc_rounding=base.acc_rounding, promote_every=int(n), source=_FP8_SRC)
+
+
+def splitk(model, chunk: int) -> AccumulationModel:
+    """Split-K: chunks of ``chunk`` products accumulated by ``model``, partials summed in fp32 (RN, fixed order)."""
+    inner = get_model(model)
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk={chunk!r}: the split-K chunk length must be a positive int")
+    return AccumulationModel(f"splitk({inner.name}, {int(chunk)})", "splitk", chunk=int(chunk), inner=inner,
+                             source=f"{inner.name} per chunk + fp32 RN sum of the partials (Higham §3.1)")
+
+
+_PROMOTE_RE = re.compile(r"^hopper_fp8_wgmma_promote\((\d+)\)$")
+_SPLITK_RE = re.compile(r"^splitk\((.+),\s*(\d+)\)$")
+
+
+def get_model(model) -> AccumulationModel:
+    """Look a model up by name (or pass an :class:`AccumulationModel` through).
+
+    Names: the registry (``MODELS``), ``hopper_fp8_wgmma_promote(N)`` and ``splitk(<name>, C)``.
+
+    Raises:
+        TypeError: ``model`` is neither a str nor an AccumulationModel.
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if isinstance(model, AccumulationModel):
+        return model
+    if not isinstance(model, str):
+        raise TypeError(f"model must be a model name (str) or an AccumulationModel, got {type(model).__name__}")
+    name = model.strip()
+    if name in MODELS:
+        return MODELS[name]
+    m = _PROMOTE_RE.match(name)
+    if m:
+        return hopper_fp8_wgmma_promote(int(m.group(1)))
+    m = _SPLITK_RE.match(name)
+    if m:
+        return splitk(m.group(1).strip(), int(m.group(2)))
+    raise ValueError(
+        f"model={model!r} is not a known accumulation model; expected one of {sorted(MODELS)}, "
+        "'hopper_fp8_wgmma_promote(N)' or 'splitk(<model>, C)'"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The bound
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BoundTerms:
+    """The terms of the per-element bound (float64 arrays, shape of the output)."""
+
+    total: np.ndarray
+    rounding: np.ndarray  # u_out * |C|
+    accumulation: np.ndarray  # (1 + u_out) * eps_acc * P
+    epilogue: np.ndarray  # (1 + u_out) * e_epi
+    floor: float  # eta_out
+    reference: Any  # |exact - ref.exact| bound (0 when the reference is exact)
+    eps_acc: float
+
+
+def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multiplies: int | None = None) -> BoundTerms:
+    """Per-element bound on |out - exact| for a kernel following ``model`` (see the module docstring).
+
+    Args:
+        ref: the :class:`fp4ref.gemm.Reference`.
+        model: a model name or :class:`AccumulationModel`.
+        output_rounding: "rne" (one RNE to the output) or "faithful" (either neighbour, e.g. the CPU
+            interpreter's truncating bf16 store).
+        epilogue_multiplies: fp32 multiplies after accumulation; default ``ref.epilogue_multiplies +
+            model.epilogue_multiplies``.
+
+    Returns:
+        :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
+        approximation of the exact value is still sound).
+    """
+    m = get_model(model)
+    if output_rounding not in OUTPUT_ROUNDINGS:
+        raise ValueError(f"output_rounding={output_rounding!r}: expected one of {OUTPUT_ROUNDINGS}")
+    fmt: OutputFormat = ref.output_format
+    u_out = fmt.u if output_rounding == "rne" else 2 * fmt.u
+    eta = fmt.eta if output_rounding == "rne" else 2 * fmt.eta
+    n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
+    C = np.abs(ref.exact) + ref.exact_err
+    eps = m.eps(ref.K)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e_acc = eps * ref.absprod if eps else np.zeros_like(C)
+        e_epi = gamma(n_epi, U32) * (C + e_acc) + n_epi * 2.0**-149 if n_epi else np.zeros_like(C)
+        rnd = u_out * C
+        acc = (1 + u_out) * e_acc
+        epi = (1 + u_out) * e_epi
+        total = rnd + acc + epi + eta + ref.exact_err
+    return BoundTerms(total=total, rounding=rnd, accumulation=acc, epilogue=epi, floor=eta,
+                      reference=ref.exact_err, eps_acc=eps)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# check -> Report
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _ordered_bits(x64: np.ndarray, fmt: OutputFormat) -> np.ndarray:
+    """Monotone integer key of each value's bit pattern in ``fmt`` (ulp distance = key difference)."""
+    itemsize = np.dtype(fmt.dtype).itemsize
+    uint = {2: np.uint16, 4: np.uint32}[itemsize]
+    sint = {2: np.int64, 4: np.int64}[itemsize]
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = x64.astype(fmt.dtype).view(uint).astype(sint)
+    sign = np.int64(1) << (8 * itemsize - 1)
+    mag = bits & (sign - 1)
+    return np.where(bits & sign, -mag, mag)
+
+
+@dataclass
+class Report:
+    """What :func:`check` found. ``ok`` is the verdict; ``assert_ok()`` raises with a readable message.
+
+    Attributes:
+        ok: True when no element breaks the bound, NaN/Inf patterns match, nothing is unwritten, and (with
+            ``exact_accumulation``) every element equals the correctly rounded output.
+        model, output_rounding, K, shape, size: what was checked.
+        n_violations: elements with |out - exact| > bound (finite ones).
+        max_ratio: max |out - exact| / bound over finite elements (<= 1 passes); ``worst`` its index.
+        worst_terms: dict of the bound terms and values at ``worst``.
+        max_ulps: max distance in ulps of the output format between out and the correctly rounded output.
+        frac_equal: fraction of elements equal to the correctly rounded output (NaN matching NaN; +0 == -0).
+        sqnr_db: 10 log10(sum C^2 / sum (out - C)^2) over finite elements (inf when equal).
+        nan_mismatch: elements NaN in exactly one of out and the reference.
+        inf_mismatch: infinities the bound cannot explain (wrong sign, or inf where the exact value is
+            further than the bound from the overflow threshold, or finite where it must overflow).
+        unwritten: elements still holding the poison value where the reference does not.
+        not_equal_exact: elements differing from the correctly rounded output when ``exact_accumulation``.
+        violations: up to 10 (index, out, correctly rounded, exact, bound) tuples.
+    """
+
+    ok: bool
+    model: str
+    output_rounding: str
+    K: int
+    shape: tuple
+    size: int
+    n_violations: int
+    max_ratio: float
+    worst: tuple | None
+    worst_terms: dict
+    max_ulps: int
+    frac_equal: float
+    sqnr_db: float
+    nan_mismatch: int
+    inf_mismatch: int
+    unwritten: int
+    exact_accumulation: bool
+    not_equal_exact: int
+    violations: list = field(default_factory=list)
+    description: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line with the headline numbers."""
+        verdict = "OK" if self.ok else "FAILED"
+        return (
+            f"{verdict}: {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
+            f"max err/bound {self.max_ratio:.3g}, {self.n_violations} over the bound, max {self.max_ulps} ulp, "
+            f"{100 * self.frac_equal:.2f}% equal to the correctly rounded output, SQNR {self.sqnr_db:.1f} dB, "
+            f"{self.nan_mismatch} NaN / {self.inf_mismatch} Inf mismatches, {self.unwritten} unwritten"
+        )
+
+    def message(self) -> str:
+        """A multi-line failure message in numpy.testing's layout (rule, counts, first offenders, worst terms)."""
+        lines = [f"Not within the K-aware bound of model {self.model!r} ({self.output_rounding} output, K={self.K})"]
+        if self.exact_accumulation:
+            lines[0] = f"Not equal to the correctly rounded output (exact-accumulation input), model {self.model!r}"
+        pct = lambda n: f"{n} / {self.size} ({100.0 * n / max(self.size, 1):.3g}%)"  # noqa: E731
+        lines.append(f"Elements over the bound: {pct(self.n_violations)}")
+        if self.exact_accumulation:
+            lines.append(f"Elements not equal to the correctly rounded output: {pct(self.not_equal_exact)}")
+        if self.nan_mismatch:
+            lines.append(f"NaN mismatches: {pct(self.nan_mismatch)}")
+        if self.inf_mismatch:
+            lines.append(f"Inf mismatches: {pct(self.inf_mismatch)}")
+        if self.unwritten:
+            lines.append(f"Unwritten (still poisoned) elements: {pct(self.unwritten)}")
+        lines.append(f"Max err/bound: {self.max_ratio:.6g} at {self.worst}; max ulps vs correctly rounded: "
+                     f"{self.max_ulps}; equal: {100 * self.frac_equal:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
+        if self.violations:
+            lines.append("First offenders (index: ACTUAL, DESIRED correctly rounded, exact, bound):")
+            for idx, o, r, c, b in self.violations:
+                lines.append(f"  {idx}: {o!r}, {r!r}, {c!r}, {b:.6g}")
+        if self.worst_terms:
+            lines.append("Bound terms at the worst element: " +
+                         ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in self.worst_terms.items()))
+        return "\n".join(lines)
+
+    def assert_ok(self) -> "Report":
+        """Raise AssertionError with :meth:`message` unless ``ok``; return self."""
+        __tracebackhide__ = True
+        if not self.ok:
+            raise AssertionError(self.message())
+        return self
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _as_out_array(out, fmt: OutputFormat) -> np.ndarray:
+    out = to_numpy(out, "out")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array or torch tensor, got {type(out).__name__}")
+    if out.dtype.name != fmt.name:
+        raise TypeError(f"out must have the reference's output dtype {fmt.name}, got {out.dtype}")
+    return out
+
+
+def check(out, ref: Reference, model="tc_fp32_universal", *, output_rounding: str = "rne", poison=None,
+          exact_accumulation: bool = False, epilogue_multiplies: int | None = None) -> Report:
+    """Check a kernel's output against a :class:`~fp4ref.gemm.Reference` under an accumulation model.
+
+    Args:
+        out: the kernel output, numpy array or torch tensor, same shape and dtype as ``ref.out``.
+        ref: the reference (``fp4ref.gemm.*``).
+        model: model name or :class:`AccumulationModel` (default ``tc_fp32_universal``).
+        output_rounding: "rne" or "faithful" (either neighbour; for the CPU interpreter's bf16 stores).
+        poison: the value the output buffer was filled with before the kernel ran (e.g. ``float("nan")``);
+            elements still holding it (bit for bit; any NaN for a NaN poison) where the reference does not are
+            counted as unwritten. None: no unwritten-element check.
+        exact_accumulation: the inputs come from an exact-accumulation family (every fp32 partial sum exact in
+            any order): then every element must EQUAL the correctly rounded output (rne) or be one of the two
+            neighbours of the exact value (faithful), whatever the model.
+        epilogue_multiplies: override the number of fp32 epilogue multiplies (see :func:`bound`).
+
+    Returns:
+        :class:`Report`.
+
+    Raises:
+        TypeError: wrong dtype of ``out`` or ``ref``; ValueError: shape mismatch, unknown model or rounding.
+    """
+    if not isinstance(ref, Reference):
+        raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
+    m = get_model(model)
+    fmt = ref.output_format
+    o = _as_out_array(out, fmt)
+    if o.shape != ref.out.shape:
+        raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
+    terms = bound(ref, m, output_rounding=output_rounding, epilogue_multiplies=epilogue_multiplies)
+    o64 = o.astype(np.float64)
+    r64 = ref.out.astype(np.float64)
+    C = ref.exact
+    size = o.size
+
+    ref_nan = np.isnan(C)
+    out_nan = np.isnan(o64)
+    unwritten_mask = np.zeros(o.shape, bool)
+    if poison is not None:
+        p = float(poison)
+        if math.isnan(p):
+            unwritten_mask = out_nan & ~ref_nan
+        else:
+            pbits = np.array([p]).astype(fmt.dtype).view(np.uint8)
+            itemsize = np.dtype(fmt.dtype).itemsize
+            ob = np.ascontiguousarray(o).view(np.uint8).reshape(o.shape + (itemsize,))
+            unwritten_mask = np.all(ob == pbits, axis=-1) & (r64 != p)
+    nan_mm = (ref_nan != out_nan) & ~unwritten_mask
+
+    both = ~ref_nan & ~out_nan & ~unwritten_mask
+    finite_C = np.isfinite(C)
+    # infinities
+    thr = fmt.max + fmt.ulp(fmt.max) / 2  # RNE overflow threshold
+    with np.errstate(invalid="ignore"):
+        e_pre = np.where(both, terms.accumulation + terms.epilogue + terms.reference, 0.0)
+        out_inf = both & np.isinf(o64)
+        inf_ok = out_inf & (
+            (np.isinf(C) & (np.sign(C) == np.sign(o64)))
+            | (finite_C & (np.abs(C) + e_pre >= thr if output_rounding == "rne" else np.abs(C) + e_pre >= fmt.max)
+               & (np.sign(C) == np.sign(o64)))
+        )
+        # the exact value is an infinity (IEEE inputs) but out is finite; or |C| certainly overflows
+        must_inf = both & ~np.isinf(o64) & (np.isinf(C) | (np.abs(C) - e_pre >= thr))
+    inf_mm = (out_inf & ~inf_ok) | must_inf
+
+    fin = both & ~np.isinf(o64) & finite_C
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        err = np.where(fin, np.abs(o64 - C), 0.0)
+        b = terms.total
+        ratio = np.where(fin, np.where(b > 0, err / np.where(b > 0, b, 1.0), np.where(err > 0, np.inf, 0.0)), 0.0)
+    viol = fin & (ratio > 1)
+
+    equal = (o64 == r64) | (out_nan & np.isnan(r64))
+    not_exact = np.zeros(o.shape, bool)
+    if exact_accumulation:
+        if output_rounding == "rne":
+            not_exact = ~equal
+        else:
+            # faithful: out must be RD(C) or RU(C); ref.out is one of them, the other is its neighbour toward C
+            key_o = _ordered_bits(o64, fmt)
+            key_r = _ordered_bits(r64, fmt)
+            with np.errstate(invalid="ignore"):
+                toward = np.sign(np.where(finite_C, C, r64) - r64).astype(np.int64)
+            not_exact = ~equal & ~((key_o == key_r + toward) & (toward != 0))
+            not_exact &= ~(out_nan & ref_nan)
+
+    finite_pair = both & np.isfinite(r64) & np.isfinite(o64)
+    if np.any(finite_pair):
+        ulps = int(np.max(np.abs(_ordered_bits(np.where(finite_pair, o64, 0.0), fmt)
+                                 - _ordered_bits(np.where(finite_pair, r64, 0.0), fmt))))
+    else:
+        ulps = 0
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        sig = float(np.sum(np.where(fin, C, 0.0) ** 2))
+        noise = float(np.sum(np.where(fin, o64 - C, 0.0) ** 2))
+    sqnr = math.inf if noise == 0 else (10 * math.log10(sig / noise) if sig > 0 else -math.inf)
+
+    if np.any(fin):
+        flat = int(np.argmax(np.where(fin, ratio, -1.0)))
+        worst = tuple(int(i) for i in np.unravel_index(flat, o.shape))
+        max_ratio = float(ratio[worst])
+        wt = {
+            "out": float(o64[worst]), "correctly_rounded": float(r64[worst]), "exact": float(C[worst]),
+            "|A||B|": float(ref.absprod[worst]) if terms.eps_acc else float("nan"),
+            "bound": float(b[worst]), "rounding": float(terms.rounding[worst]),
+            "accumulation": float(terms.accumulation[worst]), "epilogue": float(terms.epilogue[worst]),
+            "floor": float(terms.floor), "eps_acc": float(terms.eps_acc),
+        }
+    else:
+        worst, max_ratio, wt = None, 0.0, {}
+
+    bad = viol | nan_mm | inf_mm | unwritten_mask | not_exact
+    examples = []
+    for idx in np.argwhere(bad)[:10]:
+        idx = tuple(int(i) for i in idx)
+        examples.append((idx, float(o64[idx]), float(r64[idx]), float(C[idx]), float(b[idx])))
+
+    n_v = int(viol.sum())
+    return Report(
+        ok=not bool(bad.any()),
+        model=m.name,
+        output_rounding=output_rounding,
+        K=ref.K,
+        shape=tuple(o.shape),
+        size=int(size),
+        n_violations=n_v,
+        max_ratio=max_ratio,
+        worst=worst,
+        worst_terms=wt,
+        max_ulps=ulps,
+        frac_equal=float(equal.sum()) / max(size, 1),
+        sqnr_db=sqnr,
+        nan_mismatch=int(nan_mm.sum()),
+        inf_mismatch=int(inf_mm.sum()),
+        unwritten=int(unwritten_mask.sum()),
+        exact_accumulation=exact_accumulation,
+        not_equal_exact=int(not_exact.sum()),
+        violations=examples,
+        description=dict(ref.description),
+    )
