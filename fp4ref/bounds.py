@@ -63,10 +63,13 @@ __all__ = [
     "check",
     "Report",
     "OUTPUT_ROUNDINGS",
+    "DEFAULT_MODEL",
 ]
 
 U32 = 2.0**-24  # fp32 unit roundoff (RN)
 OUTPUT_ROUNDINGS = ("rne", "faithful")
+#: The model used when a kernel declares none: any fp32-accumulating tensor core (K * 2^-22).
+DEFAULT_MODEL = "tc_fp32_universal"
 
 
 def gamma(n, u) -> float:
@@ -334,10 +337,10 @@ class Report:
             ``exact_accumulation``) every element equals the correctly rounded output.
         model, output_rounding, K, shape, size: what was checked.
         n_violations: elements with |out - exact| > bound (finite ones).
-        max_ratio: max |out - exact| / bound over finite elements (<= 1 passes); ``worst`` its index.
+        max_err_over_bound: max |out - exact| / bound over finite elements (<= 1 passes); ``worst`` its index.
         worst_terms: dict of the bound terms and values at ``worst``.
         max_ulps: max distance in ulps of the output format between out and the correctly rounded output.
-        frac_equal: fraction of elements equal to the correctly rounded output (NaN matching NaN; +0 == -0).
+        bitwise_equal_fraction: fraction of elements equal to the correctly rounded output (NaN matching NaN; +0 == -0).
         sqnr_db: 10 log10(sum C^2 / sum (out - C)^2) over finite elements (inf when equal).
         nan_mismatch: elements NaN in exactly one of out and the reference.
         inf_mismatch: infinities the bound cannot explain (wrong sign, or inf where the exact value is
@@ -354,11 +357,11 @@ class Report:
     shape: tuple
     size: int
     n_violations: int
-    max_ratio: float
+    max_err_over_bound: float
     worst: tuple | None
     worst_terms: dict
     max_ulps: int
-    frac_equal: float
+    bitwise_equal_fraction: float
     sqnr_db: float
     nan_mismatch: int
     inf_mismatch: int
@@ -373,8 +376,8 @@ class Report:
         verdict = "OK" if self.ok else "FAILED"
         return (
             f"{verdict}: {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
-            f"max err/bound {self.max_ratio:.3g}, {self.n_violations} over the bound, max {self.max_ulps} ulp, "
-            f"{100 * self.frac_equal:.2f}% equal to the correctly rounded output, SQNR {self.sqnr_db:.1f} dB, "
+            f"max err/bound {self.max_err_over_bound:.3g}, {self.n_violations} over the bound, max {self.max_ulps} ulp, "
+            f"{100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded output, SQNR {self.sqnr_db:.1f} dB, "
             f"{self.nan_mismatch} NaN / {self.inf_mismatch} Inf mismatches, {self.unwritten} unwritten"
         )
 
@@ -393,8 +396,8 @@ class Report:
             lines.append(f"Inf mismatches: {pct(self.inf_mismatch)}")
         if self.unwritten:
             lines.append(f"Unwritten (still poisoned) elements: {pct(self.unwritten)}")
-        lines.append(f"Max err/bound: {self.max_ratio:.6g} at {self.worst}; max ulps vs correctly rounded: "
-                     f"{self.max_ulps}; equal: {100 * self.frac_equal:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
+        lines.append(f"Max err/bound: {self.max_err_over_bound:.6g} at {self.worst}; max ulps vs correctly rounded: "
+                     f"{self.max_ulps}; equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
             lines.append("First offenders (index: ACTUAL, DESIRED correctly rounded, exact, bound):")
             for idx, o, r, c, b in self.violations:
@@ -425,7 +428,7 @@ def _as_out_array(out, fmt: OutputFormat) -> np.ndarray:
     return out
 
 
-def check(out, ref: Reference, model="tc_fp32_universal", *, output_rounding: str = "rne", poison=None,
+def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "rne", poison=None,
           exact_accumulation: bool = False, epilogue_multiplies: int | None = None) -> Report:
     """Check a kernel's output against a :class:`~fp4ref.gemm.Reference` under an accumulation model.
 
@@ -526,7 +529,7 @@ def check(out, ref: Reference, model="tc_fp32_universal", *, output_rounding: st
     if np.any(fin):
         flat = int(np.argmax(np.where(fin, ratio, -1.0)))
         worst = tuple(int(i) for i in np.unravel_index(flat, o.shape))
-        max_ratio = float(ratio[worst])
+        max_err_over_bound = float(ratio[worst])
         wt = {
             "out": float(o64[worst]), "correctly_rounded": float(r64[worst]), "exact": float(C[worst]),
             "|A||B|": float(ref.absprod[worst]) if terms.eps_acc else float("nan"),
@@ -535,7 +538,7 @@ def check(out, ref: Reference, model="tc_fp32_universal", *, output_rounding: st
             "floor": float(terms.floor), "eps_acc": float(terms.eps_acc),
         }
     else:
-        worst, max_ratio, wt = None, 0.0, {}
+        worst, max_err_over_bound, wt = None, 0.0, {}
 
     bad = viol | nan_mm | inf_mm | unwritten_mask | not_exact
     examples = []
@@ -552,11 +555,11 @@ def check(out, ref: Reference, model="tc_fp32_universal", *, output_rounding: st
         shape=tuple(o.shape),
         size=int(size),
         n_violations=n_v,
-        max_ratio=max_ratio,
+        max_err_over_bound=max_err_over_bound,
         worst=worst,
         worst_terms=wt,
         max_ulps=ulps,
-        frac_equal=float(equal.sum()) / max(size, 1),
+        bitwise_equal_fraction=float(equal.sum()) / max(size, 1),
         sqnr_db=sqnr,
         nan_mismatch=int(nan_mm.sum()),
         inf_mismatch=int(inf_mm.sum()),

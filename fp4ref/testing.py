@@ -1,0 +1,137 @@
+"""Assertions for kernel authors: the K-aware check, and the public benchmarks' own checkers for comparison.
+
+* :func:`assert_gemm_close` — :func:`fp4ref.bounds.check` + ``Report.assert_ok()``: every element within the
+  rigorous bound of the declared accumulation model, NaN/Inf patterns equal, nothing unwritten; with
+  ``exact_accumulation=True`` every element equal to the correctly rounded output.
+* :func:`fib_allclose` — FlashInfer-Bench's checker (facts/seeds.md §3): an element fails iff
+  |o - r| > atol AND |o - r| / (|r| + 1e-8) > rtol, atol = rtol = 1e-2; any NaN/Inf in the output fails.
+* :func:`sol_allclose` — SOL-ExecBench's checker (facts/seeds.md §2): an element matches iff
+  |o - r| <= 0.005 + 0.02 |r|; the output passes when at least 99% of the elements match.
+
+The last two are K-independent and loose; they are here so a report can say what the public suites would have
+concluded on the same output (docs/testing.md lists bugs they let through).
+
+Arguments may be numpy arrays, ml_dtypes arrays or torch tensors (converted without importing torch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._interop import to_numpy
+from .bounds import DEFAULT_MODEL, Report, check
+from .gemm import Reference
+
+__all__ = ["assert_gemm_close", "fib_allclose", "sol_allclose", "AllcloseResult", "check", "Report"]
+
+
+def assert_gemm_close(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "rne", poison=None,
+                      exact_accumulation: bool = False, epilogue_multiplies: int | None = None) -> Report:
+    """Assert that a kernel output is within the K-aware bound of ``model`` around ``ref``.
+
+    Args:
+        out: kernel output (numpy / torch), shape and dtype of ``ref.out``.
+        ref: :class:`fp4ref.gemm.Reference` of the same inputs.
+        model: accumulation model name (e.g. the kernel module's ``NUMERIC_MODEL``) or AccumulationModel.
+        output_rounding: "rne", or "faithful" under the Triton CPU interpreter (its bf16 stores truncate).
+        poison: the value the output buffer was pre-filled with (e.g. ``float("nan")``), to detect unwritten
+            elements; None skips that check.
+        exact_accumulation: inputs from an exact-accumulation family: demand equality with the correctly
+            rounded output.
+        epilogue_multiplies: override the count of fp32 epilogue multiplies.
+
+    Returns:
+        The :class:`fp4ref.bounds.Report` (so a test can also look at SQNR, ulps, ...).
+
+    Raises:
+        AssertionError: with a numpy.testing-style message (rule, counts, first offenders, bound terms).
+        TypeError / ValueError: as :func:`fp4ref.bounds.check`.
+    """
+    __tracebackhide__ = True
+    report = check(out, ref, model, output_rounding=output_rounding, poison=poison,
+                   exact_accumulation=exact_accumulation, epilogue_multiplies=epilogue_multiplies)
+    report.assert_ok()
+    return report
+
+
+@dataclass(frozen=True)
+class AllcloseResult:
+    """Verdict of a public checker. Truthy when it passes.
+
+    Attributes:
+        ok: the checker's verdict.
+        checker: "flashinfer-bench" or "sol-execbench".
+        n_fail: elements that fail the element test (NaN/Inf counted as failures).
+        matched_fraction: fraction of elements that pass the element test.
+        max_abs_err: max |o - r| over finite pairs.
+        n_nonfinite_out: NaN/Inf elements in the output.
+    """
+
+    ok: bool
+    checker: str
+    n_fail: int
+    matched_fraction: float
+    max_abs_err: float
+    n_nonfinite_out: int
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _pair(out, ref):
+    if isinstance(ref, Reference):
+        ref = ref.out
+    o = to_numpy(out, "out")
+    r = to_numpy(ref, "ref")
+    o = np.asarray(o)
+    r = np.asarray(r)
+    if o.shape != r.shape:
+        raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
+    for name, a in (("out", o), ("ref", r)):
+        if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+            raise TypeError(f"{name} must be a floating array, got dtype {a.dtype}")
+    return o.astype(np.float64), r.astype(np.float64)
+
+
+def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> AllcloseResult:
+    """FlashInfer-Bench's correctness rule (facts/seeds.md §3).
+
+    An element fails iff |o - r| > atol AND |o - r| / (|r| + 1e-8) > rtol; the output fails if any element
+    fails or holds NaN/Inf. ``ref`` is an array or a :class:`Reference` (its correctly rounded ``out``).
+    """
+    o, r = _pair(out, ref)
+    nonfinite = ~np.isfinite(o)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(o - r)
+        fail = nonfinite | ~np.isfinite(d) | ((d > atol) & (d / (np.abs(r) + 1e-8) > rtol))
+    n_fail = int(fail.sum())
+    return AllcloseResult(
+        ok=n_fail == 0,
+        checker="flashinfer-bench",
+        n_fail=n_fail,
+        matched_fraction=1.0 - n_fail / max(o.size, 1),
+        max_abs_err=float(np.max(d[np.isfinite(d)])) if np.any(np.isfinite(d)) else 0.0,
+        n_nonfinite_out=int(nonfinite.sum()),
+    )
+
+
+def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required: float = 0.99) -> AllcloseResult:
+    """SOL-ExecBench's correctness rule (facts/seeds.md §2).
+
+    An element matches iff |o - r| <= atol + rtol * |r| (NaN never matches); the output passes when at least
+    ``required`` (99%) of the elements match.
+    """
+    o, r = _pair(out, ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(o - r)
+        match = d <= atol + rtol * np.abs(r)
+    frac = float(match.sum()) / max(o.size, 1)
+    return AllcloseResult(
+        ok=frac >= required,
+        checker="sol-execbench",
+        n_fail=int((~match).sum()),
+        matched_fraction=frac,
+        max_abs_err=float(np.max(d[np.isfinite(d)])) if np.any(np.isfinite(d)) else 0.0,
+        n_nonfinite_out=int((~np.isfinite(o)).sum()),
+    )
