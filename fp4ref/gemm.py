@@ -511,9 +511,238 @@ def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
     )
 
 
-def nvfp4_gemm(xq, wq, **kwargs) -> Reference:  # pragma: no cover - replaced below once blockscale lands
-    raise NotImplementedError("nvfp4_gemm: waiting for fp4ref.blockscale (NVFP4Tensor)")
+# --------------------------------------------------------------------------------------------------------------
+# NVFP4
+# --------------------------------------------------------------------------------------------------------------
+
+# E2M1 code -> 2 * value (an integer in -12..12); -0 (code 8) -> 0.
+_E2M1_X2 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int64)
 
 
-def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:  # pragma: no cover
-    raise NotImplementedError("nvfp4_linear: waiting for fp4ref.blockscale.nvfp4_quantize(recipe='sol')")
+def _e4m3_scale_ints() -> np.ndarray:
+    """UE4M3 block-scale byte (sign bit ignored) -> value * 2^9 as float64 integer (0 .. 229376); NaN for 0x7F."""
+    t = _e4m3_table()[np.arange(256) & 0x7F]
+    return np.ldexp(t, 9)
+
+
+def _f64_mant(x: float) -> tuple[int, int]:
+    """x = m * 2^e with python ints (x finite)."""
+    n, d = float(x).as_integer_ratio()
+    return n, -(d.bit_length() - 1)
+
+
+def _nvfp4_int_operand(codes, scales, K: int, name: str):
+    """Packed codes [R, K/2] + scale bytes [R, K/16] -> (XI float64 [R, K] of integers e2m1*2 * scale*2^9,
+    NaN row mask). value = XI * 2^-10 * global_decode."""
+    R = codes.shape[0]
+    table_s = _e4m3_scale_ints()
+    sv = table_s[scales]  # [R, K/16]
+    nan_rows = np.isnan(sv).any(axis=1)
+    sv = np.where(np.isnan(sv), 0.0, sv)
+    lo = _E2M1_X2[codes & 0x0F].astype(np.float64)
+    hi = _E2M1_X2[codes >> 4].astype(np.float64)
+    e = np.empty((R, K), dtype=np.float64)
+    e[:, 0::2] = lo
+    e[:, 1::2] = hi
+    e = e.reshape(R, K // 16, 16)
+    e *= sv[:, :, None]
+    return e.reshape(R, K), nan_rows
+
+
+def _int_matmul_exact(XI: np.ndarray, WI: np.ndarray) -> np.ndarray:
+    """Exact XI @ WI.T for float64 integer matrices, as int64 (|result| < 2^62 required; checked).
+
+    One float64 matmul when the Cauchy-Schwarz bound ||x_i|| ||w_j|| (>= sum |x||w|) is below 2^53, so every
+    summation order is exact (facts/numerics.md §Exactness); otherwise X is split into 11-bit limbs
+    X = XH * 2^11 + XL and each limb product (terms < 2^(bits) small enough) is exact.
+    """
+    K = XI.shape[1]
+    nx = np.sqrt(np.einsum("ik,ik->i", XI, XI)) * (1 + 2.0**-30)
+    nw = np.sqrt(np.einsum("ik,ik->i", WI, WI)) * (1 + 2.0**-30)
+    mx = float(nx.max()) if nx.size else 0.0
+    mw = float(nw.max()) if nw.size else 0.0
+    if mx * mw < 2.0**53:
+        return (XI @ WI.T).astype(np.int64)
+    # limb split of X; each limb's dot with W must satisfy the same CS test
+    XH = np.floor(np.ldexp(XI, -11))
+    XL = XI - np.ldexp(XH, 11)  # 0 <= XL < 2^11
+    nxh = float(np.sqrt(np.einsum("ik,ik->i", XH, XH)).max()) * (1 + 2.0**-30)
+    nxl = float(np.sqrt(np.einsum("ik,ik->i", XL, XL)).max()) * (1 + 2.0**-30)
+    if nxh * mw >= 2.0**53 or nxl * mw >= 2.0**53 or mx * mw >= 2.0**61:
+        raise ValueError(f"K={K}: operands too large for the exact two-limb NVFP4 path")
+    return (XH @ WI.T).astype(np.int64) * (1 << 11) + (XL @ WI.T).astype(np.int64)
+
+
+def _nvfp4_core(xc, xs, xg: float, wc, ws, wg: float, K: int, desc: dict) -> Reference:
+    fmt = OUTPUT_FORMATS["bfloat16"]
+    for nm, g in (("x global decode scale", xg), ("weight global decode scale", wg)):
+        if not math.isfinite(g):
+            raise ValueError(f"{nm} must be finite, got {g!r}")
+    XI, nan_x = _nvfp4_int_operand(xc, xs, K, "x")
+    WI, nan_w = _nvfp4_int_operand(wc, ws, K, "weight")
+    CI = _int_matmul_exact(XI, WI)  # exact: C = CI * 2^-20 * xg * wg
+    mg_x, eg_x = _f64_mant(xg)
+    mg_w, eg_w = _f64_mant(wg)
+    G = float(xg) * float(wg)  # may round in float64 if the mantissas are wide: accounted for below
+    S = np.ldexp(CI.astype(np.float64) * G, -20)
+    # |S - C| <= 3 * 2^-53 |S| (CI -> float64, the product G, the product CI*G; ldexp exact; no underflow for
+    # |C| >= 2^-20 * |G| unless G is tiny: then add an absolute term).
+    err = np.abs(S) * (4 * 2.0**-53) + 2.0**-1070
+    err[CI == 0] = 0.0
+    n_scale = mg_x * mg_w
+    s_exp = eg_x + eg_w - 20
+
+    def exact_int(i, j):
+        return int(CI[i, j]) * n_scale, s_exp
+
+    out, n_exact = _certify(S, err, fmt, exact_int)
+    nan_mask = nan_x[:, None] | nan_w[None, :]
+    exact = S.copy()
+    exact[CI == 0] = 0.0
+    if nan_mask.any():
+        out[nan_mask] = np.nan
+        exact[nan_mask] = np.nan
+    desc = dict(desc, elements_recomputed_exactly=n_exact)
+
+    def fraction(index):
+        n, s = exact_int(*index)
+        return Fraction(n) * Fraction(2) ** s
+
+    def absprod():
+        ap = np.ldexp((np.abs(XI) @ np.abs(WI).T) * abs(G), -20)
+        ap[nan_mask] = np.nan
+        return ap
+
+    return Reference(
+        out=out.astype(ml_dtypes.bfloat16),
+        exact=exact,
+        exact_err=np.where(nan_mask, 0.0, err),
+        K=K,
+        output_format=fmt,
+        description=desc,
+        epilogue_multiplies=2,
+        _absprod_fn=absprod,
+        _fraction_fn=fraction,
+    )
+
+
+def _check_nvfp4_tensor(t, name: str):
+    from .blockscale import NVFP4Tensor
+
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"{name} must be an fp4ref.blockscale.NVFP4Tensor, got {type(t).__name__}")
+    if len(t.shape) != 2 or t.axis != 1:
+        raise ValueError(f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}")
+    if tuple(t.block) != (1, 16) and t.block != 16:
+        # 16x16 weight tiles store per-row scales too: the same arithmetic applies
+        pass
+    return np.asarray(t.codes, dtype=np.uint8), np.asarray(t.scales, dtype=np.uint8), float(t.global_decode_scale)
+
+
+def nvfp4_gemm(xq, wq) -> Reference:
+    """Exact NVFP4 x NVFP4 GEMM, C = dequant(xq) @ dequant(wq).T, bf16 out with one RNE.
+
+    C[m, n] = gx * gw * sum_b sx[m, b] sw[n, b] sum_{k in block b} e2m1(x[m, k]) e2m1(w[n, k]), with 16-element
+    blocks along K, UE4M3 block scales (sign bit ignored) and float32 global decode scales gx, gw.
+
+    Exactness: the elements are integers XI = 2 e2m1 * 2^9 ue4m3 (|XI| <= 12 * 229376 < 2^21.4), so
+    C = (XI . WI) * 2^-20 * gx * gw. XI . WI is computed exactly: one float64 matmul when the Cauchy-Schwarz bound
+    on sum |XI||WI| is below 2^53, else two 11-bit limbs (facts/numerics.md §Exactness: float64 alone is not exact
+    for NVFP4 beyond K ~ 1190). The product with gx * gw (48 significant bits) is then certified: float64 with a
+    3-ulp bound, exact python-int rounding for any undecided element.
+
+    Policies: a NaN scale byte (0x7F / 0xFF) makes every output of its row (x) or column (w) NaN (IEEE NaN * 0);
+    exact zero -> +0.0; overflow -> +-inf (RNE).
+
+    Args:
+        xq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [M, K] quantized along axis 1.
+        wq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [N, K] quantized along axis 1.
+
+    Returns:
+        :class:`Reference`, ``out`` ml_dtypes.bfloat16 [M, N]; ``epilogue_multiplies`` = 2 (a kernel's fp32
+        gx * gw and its multiply into the accumulator).
+
+    Raises:
+        TypeError: not NVFP4Tensors; ValueError: shapes, K mismatch, non-finite global scales.
+
+    Source: NVFP4 (facts/seeds.md §2; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 * e4m3 * fp32 global.
+    """
+    xc, xs, xg = _check_nvfp4_tensor(xq, "xq")
+    wc, ws, wg = _check_nvfp4_tensor(wq, "wq")
+    K = xq.shape[1]
+    if wq.shape[1] != K:
+        raise ValueError(f"xq [M, K] and wq [N, K] must share K, got {xq.shape} and {wq.shape}")
+    return _nvfp4_core(xc, xs, xg, wc, ws, wg, K, {
+        "workload": "nvfp4_gemm", "M": xq.shape[0], "N": wq.shape[0], "K": K,
+        "x_recipe": xq.recipe, "w_recipe": wq.recipe, "out": "bfloat16 [M, N] = RNE(gx gw sum sx sw ex ew)",
+    })
+
+
+def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:
+    """Reference for the NVFP4-linear workload (SOL-ExecBench nvfp4_linear_layer): y = x @ W.T, bf16 out.
+
+    x is quantized per call with ``recipe`` (default "sol", the workload's own quantizer, bit for bit:
+    :func:`fp4ref.blockscale.nvfp4_quantize`), then the exact NVFP4 product with BOTH global decode scales applied
+    exactly and ONE RNE rounding to bf16 (see :func:`nvfp4_gemm`). The workload itself rounds to bf16 twice
+    (bf16(bf16(acc) * alpha)); this reference does not (design.md "Reference GEMM": one rounding).
+
+    Args:
+        x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
+        weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
+        weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
+        weight_global_decode_scale: python / numpy float, used exactly as given (the workload passes the float32
+            value it stored).
+        recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
+
+    Returns:
+        :class:`Reference`, ``out`` ml_dtypes.bfloat16 [..., N].
+
+    Raises:
+        TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]).
+
+    Source: facts/seeds.md §2.
+    """
+    from .blockscale import nvfp4_quantize
+
+    x = to_numpy(x, "x")
+    wc = to_numpy(weight_fp4, "weight_fp4")
+    ws = to_numpy(weight_scales, "weight_scales")
+    if not isinstance(x, np.ndarray) or x.dtype.name not in ("bfloat16", "float32"):
+        raise TypeError(f"x must be a bfloat16 or float32 array, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim < 1:
+        raise ValueError("x must have at least one dimension")
+    if not isinstance(wc, np.ndarray) or wc.dtype not in (np.uint8, np.int8):
+        raise TypeError(f"weight_fp4 must be uint8 packed E2M1 codes, got {getattr(wc, 'dtype', type(wc).__name__)}")
+    wc = wc.view(np.uint8)
+    ws = _as_e4m3_bytes(ws, "weight_scales")
+    if wc.ndim != 2 or ws.ndim != 2:
+        raise ValueError(f"weight_fp4 and weight_scales must be 2-D, got {wc.shape} and {ws.shape}")
+    K = x.shape[-1]
+    N = wc.shape[0]
+    if wc.shape != (N, K // 2) or ws.shape != (N, K // 16) or K % 16:
+        raise ValueError(
+            f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
+            f"got {wc.shape} and {ws.shape}"
+        )
+    if isinstance(weight_global_decode_scale, (bool, np.bool_)) or not isinstance(
+            weight_global_decode_scale, (float, int, np.floating, np.integer)):
+        raise TypeError(f"weight_global_decode_scale must be a float, got {type(weight_global_decode_scale).__name__}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    xq = nvfp4_quantize(x2, recipe=recipe)
+    ref = _nvfp4_core(np.asarray(xq.codes, np.uint8), np.asarray(xq.scales, np.uint8), float(xq.global_decode_scale),
+                      wc, ws, float(weight_global_decode_scale), K, {
+                          "workload": "nvfp4_linear", "x_shape": tuple(x.shape), "N": N, "K": K, "recipe": str(recipe),
+                          "x_global_decode_scale": float(xq.global_decode_scale),
+                          "weight_global_decode_scale": float(weight_global_decode_scale),
+                          "out": "bfloat16 [..., N] = RNE(exact NVFP4 product with both global scales)",
+                      })
+    if lead != (x2.shape[0],):
+        shape = lead + (N,)
+        ref = Reference(out=ref.out.reshape(shape), exact=ref.exact.reshape(shape),
+                        exact_err=np.asarray(ref.exact_err).reshape(shape), K=K, output_format=ref.output_format,
+                        description=ref.description, epilogue_multiplies=ref.epilogue_multiplies,
+                        _absprod_fn=lambda f=ref._absprod_fn: f().reshape(shape),
+                        _fraction_fn=lambda idx, f=ref._fraction_fn: f(
+                            (int(np.ravel_multi_index(idx[:-1], lead)), idx[-1])))
+    return ref
