@@ -1,0 +1,611 @@
+"""Block-scaled formats: NVFP4 (E2M1 elements, E4M3FN block scales, fp32 global scale) and MX (OCP Microscaling:
+E2M1/E2M3/E3M2/E4M3/E5M2 elements, UE8M0 block scales), with named recipes that reproduce their source bit for bit.
+
+NVFP4 recipes (:class:`NVFP4Recipe`; the fp32 arithmetic of each, in the source's order, is in its docstring)
+    ``"te"``       TransformerEngine's current python reference (the default).
+    ``"sol"``      the NVFP4-linear workload's quantizer = TransformerEngine's older order.
+    ``"torchao"``  torchao ``NVFP4Tensor.to_nvfp4`` (two-level, PyTorch path).
+    ``"modelopt"`` NVIDIA ModelOpt ``NVFP4QTensor.quantize``.
+    ``"exact"``    block scale and element codes from exact real quotients, each rounded once (RNE).
+  Every fp32 step is a numpy float32 operation (IEEE 754 binary32, round to nearest even: the same result as the
+  source's torch/CUDA fp32 op); every "cast to E4M3FN / E2M1" step is :func:`fp4ref.formats.encode` (one exact RNE
+  rounding) followed by the source's sign-of-zero rule. docs/quantization.md lists inputs on which the recipes'
+  bytes differ.
+
+Scale layouts (``to_blocked`` / ``from_blocked``) are in :mod:`fp4ref.layouts` and re-exported here.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import as_code_array, as_float_array, normalize_axis
+from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
+from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
+from .packing import pack_fp4, unpack_fp4
+
+__all__ = [
+    "NVFP4Recipe",
+    "NVFP4Tensor",
+    "nvfp4_quantize",
+    "nvfp4_dequantize",
+    "MXMode",
+    "MXTensor",
+    "MX_ELEMENTS",
+    "mx_quantize",
+    "mx_dequantize",
+    "LAYOUTS",
+    "to_blocked",
+    "from_blocked",
+    "blocked_offsets",
+    "blocked_size",
+]
+
+_F32 = np.float32
+_FLT_MAX = _F32(np.finfo(np.float32).max)
+_E4M3_MAX = _F32(448.0)
+_E2M1_MAX = _F32(6.0)
+_NVFP4_BLOCK = 16
+_CHUNK_ELEMS = 1 << 20  # elements per row chunk: bounds temporaries (peak memory) and keeps them cache-friendly
+
+
+# ---------------------------------------------------------------------------------------------------------- NVFP4
+
+
+class NVFP4Recipe(str, enum.Enum):
+    """Named NVFP4 quantization recipes. Notation: x the input in fp32, A = max|x| over the tensor (or the
+    ``global_amax`` given), a = max|x| over the block, all arithmetic fp32 RNE in the order written,
+    e4m3(.) = RNE cast to E4M3FN, e2m1(.) = RNE cast to E2M1, FLT_MAX = 3.4028235e38.
+    """
+
+    TE = "te"
+    """TransformerEngine's current reference, ``NVFP4QuantizerRef._quantize_blockwise_reference`` in
+    transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py (and its CUDA kernels' default path)::
+
+        S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1      # 2688 = 448 * 6
+        S_dec = 1 / S_enc                                             # stored global decode scale
+        m     = S_enc * fp32(1/6)                                     # fp32(1/6) = torch.reciprocal(6.0)
+        s     = e4m3(clamp(min(a * m, FLT_MAX), -448, 448))
+        enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
+        code  = e2m1(clamp(x * enc, -6, 6))
+    Sign of zero: the source casts by comparisons (``cast_to_fp4x2``): [-0.25, -0) -> 0x8 but -0.0 itself -> 0x0.
+    """
+
+    SOL = "sol"
+    """The NVFP4-linear workload's quantizer (facts/seeds.md §2), which is TransformerEngine's older order
+    (``s = (a / 6) * S_enc``; e.g. quantization_nvfp4.py before the ``global_encode_scale_multiplier`` change, and the
+    ``ComputeDecodeScaleFP4`` CUDA helper ``decode_scale = amax / 6.0f; decode_scale *= global_encode_scale``)::
+
+        S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1
+        S_dec = 1 / S_enc
+        s     = e4m3(clamp(min((a / 6) * S_enc, FLT_MAX), -448, 448))
+        enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
+        code  = e2m1(clamp(x * enc, -6, 6))            # -0.0 -> 0x0, [-0.25, -0) -> 0x8
+    Differs from "te" only in the block-scale product: (a/6)*S_enc vs a*(S_enc*fp32(1/6)).
+    """
+
+    TORCHAO = "torchao"
+    """torchao ``NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(A))`` (PyTorch path,
+    ``_nvfp4_quantize`` in torchao/prototype/mx_formats/nvfp4_tensor.py)::
+
+        pts   = A / 2688                                              # stored global decode scale
+        s     = e4m3(clamp((a / 6) / pts, 2^-6, 448))                 # E4M3_EPS = finfo(e4m3fn).tiny = 2^-6
+        total = pts * fp32(s)
+        code  = e2m1(clamp(x / total, -6, 6))                         # true division; -0.0 -> 0x8 (sign kept)
+    fp4ref policy where the source gives NaN: A == 0 (all-zero tensor) uses pts = 1 (the source divides 0/0).
+    Not this recipe: torchao's Triton/MSLK kernel (``use_triton_kernel=True``) multiplies by reciprocals
+    (``x * ((1/pts) / s)``) and can differ in rare bytes.
+    """
+
+    MODELOPT = "modelopt"
+    """NVIDIA ModelOpt ``NVFP4QTensor.quantize`` (modelopt/torch/quantization/qtensor/nvfp4_tensor.py)::
+
+        sf2   = A / 2688                                              # weight_scale_2, stored global decode scale
+        p     = a / (6 * sf2); p[p == 0] = 1.0                        # zero blocks get scale 1.0
+        s     = e4m3(clamp(p, 2^-9, 448))                             # _cast_per_block_scale_to_fp8
+        code  = e2m1(x / (fp32(s) * sf2))                             # true division, saturating at 6
+    Sign of zero: ``_cast_fp4`` takes sign = (x < 0), so -0.0 -> 0x0 and [-0.25, -0) -> 0x8; ties by its bound
+    table are RNE. fp4ref policy where the source gives NaN: A == 0 uses sf2 = 1 (as ModelOpt's numpy export helper
+    ``get_weights_scaling_factor_2`` does).
+    """
+
+    EXACT = "exact"
+    """Exact quotients, each rounded once (RNE), the global scale as the others store it::
+
+        d    = fp32(A / 2688)                                         # one rounding (fp32 division)
+        s    = e4m3_sat(a / (6 d))                                    # exact real quotient, one RNE rounding
+        code = e2m1_sat(x / (fp32(s) d))                              # exact real quotient, one RNE rounding
+    Computed in float64: 6d and s*d are exact products (<= 28 significant bits), and a float64 quotient of a
+    24-bit numerator by a <= 28-bit denominator cannot land on an E4M3/E2M1 rounding tie unless the real quotient
+    is that tie (the tie times the denominator has <= 33 bits, so a non-zero difference is >= 2^-34 relative),
+    so the float64 quotient rounds to the same code as the real one. Policies: -0.0 and negative values that round
+    to zero give 0x8 (as :func:`fp4ref.formats.encode`); a block whose scale rounds to 0 gets codes 0; A == 0 uses
+    d = 1; a non-zero A below 2688 * 2^-150 (d would be 0) uses d = 2^-149.
+    """
+
+
+@dataclass(frozen=True)
+class NVFP4Tensor:
+    """An NVFP4-quantized array.
+
+    Attributes:
+        codes: uint8, packed E2M1 codes (element 2i in bits 3:0), the input shape with K (the length along ``axis``)
+            halved.
+        scales: uint8, E4M3FN block-scale bytes (UE4M3: the sign bit is ignored on decode), the input shape with K
+            replaced by K/16. For ``block=(16, 16)`` each 16x16 tile's scale is repeated on its 16 rows.
+        global_decode_scale: float32 scalar; value = e2m1(code) * e4m3(scale) * global_decode_scale.
+        shape: the input shape.
+        recipe: the :class:`NVFP4Recipe` value used.
+        block: (1, 16) or (16, 16).
+        axis: the (non-negative) axis that was quantized in blocks.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    global_decode_scale: np.float32
+    shape: tuple
+    recipe: str
+    block: tuple
+    axis: int
+
+
+def _parse_recipe(recipe) -> NVFP4Recipe:
+    if isinstance(recipe, NVFP4Recipe):
+        return recipe
+    if isinstance(recipe, str):
+        try:
+            return NVFP4Recipe(recipe.lower())
+        except ValueError:
+            pass
+    raise ValueError(f"recipe={recipe!r} is not one of {[r.value for r in NVFP4Recipe]}")
+
+
+def _parse_nvfp4_block(block) -> tuple:
+    if isinstance(block, (int, np.integer)) and not isinstance(block, (bool, np.bool_)) and block == 16:
+        return (1, 16)
+    if isinstance(block, tuple) and block in ((1, 16), (16, 16)):
+        return block
+    raise ValueError(
+        f"block={block!r} is not an NVFP4 block; expected 16 (= (1, 16), 16 elements along axis) or (16, 16) "
+        "(TransformerEngine's 2-D weight tiles)"
+    )
+
+
+def _as_f32_input(x, name: str) -> np.ndarray:
+    """float16 / bfloat16 / float32 as float32 (exact widening); float64 only if every value is a float32."""
+    arr = as_float_array(x, name)
+    if arr.dtype == np.float64:
+        f = arr.astype(np.float32)
+        same = (f.astype(np.float64) == arr) | (np.isnan(arr) & np.isnan(f))
+        if not np.all(same):
+            bad = np.flatnonzero(~same)
+            first = np.unravel_index(bad[0], arr.shape)
+            raise ValueError(
+                f"{name} is float64 and {bad.size} value(s) are not float32 values (first {arr[first]!r} at index "
+                f"{tuple(int(i) for i in first)}); the recipes work on float32 inputs: round explicitly with "
+                f"{name}.astype(np.float32) if that is what you mean"
+            )
+        return f
+    return arr.astype(np.float32, copy=False)
+
+
+def _check_nonfinite(xf: np.ndarray, policy: str, name: str = "x") -> np.ndarray:
+    bad = ~np.isfinite(xf)
+    if not bad.any():
+        return xf
+    if policy == "raise":
+        first = np.unravel_index(int(np.flatnonzero(bad)[0]), xf.shape)
+        raise ValueError(
+            f"{name} holds {int(bad.sum())} NaN/inf value(s) (first {xf[first]!r} at index "
+            f"{tuple(int(i) for i in first)}); pass nonfinite='zero' to quantize them as 0"
+        )
+    xf = xf.copy()
+    xf[bad] = 0.0
+    return xf
+
+
+def _global_scales(recipe: NVFP4Recipe, amax: np.float32) -> dict:
+    """The recipe's global fp32 quantities (see NVFP4Recipe)."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL):
+            s_enc = np.minimum(_F32(2688.0) / amax, _FLT_MAX)  # 2688 / 0 = inf -> FLT_MAX
+            if s_enc == 0:
+                s_enc = _F32(1.0)
+            s_dec = _F32(1.0) / s_enc
+            return {"s_enc": _F32(s_enc), "s_dec": _F32(s_dec), "mult": _F32(s_enc * (_F32(1.0) / _F32(6.0))),
+                    "stored": _F32(s_dec)}
+        g = _F32(amax / _F32(2688.0))
+        if recipe is NVFP4Recipe.EXACT:
+            if g == 0:
+                g = _F32(1.0) if amax == 0 else _F32(np.ldexp(1.0, -149))
+        elif g == 0:  # torchao / modelopt: fp4ref policy for A == 0 (the sources give NaN)
+            g = _F32(1.0)
+        return {"g": g, "stored": g}
+
+
+def _encode_e2m1(y: np.ndarray) -> np.ndarray:
+    """E2M1 codes of finite float32/float64 values (RNE, saturating): formats.encode."""
+    return encode(y, E2M1, rounding="rne", saturate=True)
+
+
+def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Scale bytes [r, nb] and unpacked codes [r, nb, 16] for blocks xb [r, nb, 16] with block amax ab [r, nb]."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL):
+            if recipe is NVFP4Recipe.TE:
+                pre = ab * gs["mult"]
+            else:
+                pre = (ab / _F32(6.0)) * gs["s_enc"]
+            pre = np.clip(np.minimum(pre, _FLT_MAX), -_E4M3_MAX, _E4M3_MAX)
+            sbytes = encode(pre, E4M3FN, rounding="rne", saturate=True)
+            s = decode(sbytes, E4M3FN)
+            enc = np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX)
+            y = np.clip(xb * enc[..., None], -_E2M1_MAX, _E2M1_MAX)
+            codes = _encode_e2m1(y)
+            codes[y == 0] = 0  # -0.0 -> 0x0 (comparison cast); [-0.25, -0) keeps 0x8
+            return sbytes, codes
+        if recipe is NVFP4Recipe.TORCHAO:
+            pts = gs["g"]
+            sbs = np.clip((ab / _F32(6.0)) / pts, _F32(2.0**-6), _E4M3_MAX)
+            sbytes = encode(sbs, E4M3FN, rounding="rne", saturate=True)
+            total = pts * decode(sbytes, E4M3FN)
+            y = np.clip(xb / total[..., None], -_E2M1_MAX, _E2M1_MAX)
+            return sbytes, _encode_e2m1(y)
+        if recipe is NVFP4Recipe.MODELOPT:
+            sf2 = gs["g"]
+            p = ab / (_F32(6.0) * sf2)
+            p[p == 0] = _F32(1.0)
+            p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
+            sbytes = encode(p, E4M3FN, rounding="rne", saturate=True)
+            y = xb / (decode(sbytes, E4M3FN) * sf2)[..., None]
+            codes = _encode_e2m1(y)
+            codes[y == 0] = 0  # sign = (x < 0): -0.0 -> 0x0
+            return sbytes, codes
+        # EXACT, in float64 (see NVFP4Recipe.EXACT for why each quotient rounds like the real one)
+        d = np.float64(gs["g"])
+        q = ab.astype(np.float64) / (6.0 * d)
+        sbytes = encode(q, E4M3FN, rounding="rne", saturate=True)
+        denom = decode(sbytes, E4M3FN, dtype=np.float64) * d
+        zero = denom == 0
+        y = xb.astype(np.float64) / np.where(zero, 1.0, denom)[..., None]
+        codes = _encode_e2m1(y)
+        codes[np.broadcast_to(zero[..., None], codes.shape)] = 0
+        return sbytes, codes
+
+
+def _block_amax_2d(x3: np.ndarray) -> np.ndarray:
+    """x3 [B, M, K] -> per-row block amax [B, M, K/16] from 16x16 tiles (ragged last tile = zero padding)."""
+    b, m, k = x3.shape
+    mp = -(-m // 16) * 16
+    a = np.zeros((b, mp, k), dtype=np.float32)
+    np.abs(x3, out=a[:, :m])
+    tiles = a.reshape(b, mp // 16, 16, k // 16, 16).max(axis=(2, 4))  # [B, Mp/16, K/16]
+    return np.repeat(tiles, 16, axis=1)[:, :m]
+
+
+def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1, nonfinite: str = "raise") -> NVFP4Tensor:
+    """Quantize ``x`` to NVFP4 with a named recipe (bit-exact with its source; see :class:`NVFP4Recipe`).
+
+    Args:
+        x: float16, bfloat16 (ml_dtypes), or float32 array, at least 1-D (2-D for ``block=(16, 16)``); float64 is
+            accepted only when every value is a float32. The length K along ``axis`` must be a multiple of 16.
+        recipe: ``"te"`` (default), ``"sol"``, ``"torchao"``, ``"modelopt"`` or ``"exact"`` (or an NVFP4Recipe).
+        block: 16 (1x16 blocks along ``axis``) or (16, 16): TransformerEngine's 2-D weight tiles, 16 rows (the axis
+            before ``axis``, after moving ``axis`` last) x 16 elements; a ragged last tile is treated as
+            zero-padded (TE pads with zeros). The scales stay per row: each tile's byte repeated on its rows.
+        global_amax: the tensor amax A used for the global scale (a calibrated value; python or numpy float >= 0,
+            finite, rounded to float32 RNE first as the sources keep it in an fp32 tensor). Default: max|x|.
+            Blocks larger than it saturate (scale 448, elements +-6).
+        axis: the axis holding K (default last).
+        nonfinite: ``"raise"`` (default): NaN or +-inf in ``x`` raise ValueError; ``"zero"``: they are quantized as
+            0.0 (and left out of the amax).
+
+    Returns:
+        :class:`NVFP4Tensor`.
+
+    Raises:
+        TypeError: ``x`` is not a floating array; ``axis`` not an int.
+        ValueError: K not a multiple of 16, bad ``recipe``/``block``/``nonfinite``/``global_amax``, 0-d ``x``, a
+            float64 value that is not a float32, or a non-finite value with ``nonfinite="raise"``.
+
+    All-zero tensors and all-zero blocks give zero codes and no NaN in every recipe (scale byte 0x00, or the
+    recipe's floor: torchao 0x08 = 2^-6, modelopt 0x38 = 1.0). Source orders: see :class:`NVFP4Recipe`.
+    """
+    rec = _parse_recipe(recipe)
+    blk = _parse_nvfp4_block(block)
+    if nonfinite not in ("raise", "zero"):
+        raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'zero']")
+    xf = _as_f32_input(x, "x")
+    if xf.ndim == 0:
+        raise ValueError("x must have at least one dimension, got a 0-d array")
+    ax = normalize_axis(axis, xf.ndim, "axis")
+    if blk == (16, 16) and xf.ndim < 2:
+        raise ValueError(f"block=(16, 16) needs x with at least 2 dimensions, got shape {xf.shape}")
+    k = xf.shape[ax]
+    if k % _NVFP4_BLOCK:
+        raise ValueError(
+            f"x has length {k} along axis={axis}; NVFP4 needs a multiple of 16 (pad explicitly with zeros)"
+        )
+    xf = _check_nonfinite(xf, nonfinite)
+    xm = np.moveaxis(xf, ax, -1)
+    if global_amax is None:
+        amax = _F32(np.max(np.abs(xm))) if xm.size else _F32(0.0)
+    else:
+        if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, (int, float, np.floating, np.integer)):
+            raise TypeError(f"global_amax must be a float, got {type(global_amax).__name__}")
+        amax = _F32(global_amax)
+        if not np.isfinite(amax) or amax < 0:
+            raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
+    gs = _global_scales(rec, amax)
+
+    lead = xm.shape[:-1]
+    nb = k // _NVFP4_BLOCK
+    rows = int(np.prod(lead, dtype=np.int64))
+    x2 = np.ascontiguousarray(xm).reshape(rows, nb, _NVFP4_BLOCK)
+    if blk == (16, 16):
+        amax_b = _block_amax_2d(x2.reshape(int(np.prod(lead[:-1], dtype=np.int64)), lead[-1], k)).reshape(rows, nb)
+    else:
+        amax_b = None
+    codes = np.empty((rows, k // 2), dtype=np.uint8)
+    scales = np.empty((rows, nb), dtype=np.uint8)
+    step = max(1, _CHUNK_ELEMS // max(k, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        xb = x2[r0:r1]
+        ab = np.max(np.abs(xb), axis=-1) if amax_b is None else amax_b[r0:r1]
+        sb, cb = _nvfp4_rows(rec, xb, ab, gs)
+        scales[r0:r1] = sb
+        codes[r0:r1] = pack_fp4(cb.reshape(r1 - r0, k))
+    codes = np.moveaxis(codes.reshape(lead + (k // 2,)), -1, ax)
+    scales = np.moveaxis(scales.reshape(lead + (nb,)), -1, ax)
+    return NVFP4Tensor(
+        codes=np.ascontiguousarray(codes),
+        scales=np.ascontiguousarray(scales),
+        global_decode_scale=_F32(gs["stored"]),
+        shape=tuple(xf.shape),
+        recipe=rec.value,
+        block=blk,
+        axis=ax,
+    )
+
+
+def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
+    """Decode an :class:`NVFP4Tensor`: value = e2m1(code) * ue4m3(scale) * global_decode_scale.
+
+    e2m1 * ue4m3 has at most 6 significant bits, so the first product is exact; the multiplication by the global
+    scale is then the only rounding (float32: one RNE rounding of the exact product; float64: exact).
+    The scale byte's sign bit is ignored (UE4M3); scale bytes 0x7F/0xFF decode to NaN.
+
+    Args:
+        t: the tensor.
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        array of ``dtype`` with shape ``t.shape``.
+
+    Raises:
+        TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64.
+        ValueError: inconsistent shapes in ``t``.
+    """
+    if not isinstance(t, NVFP4Tensor):
+        raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    ax = t.axis
+    codes = as_code_array(t.codes, "t.codes", nbits=8)
+    scales = as_code_array(t.scales, "t.scales", nbits=8)
+    k = t.shape[ax]
+    want_c = t.shape[:ax] + (k // 2,) + t.shape[ax + 1:]
+    want_s = t.shape[:ax] + (k // _NVFP4_BLOCK,) + t.shape[ax + 1:]
+    if codes.shape != want_c or scales.shape != want_s:
+        raise ValueError(
+            f"t is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, got "
+            f"{codes.shape} and {scales.shape}"
+        )
+    v = decode(unpack_fp4(np.moveaxis(codes, ax, -1)), E2M1, dtype=dt)
+    s = decode(np.moveaxis(scales, ax, -1) & 0x7F, E4M3FN, dtype=dt)
+    lead = v.shape[:-1]
+    out = (v.reshape(lead + (k // _NVFP4_BLOCK, _NVFP4_BLOCK)) * s[..., None]) * dt.type(t.global_decode_scale)
+    return np.ascontiguousarray(np.moveaxis(out.reshape(lead + (k,)), -1, ax))
+
+
+# ------------------------------------------------------------------------------------------------------------ MX
+
+#: MX element names -> formats (OCP MX v1.0 §5.3).
+MX_ELEMENTS: dict = {"e2m1": E2M1, "e2m3": E2M3, "e3m2": E3M2, "e4m3": E4M3FN, "e5m2": E5M2}
+
+
+class MXMode(str, enum.Enum):
+    """How the UE8M0 block scale X = 2^e is chosen from the block amax a (torchao ``ScaleCalculationMode``).
+    emax is the exponent of the element format's largest normal (E2M1 2, E2M3 2, E3M2 4, E4M3 8, E5M2 15);
+    floor(log2 a) is read from the float32 bits (exact, subnormals included), never from float log2, which is off by
+    one near powers of two. e is clamped to [-127, 127] (byte e + 127).
+    """
+
+    FLOOR = "floor"
+    """OCP MX v1.0 §6.3 (the default): e = floor(log2 a) - emax. Elements above the format's max saturate."""
+    CEIL = "ceil"
+    """e = ceil(log2 a) - emax (= floor(log2 a) + 1 - emax unless a is a power of two)."""
+    EVEN = "even"
+    """torchao EVEN: a's float32 bits plus 2^(22 - mbits) (half an element ulp), mantissa cleared, i.e.
+    e = floor(log2 a') - emax with a' = a rounded to mbits mantissa bits, ties away from zero (on the bits);
+    an a' that stays subnormal gives the minimum e."""
+    RCEIL = "rceil"
+    """cuBLAS / torchao RCEIL: e = ceil(log2(fp32(a / max_elem))) via the UE8M0 round-up of the fp32 quotient
+    (``cvt.rp.satfinite.ue8m0x2.f32``; cuBLAS "Computing scaling and conversion factors for FP8 with UE8M0
+    scales"). Never saturates elements."""
+
+
+@dataclass(frozen=True)
+class MXTensor:
+    """An MX-quantized array.
+
+    Attributes:
+        codes: uint8 element codes, one per element (unpacked), the input shape. For MXFP4 storage use
+            :func:`fp4ref.packing.pack_fp4`.
+        scales: uint8 UE8M0 bytes (2^(b-127); 255 = NaN), the input shape with K replaced by K/block.
+        elem: element format name (``"e2m1"``, ...).
+        mode: the :class:`MXMode` value used.
+        block: block length along ``axis``.
+        shape: the input shape.
+        axis: the (non-negative) quantized axis.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    elem: str
+    mode: str
+    block: int
+    shape: tuple
+    axis: int
+
+
+def _parse_mode(mode) -> MXMode:
+    if isinstance(mode, MXMode):
+        return mode
+    if isinstance(mode, str):
+        try:
+            return MXMode(mode.lower())
+        except ValueError:
+            pass
+    raise ValueError(f"mode={mode!r} is not one of {[m.value for m in MXMode]}")
+
+
+def _floor_log2_f32(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """floor(log2 a) and "a is a power of two" for positive finite float32 a, from the bits (subnormals exact)."""
+    mant, exp = np.frexp(a.astype(np.float32))  # a = mant * 2^exp, mant in [0.5, 1): exact, no log
+    return exp.astype(np.int64) - 1, mant == 0.5
+
+
+def _mx_scale_bytes(amax: np.ndarray, fmt: FloatFormat, mode: MXMode) -> np.ndarray:
+    emax = fmt.emax
+    pos = amax > 0
+    safe = np.where(pos, amax, _F32(1.0)).astype(np.float32)
+    if mode is MXMode.RCEIL:
+        with np.errstate(over="ignore"):
+            q = amax / _F32(fmt.max)  # fp32 division, one rounding
+        return encode(q, UE8M0, rounding="ru", saturate=True)
+    if mode is MXMode.EVEN:
+        bits = safe.view(np.uint32) + np.uint32(1 << (23 - fmt.mbits - 1))
+        bits &= np.uint32(0xFF800000)
+        expf = (bits >> np.uint32(23)).astype(np.int64)
+        e_amax = np.where(expf > 0, expf - 127, -(1 << 20))  # a' = 0 (stays subnormal): minimum
+    else:
+        e_amax, pow2 = _floor_log2_f32(safe)
+        if mode is MXMode.CEIL:
+            e_amax = e_amax + (~pow2)
+    e = np.where(pos, e_amax - emax, -127)  # zero block: minimum scale (torchao: log2(0 + 2^-126) - emax)
+    return (np.clip(e, -127, 127) + 127).astype(np.uint8)
+
+
+def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1, nonfinite: str = "raise") -> MXTensor:
+    """Quantize ``x`` to an MX format: one UE8M0 scale per ``block`` elements along ``axis``.
+
+    Element codes are RNE of x / 2^e (exact power-of-two division, done in float64), saturating at the element
+    format's max (OCP MX v1.0 §6.3 "clamped"); -0.0 gives the negative-zero code.
+
+    Args:
+        x: float16, bfloat16 (ml_dtypes) or float32 array (float64 only when every value is a float32), >= 1-D;
+            its length along ``axis`` must be a multiple of ``block``.
+        elem: ``"e2m1"`` (MXFP4), ``"e2m3"``/``"e3m2"`` (MXFP6), ``"e4m3"``/``"e5m2"`` (MXFP8).
+        mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``.
+        block: block length (32 in the OCP spec; any positive int accepted).
+        axis: the blocked axis (default last).
+        nonfinite: ``"raise"`` (default) or ``"nan_scale"``: a block holding NaN or +-inf gets scale byte 0xFF (NaN,
+            OCP MX §6.3: the whole block decodes to NaN) and element codes 0.
+
+    Returns:
+        :class:`MXTensor`.
+
+    Raises:
+        TypeError / ValueError: bad dtype, ``elem``, ``mode``, ``block``, ``nonfinite``, length not a multiple of
+        ``block``, or a non-finite value with ``nonfinite="raise"``.
+
+    Zero blocks get scale byte 0 (2^-127) and zero codes. Source: OCP Microscaling Formats (MX) v1.0 §6.3;
+    torchao mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao: torchao divides by
+    max(2^e, 2^-126) (an fp32-normal floor); fp4ref divides by the 2^e the byte encodes.
+    """
+    if not isinstance(elem, str) or elem.lower() not in MX_ELEMENTS:
+        raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)}")
+    fmt = MX_ELEMENTS[elem.lower()]
+    md = _parse_mode(mode)
+    if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)) or block <= 0:
+        raise ValueError(f"block={block!r} must be a positive int")
+    if nonfinite not in ("raise", "nan_scale"):
+        raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'nan_scale']")
+    xf = _as_f32_input(x, "x")
+    if xf.ndim == 0:
+        raise ValueError("x must have at least one dimension, got a 0-d array")
+    ax = normalize_axis(axis, xf.ndim, "axis")
+    k = xf.shape[ax]
+    if k % block:
+        raise ValueError(f"x has length {k} along axis={axis}; it must be a multiple of block={block}")
+    xm = np.moveaxis(xf, ax, -1)
+    lead = xm.shape[:-1]
+    xb = np.ascontiguousarray(xm).reshape(lead + (k // block, block))
+    bad = ~np.isfinite(xb)
+    badblock = bad.any(axis=-1)
+    if badblock.any():
+        if nonfinite == "raise":
+            first = np.unravel_index(int(np.flatnonzero(bad)[0]), xm.shape)
+            raise ValueError(
+                f"x holds {int(bad.sum())} NaN/inf value(s) (first at index {tuple(int(i) for i in first)}, "
+                f"moved axis last); pass nonfinite='nan_scale' to give their blocks a NaN scale"
+            )
+        xb = np.where(badblock[..., None], _F32(0.0), xb)
+    amax = np.max(np.abs(xb), axis=-1) if xb.size else np.zeros(lead + (k // block,), np.float32)
+    sbytes = _mx_scale_bytes(amax, fmt, md)
+    e = sbytes.astype(np.int64) - 127
+    q = np.ldexp(xb.astype(np.float64), -e[..., None])  # exact
+    codes = encode(q, fmt, rounding="rne", saturate=True)
+    if badblock.any():
+        sbytes = np.where(badblock, np.uint8(255), sbytes)
+        codes[np.broadcast_to(badblock[..., None], codes.shape)] = 0
+    codes = np.moveaxis(codes.reshape(lead + (k,)), -1, ax)
+    sbytes = np.moveaxis(sbytes.reshape(lead + (k // block,)), -1, ax)
+    return MXTensor(
+        codes=np.ascontiguousarray(codes.astype(np.uint8)),
+        scales=np.ascontiguousarray(sbytes.astype(np.uint8)),
+        elem=fmt.name if fmt is not E4M3FN else "e4m3",
+        mode=md.value,
+        block=int(block),
+        shape=tuple(xf.shape),
+        axis=ax,
+    )
+
+
+def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
+    """Decode an :class:`MXTensor`: value = elem(code) * 2^(scale - 127); scale byte 255 gives NaN.
+
+    The product is exact in float64; in float32 it is exact unless it overflows (E5M2 57344 * 2^127 -> inf) or
+    underflows below 2^-149.
+
+    Args:
+        t: the tensor. dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        array of ``dtype`` with shape ``t.shape``.
+
+    Raises:
+        TypeError: ``t`` not an MXTensor, or bad ``dtype``. ValueError: inconsistent shapes.
+    """
+    if not isinstance(t, MXTensor):
+        raise TypeError(f"t must be an MXTensor, got {type(t).__name__}")
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    fmt = MX_ELEMENTS[t.elem]
+    ax, k = t.axis, t.shape[t.axis]
+    want_s = t.shape[:ax] + (k // t.block,) + t.shape[ax + 1:]
+    if t.codes.shape != t.shape or t.scales.shape != want_s:
+        raise ValueError(f"t is inconsistent: codes {t.codes.shape}, scales {t.scales.shape} for shape {t.shape}")
+    v = decode(np.moveaxis(t.codes, ax, -1), fmt, dtype=np.float64)
+    s = decode(np.moveaxis(t.scales, ax, -1), UE8M0, dtype=np.float64)
+    lead = v.shape[:-1]
+    out = (v.reshape(lead + (k // t.block, t.block)) * s[..., None]).reshape(lead + (k,))
+    with np.errstate(over="ignore"):
+        out = out.astype(dt)
+    return np.ascontiguousarray(np.moveaxis(out, -1, ax))

@@ -1,0 +1,512 @@
+"""NVFP4 recipes and MX modes (fp4ref.blockscale).
+
+Expected values come from (a) tests/_nvfp4_sim.py, a scalar model of each recipe in exact rational arithmetic, (b)
+literal bytes derived with that model and listed in docs/quantization.md, (c) a line-by-line torch transcription of
+each source's fp32 order (when torch is installed), (d) ml_dtypes casts and exact integer exponent arithmetic for MX,
+(e) the public bug vectors of facts/numerics.md.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+from fractions import Fraction as Q
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import _nvfp4_sim as sim
+from fp4ref.blockscale import (
+    MX_ELEMENTS,
+    MXMode,
+    NVFP4Recipe,
+    NVFP4Tensor,
+    mx_dequantize,
+    mx_quantize,
+    nvfp4_dequantize,
+    nvfp4_quantize,
+)
+from fp4ref.packing import unpack_fp4
+
+RECIPES = [r.value for r in NVFP4Recipe]
+assert RECIPES == ["te", "sol", "torchao", "modelopt", "exact"]
+
+
+def f32(h: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", h))[0]
+
+
+def row(block0: list[int], block1: list[int]) -> np.ndarray:
+    """A [1, 32] float32 row from the bit patterns of two 16-element blocks (zeros appended)."""
+    bits = (block0 + [0] * 16)[:16] + (block1 + [0] * 16)[:16]
+    return np.array(bits, dtype=np.uint32).view(np.float32)[None, :]
+
+
+# ------------------------------------------------------------------------------------------ cross-recipe differences
+# Each case: block 0 holds the tensor amax A (its only non-zero element); block 1 is the probe.
+# Expected: per recipe, (scale byte of block 1, codes of block 1's first two elements). Found by a random search over
+# block amaxes and near-tie elements, bytes derived with the exact-rational model (asserted below as well).
+# Block 0's scale byte is 126 (0x7E = 448) and its first code 7 (+6) in every recipe and case.
+CROSS_CASES = {
+    # te: 84.29401 * (S_enc * fp32(1/6)) = 272.00003 -> 288 (0x79); sol: (84.29401/6) * S_enc = 272.0 exactly, a tie
+    # between 256 and 288 -> even -> 256 (0x78).
+    "te_sol_tie_272": (
+        [0x430AD652], [0x42A89688],
+        {"te": (121, [7, 0]), "sol": (120, [7, 0]), "torchao": (120, [7, 0]), "modelopt": (120, [7, 0]),
+         "exact": (120, [7, 0])},
+    ),
+    # te's scale product rounds below the tie the others (and the exact quotient) land on the other side of.
+    "scale_te_and_exact_vs_rest": (
+        [0x427550F8], [0x416C8E13],
+        {"te": (109, [7, 0]), "sol": (110, [7, 0]), "torchao": (110, [7, 0]), "modelopt": (110, [7, 0]),
+         "exact": (109, [7, 0])},
+    ),
+    "scale_exact_vs_rest": (
+        [0x42494B57], [0x4133BA20],
+        {"te": (108, [7, 0]), "sol": (108, [7, 0]), "torchao": (108, [7, 0]), "modelopt": (108, [7, 0]),
+         "exact": (109, [7, 0])},
+    ),
+    # modelopt divides once by (6 * sf2); torchao divides twice ((a/6)/pts).
+    "scale_modelopt_vs_rest": (
+        [0x403F934F], [0x3DE8A098],
+        {"te": (89, [7, 0]), "sol": (89, [7, 0]), "torchao": (89, [7, 0]), "modelopt": (88, [7, 0]),
+         "exact": (89, [7, 0])},
+    ),
+    # A/2688 (torchao, modelopt) vs 1/(2688/A) (te, sol) as the global scale.
+    "scale_global_division": (
+        [0x3EF8E674], [0x3E3AACD8],
+        {"te": (115, [7, 0]), "sol": (115, [7, 0]), "torchao": (114, [7, 0]), "modelopt": (114, [7, 0]),
+         "exact": (115, [7, 0])},
+    ),
+    # element 0x39992FAC sits just above an E2M1 tie (0.25) in exact arithmetic; every fp32 order rounds onto the tie.
+    "element_exact_vs_rest": (
+        [0x3C123924], [0x3BEA6351, 0x39992FAC],
+        {"te": (123, [7, 0]), "sol": (123, [7, 0]), "torchao": (123, [7, 0]), "modelopt": (123, [7, 0]),
+         "exact": (123, [7, 1])},
+    ),
+    # x * (1/(s*S_dec)) (te, sol) vs x / (s*g) (torchao, modelopt): the reciprocal multiply lands on the tie.
+    "element_reciprocal_vs_division": (
+        [0x3C123924], [0x3BAA5F97, 0x395ED0FB],
+        {"te": (120, [7, 0]), "sol": (120, [7, 0]), "torchao": (120, [7, 1]), "modelopt": (120, [7, 1]),
+         "exact": (120, [7, 1])},
+    ),
+    # policy: an all-zero block in a non-zero tensor (te/sol/exact 0x00, torchao floor 2^-6 = 0x08, modelopt 1.0 = 0x38)
+    "zero_block": (
+        [0x40C00000], [],
+        {"te": (0x00, [0, 0]), "sol": (0x00, [0, 0]), "torchao": (0x08, [0, 0]), "modelopt": (0x38, [0, 0]),
+         "exact": (0x00, [0, 0])},
+    ),
+    # policy: -0.0 (te, sol, modelopt -> 0x0; torchao, exact keep the sign -> 0x8) and -0.1 (all 0x8)
+    "negative_zero": (
+        [0x40C00000], [0x40C00000, 0x80000000, 0xBDCCCCCD],
+        {"te": (126, [7, 0]), "sol": (126, [7, 0]), "torchao": (126, [7, 8]), "modelopt": (126, [7, 0]),
+         "exact": (126, [7, 8])},
+    ),
+}
+
+# The first two elements of the negative_zero case's block 1 are checked above; its third (-0.1) is 0x8 everywhere.
+
+
+def _unpacked(t: NVFP4Tensor) -> np.ndarray:
+    return unpack_fp4(t.codes)
+
+
+@pytest.mark.parametrize("name", list(CROSS_CASES))
+def test_cross_recipe_bytes(name):
+    b0, b1, want = CROSS_CASES[name]
+    x = row(b0, b1)
+    x0 = x.copy()
+    for recipe in RECIPES:
+        t = nvfp4_quantize(x, recipe=recipe)
+        scale, codes = want[recipe]
+        assert t.scales.tolist() == [[126, scale]], (name, recipe, t.scales)
+        c = _unpacked(t)[0]
+        assert c[0] == 7
+        assert c[16:18].tolist() == codes, (name, recipe, c[16:18])
+        # the independent model gives the same bytes (so the literals above are derived, not copied from the code)
+        s_sim, c_sim, g_sim = sim.quantize_row([float(v) for v in x[0]], recipe)
+        assert s_sim == [126, scale] and c_sim[16:18] == codes, (name, recipe)
+        assert c.tolist() == c_sim
+        assert Q(float(t.global_decode_scale)) == g_sim
+    np.testing.assert_array_equal(x, x0)
+
+
+def test_every_pair_of_recipes_differs_somewhere():
+    differ = set()
+    for b0, b1, want in CROSS_CASES.values():
+        for r1, r2 in itertools.combinations(RECIPES, 2):
+            if want[r1] != want[r2]:
+                differ.add((r1, r2))
+    assert differ == set(itertools.combinations(RECIPES, 2))
+    # and also without the zero/sign policies: arithmetic order alone separates every pair except torchao/modelopt
+    # elements (both x / (s * A/2688)); they differ in the block scale (scale_modelopt_vs_rest).
+    arith = set()
+    for name, (b0, b1, want) in CROSS_CASES.items():
+        if name in ("zero_block", "negative_zero"):
+            continue
+        for r1, r2 in itertools.combinations(RECIPES, 2):
+            if want[r1] != want[r2]:
+                arith.add((r1, r2))
+    assert arith == set(itertools.combinations(RECIPES, 2))
+
+
+# ------------------------------------------------------------------------------------------ model vs implementation
+
+
+def adversarial_rows(rng, nrows=6, nblocks=3):
+    """Rows with varied magnitudes, zero blocks, signed zeros, subnormals and near-tie elements."""
+    rows = []
+    for i in range(nrows):
+        scale = 2.0 ** rng.integers(-30, 30)
+        x = (rng.standard_normal(16 * nblocks) * scale).astype(np.float32)
+        if i % 3 == 0:
+            x[16:32] = 0.0
+            x[17] = -0.0
+        if i % 3 == 1:
+            # near E2M1 ties relative to the block's max
+            a = np.float32(abs(x[0]) + 1.0 * scale)
+            x[0] = a
+            ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]) / 6.0
+            x[1:8] = (a * ties * (1 + rng.integers(-2, 3, 7) * 2.0**-23)).astype(np.float32)
+        if i % 3 == 2:
+            x[5] = np.float32(1e-40)  # subnormal
+            x[6] = -np.float32(1e-45)
+        rows.append(x)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_matches_exact_rational_model(recipe):
+    rng = np.random.default_rng(12345)
+    x = adversarial_rows(rng)
+    for r in range(x.shape[0]):
+        t = nvfp4_quantize(x[r:r + 1], recipe=recipe)
+        s_sim, c_sim, g_sim = sim.quantize_row([float(v) for v in x[r]], recipe)
+        assert t.scales[0].tolist() == s_sim, (recipe, r)
+        assert _unpacked(t)[0].tolist() == c_sim, (recipe, r)
+        assert Q(float(t.global_decode_scale)) == g_sim
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_global_amax_argument_and_saturation(recipe):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((1, 48)) * 3).astype(np.float32)
+    amax = float(np.max(np.abs(x)))
+    # a calibrated amax half the true one: blocks above it saturate (scale 448 / elements +-6) in every recipe
+    t = nvfp4_quantize(x, recipe=recipe, global_amax=amax / 2)
+    s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[0]], recipe, A=Q(float(np.float32(amax / 2))))
+    assert t.scales[0].tolist() == s_sim
+    assert _unpacked(t)[0].tolist() == c_sim
+    # the default equals passing the true amax
+    a = nvfp4_quantize(x, recipe=recipe)
+    b = nvfp4_quantize(x, recipe=recipe, global_amax=amax)
+    np.testing.assert_array_equal(a.codes, b.codes)
+    np.testing.assert_array_equal(a.scales, b.scales)
+    with pytest.raises(ValueError, match="global_amax"):
+        nvfp4_quantize(x, recipe=recipe, global_amax=-1.0)
+    with pytest.raises(ValueError, match="global_amax"):
+        nvfp4_quantize(x, recipe=recipe, global_amax=float("inf"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_two_dimensional_blocks(recipe):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((40, 32)) * np.exp(rng.standard_normal((40, 1)))).astype(np.float32)  # ragged M
+    t = nvfp4_quantize(x, recipe=recipe, block=(16, 16))
+    assert t.scales.shape == (40, 2) and t.block == (16, 16)
+    codes = _unpacked(t)
+    A = float(np.max(np.abs(x)))
+    for r in range(40):
+        tile = r // 16
+        amaxes = [float(np.max(np.abs(x[16 * tile:16 * tile + 16, 16 * j:16 * j + 16]))) for j in range(2)]
+        s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[r]], recipe, A=A, block_amax=amaxes)
+        assert t.scales[r].tolist() == s_sim, (recipe, r)
+        assert codes[r].tolist() == c_sim, (recipe, r)
+    # batched: leading dims are independent batches of [M, K]
+    xb = np.stack([x, -x])
+    tb = nvfp4_quantize(xb, recipe=recipe, block=(16, 16))
+    np.testing.assert_array_equal(tb.scales[0], t.scales)
+    with pytest.raises(ValueError, match="2 dimensions"):
+        nvfp4_quantize(x[0], recipe=recipe, block=(16, 16))
+
+
+# ------------------------------------------------------------------------------------------ torch transcriptions
+
+
+def _torch_recipe(torch, x, recipe):
+    """Line-by-line transcription of each source's fp32 order in torch (CPU, fp32 tensors)."""
+    f = torch.float32
+    x = torch.from_numpy(x).to(f)
+    m, n = x.shape
+    xb = x.view(m, n // 16, 16)
+    vec_max = torch.amax(torch.abs(xb), dim=-1, keepdim=True)
+    A = torch.max(torch.abs(x)).to(f)
+    fmax = torch.tensor(torch.finfo(f).max, dtype=f)
+    if recipe in ("te", "sol"):
+        ge = torch.div(torch.tensor(448.0 * 6.0, dtype=f), A)
+        ge = torch.min(ge, fmax)
+        if ge == 0:
+            ge = torch.tensor(1.0, dtype=f)
+        gd = torch.div(1.0, ge)
+        if recipe == "te":
+            ds = vec_max * (ge * torch.reciprocal(torch.tensor(6.0, dtype=f)))
+        else:
+            ds = torch.div(vec_max, torch.tensor(6.0, dtype=f)) * ge
+        ds = torch.min(ds, fmax)
+        ds = torch.clamp(ds, min=-448.0, max=448.0).to(torch.float8_e4m3fn)
+        enc = torch.min(torch.div(1.0, ds.to(f) * gd), fmax)
+        y = torch.clamp(xb * enc, -6.0, 6.0).reshape(m, n)
+        return ds.squeeze(-1), y, gd, "te"
+    if recipe == "torchao":
+        pts = A / (448.0 * 6.0)
+        bs = vec_max.squeeze(-1) / 6.0
+        sbs = torch.clamp(bs / pts, min=torch.finfo(torch.float8_e4m3fn).tiny, max=448.0).to(torch.float8_e4m3fn)
+        total = pts * sbs.to(f)
+        y = torch.clamp(xb / total.unsqueeze(-1), -6.0, 6.0).reshape(m, n)
+        return sbs, y, pts, "signed"
+    if recipe == "modelopt":
+        sf2 = A / (6.0 * 448.0)
+        pbs = vec_max.squeeze(-1) / (6.0 * sf2)
+        pbs[pbs == 0] = 1.0
+        pbs = pbs.clamp(min=2**-9, max=448.0).to(torch.float8_e4m3fn)
+        y = (xb / (pbs.to(f) * sf2).unsqueeze(-1)).reshape(m, n)
+        return pbs, y, sf2, "modelopt"
+    raise ValueError(recipe)
+
+
+def _e2m1_codes_by_comparison(y: np.ndarray, sign_rule: str) -> np.ndarray:
+    """E2M1 codes by the comparison tables of the sources (TE cast_to_fp4x2 thresholds, ties to even)."""
+    a = np.abs(y.astype(np.float64))
+    bounds_gt = [(0.25, True), (0.75, False), (1.25, True), (1.75, False), (2.5, True), (3.5, False), (5.0, True)]
+    mag = np.zeros(a.shape, dtype=np.uint8)
+    for b, strict in bounds_gt:
+        mag += (a > b) if strict else (a >= b)
+    if sign_rule == "signed":
+        neg = np.signbit(y)
+    else:  # te: x < -0.0 ... i.e. (x < 0); modelopt: (x < 0)
+        neg = y < 0
+    return mag | (neg.astype(np.uint8) << 3)
+
+
+@pytest.mark.parametrize("recipe", ["te", "sol", "torchao", "modelopt"])
+def test_matches_torch_transcription(recipe):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2024)
+    x = np.concatenate([adversarial_rows(rng, nrows=30, nblocks=8),
+                        (rng.standard_normal((34, 128)) * 0.02).astype(np.float32)])
+    scales, y, g, rule = _torch_recipe(torch, x, recipe)
+    t = nvfp4_quantize(x, recipe=recipe)
+    np.testing.assert_array_equal(t.scales, scales.view(torch.uint8).numpy())
+    np.testing.assert_array_equal(_unpacked(t), _e2m1_codes_by_comparison(y.numpy(), rule))
+    assert np.float32(t.global_decode_scale) == np.float32(g.item())
+
+
+# ------------------------------------------------------------------------------------------ zero, NaN, shapes, errors
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_all_zero_tensor_and_blocks(recipe):
+    for x in (np.zeros((3, 32), np.float32), -np.zeros((2, 16), np.float32)):
+        t = nvfp4_quantize(x, recipe=recipe)
+        assert not np.any(_unpacked(t) & 7), "zero codes (0x8 = -0.0 where the recipe keeps the sign)"
+        assert not np.any((t.scales & 0x7F) == 0x7F), "no NaN scale byte"
+        assert np.isfinite(t.global_decode_scale) and t.global_decode_scale > 0
+        d = nvfp4_dequantize(t)
+        assert not np.any(np.isnan(d)) and not np.any(d)
+    # public bug vector: an all-zero block with a positive global amax -> scale byte must not be 0x7F
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = 3.0
+    t = nvfp4_quantize(x, recipe=recipe)
+    assert t.scales[0, 1] != 0x7F and not np.any(_unpacked(t)[0, 16:])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_nonfinite_policy(recipe):
+    x = np.ones((1, 32), np.float32)
+    x[0, 3] = np.nan
+    x[0, 20] = -np.inf
+    with pytest.raises(ValueError, match="NaN/inf"):
+        nvfp4_quantize(x, recipe=recipe)
+    t = nvfp4_quantize(x, recipe=recipe, nonfinite="zero")
+    y = x.copy()
+    y[0, 3] = 0.0
+    y[0, 20] = 0.0
+    u = nvfp4_quantize(y, recipe=recipe)
+    np.testing.assert_array_equal(t.codes, u.codes)
+    np.testing.assert_array_equal(t.scales, u.scales)
+    assert np.isnan(x[0, 3]), "input untouched"
+    with pytest.raises(ValueError, match="nonfinite"):
+        nvfp4_quantize(x, recipe=recipe, nonfinite="ignore")
+
+
+def test_axis_dtypes_and_errors():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((32, 3)).astype(np.float32)
+    t = nvfp4_quantize(x, axis=0)
+    u = nvfp4_quantize(np.ascontiguousarray(x.T))
+    assert t.codes.shape == (16, 3) and t.scales.shape == (2, 3) and t.axis == 0
+    np.testing.assert_array_equal(t.codes, u.codes.T)
+    np.testing.assert_array_equal(t.scales, u.scales.T)
+    np.testing.assert_array_equal(nvfp4_dequantize(t), nvfp4_dequantize(u).T)
+    # bfloat16 / float16 widen exactly; float64 holding float32 values is accepted
+    xb = x.T.astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(nvfp4_quantize(xb).codes, nvfp4_quantize(xb.astype(np.float32)).codes)
+    np.testing.assert_array_equal(nvfp4_quantize(x.T.astype(np.float64)).codes, u.codes)
+    with pytest.raises(ValueError, match="not float32 values"):
+        nvfp4_quantize(np.full((1, 16), 0.1, np.float64))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nvfp4_quantize(np.ones((2, 24), np.float32))
+    with pytest.raises(TypeError, match="x must be"):
+        nvfp4_quantize(np.ones((2, 16), np.int32))
+    with pytest.raises(ValueError, match="recipe="):
+        nvfp4_quantize(x, recipe="cublas")
+    with pytest.raises(ValueError, match="block="):
+        nvfp4_quantize(x, block=32)
+    with pytest.raises(ValueError, match="0-d"):
+        nvfp4_quantize(np.float32(1.0))
+    with pytest.raises(TypeError, match="NVFP4Tensor"):
+        nvfp4_dequantize(x)
+    assert nvfp4_quantize(x, recipe=NVFP4Recipe.SOL, axis=0).recipe == "sol"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@given(data=st.data())
+def test_dequantize_is_the_elementwise_reference(recipe, data):
+    rows = data.draw(st.integers(1, 4))
+    nb = data.draw(st.integers(1, 3))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    scale = 2.0 ** data.draw(st.integers(-40, 40))
+    x = (np.random.default_rng(seed).standard_normal((rows, 16 * nb)) * scale).astype(np.float32)
+    t = nvfp4_quantize(x, recipe=recipe)
+    d32 = nvfp4_dequantize(t)
+    d64 = nvfp4_dequantize(t, dtype=np.float64)
+    assert d32.dtype == np.float32 and d64.dtype == np.float64 and d32.shape == x.shape
+    codes = _unpacked(t)
+    g = Q(float(t.global_decode_scale))
+    for r in range(rows):
+        for k in range(16 * nb):
+            exact = Q(sim.E2M1_MAG[codes[r, k] & 7]) * (-1 if codes[r, k] & 8 else 1) \
+                * sim.e4m3_value(int(t.scales[r, k // 16]) & 0x7F) * g
+            assert Q(float(d64[r, k])) == exact
+            want32 = sim.round_rne(exact, 24, -126)
+            assert Q(float(d32[r, k])) == want32
+
+
+# ------------------------------------------------------------------------------------------ MX
+
+
+def test_mx_public_vectors():
+    # facts/numerics.md: MXFP4 block [6, 0, .24, .25, .75, .99, 1.2, 1.3] x4, FLOOR -> scale 2^0, elements
+    # [6, 0, 0, 0, 1, 1, 1, 1.5]
+    x = np.tile(np.array([6, 0, 0.24, 0.25, 0.75, 0.99, 1.2, 1.3], np.float32), 4)[None]
+    t = mx_quantize(x, "e2m1", mode="floor")
+    assert t.scales.tolist() == [[127]]
+    vals = mx_dequantize(t)[0, :8].tolist()
+    assert vals == [6, 0, 0, 0, 1, 1, 1, 1.5]
+    # MX from fp32 bits 0x43FFFFFF with FLOOR for E4M3 elements: scale byte 127, element byte 0x7E
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = f32(0x43FFFFFF)
+    t = mx_quantize(x, "e4m3", mode="floor")
+    assert t.scales.tolist() == [[127]] and t.codes[0, 0] == 0x7E
+    # float log2 is off by one near powers of two: floor(log2(7.9999995f)) = 2, not 3
+    x[0, 0] = np.float32(7.9999995)
+    assert np.floor(np.log2(np.float32(7.9999995))) == 3  # the trap: float32 log2 rounds up to 3.0
+    t = mx_quantize(x, "e2m1", mode="floor")
+    assert t.scales.tolist() == [[127]]  # e = 2 - emax(E2M1)=2 -> 0 -> byte 127
+    assert t.codes[0, 0] == 0x7  # 7.9999995 saturates to 6
+
+
+def _expected_exponent(a: float, fmt, mode: str) -> int:
+    """Exact unbiased scale exponent (before clamping) from rational arithmetic."""
+    emax = fmt.emax
+    if a == 0:
+        return -127
+    qa = Q(a)
+    fl = sim._floor_log2(qa)
+    if mode == "floor":
+        return fl - emax
+    if mode == "ceil":
+        return fl + (0 if Q(2) ** fl == qa else 1) - emax
+    if mode == "even":
+        # a rounded to (mbits+1) significant bits, ties away from zero (torchao's add-half-then-truncate on the bits)
+        if fl < -126:  # float32 subnormal: the bit trick works on the 23-bit field with exponent field 0
+            field = int(qa / Q(2) ** -149)
+            field += 1 << (23 - fmt.mbits - 1)
+            return (-126 if field >= 1 << 23 else -(10**6)) - emax
+        quantum = Q(2) ** (fl - fmt.mbits)
+        r = math.floor(qa / quantum + Q(1, 2)) * quantum
+        return sim._floor_log2(r) - emax
+    if mode == "rceil":
+        q = sim.f32(qa / Q(fmt.max))
+        if q == 0:
+            return -127
+        flq = sim._floor_log2(q)
+        return flq + (0 if Q(2) ** flq == q else 1)
+    raise ValueError(mode)
+
+
+ML = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,
+      "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+
+
+@pytest.mark.parametrize("elem", list(MX_ELEMENTS))
+@pytest.mark.parametrize("mode", [m.value for m in MXMode])
+def test_mx_scales_and_elements(elem, mode):
+    fmt = MX_ELEMENTS[elem]
+    rng = np.random.default_rng(hash((elem, mode)) % 2**32)
+    nblocks = 64
+    x = (rng.standard_normal((nblocks, 32)) * 2.0 ** rng.integers(-60, 60, (nblocks, 1))).astype(np.float32)
+    # adversarial block maxima: powers of two, one ulp below, near the element max, subnormal, zero
+    specials = [8.0, np.nextafter(np.float32(8.0), np.float32(0)), 7.9999995, fmt.max, fmt.max * 1.0000001,
+                2.0**-130, 1e-45, 0.0, 2.0**127, 3.0e38]
+    for i, s in enumerate(specials):
+        x[i] = np.clip(x[i], -abs(np.float32(s)), abs(np.float32(s))) * 0.5
+        x[i, 0] = np.float32(s)
+    x0 = x.copy()
+    t = mx_quantize(x, elem, mode=mode)
+    np.testing.assert_array_equal(x, x0)
+    assert t.scales.shape == (nblocks, 1) and t.codes.shape == x.shape
+    for i in range(nblocks):
+        a = float(np.max(np.abs(x[i])))
+        e = max(-127, min(127, _expected_exponent(a, fmt, mode)))
+        assert int(t.scales[i, 0]) == e + 127, (i, a)
+        # elements: exact x / 2^e, clamped to +-max, one ml_dtypes RNE cast
+        q = np.clip(np.ldexp(x[i].astype(np.float64), -e), -fmt.max, fmt.max)
+        want = q.astype(np.float32).astype(ML[elem]).view(np.uint8)
+        if elem in ("e2m1", "e2m3", "e3m2"):
+            want = want & np.uint8((1 << fmt.nbits) - 1)
+        np.testing.assert_array_equal(t.codes[i], want, err_msg=f"block {i} amax {a}")
+    d = mx_dequantize(t, dtype=np.float64)
+    assert not np.any(np.isnan(d))
+
+
+def test_mx_zero_nonfinite_axis_errors():
+    z = np.zeros((2, 64), np.float32)
+    t = mx_quantize(z, "e4m3")
+    assert t.scales.tolist() == [[0, 0], [0, 0]] and not np.any(t.codes)
+    assert not np.any(mx_dequantize(t))
+    x = np.ones((1, 64), np.float32)
+    x[0, 40] = np.nan
+    with pytest.raises(ValueError, match="NaN/inf"):
+        mx_quantize(x, "e2m1")
+    t = mx_quantize(x, "e2m1", nonfinite="nan_scale")
+    assert t.scales.tolist() == [[125, 255]] and not np.any(t.codes[0, 32:])  # amax 1: 2^(0 - 2)
+    d = mx_dequantize(t)
+    assert np.all(np.isnan(d[0, 32:])) and np.all(d[0, :32] == 1.0)
+    # axis
+    rng = np.random.default_rng(1)
+    y = rng.standard_normal((64, 2)).astype(np.float32)
+    a, b = mx_quantize(y, "e5m2", axis=0), mx_quantize(np.ascontiguousarray(y.T), "e5m2")
+    np.testing.assert_array_equal(a.codes, b.codes.T)
+    np.testing.assert_array_equal(a.scales, b.scales.T)
+    np.testing.assert_array_equal(mx_dequantize(a), mx_dequantize(b).T)
+    with pytest.raises(ValueError, match="multiple of block"):
+        mx_quantize(np.ones((1, 48), np.float32), "e2m1")
+    with pytest.raises(ValueError, match="elem="):
+        mx_quantize(y, "e4m3fnuz")
+    with pytest.raises(ValueError, match="mode="):
+        mx_quantize(y, "e2m1", mode="nearest")
+    assert mx_quantize(y, "e2m1", mode=MXMode.RCEIL, axis=0).mode == "rceil"
