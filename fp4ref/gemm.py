@@ -43,6 +43,7 @@ Torch tensors are accepted at the edges (converted bit for bit by :mod:`fp4ref._
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable
@@ -531,22 +532,29 @@ def _f64_mant(x: float) -> tuple[int, int]:
     return n, -(d.bit_length() - 1)
 
 
+@lru_cache(maxsize=1)
+def _e2m1_pair_table() -> np.ndarray:
+    """complex128 [256]: byte -> (2 e2m1(low nibble)) + 1j (2 e2m1(high nibble)); viewed as float64 pairs this
+    decodes packed bytes (element 2i low) with one gather."""
+    b = np.arange(256)
+    t = np.empty(256, dtype=np.complex128)
+    t.real = _E2M1_X2[b & 0x0F]
+    t.imag = _E2M1_X2[b >> 4]
+    return t
+
+
 def _nvfp4_int_operand(codes, scales, K: int, name: str):
-    """Packed codes [R, K/2] + scale bytes [R, K/16] -> (XI float64 [R, K] of integers e2m1*2 * scale*2^9,
+    """Packed codes [R, K/2] + scale bytes [R, K/16] -> (XI float64 [R, K] of integers 2 e2m1 * 2^9 ue4m3,
     NaN row mask). value = XI * 2^-10 * global_decode."""
     R = codes.shape[0]
-    table_s = _e4m3_scale_ints()
-    sv = table_s[scales]  # [R, K/16]
-    nan_rows = np.isnan(sv).any(axis=1)
-    sv = np.where(np.isnan(sv), 0.0, sv)
-    lo = _E2M1_X2[codes & 0x0F].astype(np.float64)
-    hi = _E2M1_X2[codes >> 4].astype(np.float64)
-    e = np.empty((R, K), dtype=np.float64)
-    e[:, 0::2] = lo
-    e[:, 1::2] = hi
-    e = e.reshape(R, K // 16, 16)
-    e *= sv[:, :, None]
-    return e.reshape(R, K), nan_rows
+    e = _e2m1_pair_table()[codes].view(np.float64).reshape(R, K)
+    sv = _e4m3_scale_ints()[scales]  # sign bit ignored; NaN for 0x7F / 0xFF
+    nan_s = np.isnan(sv)
+    nan_rows = nan_s.any(axis=1)
+    if nan_rows.any():
+        sv = np.where(nan_s, 0.0, sv)
+    e.reshape(R, K // 16, 16)[...] *= sv[:, :, None]
+    return e, nan_rows
 
 
 def _int_matmul_exact(XI: np.ndarray, WI: np.ndarray) -> np.ndarray:

@@ -312,3 +312,127 @@ def test_absprod_sparse_duplicate_index_adds_magnitudes():
     vals = np.array([[0x92]], np.uint8)  # v0 = +1.0, v1 = -0.5 -> A = 0.5, |A||B| = 1.5
     ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
     assert ref.exact[0, 0] == -0.5 and ref.absprod[0, 0] == 1.5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NVFP4
+# ---------------------------------------------------------------------------------------------------------------
+
+from fp4ref.blockscale import NVFP4Tensor, nvfp4_dequantize, nvfp4_quantize  # noqa: E402
+from fp4ref.packing import pack_fp4  # noqa: E402
+
+
+def _nvt(codes, scale_bytes, g):
+    codes = np.asarray(codes, np.uint8)
+    return NVFP4Tensor(codes=pack_fp4(codes), scales=np.asarray(scale_bytes, np.uint8),
+                       global_decode_scale=np.float32(g), shape=codes.shape, recipe="test", block=(1, 16), axis=1)
+
+
+def _nv_exact(xq, wq, i, j):
+    xd = nvfp4_dequantize(xq, np.float64)
+    wd = nvfp4_dequantize(wq, np.float64)
+    return frac_dot(xd[i], wd[j])
+
+
+def test_nvfp4_gemm_random_against_fraction():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    xq, wq = nvfp4_quantize(x, recipe="sol"), nvfp4_quantize(w, recipe="sol")
+    ref = gemm.nvfp4_gemm(xq, wq)
+    ex = np.array([[_nv_exact(xq, wq, i, j) for j in range(4)] for i in range(3)], dtype=object)
+    assert_matches_oracle(ref, ex, "bfloat16")
+    assert ref.epilogue_multiplies == 2
+
+
+def test_nvfp4_gemm_beyond_float64_exactness_two_limbs():
+    # K = 8192, every element 6 * 448: |XI| = 12 * 229376, Cauchy-Schwarz over 2^53 -> the two-limb path.
+    # Exact sum = K * 36 * 448^2 (times global scales 1); one element of w changed so the result is not a power
+    # of two times a short integer: the float64 sum of the dequantized values is not exact any more.
+    K = 8192
+    xc = np.full((1, K), 7, np.uint8)
+    wc = np.full((2, K), 7, np.uint8)
+    wc[1, 5] = 1  # 0.5 instead of 6
+    xs = np.full((1, K // 16), 0x7E, np.uint8)  # 448
+    ws = np.full((2, K // 16), 0x7E, np.uint8)
+    ws[1, 3] = 0x01  # 2^-9: a subnormal block scale
+    xq, wq = _nvt(xc, xs, 1.0), _nvt(wc, ws, 3.0)
+    ref = gemm.nvfp4_gemm(xq, wq)
+    for j in range(2):
+        ex = _nv_exact(xq, wq, 0, j)
+        assert ref.exact_fraction((0, j)) == ex
+        assert float(ref.out.astype(np.float64)[0, j]) == oracle_round(ex, "bfloat16")
+
+
+def test_nvfp4_gemm_ties_nan_scale_and_zero():
+    # x row: code 2 (1.0) with scale 1.0 (0x38); w rows give sums on a bf16 tie: 256 + 1 = 257 -> 256.
+    K = 16
+    xc = np.zeros((3, K), np.uint8)
+    xc[:, 0] = 2
+    xc[:, 1] = 2
+    xs = np.full((3, 1), 0x38, np.uint8)
+    xs[2, 0] = 0x7F  # NaN scale -> that row is NaN
+    wc = np.zeros((2, K), np.uint8)
+    wc[0, 0], wc[0, 1] = 6, 2  # 4.0 and 1.0; with scale 64 (0x60): 256 + 64 -> 320
+    wc[1, 0], wc[1, 1] = 6, 1  # 4, 0.5; scale 64 -> 256 + 32 = 288
+    ws = np.array([[0x60], [0x60]], np.uint8)  # 64.0
+    xq, wq = _nvt(xc, xs, 1.0), _nvt(wc, ws, 2.0**-6 * (1 + 2.0**-8) * 256 / 257)
+    ref = gemm.nvfp4_gemm(xq, wq)
+    out = ref.out.astype(np.float64)
+    assert np.all(np.isnan(out[2]))
+    for j in range(2):
+        ex = _nv_exact(xq, wq, 0, j)
+        assert out[0, j] == oracle_round(ex, "bfloat16")
+    # all-zero codes -> +0
+    xz = _nvt(np.full((1, K), 8, np.uint8), np.full((1, 1), 0x38, np.uint8), 1.0)
+    rz = gemm.nvfp4_gemm(xz, wq)
+    assert np.all(rz.out.astype(np.float32) == 0) and not np.any(np.signbit(rz.out.astype(np.float32)))
+
+
+def test_nvfp4_linear_matches_quantize_then_gemm_and_torchless_shapes():
+    rng = np.random.default_rng(8)
+    K, N = 32, 3
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    wq = nvfp4_quantize(w, recipe="sol")
+    x = rng.standard_normal((2, 3, K)).astype(ml_dtypes.bfloat16)
+    ref = gemm.nvfp4_linear(x, wq.codes, wq.scales.view(ml_dtypes.float8_e4m3fn), float(wq.global_decode_scale))
+    assert ref.out.shape == (2, 3, N) and ref.out.dtype == ml_dtypes.bfloat16
+    xq = nvfp4_quantize(x.reshape(6, K), recipe="sol")
+    ref2 = gemm.nvfp4_gemm(xq, wq)
+    np.testing.assert_array_equal(ref.out.reshape(6, N).astype(np.float32), ref2.out.astype(np.float32))
+    assert ref.exact_fraction((1, 2, 1)) == _nv_exact(xq, wq, 5, 1)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        gemm.nvfp4_linear(x, wq.codes[:, :8], wq.scales, 1.0)
+    with pytest.raises(TypeError, match="x must be"):
+        gemm.nvfp4_linear(x.astype(np.float16), wq.codes, wq.scales, 1.0)
+
+
+def test_torch_tensors_accepted_at_the_edges():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((3, 16)).astype(np.float16)
+    B = rng.standard_normal((2, 16)).astype(np.float16)
+    r1 = gemm.gemm_fp16(torch.from_numpy(A), torch.from_numpy(B))
+    r2 = gemm.gemm_fp16(A, B)
+    np.testing.assert_array_equal(r1.out, r2.out)
+    vals = rng.integers(-128, 128, (2, 4), dtype=np.int8)
+    meta = rng.integers(-128, 128, (2, 4), dtype=np.int8)
+    b = rng.standard_normal((3, 16)).astype(np.float32)
+    bt = torch.from_numpy(b).to(torch.float8_e4m3fn)
+    r3 = gemm.sparse_gemm_fp4_fp8(torch.from_numpy(vals), torch.from_numpy(meta), bt)
+    r4 = gemm.sparse_gemm_fp4_fp8(vals, meta, bt.view(torch.uint8).numpy())
+    np.testing.assert_array_equal(r3.out.astype(np.float32), r4.out.astype(np.float32))
+
+
+def test_nvfp4_gemm_exact_bf16_ties():
+    # Two blocks: w = 4.0 * 64 (block 0) and 1.0 or 3.0 * 1.0 (block 1); x = 1.0 at both: 257 -> 256, 259 -> 260.
+    K = 32
+    xc = np.zeros((1, K), np.uint8)
+    xc[0, 0] = xc[0, 16] = 2
+    wc = np.zeros((2, K), np.uint8)
+    wc[:, 0] = 6
+    wc[0, 16], wc[1, 16] = 2, 5
+    ws = np.array([[0x60, 0x38], [0x60, 0x38]], np.uint8)
+    ref = gemm.nvfp4_gemm(_nvt(xc, np.full((1, 2), 0x38, np.uint8), 1.0), _nvt(wc, ws, 1.0))
+    assert ref.out.astype(np.float64).tolist() == [[256.0, 260.0]]
+    assert ref.description["elements_recomputed_exactly"] == 2
