@@ -375,7 +375,7 @@ def test_nvfp4_gemm_ties_nan_scale_and_zero():
     wc = np.zeros((2, K), np.uint8)
     wc[0, 0], wc[0, 1] = 6, 2  # 4.0 and 1.0; with scale 64 (0x60): 256 + 64 -> 320
     wc[1, 0], wc[1, 1] = 6, 1  # 4, 0.5; scale 64 -> 256 + 32 = 288
-    ws = np.array([[0x60], [0x60]], np.uint8)  # 64.0
+    ws = np.array([[0x68], [0x68]], np.uint8)  # 64.0
     xq, wq = _nvt(xc, xs, 1.0), _nvt(wc, ws, 2.0**-6 * (1 + 2.0**-8) * 256 / 257)
     ref = gemm.nvfp4_gemm(xq, wq)
     out = ref.out.astype(np.float64)
@@ -432,7 +432,7 @@ def test_nvfp4_gemm_exact_bf16_ties():
     wc = np.zeros((2, K), np.uint8)
     wc[:, 0] = 6
     wc[0, 16], wc[1, 16] = 2, 5
-    ws = np.array([[0x60, 0x38], [0x60, 0x38]], np.uint8)
+    ws = np.array([[0x68, 0x38], [0x68, 0x38]], np.uint8)  # 64.0, 1.0
     ref = gemm.nvfp4_gemm(_nvt(xc, np.full((1, 2), 0x38, np.uint8), 1.0), _nvt(wc, ws, 1.0))
     assert ref.out.astype(np.float64).tolist() == [[256.0, 260.0]]
     assert ref.description["elements_recomputed_exactly"] == 2
