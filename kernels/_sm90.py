@@ -5,85 +5,48 @@ M/N tiles, layouts wgmma cannot take). CI has no GPU, so every kernel config is 
 with triton's bundled ptxas; a kernel that only works interpreted cannot land.
 
 Source of the recipe: /work/shared/facts/triton.md ("Compile for sm_90 without a GPU"); triton 3.6
-``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))``.
+``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32))``.
 
 Usage (in a test)::
 
     from fp4ref.kernels._sm90 import compile_for_sm90
     ck = compile_for_sm90(my_kernel,
-                          signature={"a_ptr": "*fp16", "M": "i32", "BLOCK_M": "constexpr"},
-                          constexprs={"BLOCK_M": 64}, num_warps=4, num_stages=3)
-    assert ck.asm["cubin"]
+                          signature={"a_ptr": "*fp16", "M": "i32", "stride_am": "i32"},
+                          constexprs={"BLOCK_M": 64}, num_warps=4, num_stages=3,
+                          divisible_by_16=["a_ptr", "stride_am"])
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+
+Under TRITON_INTERPRET=1 (CPU tests) the build runs in a helper Python process started once per session with
+TRITON_INTERPRET=0, because triton 3.6's interpreter leaves triton.language patched after an interpreted kernel
+calls a jitted helper such as tl.cdiv (InterpretedFunction.__call__ never restores its patch scope), which breaks
+any later in-process compile. The helper re-imports the kernel's module from its file.
 
 Nothing runs at import.
 """
 from __future__ import annotations
 
-import contextlib
 import os
+import pickle
+import struct
+import subprocess
 import sys
-from typing import Any, Mapping
+import threading
+import types
+from typing import Any, Mapping, Sequence
 
-__all__ = ["SM90_TARGET_ARCH", "compile_for_sm90"]
+__all__ = ["SM90_TARGET_ARCH", "SM90_MAX_SHARED_BYTES", "Sm90Build", "Sm90CompileError", "compile_for_sm90"]
 
 SM90_TARGET_ARCH = 90  # compute capability 9.0 (Hopper), warp size 32
+SM90_MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory one CTA may use on H100/H200
 
 
-def _to_jit(obj: Any, cache: dict):
-    """JITFunction for an InterpretedFunction (cached so every reference maps to one object)."""
-    from triton.runtime.jit import JITFunction
-
-    if isinstance(obj, JITFunction):
-        return obj
-    key = id(obj)
-    if key not in cache:
-        cache[key] = JITFunction(obj.fn, **getattr(obj, "kwargs", {}))
-    return cache[key]
+class Sm90CompileError(RuntimeError):
+    """The sm_90 build failed (the message holds triton's error and the helper's traceback)."""
 
 
-@contextlib.contextmanager
-def _jit_functions_for_interpreted(kernel: Any):
-    """Yield a JITFunction for ``kernel``, with every InterpretedFunction the compiler may meet swapped for one.
-
-    Under TRITON_INTERPRET=1, ``@triton.jit`` returns ``InterpretedFunction`` objects, which the compiler cannot
-    take: the kernel itself, helper kernels in its module, and triton.language's own jitted helpers (tl.cdiv,
-    tl.sum, tl.max, ...). For the duration of the compile, those module attributes (triton.language.* modules and
-    the globals of the kernel and of every helper reached) are replaced by JITFunctions built from the same Python
-    functions, then restored. Not thread-safe (compile from one thread at a time).
-    """
-    from triton.runtime.jit import JITFunction
-
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover - triton without an interpreter
-        InterpretedFunction = ()  # noqa: N806
-
-    if isinstance(kernel, JITFunction):
-        yield kernel
-        return
-    if not isinstance(kernel, InterpretedFunction) and not callable(getattr(kernel, "fn", None)):
-        raise TypeError(f"kernel={kernel!r}: expected a @triton.jit function (JITFunction or InterpretedFunction)")
-    cache: dict = {}
-    patched: list = []  # (dict, name, old value)
-
-    def patch_namespace(ns: dict) -> None:
-        for name, val in list(ns.items()):
-            if isinstance(val, InterpretedFunction):
-                new = _to_jit(val, cache)
-                patched.append((ns, name, val))
-                ns[name] = new
-                patch_namespace(new.fn.__globals__)
-
-    try:
-        for mod_name, mod in list(sys.modules.items()):
-            if mod is not None and (mod_name == "triton.language" or mod_name.startswith("triton.language.")):
-                patch_namespace(vars(mod))
-        jit_fn = _to_jit(kernel, cache)
-        patch_namespace(jit_fn.fn.__globals__)
-        yield jit_fn
-    finally:
-        for ns, name, val in reversed(patched):
-            ns[name] = val
+class Sm90Build(types.SimpleNamespace):
+    """Result of a build in the helper process: ``asm`` (dict: "cubin" bytes, "ptx", "ttgir", ... str) and
+    ``metadata`` (namespace: shared bytes, num_warps, num_stages, name), like triton's CompiledKernel."""
 
 
 def compile_for_sm90(
@@ -92,16 +55,16 @@ def compile_for_sm90(
     constexprs: Mapping[str, Any] | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
-    divisible_by_16: Any = None,
+    divisible_by_16: Sequence[str] | None = None,
     **options: Any,
 ):
     """Build ``kernel`` for sm_90 (CUDA, warp size 32) without a GPU and return the compiled kernel.
 
     Args:
         kernel: a ``@triton.jit`` function (a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1).
-        signature: every kernel parameter name -> Triton type string, in any order, e.g. ``"*fp16"``,
-            ``"*fp32"``, ``"*u8"``, ``"i32"``, ``"i64"``, ``"fp32"``; constexpr parameters as ``"constexpr"``.
-            Parameters missing from ``signature`` but present in ``constexprs`` are added as ``"constexpr"``.
+        signature: every runtime parameter name -> Triton type string, e.g. ``"*fp16"``, ``"*fp32"``, ``"*u8"``,
+            ``"i32"``, ``"i64"``, ``"fp32"``, ``"tensordesc<fp16[128, 64]>"`` (host TensorDescriptor).
+            Parameters given in ``constexprs`` may be left out (they are typed ``"constexpr"``).
         constexprs: constexpr parameter name -> value (int, bool, or a triton dtype).
         num_warps: warps per CTA (wgmma needs a multiple of 4).
         num_stages: software-pipelining depth.
@@ -113,33 +76,36 @@ def compile_for_sm90(
         **options: further CUDA backend options passed through (e.g. ``maxnreg``).
 
     Returns:
-        triton.compiler.CompiledKernel; ``.asm["cubin"]`` holds the sm_90 binary, ``.asm["ptx"]`` the PTX,
-        ``.metadata.shared`` the shared memory bytes used.
+        triton's CompiledKernel (in-process build) or an :class:`Sm90Build` (helper-process build): both have
+        ``.asm["cubin"]`` (the sm_90 binary), ``.asm["ptx"]``, ``.asm["ttgir"]`` and ``.metadata.shared``
+        (shared memory bytes; compare with SM90_MAX_SHARED_BYTES, which the compiler does not enforce).
 
     Raises:
         TypeError: ``kernel`` is not a jitted function.
-        ValueError: ``signature``/``constexprs`` name a parameter the kernel does not have, or leave one out.
-        Any triton compile error (e.g. a dot shape that sm_90 rejects, too much shared memory) propagates.
+        ValueError: ``signature``/``constexprs``/``divisible_by_16`` name a parameter the kernel does not have,
+            or leave one out.
+        triton.compiler.errors.CompilationError (in-process) or Sm90CompileError (helper process): the build
+            failed, e.g. a dot shape that sm_90 rejects.
 
     Notes:
-        Uses triton's bundled ptxas; ~1 s per kernel. Set TRITON_CACHE_DIR to keep builds out of $HOME. The
-        result is cached by triton on (source, signature, constexprs, options), so re-compiles are cheap.
+        Uses triton's bundled ptxas; ~1 s per kernel. Set TRITON_CACHE_DIR to keep builds out of $HOME.
     """
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    fn = getattr(kernel, "fn", None)
+    arg_names = getattr(kernel, "arg_names", None)
+    if fn is None or not callable(fn) or arg_names is None:
+        raise TypeError(f"kernel={kernel!r}: expected a @triton.jit function (JITFunction or InterpretedFunction)")
+    request = _normalize(list(arg_names), signature, constexprs, divisible_by_16)
+    opts = {"num_warps": int(num_warps), "num_stages": int(num_stages), **options}
+    from triton.runtime.jit import JITFunction
 
-    with _jit_functions_for_interpreted(kernel) as jit_fn:
-        return _compile(jit_fn, signature, constexprs, num_warps, num_stages, divisible_by_16, options)
+    if isinstance(kernel, JITFunction):
+        return _compile(kernel, *request, opts)
+    return _helper().compile(fn, request, opts)
 
 
-def _compile(jit_fn, signature, constexprs, num_warps, num_stages, divisible_by_16, options):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def _normalize(params, signature, constexprs, divisible_by_16):
+    """Check names; return (signature in parameter order, constexprs by path, attrs)."""
     constexprs = dict(constexprs or {})
-    params = list(jit_fn.arg_names)
     sig = dict(signature)
     for name in constexprs:
         sig.setdefault(name, "constexpr")
@@ -153,16 +119,137 @@ def _compile(jit_fn, signature, constexprs, num_warps, num_stages, divisible_by_
     if not_given:
         raise ValueError(f"constexprs is missing value(s) for {not_given}")
     ordered = {p: sig[p] for p in params}
-    # ASTSource keys constexprs by (argument index,) paths.
-    ce = {(params.index(name),): value for name, value in constexprs.items()}
     if divisible_by_16 is None:
         divisible_by_16 = [p for p in params if str(ordered[p]).startswith("*")]
     bad = sorted(set(divisible_by_16) - set(params))
     if bad:
         raise ValueError(f"divisible_by_16 names unknown parameter(s) {bad}; kernel parameters are {params}")
+    # ASTSource keys constexprs and attrs by (argument index,) paths.
+    ce = {(params.index(name),): value for name, value in constexprs.items()}
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in divisible_by_16}
+    return ordered, ce, attrs
+
+
+def _compile(jit_fn, ordered, ce, attrs, opts):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     src = ASTSource(fn=jit_fn, signature=ordered, constexprs=ce, attrs=attrs)
-    target = GPUTarget("cuda", SM90_TARGET_ARCH, 32)
-    opts = {"num_warps": int(num_warps), "num_stages": int(num_stages), **options}
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(os.getcwd(), ".triton_cache"))
-    return triton.compile(src, target=target, options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", SM90_TARGET_ARCH, 32), options=opts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helper process (used under TRITON_INTERPRET=1)
+# ---------------------------------------------------------------------------------------------------------------
+# The helper reads length-prefixed pickled requests on stdin and writes length-prefixed pickled replies on stdout.
+# A request names the kernel by (module name, source file, function name); the helper imports that file as that
+# module (registering parent packages from the file's directories when they are not importable, as
+# tests/conftest.py does for fp4ref.kernels), takes the JITFunction and builds it with _compile.
+_HELPER_MAIN = r"""
+import importlib, importlib.util, os, pickle, struct, sys, traceback, types
+os.environ["TRITON_INTERPRET"] = "0"
+sm90_path, = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("_fp4ref_sm90_helper", sm90_path)
+sm90 = importlib.util.module_from_spec(spec); spec.loader.exec_module(sm90)
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+sys.stdout = sys.stderr  # keep the reply channel clean
+
+def ensure_package(name, directory):
+    if not name or name in sys.modules:
+        return
+    try:
+        importlib.import_module(name)
+        return
+    except ImportError:
+        pass
+    parent = name.rpartition(".")[0]
+    ensure_package(parent, os.path.dirname(directory))
+    init = os.path.join(directory, "__init__.py")
+    spec = importlib.util.spec_from_file_location(name, init if os.path.exists(init) else None,
+                                                  submodule_search_locations=[directory])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    if spec.loader is not None:
+        spec.loader.exec_module(mod)
+
+def load(modname, path):
+    mod = sys.modules.get(modname)
+    if mod is not None and os.path.abspath(getattr(mod, "__file__", "") or "") == os.path.abspath(path):
+        return mod
+    d = os.path.dirname(os.path.abspath(path))
+    for p in (d, os.path.dirname(d), os.path.dirname(os.path.dirname(d))):
+        if p not in sys.path:
+            sys.path.append(p)
+    if modname in ("__main__", "__mp_main__") or not modname:
+        modname = "_fp4ref_sm90_kernel_" + str(abs(hash(path)))
+    ensure_package(modname.rpartition(".")[0], d)
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+while True:
+    head = inp.read(8)
+    if len(head) < 8:
+        break
+    req = pickle.loads(inp.read(struct.unpack("<Q", head)[0]))
+    try:
+        modname, path, qualname, (ordered, ce, attrs), opts = req
+        obj = load(modname, path)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        ck = sm90._compile(obj, ordered, ce, attrs, opts)
+        asm = {k: v for k, v in ck.asm.items() if isinstance(v, (bytes, str))}
+        meta = {k: getattr(ck.metadata, k) for k in ("shared", "num_warps", "num_stages", "name")
+                if hasattr(ck.metadata, k)}
+        reply = ("ok", asm, meta)
+    except BaseException as e:
+        reply = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
+    data = pickle.dumps(reply)
+    out.write(struct.pack("<Q", len(data)) + data)
+    out.flush()
+"""
+
+
+class _Helper:
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["TRITON_INTERPRET"] = "0"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HELPER_MAIN, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def compile(self, fn, request, opts):
+        import inspect
+
+        path = inspect.getsourcefile(fn)
+        msg = pickle.dumps((fn.__module__, path, fn.__qualname__, request, opts))
+        with self.lock:
+            self.proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
+            self.proc.stdin.flush()
+            head = self.proc.stdout.read(8)
+            if len(head) < 8:
+                raise Sm90CompileError(f"the sm_90 build helper exited (code {self.proc.poll()})")
+            reply = pickle.loads(self.proc.stdout.read(struct.unpack("<Q", head)[0]))
+        if reply[0] != "ok":
+            raise Sm90CompileError(f"sm_90 build of {fn.__qualname__} failed: {reply[1]}\n{reply[2]}")
+        return Sm90Build(asm=reply[1], metadata=types.SimpleNamespace(**reply[2]))
+
+
+_HELPER: _Helper | None = None
+
+
+def _helper() -> _Helper:
+    global _HELPER
+    if _HELPER is None or not _HELPER.alive():
+        _HELPER = _Helper()
+    return _HELPER
