@@ -1,0 +1,348 @@
+"""Hypothesis strategies for FP4/FP8 kernels, in the style of ``hypothesis.extra.numpy``.
+
+Each strategy is named for what it produces, takes keyword-only options (``min_``/``max_``/``allow_`` families),
+validates its arguments when it is BUILT (``InvalidArgument`` with the offending value), and accepts a value or a
+strategy for shapes. Everything is numpy (uint8 codes, float16, ml_dtypes bfloat16).
+
+=================================  =============================================================================
+strategy                           draws
+=================================  =============================================================================
+``gemm_shapes``                    GemmShape(M, N, K) with bounds and divisibility constraints
+``e2m1_codes``                     uint8 E2M1 codes 0..15 (optionally without -0)
+``e4m3_bytes``                     uint8 E4M3FN bytes (NaN 0x7F/0xFF optional; magnitude classes weighted)
+``packed_fp4``                     uint8 packed FP4 bytes (two codes per byte)
+``meta_bytes``                     2:4 metadata bytes: canonical (0x04 0x08 0x09 0x0C 0x0D 0x0E) or any byte
+``sparse_a_operands``              (a_vals, a_meta) for the sparse workload, uint8 or int8
+``fp16_matrices``                  float16 matrices with adversarial magnitude patterns
+``nvfp4_operands``                 raw NVFP4 operand dicts (codes, scale bytes, global scale) with ties, zero
+                                   blocks, subnormal and near-overflow block scales
+``nvfp4_inputs``                   bf16 activations that exercise an NVFP4 quantizer (ties, zero blocks, ...)
+``exact_accumulation_fp16``        fp16 (A, B) whose fp32 partial sums are exact in ANY order and on any tensor
+                                   core model, yet need > 14 significant bits (so ``check`` demands equality)
+``exact_accumulation_sparse``      sparse operands with the same property (B integers, A halves)
+=================================  =============================================================================
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from .packing import CANONICAL_META, pack_fp4
+
+__all__ = [
+    "GemmShape",
+    "gemm_shapes",
+    "e2m1_codes",
+    "e4m3_bytes",
+    "packed_fp4",
+    "meta_bytes",
+    "sparse_a_operands",
+    "fp16_matrices",
+    "nvfp4_operands",
+    "nvfp4_inputs",
+    "exact_accumulation_fp16",
+    "exact_accumulation_sparse",
+    "MAGNITUDE_PATTERNS",
+]
+
+
+class GemmShape(NamedTuple):
+    """A GEMM problem size: C [M, N] = A [M, K] @ B [N, K].T."""
+
+    M: int
+    N: int
+    K: int
+
+
+def _check_int(name, v, lo=0):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InvalidArgument(f"{name}={v!r} must be an int")
+    if v < lo:
+        raise InvalidArgument(f"{name}={v} must be >= {lo}")
+
+
+def _range(name, lo, hi, mult):
+    _check_int(f"min_{name}", lo, 1)
+    _check_int(f"max_{name}", hi, 1)
+    _check_int(f"{name}_multiple_of", mult, 1)
+    if lo > hi:
+        raise InvalidArgument(f"min_{name}={lo} is larger than max_{name}={hi}")
+    first = -(-lo // mult) * mult
+    if first > hi:
+        raise InvalidArgument(f"no multiple of {name}_multiple_of={mult} lies in [min_{name}={lo}, max_{name}={hi}]")
+    return st.integers(first // mult, hi // mult).map(lambda v: v * mult)
+
+
+def gemm_shapes(*, min_m=1, max_m=64, min_n=1, max_n=64, min_k=1, max_k=256, m_multiple_of=1, n_multiple_of=1,
+                k_multiple_of=1) -> st.SearchStrategy[GemmShape]:
+    """GEMM sizes within bounds, each a multiple of its ``*_multiple_of`` (e.g. ``k_multiple_of=16`` for NVFP4,
+    4 for 2:4 sparsity). Shrinks toward the smallest sizes."""
+    return st.builds(GemmShape, _range("m", min_m, max_m, m_multiple_of), _range("n", min_n, max_n, n_multiple_of),
+                     _range("k", min_k, max_k, k_multiple_of))
+
+
+def _shape_strategy(shape):
+    if isinstance(shape, st.SearchStrategy):
+        return shape
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    if not isinstance(shape, tuple) or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in shape):
+        raise InvalidArgument(f"shape={shape!r} must be a tuple of non-negative ints or a strategy")
+    return st.just(tuple(int(s) for s in shape))
+
+
+def _array_from_choices(shape, choices, dtype=np.uint8):
+    """uint8 array of ``shape`` drawn from ``choices`` (a sequence of ints) with a random generator seeded by
+    Hypothesis (fast for large arrays; shrinks through the seed) and a few explicitly drawn cells."""
+    choices = np.asarray(list(choices), dtype=np.int64)
+
+    @st.composite
+    def _draw(draw):
+        shp = draw(_shape_strategy(shape))
+        seed = draw(st.integers(0, 2**32 - 1))
+        rng = np.random.default_rng(seed)
+        arr = choices[rng.integers(0, len(choices), size=shp)].astype(dtype)
+        if arr.size:
+            # a few cells chosen by Hypothesis itself, so shrinking can find a single bad code
+            for _ in range(draw(st.integers(0, 3))):
+                i = draw(st.integers(0, arr.size - 1))
+                arr.reshape(-1)[i] = draw(st.sampled_from(choices.tolist()))
+        return arr
+
+    return _draw()
+
+
+def e2m1_codes(shape, *, allow_negative_zero=True) -> st.SearchStrategy[np.ndarray]:
+    """uint8 arrays of E2M1 codes 0..15 (code 8 = -0.0 unless ``allow_negative_zero=False``)."""
+    codes = [c for c in range(16) if allow_negative_zero or c != 8]
+    return _array_from_choices(shape, codes)
+
+
+# E4M3FN magnitude classes (bytes without the sign): zero, subnormals, small normals, ~1, large, max, NaN.
+_E4M3_CLASSES = {
+    "zero": [0x00],
+    "subnormal": list(range(0x01, 0x08)),
+    "normal": list(range(0x08, 0x7E)),
+    "max": [0x7E],
+    "nan": [0x7F],
+}
+
+
+def e4m3_bytes(shape, *, allow_nan=False, allow_subnormal=True, allow_negative=True) -> st.SearchStrategy[np.ndarray]:
+    """uint8 arrays of E4M3FN bytes. Every finite byte can occur; zero, subnormal and max bytes are over-weighted
+    (one class in ~8 draws each); NaN bytes 0x7F / 0xFF only with ``allow_nan``."""
+    mags = list(_E4M3_CLASSES["normal"]) + _E4M3_CLASSES["max"] * 8 + _E4M3_CLASSES["zero"] * 8
+    if allow_subnormal:
+        mags += _E4M3_CLASSES["subnormal"] * 2
+    if allow_nan:
+        mags += _E4M3_CLASSES["nan"] * 4
+    vals = mags + ([m | 0x80 for m in mags] if allow_negative else [])
+    return _array_from_choices(shape, vals)
+
+
+def packed_fp4(shape, *, allow_negative_zero=True) -> st.SearchStrategy[np.ndarray]:
+    """uint8 arrays of packed E2M1 pairs (``shape`` is the PACKED shape; element 2i in the low nibble)."""
+    codes = [c for c in range(16) if allow_negative_zero or c != 8]
+    return _array_from_choices(shape, [lo | (hi << 4) for lo in codes for hi in codes])
+
+
+def meta_bytes(shape, *, canonical=True) -> st.SearchStrategy[np.ndarray]:
+    """2:4 metadata bytes: only the six canonical bytes, or (``canonical=False``) any byte 0..255 with the
+    non-canonical kinds (duplicate index, idx0 > idx1, bits 7:4 set) well represented."""
+    if canonical:
+        return _array_from_choices(shape, CANONICAL_META)
+    return _array_from_choices(shape, list(range(256)) + list(CANONICAL_META) * 8)
+
+
+def sparse_a_operands(m, k, *, canonical=False, int8=False) -> st.SearchStrategy[tuple]:
+    """(a_vals, a_meta) for the sparse workload, shape [m, k/4] each (``k`` a multiple of 4; ints or strategies).
+
+    ``canonical=False`` draws any bytes (the public benchmark's randint(-128, 128) int8 inputs); ``int8=True``
+    returns int8 views of the same bytes."""
+
+    @st.composite
+    def _draw(draw):
+        mm = draw(m) if isinstance(m, st.SearchStrategy) else m
+        kk = draw(k) if isinstance(k, st.SearchStrategy) else k
+        if kk % 4:
+            raise InvalidArgument(f"k={kk} must be a multiple of 4")
+        vals = draw(packed_fp4((mm, kk // 4)))
+        meta = draw(meta_bytes((mm, kk // 4), canonical=canonical))
+        if int8:
+            return vals.view(np.int8), meta.view(np.int8)
+        return vals, meta
+
+    return _draw()
+
+
+#: Magnitude patterns of :func:`fp16_matrices`.
+MAGNITUDE_PATTERNS = ("normal", "wide", "rows", "cancel", "tiny", "huge", "mixed")
+
+
+def _pattern(rng, shape, pattern, max_exp, min_exp):
+    x = rng.standard_normal(shape)
+    if pattern == "normal":
+        return x
+    if pattern == "wide":  # every element its own exponent
+        return x * np.ldexp(1.0, rng.integers(min_exp, max_exp, shape))
+    if pattern == "rows":  # each row a different scale
+        return x * np.ldexp(1.0, rng.integers(min_exp, max_exp, (shape[0], 1)))
+    if pattern == "cancel":  # pairs (x, -x(1 + tiny)) along K: heavy cancellation
+        y = x.copy()
+        y[:, 1::2] = -x[:, 0::2][:, : y[:, 1::2].shape[1]] * (1 + rng.integers(-4, 5, y[:, 1::2].shape) * 2.0**-10)
+        return y
+    if pattern == "tiny":
+        return x * 2.0**min_exp
+    if pattern == "huge":
+        return x * 2.0 ** (max_exp - 3)
+    # mixed: one huge element per row, the rest small
+    y = x * 2.0**-6
+    y[np.arange(shape[0]), rng.integers(0, shape[1], shape[0])] *= 2.0**12
+    return y
+
+
+def fp16_matrices(shape, *, patterns=MAGNITUDE_PATTERNS, max_exponent=6, min_exponent=-20,
+                  allow_nonfinite=False) -> st.SearchStrategy[np.ndarray]:
+    """float16 2-D arrays with adversarial magnitude patterns (``MAGNITUDE_PATTERNS``): wide exponent spread,
+    per-row scales, cancelling pairs, subnormal-range (``tiny``), near-overflow (``huge``) and one dominant element
+    per row. ``allow_nonfinite`` sprinkles +-inf / NaN. Values are float16 RNE casts of float64 draws."""
+    bad = [p for p in patterns if p not in MAGNITUDE_PATTERNS]
+    if bad or not patterns:
+        raise InvalidArgument(f"patterns={patterns!r}: each must be one of {MAGNITUDE_PATTERNS}")
+    _check_int("max_exponent", max_exponent, -30)
+    _check_int("min_exponent", min_exponent, -40)
+    if min_exponent >= max_exponent:
+        raise InvalidArgument(f"min_exponent={min_exponent} is not smaller than max_exponent={max_exponent}")
+
+    @st.composite
+    def _draw(draw):
+        shp = draw(_shape_strategy(shape))
+        if len(shp) != 2:
+            raise InvalidArgument(f"fp16_matrices needs a 2-D shape, got {shp}")
+        pattern = draw(st.sampled_from(list(patterns)))
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        with np.errstate(over="ignore"):
+            a = _pattern(rng, shp, pattern, max_exponent, min_exponent).astype(np.float16)
+        if allow_nonfinite and a.size and draw(st.booleans()):
+            i = draw(st.integers(0, a.size - 1))
+            a.reshape(-1)[i] = draw(st.sampled_from([np.inf, -np.inf, np.nan]))
+        return a
+
+    return _draw()
+
+
+def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
+    """fp16 (A [m, k], B [n, k]) whose every partial sum, in ANY order and under every tensor-core model with
+    F >= 24 (and fp32 RN summation), is EXACT, while the results use up to 24 significant bits (far more than 14:
+    an e8m13 fp8-style accumulator or a bf16/fp16 intermediate loses them). The correctly rounded fp16 output is then
+    the only right answer (``check(..., exact_accumulation=True)``); fp16 output ties occur.
+
+    Construction (CUTLASS-style small integers, scaled): a = ia 2^-sa, b = ib 2^-sb with integers
+    |ia|, |ib| <= imax, k imax^2 < 2^24, and sa + sb chosen so that |sum| <= k |a| |b| <= 2^15 (finite fp16
+    outputs). All partial sums lie on 2^-(sa+sb) Z below 2^15, i.e. need <= 24 bits: exact in fp32, and a block
+    FMA aligned to a term <= 2^15 keeps 2^(15-24) = 2^-9 >= the grid. Row 0 of A and B are planted same-sign and
+    large so some sums reach ~2^14.
+    """
+    for nm, v in (("m", m), ("n", n), ("k", k)):
+        _check_int(nm, v, 1)
+    imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
+    if imax < 2:
+        raise InvalidArgument(f"k={k} is too large for an exact-accumulation family (k * imax^2 < 2^24)")
+    shift = max(0, int(np.ceil(np.log2(k * imax * imax))) - 15)
+    sa, sb = shift // 2, shift - shift // 2
+
+    @st.composite
+    def _draw(draw):
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        a = rng.integers(-imax, imax + 1, (m, k))
+        b = rng.integers(-imax, imax + 1, (n, k))
+        a[0] = rng.integers(imax // 2, imax + 1, k)
+        b[0] = rng.integers(imax // 2, imax + 1, k)
+        return np.ldexp(a, -sa).astype(np.float16), np.ldexp(b, -sb).astype(np.float16)
+
+    return _draw()
+
+
+def exact_accumulation_sparse(m, n, k) -> st.SearchStrategy[tuple]:
+    """(a_vals, a_meta, b_fp8) for the sparse workload whose every fp32 partial sum is exact in any order: B bytes
+    are E4M3FN integers (|b| in 1..448 or 0) and A values lie on 2^-1 Z, so all partial sums lie on 2^-1 Z with
+    magnitude <= k/4 * 12 * bmax < 2^23 (bmax is lowered for large k). Sums need up to ~22 bits: a 14-bit fp8
+    accumulator or a bf16 intermediate loses them, and the bf16 output rounding (ties included) is tested."""
+    for nm, v in (("m", m), ("n", n), ("k", k)):
+        _check_int(nm, v, 1)
+    if k % 4:
+        raise InvalidArgument(f"k={k} must be a multiple of 4")
+    all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    bmax = min(448.0, 2.0**23 / (3 * k))
+    ok = np.flatnonzero(np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax))
+    if ok.size < 3:
+        raise InvalidArgument(f"k={k} is too large for an exact-accumulation sparse family")
+
+    @st.composite
+    def _draw(draw):
+        vals = draw(packed_fp4((m, k // 4)))
+        meta = draw(meta_bytes((m, k // 4), canonical=draw(st.booleans())))
+        b = draw(_array_from_choices((n, k), ok.tolist()))
+        return vals, meta, b
+
+    return _draw()
+
+
+def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[dict]:
+    """Raw NVFP4 operands: {"codes": uint8 [rows, k/2] packed, "scales": uint8 [rows, k/16] E4M3FN bytes,
+    "global_decode_scale": float32}. Block scale classes: zero blocks (scale 0x00), subnormal scales
+    (0x01..0x07), typical, near-overflow (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes
+    only with ``allow_nan_scale``. ``global_scale``: a float, or None to draw one (powers of two and odd
+    float32s). Pass them to :class:`fp4ref.blockscale.NVFP4Tensor`."""
+    _check_int("rows", rows, 1)
+    _check_int("k", k, 16)
+    if k % 16:
+        raise InvalidArgument(f"k={k} must be a multiple of 16")
+    scale_choices = [0x00] * 4 + list(range(0x01, 0x08)) + list(range(0x08, 0x7E)) + [0x7E] * 8
+    if allow_nan_scale:
+        scale_choices += [0x7F] * 2
+
+    @st.composite
+    def _draw(draw):
+        codes = draw(packed_fp4((rows, k // 2)))
+        scales = draw(_array_from_choices((rows, k // 16), scale_choices))
+        if global_scale is None:
+            g = draw(st.sampled_from([1.0, 2.0**-8, 2.0**6]) | st.floats(2.0**-20, 2.0**10, width=32))
+        else:
+            g = global_scale
+        return {"codes": codes, "scales": scales, "global_decode_scale": np.float32(g)}
+
+    return _draw()
+
+
+def nvfp4_inputs(rows, k) -> st.SearchStrategy[np.ndarray]:
+    """bf16 activations [rows, k] (k a multiple of 16) that stress an NVFP4 quantizer: per block one of randn,
+    all zeros, E2M1 ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 times the block scale, with a 6 to pin the scale),
+    tiny blocks (block scale an E4M3 subnormal), large blocks, -0.0, and one planted tensor amax of 2688."""
+    _check_int("rows", rows, 1)
+    _check_int("k", k, 16)
+    if k % 16:
+        raise InvalidArgument(f"k={k} must be a multiple of 16")
+
+    @st.composite
+    def _draw(draw):
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        x = rng.standard_normal((rows, k // 16, 16))
+        kind = rng.integers(0, 6, size=(rows, k // 16))
+        x[kind == 0] = 0.0
+        ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+        sel = kind == 1
+        x[sel] = rng.choice(ties, size=(int(sel.sum()), 16)) * rng.choice([-1.0, 1.0], size=(int(sel.sum()), 16))
+        x[sel, 0] = 6.0
+        x[kind == 2] *= 2.0**-7
+        x[kind == 3] *= 2.0**6
+        x[kind == 4] = -0.0
+        if draw(st.booleans()):
+            x.reshape(-1)[0] = 2688.0
+        return x.reshape(rows, k).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+    return _draw()
