@@ -96,12 +96,40 @@ def check_sizes(Ms, N, K, log, device: str = "cuda") -> bool:
     return ok_all
 
 
-def bench_sizes(Ms, N, K, configs=None):
-    """Rows [M, config, kernel us, torch us, speedup, % of bytes floor] (kernel and peer in the same run)."""
+def cfg_name(cfg) -> str:
+    s = f"{cfg.kernel}:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.num_stages}"
+    if cfg.GROUP_M != 8:
+        s += f"/g{cfg.GROUP_M}"
+    if cfg.kernel == "tma" and cfg.PROGRAMS_PER_SM != 1:
+        s += f"/p{cfg.PROGRAMS_PER_SM}"
+    return s
+
+
+def host_us_per_call(fn, calls: int = 200) -> float:
+    """CPU time per call of ``fn`` in microseconds (launches queued, no synchronisation inside the loop)."""
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def bench_sizes(Ms, N, K, configs=None, verify: bool = False):
+    """Rows [M, config, kernel us, torch us, speedup, % of bytes floor, verified] (kernel and peer same run).
+
+    verify=True (sweep): every candidate's output (NaN-poisoned, two runs) is checked against a float64 GPU
+    matmul under its declared bound and for bitwise determinism; "ok"/"FAIL..." in the last column.
+    """
     import torch
 
     from ._bench import time_cuda
-    from .gemm_fp16 import gemm_fp16, pick_config
+    from .gemm_fp16 import accumulation_eps, gemm_fp16, pick_config
 
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(42)
@@ -110,15 +138,30 @@ def bench_sizes(Ms, N, K, configs=None):
         A = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=gen)
         cfgs = configs(M) if configs is not None else [pick_config(M, N, K)]
         t_torch = time_cuda(lambda: torch.matmul(A, B.T))
+        if verify:
+            Ad, Bd = A.double(), B.double()
+            S = Ad @ Bd.T
+            absprod = Ad.abs() @ Bd.abs().T
+            e64 = (K + 4) * 2.0**-52 * absprod
         for cfg in cfgs:
+            status = "-"
             try:
+                if verify:
+                    outs = []
+                    for _ in range(2):
+                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+                        outs.append(gemm_fp16(A, B, cfg, out=C))
+                    u = 2.0**-11
+                    bound = u * (S.abs() + e64) + (1 + u) * accumulation_eps(K, cfg) * absprod + 2.0**-25 + e64
+                    good = bool(((outs[0].double() - S).abs() <= bound).all())
+                    det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+                    status = "ok" if good and det else f"FAIL(bound={good},det={det})"
                 t_k = time_cuda(lambda: gemm_fp16(A, B, cfg))
             except Exception as e:  # sweep: a config may not fit (shared memory); report and go on
-                print(f"M={M} {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                print(f"M={M} {cfg_name(cfg)}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             floor = bytes_floor_us(M, N, K)
-            name = f"{cfg.kernel}:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.num_stages}"
-            rows.append([M, name, t_k, t_torch, t_torch / t_k, 100.0 * floor / t_k])
+            rows.append([M, cfg_name(cfg), t_k, t_torch, t_torch / t_k, 100.0 * floor / t_k, status])
     return rows
 
 
@@ -128,32 +171,39 @@ def sweep_candidates(M: int):
 
     out = []
     if M <= 256:
-        bms = sorted({min(max(16, 1 << (M - 1).bit_length()), 128), 64 if M > 64 else min(max(16, 1 << (M - 1).bit_length()), 64)})
+        p2 = max(16, 1 << (M - 1).bit_length())
+        out += [  # pointer-load split-K (the best of the first sweep)
+            G("splitk", min(p2, 64), 64, 64, SPLIT_K=8, num_warps=4, num_stages=4),
+            G("splitk", min(p2, 64), 32, 128, SPLIT_K=4, num_warps=4, num_stages=4),
+            G("splitk", min(p2, 64), 64, 128, SPLIT_K=2, num_warps=4, num_stages=4),
+        ]
+        if M > 64:
+            out += [G("splitk", 128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4),
+                    G("splitk", 128, 128, 64, SPLIT_K=1, num_warps=8, num_stages=4)]  # fmt: skip
+        bms = (64,) if M <= 64 else (64, 128)
         for bm in bms:
-            w = 8 if bm >= 128 else 4
-            out += [
-                G("splitk", bm, 64, 128, SPLIT_K=4, num_warps=w, num_stages=4),
-                G("splitk", bm, 64, 64, SPLIT_K=8, num_warps=w, num_stages=4),
-                G("splitk", bm, 64, 128, SPLIT_K=8, num_warps=w, num_stages=3),
-                G("splitk", bm, 128, 64, SPLIT_K=4, num_warps=w, num_stages=4),
-                G("splitk", bm, 128, 128, SPLIT_K=4, num_warps=8, num_stages=3),
-                G("splitk", bm, 128, 64, SPLIT_K=8, num_warps=w, num_stages=4),
-                G("splitk", bm, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4),
-                G("splitk", bm, 64, 128, SPLIT_K=2, num_warps=w, num_stages=4),
-            ]
-    if M >= 128:
+            w = 4 if bm == 64 else 8
+            for bn, bk, sk, st, pps in (
+                (64, 128, 4, 4, 4), (64, 128, 8, 4, 4), (128, 128, 4, 4, 2), (128, 128, 8, 4, 2),
+                (128, 64, 4, 6, 2), (128, 64, 8, 6, 2), (64, 64, 8, 6, 4), (128, 128, 2, 4, 2),
+                (256, 64, 4, 4, 1), (64, 256, 4, 3, 2),
+            ):  # fmt: skip
+                out.append(G("tma", bm, bn, bk, SPLIT_K=sk, num_warps=w, num_stages=st, PROGRAMS_PER_SM=pps))
+    if M >= 192:
         out += [
             G("tma", 128, 128, 64, num_warps=8, num_stages=4),
             G("tma", 128, 128, 64, num_warps=4, num_stages=4),
+            G("tma", 128, 128, 64, num_warps=4, num_stages=5),
             G("tma", 128, 256, 64, num_warps=8, num_stages=3),
+            G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4),
+            G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=16),
+            G("tma", 128, 128, 64, num_warps=4, num_stages=4, GROUP_M=16),
             G("tma", 64, 256, 64, num_warps=4, num_stages=4),
-            G("tma", 128, 128, 128, num_warps=8, num_stages=3),
-            G("tma", 256, 128, 64, num_warps=8, num_stages=3),
-            G("splitk", 128, 128, 64, SPLIT_K=1, num_warps=8, num_stages=4),
-            G("splitk", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3),
+            G("tma", 64, 128, 64, num_warps=4, num_stages=5, PROGRAMS_PER_SM=2),
+            G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4),
+            G("tma", 128, 256, 64, SPLIT_K=2, num_warps=8, num_stages=3),
+            G("tma", 128, 128, 64, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2),
         ]
-    if 128 <= M <= 1024:
-        out += [G("splitk", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4)]
     return out
 
 
@@ -225,16 +275,28 @@ def main(argv=None) -> int:
     if args.sweep:
         cands = [c for M in Ms for c in sweep_candidates(M)]
         precompile(cands, args.workers)
-        rows = bench_sizes(Ms, N, K, configs=sweep_candidates)
+        rows = bench_sizes(Ms, N, K, configs=sweep_candidates, verify=True)
         best = {}
         for r in rows:
-            if r[0] not in best or r[2] < best[r[0]][2]:
+            if r[6] == "ok" and (r[0] not in best or r[2] < best[r[0]][2]):
                 best[r[0]] = r
         if out_dir:
             with open(os.path.join(out_dir, "gemm_fp16_sweep.json"), "w") as f:
                 json.dump(rows, f)
-        print_table("sweep (all candidates)", ["M", "config", "kernel us", "torch us", "speedup", "% floor"], rows)
-        print_table("sweep best per M", ["M", "config", "kernel us", "torch us", "speedup", "% floor"],
+        fails = [r for r in rows if r[6] != "ok"]
+        print(f"sweep: {len(rows)} (M, config) pairs timed, {len(fails)} failed verification", flush=True)
+        for r in fails:
+            print("  FAIL", r, flush=True)
+        # Host overhead (CPU us per call) of the current table's config and of torch.matmul.
+        from .gemm_fp16 import gemm_fp16
+
+        Bh = torch.randn(N, K, device="cuda", dtype=torch.float16)
+        for M in (1, 128, 2053):
+            Ah = torch.randn(M, K, device="cuda", dtype=torch.float16)
+            hk = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
+            ht = host_us_per_call(lambda: torch.matmul(Ah, Bh.T))
+            print(f"host us/call M={M}: gemm_fp16 {hk:.1f}, torch.matmul {ht:.1f}", flush=True)
+        print_table("sweep best per M", ["M", "config", "kernel us", "torch us", "speedup", "% floor", "verified"],
                     [best[m] for m in sorted(best)], markdown=True)  # fmt: skip
         return 0
 
@@ -243,7 +305,7 @@ def main(argv=None) -> int:
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
-    rows = bench_sizes(Ms, N, K)
+    rows = [r[:6] for r in bench_sizes(Ms, N, K)]
     if out_dir:
         with open(os.path.join(out_dir, "gemm_fp16_bench.json"), "w") as f:
             json.dump(rows, f)

@@ -33,6 +33,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 __all__ = [
     "GemmConfig",
@@ -56,9 +57,11 @@ ALIGN = 8  # elements: N and K must be multiples of 8 (16-byte fp16 rows for TMA
 class GemmConfig:
     """One launch configuration.
 
-    kernel: "splitk" (gemm_fp16_splitk_kernel) or "tma" (gemm_fp16_tma_kernel, persistent).
-    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile ("splitk" only; 1 = no split).
+    kernel: "splitk" (gemm_fp16_splitk_kernel, pointer loads) or "tma" (gemm_fp16_tma_kernel, TMA, persistent).
+    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile (1 = no split).
     GROUP_M: tile-order grouping along M (L2 reuse). num_warps/num_stages: Triton launch options.
+    PROGRAMS_PER_SM: "tma" only: grid = min(work units, PROGRAMS_PER_SM * SM count); 1 is fully persistent,
+    larger values let several programs share an SM (one work unit each when the grid covers all units).
     """
 
     kernel: str
@@ -69,13 +72,12 @@ class GemmConfig:
     GROUP_M: int = 8
     num_warps: int = 4
     num_stages: int = 4
+    PROGRAMS_PER_SM: int = 1
 
     def __post_init__(self):
         if self.kernel not in ("splitk", "tma"):
             raise ValueError(f"kernel={self.kernel!r}: expected 'splitk' or 'tma'")
-        if self.kernel == "tma" and self.SPLIT_K != 1:
-            raise ValueError(f"SPLIT_K={self.SPLIT_K}: the 'tma' kernel does not split K (expected 1)")
-        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps"):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps", "PROGRAMS_PER_SM"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name}={v}: expected a power of two >= 1")
@@ -257,6 +259,9 @@ def gemm_fp16_tma_kernel(
     a_desc,  # fp16 [M, K], block [BLOCK_M, BLOCK_K]
     b_desc,  # fp16 [N, K], block [BLOCK_N, BLOCK_K]
     c_desc,  # fp16 [M, N], block [BLOCK_M, BLOCK_N] (written)
+    # split-K scratch (SPLIT_K > 1 only), as in gemm_fp16_splitk_kernel
+    ws_ptr,  # *fp32 [SPLIT_K, num_tiles, BLOCK_M * BLOCK_N]
+    cnt_ptr,  # *i32 [num_tiles], all 0 between launches
     # sizes
     M,
     N,
@@ -265,27 +270,51 @@ def gemm_fp16_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,  # persistent grid size; program p handles tiles p, p + NUM_PROGRAMS, ...
+    NUM_PROGRAMS: tl.constexpr,  # persistent grid size; program p handles work units p, p + NUM_PROGRAMS, ...
 ):
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     group_size = GROUP_M * num_pid_n
-    for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=True):
+    # Work unit u = (K slice s, C tile t) with u = s * num_tiles + t: every tile's slice 0 is issued first.
+    for unit in tl.range(start, num_tiles * SPLIT_K, NUM_PROGRAMS, flatten=True):
+        tile = unit % num_tiles
+        pid_k = unit // num_tiles
         first_m = (tile // group_size) * GROUP_M
         rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
         pid_m = first_m + (tile % group_size) % rows_in_group
         pid_n = (tile % group_size) // rows_in_group
-        # One fp32 chain over all of K per C element (tensor cores); fp16 products exact.
+        kt0 = pid_k * tiles_per_split
+        kt1 = tl.minimum(kt0 + tiles_per_split, k_tiles)
+        # One fp32 chain over this K slice per C element (tensor cores); fp16 products exact. K columns past K
+        # load as 0 (TMA zero padding), adding exact zeros.
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
+        for kt in range(kt0, kt1):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))  # one RNE fp32 -> fp16
+        if SPLIT_K == 1:
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))  # one RNE fp32 -> fp16
+        else:
+            # Same deterministic last-arrival reduction as gemm_fp16_splitk_kernel.
+            tile_elems = BLOCK_M * BLOCK_N
+            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
+            ws_stride_s = num_tiles.to(tl.int64) * tile_elems
+            tl.store(ws_tile + pid_k * ws_stride_s + offs_t, acc, cache_modifier=".cg")
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.load(ws_tile + offs_t, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT_K):
+                    total += tl.load(ws_tile + s * ws_stride_s + offs_t, cache_modifier=".cg")
+                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], total.to(tl.float16))
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -294,9 +323,12 @@ def gemm_fp16_tma_kernel(
 _WORKSPACES: dict = {}  # (device, stream) -> (fp32 workspace, int32 counters); counters are 0 between launches
 
 
-def _workspace(device: torch.device, ws_elems: int, n_counters: int):
-    """Cached split-K workspace for (device, current stream); grown when too small (never shrunk)."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int):
+    """Cached split-K workspace for (device, stream); grown when too small (never shrunk).
+
+    One workspace per stream: two launches on the same stream run in order, so they can share it; launches on
+    different streams get different workspaces. The counters are zeroed once here and left at 0 by every launch.
+    """
     key = (str(device), stream)
     ws, cnt = _WORKSPACES.get(key, (None, None))
     if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
@@ -320,6 +352,41 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
+# Launch cache. Triton's JIT re-binds and re-specializes every argument on each call (tens of microseconds of
+# Python, which an L2-flushed CUDA-event timing of a ~5 us kernel sees). The first call for a key goes through
+# the JIT (compiling if needed) and keeps the CompiledKernel it returns; later calls launch that kernel directly.
+# The key holds everything Triton specializes on: the kernel, device, constexprs, launch options, and for every
+# integer argument except M (do_not_specialize) whether it is 1 or a multiple of 16. Pointer arguments are
+# always 16-byte aligned here (checked for A, B, out; torch allocations for C and the workspace).
+_LAUNCHERS: dict = {}
+
+
+def _int_spec(v: int) -> int:
+    return 1 if v == 1 else (16 if v % 16 == 0 else 0)
+
+
+def _launch(kernel, grid, args: tuple, int_args: tuple, constexprs: dict, cfg: "GemmConfig", device) -> None:
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(kernel, JITFunction):  # CPU interpreter (InterpretedFunction): no compiled kernel
+        kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return
+    key = (kernel.fn.__name__, device.index, tuple(constexprs.values()), cfg.num_warps, cfg.num_stages,
+           tuple(_int_spec(v) for v in int_args))  # fmt: skip
+    ck = _LAUNCHERS.get(key)
+    if ck is None:
+        ck = kernel[grid](*args, **constexprs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _LAUNCHERS[key] = ck
+        return
+    from triton.runtime import driver
+
+    all_args = (*args, *constexprs.values())  # parameter order: runtime arguments, then the constexprs
+    stream = driver.active.get_current_stream(device.index)
+    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata,
+           ck.launch_metadata(grid, stream, *all_args), knobs.runtime.launch_enter_hook,
+           knobs.runtime.launch_exit_hook, *all_args)  # fmt: skip
+
+
 def _check_operand(name: str, t, dim_name: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -327,11 +394,13 @@ def _check_operand(name: str, t, dim_name: str) -> None:
         raise TypeError(f"{name}.dtype={t.dtype}: expected torch.float16")
     if t.dim() != 2:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2-D [{dim_name}, K]")
-    if t.shape[0] > 0 and t.shape[1] > 0:
-        if t.stride(1) != 1:
-            raise ValueError(f"{name}.stride()={t.stride()}: expected unit stride along K (call .contiguous())")
-        if t.shape[0] > 1 and t.stride(0) % ALIGN:
-            raise ValueError(f"{name}.stride(0)={t.stride(0)}: expected a multiple of {ALIGN} elements (16 bytes)")
+    rows, cols = t.shape
+    if rows > 0 and cols > 0:
+        s0, s1 = t.stride()
+        if s1 != 1:
+            raise ValueError(f"{name}.stride()={(s0, s1)}: expected unit stride along K (call .contiguous())")
+        if rows > 1 and s0 % ALIGN:
+            raise ValueError(f"{name}.stride(0)={s0}: expected a multiple of {ALIGN} elements (16 bytes)")
         if t.data_ptr() % 16:
             raise ValueError(f"{name}.data_ptr()={t.data_ptr():#x}: expected 16-byte alignment")
 
@@ -353,9 +422,12 @@ def gemm_fp16(
         [0, N].
 
     Raises:
-        TypeError: A or B is not a float16 torch.Tensor.
+        TypeError: A, B or out is not a float16 torch.Tensor; config is not a GemmConfig.
         ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
-            ``out`` of the wrong shape/dtype/device or not contiguous.
+            ``out`` of the wrong shape/device or not contiguous.
+
+    Concurrency: split-K configs use a workspace per (device, stream); calls on one stream are safe, as are
+    calls on different streams.
 
     Source: workload gemm_n3072_k2048 (FlashInfer-Bench; /work/shared/facts/seeds.md §3), C = A @ B.T.
     """
@@ -365,21 +437,22 @@ def gemm_fp16(
     N, Kb = B.shape
     if Kb != K:
         raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
-    if A.device != B.device:
-        raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
+    device = A.device
+    if B.device != device:
+        raise ValueError(f"A.device={device}, B.device={B.device}: expected the same device")
     if K < 1 or K % ALIGN:
         raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
     if N < 1 or N % ALIGN:
         raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
     if out is None:
-        C = torch.empty((M, N), dtype=torch.float16, device=A.device)
+        C = torch.empty((M, N), dtype=torch.float16, device=device)
     else:
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float16:
             raise TypeError(f"out: expected a torch.float16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
-        if tuple(out.shape) != (M, N) or out.device != A.device or not out.is_contiguous():
+        if tuple(out.shape) != (M, N) or out.device != device or not out.is_contiguous():
             raise ValueError(
                 f"out.shape={tuple(out.shape)} on {out.device} (contiguous={out.is_contiguous()}): expected a "
-                f"contiguous [{M}, {N}] tensor on {A.device}"
+                f"contiguous [{M}, {N}] tensor on {device}"
             )
         if out.data_ptr() % 16:
             raise ValueError(f"out.data_ptr()={out.data_ptr():#x}: expected 16-byte alignment")
@@ -389,30 +462,27 @@ def gemm_fp16(
     cfg = pick_config(M, N, K) if config is None else config
     if not isinstance(cfg, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig or None, got {type(cfg).__name__}")
-    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    BM, BN, BK, S = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K
     num_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    if S > 1:
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        ws, cnt = _workspace(device, stream, S * num_tiles * BM * BN, num_tiles)
+    else:
+        ws, cnt = C, C  # never read when SPLIT_K == 1
+    sa = A.stride(0) if M > 1 else K  # M == 1: the row stride is never used; pass K (a valid row stride)
     if cfg.kernel == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        a_desc = TensorDescriptor(A, [M, K], [A.stride(0), 1], [BM, BK])
-        b_desc = TensorDescriptor(B, [N, K], [B.stride(0), 1], [BN, BK])
+        a_desc = TensorDescriptor(A, [M, K], [sa, 1], [BM, BK])
+        b_desc = TensorDescriptor(B, [N, K], [B.stride(0) if N > 1 else K, 1], [BN, BK])
         c_desc = TensorDescriptor(C, [M, N], [N, 1], [BM, BN])
-        nprog = min(num_tiles, _num_sms(A.device))
-        gemm_fp16_tma_kernel[(nprog,)](
-            a_desc, b_desc, c_desc, M, N, K,
-            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        nprog = min(num_tiles * S, _num_sms(device) * cfg.PROGRAMS_PER_SM)
+        constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog)
+        _launch(gemm_fp16_tma_kernel, (nprog, 1, 1), (a_desc, b_desc, c_desc, ws, cnt, M, N, K), (N, K),
+                constexprs, cfg, device)  # fmt: skip
         return C
-    S = cfg.SPLIT_K
-    if S > 1:
-        ws, cnt = _workspace(A.device, S * num_tiles * BM * BN, num_tiles)
-    else:
-        ws, cnt = C, C  # unused when SPLIT_K == 1
-    gemm_fp16_splitk_kernel[(num_tiles, S)](
-        A, B, C, ws, cnt, M, N, K,
-        A.stride(0), B.stride(0), C.stride(0),
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, EVEN_K=(K % (BK * S) == 0),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    sb = B.stride(0) if N > 1 else K
+    constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, EVEN_K=(K % (BK * S) == 0))
+    _launch(gemm_fp16_splitk_kernel, (num_tiles, S, 1), (A, B, C, ws, cnt, M, N, K, sa, sb, N),
+            (N, K, sa, sb, N), constexprs, cfg, device)  # fmt: skip
     return C
