@@ -30,10 +30,12 @@ name                             eps_acc(K)
 Block-FMA model (MMA-Sim, arXiv 2511.10909; Khattak & Mikaitis, arXiv 2512.07004; Fasi et al., PeerJ CS 2021):
 per instruction, k exact products and the accumulator are aligned to the largest exponent E, each truncated to a
 multiple of 2^(E-F), summed exactly, and the sum is rounded toward zero to the accumulator (precision p_acc,
-u_R = 2^(1-p_acc)). Each of the k + 1 truncations errs by less than 2^(E-F) <= 2^-F * (that step's |terms|),
-the RZ by at most u_R * |sum|; over n = ceil(K/k) steps, with d = (k+1) 2^-F + u_R::
+u_R = 2^(1-p_acc)). The largest term loses nothing (every term has at most F + 1 significant bits: products of
+fp16/bf16/fp8 have <= 22, the accumulator p_acc <= F + 1), so a step with j products errs by less than
+j 2^(E-F) <= j 2^-F * (that step's max |term|) in the alignment, and by at most u_R |sum| in the RZ. Summing over
+the n = ceil(K/k) steps (max |term| <= |A||B| of the products so far, plus the errors carried in the acc)::
 
-    eps_acc(K) = gamma(n, d) = n d / (1 - n d)       (the 1/(1 - n d) absorbs the errors carried in the acc)
+    t = K 2^-F + n u_R,     eps_acc(K) = t / (1 - t)
 
 The Blackwell fp8 preset is an assumption (fp32-wide accumulation like the 16-bit wgmma path, MMA-Sim reports
 Blackwell fixed Hopper's narrow fp8 accumulator); no kernel in this project runs on Blackwell, and
@@ -64,6 +66,7 @@ __all__ = [
     "Report",
     "OUTPUT_ROUNDINGS",
     "DEFAULT_MODEL",
+    "simulate",
 ]
 
 U32 = 2.0**-24  # fp32 unit roundoff (RN)
@@ -151,8 +154,8 @@ class AccumulationModel:
     def _block_eps(self, K: int) -> float:
         n = -(-K // self.k)
         u_r = 2.0 ** (1 - self.acc_p) if self.acc_rounding == "rz" else 2.0 ** (-self.acc_p)
-        d = (self.k + 1) * 2.0 ** (-self.F) + u_r
-        return gamma(n, d)
+        t = K * 2.0 ** (-self.F) + n * u_r
+        return math.inf if t >= 1 else t / (1 - t)
 
     def describe(self, K: int | None = None) -> str:
         """One line: name, parameters, and eps_acc(K) if K is given."""
@@ -569,3 +572,90 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         violations=examples,
         description=dict(ref.description),
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A numpy simulator of the models (for soundness tests and for "what would this accumulator give")
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _round_to_precision(s: np.ndarray, p: int, mode: str) -> np.ndarray:
+    """Round float64 values to p significant bits (unbounded exponent), RZ or RN (ties to even)."""
+    _, e = np.frexp(s)
+    q = e - p  # exponent of the last kept bit
+    scaled = np.ldexp(s, -q)
+    r = np.trunc(scaled) if mode == "rz" else np.rint(scaled)
+    return np.ldexp(r, q)
+
+
+def _block_fma_chain(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
+    """P: float64 exact products [pairs, K]. Returns the accumulator after the chain (float64 values)."""
+    pairs, K = P.shape
+    acc = np.zeros(pairs)
+    for k0 in range(0, K, m.k):
+        T = np.concatenate([acc[:, None], P[:, k0:k0 + m.k]], axis=1)
+        big = np.max(np.abs(T), axis=1)
+        _, e = np.frexp(big)  # big = f 2^e, 0.5 <= f < 1: leading bit 2^(e-1)
+        q = (e - 1) - m.F
+        Tt = np.ldexp(np.trunc(np.ldexp(T, -q[:, None])), q[:, None])  # aligned and truncated (toward zero)
+        s = np.sum(Tt, axis=1)  # exact: <= k+1 integers below 2^(F+1), times 2^q
+        acc = np.where(big > 0, _round_to_precision(s, m.acc_p, m.acc_rounding), 0.0)
+    return acc
+
+
+def _recursive_chain(P: np.ndarray, u: float) -> np.ndarray:
+    if u != U32:
+        raise ValueError("the simulator models recursive summation in fp32 only")
+    acc = np.zeros(P.shape[0], dtype=np.float32)
+    for k in range(P.shape[1]):
+        acc = acc + P[:, k].astype(np.float32)  # products must be exact in fp32 (checked by the caller)
+    return acc.astype(np.float64)
+
+
+def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
+    K = P.shape[1]
+    if m.kind == "exact":
+        return np.sum(P, axis=1)  # exact only when the float64 conditions hold (the caller's inputs)
+    if m.kind == "recursive":
+        return _recursive_chain(P, m.u)
+    if m.kind == "splitk":
+        parts = [_simulate_products(P[:, c:c + m.chunk], m.inner).astype(np.float32) for c in range(0, K, m.chunk)]
+        acc = np.zeros(P.shape[0], dtype=np.float32)
+        for part in parts:
+            acc = acc + part
+        return acc.astype(np.float64)
+    if m.kind == "block_fma":
+        if m.promote_every:
+            acc = np.zeros(P.shape[0], dtype=np.float32)
+            for c in range(0, K, m.promote_every):
+                chunk = _block_fma_chain(P[:, c:c + m.promote_every], m)
+                acc = acc + chunk.astype(np.float32)
+            return acc.astype(np.float64)
+        return _block_fma_chain(P, m)
+    raise ValueError(f"model {m.name!r} (kind {m.kind}) has no simulator")
+
+
+def simulate(a, b, model) -> np.ndarray:
+    """Accumulate a @ b.T the way ``model`` says (before any output rounding); float64 [M, N].
+
+    Block FMA: per step of k products, the exact products and the accumulator are aligned to the largest exponent
+    E, truncated toward zero to multiples of 2^(E - F), summed exactly and rounded (RZ) to ``acc_p`` significant
+    bits; promotion adds each chunk into an fp32 accumulator (RN); split-K sums chunk results in fp32 (RN) in
+    order; ``fp32_rn`` adds the products one by one in fp32. The exponent range of the accumulator is not modelled
+    (keep results in the fp32 normal range). ``tc_fp32_universal`` has no simulator (it is a bound, not a machine).
+
+    Args:
+        a: float array [M, K] (fp16 / bf16 / fp32 / float64 values; the products must be exact in float64, and for
+            fp32 summation exact in fp32 too, e.g. fp16 x fp16, e4m3 x e4m3).
+        b: float array [N, K].
+        model: name or :class:`AccumulationModel`.
+    """
+    m = get_model(model)
+    a64 = np.asarray(to_numpy(a, "a")).astype(np.float64)
+    b64 = np.asarray(to_numpy(b, "b")).astype(np.float64)
+    if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[1]:
+        raise ValueError(f"a [M, K] and b [N, K] must be 2-D and share K, got {a64.shape} and {b64.shape}")
+    M, K = a64.shape
+    N = b64.shape[0]
+    P = (a64[:, None, :] * b64[None, :, :]).reshape(M * N, K)
+    return _simulate_products(P, m).reshape(M, N)

@@ -1,0 +1,242 @@
+"""Accumulation models: registry, soundness against a numpy simulator (Hypothesis, adversarial magnitudes),
+tightness on constructed inputs, and check()'s report fields."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp4ref import bounds, gemm
+from fp4ref import strategies as fst
+
+SIMULATED_16BIT = ["fp32_rn", "ampere_fp16", "hopper_fp16_wgmma", "blackwell_fp8", "splitk(hopper_fp16_wgmma, 64)",
+                   "splitk(fp32_rn, 48)"]
+SIMULATED_FP8 = ["hopper_fp8_wgmma", "hopper_fp8_wgmma_promote(128)", "hopper_fp8_wgmma_promote(32)",
+                 "blackwell_fp8"]
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# registry and formulas
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_registry_names_and_lookup():
+    for name in ["exact", "fp32_rn", "ampere_fp16", "hopper_fp16_wgmma", "hopper_fp8_wgmma", "blackwell_fp8",
+                 "tc_fp32_universal"]:
+        m = bounds.get_model(name)
+        assert m.name == name and m.source
+    p = bounds.get_model("hopper_fp8_wgmma_promote(128)")
+    assert p.promote_every == 128 and p.F == 13 and p.acc_p == 14
+    s = bounds.get_model("splitk(hopper_fp16_wgmma, 512)")
+    assert s.chunk == 512 and s.inner.name == "hopper_fp16_wgmma"
+    with pytest.raises(ValueError, match="not a known accumulation model"):
+        bounds.get_model("volta")
+    with pytest.raises(TypeError):
+        bounds.get_model(3)
+    with pytest.raises(ValueError, match="positive int"):
+        bounds.hopper_fp8_wgmma_promote(0)
+
+
+def test_eps_formulas_by_hand():
+    u = 2.0**-24
+    assert bounds.get_model("exact").eps(4096) == 0
+    assert bounds.get_model("fp32_rn").eps(100) == pytest.approx(100 * u / (1 - 100 * u), rel=1e-15)
+    assert bounds.get_model("tc_fp32_universal").eps(2048) == 2048 * 2.0**-22
+    # Hopper fp16: t = K 2^-25 + ceil(K/16) 2^-23
+    t = 2048 * 2.0**-25 + 128 * 2.0**-23
+    assert bounds.get_model("hopper_fp16_wgmma").eps(2048) == pytest.approx(t / (1 - t), rel=1e-15)
+    # Hopper fp8 without promotion ~ 1.06 K 2^-13 (facts/numerics.md) and useless at K = 2048
+    e8 = bounds.get_model("hopper_fp8_wgmma").eps(2048)
+    t8 = 2048 * 2.0**-13 + 64 * 2.0**-13  # 1.03 K 2^-13 before the carried-error factor 1/(1 - t)
+    assert e8 == pytest.approx(t8 / (1 - t8), rel=1e-15) and e8 > 0.3
+    # promotion every 128: ~1.06 * 128 * 2^-13 + 16 * 2^-24
+    ep = bounds.get_model("hopper_fp8_wgmma_promote(128)").eps(2048)
+    t8 = 128 * 2.0**-13 + 4 * 2.0**-13
+    e_in = t8 / (1 - t8)
+    assert ep == pytest.approx(e_in + 16 * u / (1 - 16 * u) * (1 + e_in), rel=1e-14)
+    assert ep == pytest.approx(1.0625 * 128 * 2.0**-13 + 16 * 2.0**-24, rel=0.03)
+    # every fp32-accumulating tensor-core model is inside the universal bound
+    for name in ["ampere_fp16", "hopper_fp16_wgmma", "blackwell_fp8", "fp32_rn"]:
+        for K in (1, 16, 100, 2048, 8192):
+            assert bounds.get_model(name).eps(K) <= bounds.get_model("tc_fp32_universal").eps(K)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# soundness: the simulator never exceeds the model's bound
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _accumulator_violation(acc, A64, B64, model, K):
+    exact = np.array([[math.fsum(A64[i] * B64[j]) for j in range(B64.shape[0])] for i in range(A64.shape[0])])
+    P = np.abs(A64) @ np.abs(B64).T
+    eps = bounds.get_model(model).eps(K)
+    err = np.abs(acc - exact)
+    return err, eps * P
+
+
+@pytest.mark.parametrize("model", SIMULATED_16BIT)
+@given(shape=fst.gemm_shapes(max_m=3, max_n=3, max_k=300), data=st.data())
+def test_simulated_16bit_models_within_bound(model, shape, data):
+    A = data.draw(fst.fp16_matrices((shape.M, shape.K), max_exponent=6, min_exponent=-12))
+    B = data.draw(fst.fp16_matrices((shape.N, shape.K), max_exponent=6, min_exponent=-12))
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    acc = bounds.simulate(A, B, model)
+    err, lim = _accumulator_violation(acc, A64, B64, model, shape.K)
+    assert np.all(err <= lim), (model, float(np.max(err - lim)))
+    # and end to end through check(): RNE output, and a truncated (faithful) output
+    ref = gemm.gemm_fp16(A, B)
+    out = gemm.round_float64(acc, "float16").astype(np.float16)
+    bounds.check(out, ref, model).assert_ok()
+    tr = np.trunc(np.ldexp(acc, -(np.maximum(np.frexp(acc)[1] - 1, -14) - 10)))
+    out_rz = np.ldexp(tr, np.maximum(np.frexp(acc)[1] - 1, -14) - 10)
+    out_rz = np.clip(out_rz, -65504, 65504).astype(np.float16)
+    bounds.check(out_rz, ref, model, output_rounding="faithful").assert_ok()
+
+
+@pytest.mark.parametrize("model", SIMULATED_FP8)
+@given(shape=fst.gemm_shapes(max_m=3, max_n=3, max_k=400), data=st.data())
+def test_simulated_fp8_models_within_bound(model, shape, data):
+    a = data.draw(fst.e4m3_bytes((shape.M, shape.K)))
+    b = data.draw(fst.e4m3_bytes((shape.N, shape.K)))
+    A64, B64 = E4M3[a], E4M3[b]
+    acc = bounds.simulate(A64, B64, model)
+    err, lim = _accumulator_violation(acc, A64, B64, model, shape.K)
+    assert np.all(err <= lim), (model, float(np.max(err - lim)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tightness: constructed inputs reach a stated fraction of each bound
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tight_pair(K, t_a, t_b):
+    a = np.full((1, K), t_a)
+    b = np.full((1, K), t_b)
+    a[0, 0] = b[0, 0] = 1.0
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "model, t_a, t_b, fmt, want, K",
+    [
+        # 1 followed by products just under the half-ulp of 1 in fp32 (2^-24): each one is lost by RN.
+        ("fp32_rn", (1 - 2.0**-10) * 2.0**-12, 2.0**-12, np.float16, 0.99, 1024),
+        # 1 then products just under 2^-F: all truncated by the alignment; ratio ~ k / (k + 2^F u_R).
+        ("ampere_fp16", (1 - 2.0**-10) * 2.0**-12, 2.0**-12, np.float16, 0.79, 1024),  # 8/10
+        ("hopper_fp16_wgmma", (1 - 2.0**-10) * 2.0**-12, 2.0**-13, np.float16, 0.79, 1024),  # 16/20
+        # e4m3 subnormal products 0.875 * 2^-13; 0.875 * 32/33 = 0.848 before the 1/(1 - t) factor (K small)
+        ("hopper_fp8_wgmma", 7 * 2.0**-9, 2.0**-7, None, 0.80, 128),
+    ],
+)
+def test_tightness(model, t_a, t_b, fmt, want, K):
+    a, b = _tight_pair(K, t_a, t_b)
+    if fmt is not None:
+        assert np.all(a.astype(fmt).astype(np.float64) == a) and np.all(b.astype(fmt).astype(np.float64) == b)
+    else:  # representable in E4M3FN
+        assert np.isin(a, E4M3).all() and np.isin(b, E4M3).all()
+    acc = bounds.simulate(a, b, model)
+    exact = Fraction(1) + (K - 1) * Fraction(t_a) * Fraction(t_b)
+    err = abs(Fraction(float(acc[0, 0])) - exact)
+    P = exact  # all terms positive
+    ratio = float(err / (Fraction(bounds.get_model(model).eps(K)) * P))
+    assert want <= ratio <= 1.0, ratio
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# check(): report fields
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _fp16_case(seed=0, M=6, N=7, K=64):
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    B = rng.standard_normal((N, K)).astype(np.float16)
+    return A, B, gemm.gemm_fp16(A, B)
+
+
+def test_check_correct_output_is_ok_and_equal():
+    A, B, ref = _fp16_case()
+    rep = bounds.check(ref.out.copy(), ref, "exact", exact_accumulation=True)
+    assert rep.ok and rep.bitwise_equal_fraction == 1.0 and rep.max_ulps == 0 and rep.sqnr_db > 60
+    assert rep.n_violations == 0 and rep.unwritten == 0 and rep.nan_mismatch == 0
+
+
+def test_check_reports_one_ulp_off_under_exact_accumulation():
+    A, B, ref = _fp16_case()
+    out = ref.out.copy()
+    bits = out.view(np.uint16)
+    bits[2, 3] += 1
+    rep = bounds.check(out, ref, "fp32_rn", exact_accumulation=True)
+    assert not rep.ok and rep.not_equal_exact == 1 and rep.max_ulps == 1
+    with pytest.raises(AssertionError, match=r"\(2, 3\)"):
+        rep.assert_ok()
+    # the same output is fine under the bound alone (1 ulp is inside u_out |C| + accumulation)
+    # only if the bound allows it; either way the report says where
+    assert rep.violations[0][0] == (2, 3)
+
+
+def test_check_unwritten_and_nan_mismatch():
+    A, B, ref = _fp16_case()
+    out = ref.out.copy()
+    out[0, :] = np.nan  # "unwritten" row under a NaN poison
+    rep = bounds.check(out, ref, "fp32_rn", poison=float("nan"))
+    assert not rep.ok and rep.unwritten == out.shape[1] and rep.nan_mismatch == 0
+    rep2 = bounds.check(out, ref, "fp32_rn")
+    assert rep2.nan_mismatch == out.shape[1] and rep2.unwritten == 0
+    out3 = ref.out.copy()
+    out3[1, 1] = np.float16(12345.0)
+    rep3 = bounds.check(out3, ref, "fp32_rn", poison=12345.0)
+    assert rep3.unwritten == 1
+
+
+def test_check_inf_rules():
+    # exact sum 65536 > 65520: overflow; a kernel giving inf is right, 65504 is not.
+    A = np.array([[256.0, 0.0]], np.float16)
+    B = np.array([[256.0, 1.0]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert ref.out[0, 0] == np.inf
+    assert bounds.check(ref.out.copy(), ref, "fp32_rn").ok
+    bad = np.array([[-np.inf]], np.float16)
+    assert bounds.check(bad, ref, "fp32_rn").inf_mismatch == 1
+    fin = np.array([[65504.0]], np.float16)
+    assert bounds.check(fin, ref, "fp32_rn").inf_mismatch == 1
+
+
+def test_check_rejects_wrong_dtype_and_shape():
+    A, B, ref = _fp16_case()
+    with pytest.raises(TypeError, match="float16"):
+        bounds.check(ref.out.astype(np.float32), ref, "fp32_rn")
+    with pytest.raises(ValueError, match="shape"):
+        bounds.check(ref.out[:2], ref, "fp32_rn")
+    with pytest.raises(ValueError, match="output_rounding"):
+        bounds.check(ref.out, ref, "fp32_rn", output_rounding="rz")
+
+
+def test_check_epilogue_terms_widen_the_bound():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    w = rng.standard_normal((3, 32)).astype(np.float32)
+    from fp4ref.blockscale import nvfp4_quantize
+
+    ref = gemm.nvfp4_gemm(nvfp4_quantize(x, recipe="sol"), nvfp4_quantize(w, recipe="sol"))
+    b2 = bounds.bound(ref, "fp32_rn").total
+    b0 = bounds.bound(ref, "fp32_rn", epilogue_multiplies=0).total
+    assert np.all(b2 > b0)
+    assert ref.epilogue_multiplies == 2
+
+
+def test_check_accepts_torch():
+    torch = pytest.importorskip("torch")
+    A, B, ref = _fp16_case()
+    rep = bounds.check(torch.from_numpy(ref.out.copy()), ref, "hopper_fp16_wgmma")
+    assert rep.ok
+    bf = gemm.sparse_gemm_fp4_fp8(np.zeros((2, 4), np.uint8) + 0x21, np.full((2, 4), 0x04, np.uint8),
+                                  np.full((3, 16), 0x38, np.uint8))
+    t = torch.from_numpy(bf.out.astype(np.float32)).to(torch.bfloat16)
+    assert bounds.check(t, bf, "fp32_rn", exact_accumulation=True).ok
