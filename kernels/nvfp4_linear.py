@@ -1,0 +1,562 @@
+"""NVFP4 quantize and NVFP4 linear layer (in = out = 8192 workload) for Hopper (sm_90), in Triton.
+
+Workload: SOL-ExecBench "nvfp4_linear_layer" (/work/shared/facts/seeds.md §2): y = x @ W^T with x quantized per call
+to NVFP4 by the recipe fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode).
+
+Pipeline (4 launches, no host synchronisation):
+
+1. ``_amax_partial_kernel``: per program, max |x| over a grid-stride slice, as fp32 bit patterns (int32 max of
+   the sign-cleared bits: exact, order-free, so deterministic). Writes ``P`` partials.
+2. ``nvfp4_quantize_kernel``: every program reduces the ``P`` partials to the global amax (device side), derives
+   global encode/decode scales, and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the
+   "sol" recipe, bit for bit (see RECIPE). Writes packed E2M1 codes + E4M3FN block-scale bytes (``nvfp4_quantize``)
+   or, for the linear layer, the dequantized values code * block scale as fp16 (exact; see below).
+3. ``nvfp4_linear_kernel``: C^T tile = W_tile @ X_tile^T. W is decoded in registers from the packed bytes:
+   E2M1 code -> E4M3FN byte ((c & 7) << 2 | sign << 7 is exactly code_value * 2^-6, E4M3 subnormals included),
+   hardware fp8 -> fp16 conversion, times fp16(block scale) * 64. Every E2M1 x E4M3 product has <= 6 significant
+   bits and lies in [2^-10, 2688] (or is 0): exact in fp16, so the tensor-core products are exact. fp16 rather than
+   bf16 operands: equally exact here and the fp8 -> fp16 conversion is one instruction per two values.
+   fp32 accumulation (Hopper wgmma: per 16-product step, aligned, truncated, RZ to fp32); optional split-K writes
+   fp32 partials.
+4. epilogue (in 3, or ``_splitk_reduce_kernel`` when SPLIT_K > 1, summing partials in fixed order s = 0..S-1):
+   acc * (x_global_decode * weight_global_decode) in fp32 (two RNE multiplies), one RNE rounding to bf16.
+
+Bitwise deterministic: no atomics on floating-point data, fixed reduction orders.
+Nothing runs at import.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "NUMERIC_CONTRACT",
+    "RECIPE",
+    "LinearConfig",
+    "LINEAR_CONFIGS",
+    "pick_linear_config",
+    "nvfp4_quantize",
+    "nvfp4_linear",
+]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numeric contract
+# ---------------------------------------------------------------------------------------------------------------
+RECIPE = "sol"  # fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") bytes, for every input (NaN excepted, see below)
+
+NUMERIC_CONTRACT = {
+    # fp4ref.bounds model of the GEMM on the GPU: exact fp16 products (E2M1 x E4M3 values), Hopper wgmma fp32
+    # accumulation (k = 16 products per step, F = 25 alignment bits, RZ). Split-K configs accumulate chunks of
+    # K/SPLIT_K with the same model and add the SPLIT_K fp32 partials in fixed order (RN); that error,
+    # eps(K/S) + gamma_{S-1}(2^-24), stays below eps(K) of the unsplit model for every K >= 16, so this one model
+    # bounds every config.
+    "accumulation_model": "hopper_fp16_wgmma",
+    # In the CPU interpreter tl.dot is a numpy fp32 matmul: recursive fp32 RN summation, any order.
+    "accumulation_model_interpreter": "fp32_rn",
+    # epilogue: acc * fp32(x_global_decode * weight_global_decode): two fp32 RNE multiplies (fp4ref.gemm's
+    # Reference.epilogue_multiplies = 2), then ONE rounding to bf16.
+    "epilogue_multiplies": 2,
+    "output_rounding": "rne",
+    "output_rounding_interpreter": "faithful",  # the interpreter truncates fp32 -> bf16 stores
+    # the quantizer: fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") bit for bit (codes, scale bytes, global
+    # decode scale) for every finite x; NaN/inf in x are outside the contract (the recipe has no NaN policy and
+    # the op does not synchronise to check).
+    "quantize_recipe": RECIPE,
+    # weight_global_decode_scale is rounded to fp32 (RNE) once; the workload passes fp32 values (exact).
+}
+
+_FP32_MAX = 3.4028234663852886e38
+_E4M3_MAX = 448.0
+_E2M1_MAX = 6.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tile configuration of ``nvfp4_linear_kernel`` (MMA rows = weight rows N, MMA columns = x rows M)."""
+
+    BLOCK_N: int  # weight rows per program (wgmma M dimension; multiple of 64 for wgmma)
+    BLOCK_M: int  # x rows per program (wgmma N dimension; >= 16)
+    BLOCK_K: int  # K per step (multiple of 32: two E2M1 per byte, 16-element blocks)
+    SPLIT_K: int  # programs along K; > 1 writes fp32 partials reduced by a second launch (fixed order)
+    num_warps: int
+    num_stages: int
+
+
+# Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
+# Large M is bound by tensor-core throughput and the in-register decode of W (once per M tile): big M tiles.
+LINEAR_CONFIGS = {
+    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
+    64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
+    256: LinearConfig(BLOCK_N=128, BLOCK_M=64, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=4),
+    1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4),
+}
+
+
+def _block_k_for(K: int, block_k: int) -> int:
+    """The largest power of two <= block_k that divides K (>= 16 since K % 16 == 0): no K masks in the loop."""
+    b = block_k
+    while K % b:
+        b //= 2
+    return b
+
+
+def pick_linear_config(M: int) -> LinearConfig:
+    """The config for ``M`` rows of x: the first entry of LINEAR_CONFIGS whose key is >= M."""
+    for limit in sorted(LINEAR_CONFIGS):
+        if M <= limit:
+            return LINEAR_CONFIGS[limit]
+    raise AssertionError("unreachable")
+
+
+_AMAX_BLOCK = 4096  # elements per program per step of the amax reduction
+_AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
+_QUANT_TILE = 4096  # elements per quantize program (BLOCK_R * BLOCK_C)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _widen_to_fp32(x):
+    """Exact fp32 value of x (fp32 / bf16 / fp16). bf16 by its bits (<< 16): exact for every input, also where
+    the CPU interpreter's bf16 -> fp32 conversion is wrong (it maps bf16 subnormals to 2^-127)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _amax_partial_kernel(
+    x_ptr,  # *fp32|bf16|fp16, numel contiguous elements
+    partial_ptr,  # *i32 [num_programs]: fp32 bit pattern of max |x| over this program's slice
+    numel,
+    ITERS,  # grid-stride steps per program
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    best = tl.zeros([BLOCK], dtype=tl.int32)
+    for it in range(0, ITERS):
+        idx = (it * nprog + pid).to(tl.int64) * BLOCK + offs
+        x = _widen_to_fp32(tl.load(x_ptr + idx, mask=idx < numel, other=0.0))
+        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf)
+        bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        best = tl.maximum(best, bits)
+    tl.store(partial_ptr + pid, tl.max(best, axis=0))
+
+
+@triton.jit
+def _e4m3_rne_byte(s):
+    """E4M3FN byte (RNE) of s, fp32 in [0, 448]; integer arithmetic on the fp32 bits (exact, FTZ-free)."""
+    sb = s.to(tl.int32, bitcast=True)
+    e = sb >> 23  # biased fp32 exponent (s >= 0)
+    mant = (sb & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)  # 24-bit significand; s = mant * 2^(max(e,1) - 150)
+    e = tl.maximum(e, 1)
+    # E4M3 grid step: 2^(max(E, -6) - 3) for s in [2^E, 2^(E+1)); in units of the fp32 significand LSB that is
+    # 2^shift with shift = 20 (normal E4M3, e >= 121) or 141 - e (E4M3 subnormals, step 2^-9). Capped at 30:
+    # mant < 2^24 < 2^29 = half-step, so the result is 0 either way.
+    shift = tl.minimum(tl.where(e >= 121, 20, 141 - e), 30)
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)  # ties to even
+    # normal: ((e - 120) << 3) + (q - 8); a carry q = 16 bumps the exponent naturally. Subnormal: q (q = 8 -> 2^-6).
+    return tl.where(e >= 121, ((e - 120) << 3) + q - 8, q)
+
+
+@triton.jit
+def _e4m3_byte_to_fp32(b):
+    """Exact fp32 value of an E4M3FN byte (sign bit clear, not 0x7F)."""
+    be = b >> 3
+    m = b & 7
+    normal = (((be + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    return tl.where(be == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9 (exact)
+
+
+@triton.jit
+def nvfp4_quantize_kernel(
+    x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
+    partial_ptr,  # *i32 [NUM_PARTIALS]: amax partials (fp32 bits) from _amax_partial_kernel
+    q_ptr,  # *u8 [M, K/2] packed E2M1 codes (element 2i in bits 3:0)         (WRITE_PACKED)
+    s_ptr,  # *u8 [M, K/16] E4M3FN block-scale bytes                          (WRITE_PACKED)
+    deq_ptr,  # *fp16 [M, K] code value * block scale (exact in fp16)          (WRITE_DEQUANT)
+    gdec_ptr,  # *fp32 [1] global decode scale
+    M,
+    K,
+    stride_xm,
+    NUM_PARTIALS: tl.constexpr,  # power of two; unused slots must hold 0
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # multiple of 16
+    WRITE_PACKED: tl.constexpr,
+    WRITE_DEQUANT: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+
+    # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
+    amax_bits = tl.max(tl.load(partial_ptr + tl.arange(0, NUM_PARTIALS)), axis=0)
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
+    genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
+    genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
+    gdec = tl.math.div_rn(tl.full([], 1.0, tl.float32), genc)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(gdec_ptr, gdec)
+
+    # --- the tile ----------------------------------------------------------------------------------------------
+    NB: tl.constexpr = BLOCK_C // 16
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)  # K % 16 == 0: a block is all in or all out
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+    x = _widen_to_fp32(x).reshape(BLOCK_R, NB, 16)
+
+    # block amax (exact, via bits), block scale = (block_amax / 6) * global_encode, clamp 448, E4M3 RNE
+    bamax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    s = tl.math.div_rn(bamax, tl.full([BLOCK_R, NB], 6.0, tl.float32)) * genc
+    s = tl.minimum(s, 448.0)  # s >= 0; the -448 side of the clamp never applies
+    sbyte = _e4m3_rne_byte(s)
+    sval = _e4m3_byte_to_fp32(sbyte)
+
+    # element encode = min(1 / (float(block_scale) * global_decode), fp32 max); element = x * encode
+    enc = tl.minimum(tl.math.div_rn(tl.full([BLOCK_R, NB], 1.0, tl.float32), sval * gdec), 3.4028234663852886e38)
+    y = x * enc[:, :, None]
+
+    # E2M1 RNE of clamp(y, -6, 6) by comparisons (the clamp is implied: |y| > 5 -> 6). Ties: 0.25->0, 0.75->1,
+    # 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0, NaN -> 0.
+    a = tl.abs(y)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
+    code = mag | tl.where(y < 0.0, 8, 0)
+
+    if WRITE_PACKED:
+        code2 = code.reshape(BLOCK_R, BLOCK_C // 2, 2)
+        lo, hi = tl.split(code2)
+        packed = (lo | (hi << 4)).to(tl.uint8)
+        pcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        pmask = (rows[:, None] < M) & (pcols[None, :] < K // 2)
+        tl.store(q_ptr + rows[:, None].to(tl.int64) * (K // 2) + pcols[None, :], packed, mask=pmask)
+        bcols = pid_c * NB + tl.arange(0, NB)
+        bmask = (rows[:, None] < M) & (bcols[None, :] < K // 16)
+        tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
+    if WRITE_DEQUANT:
+        # E2M1 value of the code (exact sums of 0.5, 1, 2), sign, times the block scale: exact in fp32 and fp16
+        v = (0.5 * ((mag >= 1).to(tl.float32) + (mag >= 2).to(tl.float32) + (mag >= 3).to(tl.float32)
+                    + (mag >= 4).to(tl.float32)) + (mag >= 5).to(tl.float32) + (mag >= 6).to(tl.float32)
+             + 2.0 * (mag >= 7).to(tl.float32))
+        v = tl.where(y < 0.0, -v, v) * sval[:, :, None]
+        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+                 v.reshape(BLOCK_R, BLOCK_C).to(tl.float16), mask=mask)
+
+
+# PTX for one 32-bit word of packed weights (8 E2M1 codes, element 8j+i in bits 4i+3:4i) and its block scale
+# (fp16, already times 2^6): 8 fp16 outputs, element order. E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4,
+# done on four bytes at once; cvt.rn.f16x2.e4m3x2 converts two bytes (low byte -> low half); then times the scale.
+# Every step is exact (see the module docstring). The CPU interpreter cannot run PTX: it takes _decode_word_portable,
+# the same arithmetic in Triton ops (the GPU tests check this path bit for bit against fp4ref).
+_DECODE_WORD_PTX = tl.constexpr("""
+{
+.reg .b32 w, lo, hi, t, p0, p1, s2, f0, f1, f2, f3;
+.reg .b16 q0, q1, q2, q3;
+mov.b32 w, $8;
+and.b32 lo, w, 0x07070707;
+shl.b32 lo, lo, 2;
+and.b32 t, w, 0x08080808;
+shl.b32 t, t, 4;
+or.b32 lo, lo, t;
+shr.u32 hi, w, 2;
+and.b32 hi, hi, 0x1C1C1C1C;
+and.b32 t, w, 0x80808080;
+or.b32 hi, hi, t;
+prmt.b32 p0, lo, hi, 0x5140;
+prmt.b32 p1, lo, hi, 0x7362;
+mov.b32 {q0, q1}, p0;
+mov.b32 {q2, q3}, p1;
+cvt.rn.f16x2.e4m3x2 f0, q0;
+cvt.rn.f16x2.e4m3x2 f1, q1;
+cvt.rn.f16x2.e4m3x2 f2, q2;
+cvt.rn.f16x2.e4m3x2 f3, q3;
+mov.b32 s2, {$9, $9};
+mul.rn.f16x2 f0, f0, s2;
+mul.rn.f16x2 f1, f1, s2;
+mul.rn.f16x2 f2, f2, s2;
+mul.rn.f16x2 f3, f3, s2;
+mov.b32 {$0, $1}, f0;
+mov.b32 {$2, $3}, f1;
+mov.b32 {$4, $5}, f2;
+mov.b32 {$6, $7}, f3;
+}
+""")
+
+
+@triton.jit
+def _byte_to_fp16(bits, t: tl.constexpr):
+    """Byte t of each int32 of ``bits`` read as an E4M3FN value, widened to fp16 (exact)."""
+    return ((bits >> (8 * t)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def _decode_word_portable(w, s16):
+    w = w.to(tl.uint32, bitcast=True)
+    lo = ((w & 0x07070707) << 2) | ((w & 0x08080808) << 4)  # E4M3 bytes of the even elements 0, 2, 4, 6
+    hi = ((w >> 2) & 0x1C1C1C1C) | (w & 0x80808080)  # odd elements 1, 3, 5, 7
+    return (_byte_to_fp16(lo, 0) * s16, _byte_to_fp16(hi, 0) * s16, _byte_to_fp16(lo, 1) * s16,
+            _byte_to_fp16(hi, 1) * s16, _byte_to_fp16(lo, 2) * s16, _byte_to_fp16(hi, 2) * s16,
+            _byte_to_fp16(lo, 3) * s16, _byte_to_fp16(hi, 3) * s16)
+
+
+@triton.jit
+def nvfp4_linear_kernel(
+    w_ptr,  # *i32 [N, K/8] packed E2M1 weight codes, 8 per word (element 2i in bits 3:0 of byte i)
+    ws_ptr,  # *u8 [N, K/16] E4M3FN weight block-scale bytes (sign bit ignored: UE4M3)
+    a_ptr,  # *fp16 [M, K] dequantized x (code * block scale, exact)
+    xgdec_ptr,  # *fp32 [1] x global decode scale (written by the quantize kernel)
+    out_ptr,  # *bf16 [M, N] (SPLIT_K == 1) or *fp32 [SPLIT_K, M, N] partial sums
+    w_gdec,  # fp32 weight global decode scale
+    M,
+    N,
+    K,  # multiple of BLOCK_K (the host picks BLOCK_K so)
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    DECODE_PTX: tl.constexpr,  # True on the GPU; False in the CPU interpreter (no inline PTX there)
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+
+    # Rows past N or M are clamped (not masked) on load, so loads stay unmasked and vectorised; stores are masked.
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_n = tl.minimum(offs_n, N - 1)
+    rows_m = tl.minimum(offs_m, M - 1)
+    offs_kw = tl.arange(0, BLOCK_K // 8)  # weight words
+    offs_ks = tl.arange(0, BLOCK_K // 16)  # block-scale bytes
+    offs_k = tl.arange(0, BLOCK_K)
+
+    # this program's K range: whole BLOCK_K steps, split evenly (the last split may be shorter or empty)
+    k_steps = K // BLOCK_K
+    steps_per_split = tl.cdiv(k_steps, SPLIT_K)
+    step_lo = pid_k * steps_per_split
+    step_hi = tl.minimum(step_lo + steps_per_split, k_steps)
+
+    w_rows = w_ptr + rows_n[:, None].to(tl.int64) * (K // 8)
+    s_rows = ws_ptr + rows_n[:, None].to(tl.int64) * (K // 16)
+    a_rows = a_ptr + rows_m[:, None].to(tl.int64) * K
+
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for step in range(step_lo, step_hi):
+        w = tl.load(w_rows + (step * (BLOCK_K // 8) + offs_kw)[None, :])  # [BLOCK_N, BLOCK_K/8] int32
+        sb = tl.load(s_rows + (step * (BLOCK_K // 16) + offs_ks)[None, :])  # [BLOCK_N, BLOCK_K/16] uint8
+        a = tl.load(a_rows + (step * BLOCK_K + offs_k)[None, :])  # [BLOCK_M, BLOCK_K] fp16
+        s16 = (sb & 0x7F).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 64.0  # block scale * 2^6, exact
+        s16 = tl.join(s16, s16).reshape(BLOCK_N, BLOCK_K // 8)  # one scale per word (2 words per block)
+        if DECODE_PTX:
+            v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                _DECODE_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16],
+                dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+        else:
+            v0, v1, v2, v3, v4, v5, v6, v7 = _decode_word_portable(w, s16)
+        # element 8j + 4a + 2b + c at [j, a, b, c]
+        even = tl.join(tl.join(v0, v4), tl.join(v2, v6))
+        odd = tl.join(tl.join(v1, v5), tl.join(v3, v7))
+        wv = tl.join(even, odd).reshape(BLOCK_N, BLOCK_K)  # E2M1 value * block scale, fp16, exact
+        acc = tl.dot(wv, tl.trans(a), acc)  # exact products, fp32 accumulation
+
+    out_mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+    if SPLIT_K == 1:
+        g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
+        y = (acc * g).to(tl.bfloat16)  # fp32 RNE, then one RNE rounding to bf16
+        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], y, mask=out_mask)
+    else:
+        part = out_ptr + pid_k.to(tl.int64) * M * N
+        tl.store(part + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], acc, mask=out_mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    part_ptr,  # *fp32 [SPLIT_K, numel]
+    xgdec_ptr,  # *fp32 [1]
+    out_ptr,  # *bf16 [numel]
+    w_gdec,  # fp32
+    numel,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):  # fixed order: deterministic
+        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
+    g = tl.load(xgdec_ptr) * w_gdec
+    tl.store(out_ptr + offs, (acc * g).to(tl.bfloat16), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host wrappers
+# ---------------------------------------------------------------------------------------------------------------
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_x(x, name: str = "x"):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _X_DTYPES:
+        raise TypeError(f"{name}.dtype={x.dtype}: expected one of torch.float32, torch.bfloat16, torch.float16")
+    if x.dim() < 1:
+        raise ValueError(f"{name}.shape={tuple(x.shape)}: expected [..., K] with at least one dimension")
+    K = x.shape[-1]
+    if K == 0 or K % 16:
+        raise ValueError(f"{name}.shape[-1]=K={K}: expected a positive multiple of 16 (NVFP4 blocks of 16 along K)")
+    if x.numel() == 0:
+        raise ValueError(f"{name}.shape={tuple(x.shape)}: expected at least one row")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {x.stride()}): pass x.contiguous()")
+    return x.reshape(-1, K)
+
+
+def _quantize_launch(x2, write_packed: bool, write_dequant: bool):
+    """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq fp16 | None, gdec)."""
+    M, K = x2.shape
+    dev = x2.device
+    numel = M * K
+    nprog = min(triton.cdiv(numel, _AMAX_BLOCK), _AMAX_MAX_PROGRAMS)
+    num_partials = triton.next_power_of_2(nprog)
+    # unused partial slots must read as 0 (= +0.0 bits); torch.zeros only when there are unused slots
+    partials = (torch.zeros if num_partials > nprog else torch.empty)(num_partials, dtype=torch.int32, device=dev)
+    iters = triton.cdiv(numel, nprog * _AMAX_BLOCK)
+    _amax_partial_kernel[(nprog,)](x2, partials, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
+
+    block_c = min(triton.next_power_of_2(K), 1024)
+    block_r = max(1, min(_QUANT_TILE // block_c, triton.next_power_of_2(M)))
+    packed = torch.empty((M, K // 2), dtype=torch.uint8, device=dev) if write_packed else None
+    scales = torch.empty((M, K // 16), dtype=torch.uint8, device=dev) if write_packed else None
+    deq = torch.empty((M, K), dtype=torch.float16, device=dev) if write_dequant else None
+    gdec = torch.empty((1,), dtype=torch.float32, device=dev)
+    dummy = gdec  # unused pointer arguments
+    grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
+    nvfp4_quantize_kernel[grid](
+        x2, partials,
+        packed if write_packed else dummy, scales if write_packed else dummy, deq if write_dequant else dummy,
+        gdec, M, K, x2.stride(0),
+        NUM_PARTIALS=num_partials, BLOCK_R=block_r, BLOCK_C=block_c,
+        WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
+        num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False,
+    )
+    return packed, scales, deq, gdec
+
+
+def nvfp4_quantize(x: torch.Tensor):
+    """Quantize ``x`` to NVFP4 with the workload's recipe ("sol"), on the GPU, without host synchronisation.
+
+    Args:
+        x: torch float32 / bfloat16 / float16 tensor [..., K], contiguous, K a positive multiple of 16. Rows are
+            the leading dimensions flattened: M = x.numel() // K.
+
+    Returns:
+        (x_fp4, x_scales, global_decode):
+        x_fp4 uint8 [M, K/2]: E2M1 codes, two per byte, element 2i in bits 3:0 (design.md "Packing");
+        x_scales torch.float8_e4m3fn [M, K/16]: block scales, plain row-major;
+        global_decode float32 [] (0-d tensor, on x's device).
+
+    Rule (fp4ref.blockscale recipe "sol", /work/shared/facts/seeds.md §2), all fp32, IEEE division, in this order:
+        amax = max|x|; global_encode = min(2688 / amax, FLT_MAX), 1 if that is 0 (amax = inf);
+        global_decode = 1 / global_encode; block scale = E4M3FN_RNE(min((block_amax / 6) * global_encode, 448));
+        encode = min(1 / (block_scale * global_decode), FLT_MAX); code = E2M1_RNE(clamp(x * encode, -6, 6)),
+        where [-0.25, 0) -> 0x8 and -0.0 -> 0x0. Bit for bit equal to fp4ref's for every non-NaN input
+        (zeros, ties, subnormal block scales and inputs, huge amax, +-inf included).
+
+    Raises:
+        TypeError: x is not a tensor of a supported dtype.
+        ValueError: K not a positive multiple of 16, no rows, or x not contiguous.
+    """
+    x2 = _check_x(x)
+    packed, scales, _, gdec = _quantize_launch(x2, write_packed=True, write_dequant=False)
+    return packed, scales.view(torch.float8_e4m3fn), gdec.reshape(())
+
+
+def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch.Tensor,
+                 weight_global_decode_scale: float, *, config: LinearConfig | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (decode to fp16 in-kernel).
+
+    Args:
+        x: bfloat16 (or float16 / float32) [..., K], contiguous; quantized per call with the "sol" recipe.
+        weight_fp4: torch.float4_e2m1fn_x2 or uint8 [N, K/2], E2M1 codes, element 2i in bits 3:0.
+        weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
+            ignored: UE4M3).
+        weight_global_decode_scale: python float (rounded to fp32 once, RNE).
+        config: a LinearConfig to force (default: pick_linear_config(M)).
+        out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
+
+    Returns:
+        y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
+        exact products and fp32 (tensor-core) accumulation; see NUMERIC_CONTRACT. Any M >= 1; N, K multiples of 16.
+
+    Raises:
+        TypeError: wrong tensor types or dtypes.
+        ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices or not
+            contiguous.
+    """
+    x2 = _check_x(x)
+    M, K = x2.shape
+    for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2 dimensions")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} is not contiguous (strides {t.stride()})")
+        if t.device != x.device:
+            raise ValueError(f"{name}.device={t.device}: expected x's device {x.device}")
+    fp4_x2 = getattr(torch, "float4_e2m1fn_x2", None)
+    if weight_fp4.dtype not in tuple(d for d in (torch.uint8, fp4_x2) if d is not None):
+        raise TypeError(f"weight_fp4.dtype={weight_fp4.dtype}: expected torch.float4_e2m1fn_x2 or torch.uint8")
+    if weight_scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"weight_scales.dtype={weight_scales.dtype}: expected torch.float8_e4m3fn or torch.uint8")
+    N = weight_fp4.shape[0]
+    if N == 0 or N % 16:
+        raise ValueError(f"weight_fp4.shape[0]=N={N}: expected a positive multiple of 16")
+    if tuple(weight_fp4.shape) != (N, K // 2):
+        raise ValueError(f"weight_fp4.shape={tuple(weight_fp4.shape)}: expected (N, K/2)=({N}, {K // 2}) for x K={K}")
+    if tuple(weight_scales.shape) != (N, K // 16):
+        raise ValueError(f"weight_scales.shape={tuple(weight_scales.shape)}: expected (N, K/16)=({N}, {K // 16})")
+    if not isinstance(weight_global_decode_scale, (float, int)) or isinstance(weight_global_decode_scale, bool):
+        raise TypeError(f"weight_global_decode_scale: expected a python float, got "
+                        f"{type(weight_global_decode_scale).__name__}")
+    cfg = pick_linear_config(M) if config is None else config
+
+    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)
+    w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
+    ws = weight_scales.view(torch.uint8)
+    if out is None:
+        out = torch.empty((*x.shape[:-1], N), dtype=torch.bfloat16, device=x.device)
+    elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != (*x.shape[:-1], N)
+          or not out.is_contiguous() or out.device != x.device):
+        raise ValueError(f"out: expected a contiguous bfloat16 tensor of shape {(*x.shape[:-1], N)} on {x.device}, "
+                         f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    w_gdec = float(weight_global_decode_scale)
+    block_k = _block_k_for(K, cfg.BLOCK_K)
+    grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
+    decode_ptx = os.environ.get("TRITON_INTERPRET", "0") != "1"
+    meta = dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                DECODE_PTX=decode_ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.SPLIT_K == 1:
+        nvfp4_linear_kernel[grid](w, ws, deq, xgdec, out, w_gdec, M, N, K, **meta)
+    else:
+        part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
+        nvfp4_linear_kernel[grid](w, ws, deq, xgdec, part, w_gdec, M, N, K, **meta)
+        numel = M * N
+        _splitk_reduce_kernel[(triton.cdiv(numel, 1024),)](part, xgdec, out, w_gdec, numel,
+                                                            SPLIT_K=cfg.SPLIT_K, BLOCK=1024, num_warps=4)
+    return out

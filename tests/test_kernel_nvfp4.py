@@ -1,0 +1,319 @@
+"""fp4ref.kernels.nvfp4_linear: the NVFP4 quantizer and the NVFP4 linear layer, checked by fp4ref.
+
+* Quantizer: bytes (packed E2M1 codes, E4M3FN block-scale bytes) and the global decode scale must EQUAL
+  fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") for every finite input (Hypothesis: ties, all-zero blocks and
+  tensors, -0.0, subnormal block scales and inputs, huge amax; fp32 / bf16 / fp16 inputs).
+* Linear: within fp4ref.bounds' per-element bound around fp4ref.gemm.nvfp4_linear's exact value, under the
+  kernel's declared model (NUMERIC_CONTRACT), NaN-poisoned outputs; faithful output rounding in the CPU
+  interpreter (it truncates bf16 stores), RNE on the GPU.
+* Every config compiles for sm_90 on the CPU (fp4ref.kernels._sm90).
+* GPU only (@pytest.mark.gpu): the workload's sizes (N = K = 8192, M = 1, 16, 64 and the 16 public M values),
+  the public tolerance for the record, bitwise determinism.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from fp4ref import bounds, gemm, testing
+from fp4ref.blockscale import nvfp4_quantize as ref_quantize
+from fp4ref.kernels import nvfp4_linear as nvl
+from fp4ref.strategies import nvfp4_inputs, nvfp4_operands
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+MODEL = nvl.NUMERIC_CONTRACT["accumulation_model_interpreter" if INTERPRETED else "accumulation_model"]
+ROUNDING = nvl.NUMERIC_CONTRACT["output_rounding_interpreter" if INTERPRETED else "output_rounding"]
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _to_torch(x: np.ndarray) -> torch.Tensor:
+    """numpy float32 / ml_dtypes.bfloat16 / float16 -> torch on DEVICE, bit for bit."""
+    if x.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.to(DEVICE)
+
+
+def _bf16_to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def _assert_quantize_equal(x: np.ndarray):
+    """Kernel bytes == fp4ref 'sol' bytes for x (numpy, any supported dtype)."""
+    __tracebackhide__ = True
+    want = ref_quantize(x, recipe="sol")
+    k = x.shape[-1]
+    q, s, g = nvl.nvfp4_quantize(_to_torch(x))
+    q = q.cpu().numpy()
+    s = s.view(torch.uint8).cpu().numpy()
+    g = np.float32(g.item())
+    wc = want.codes.reshape(-1, k // 2)
+    ws = want.scales.reshape(-1, k // 16)
+    assert g.view(np.uint32) == np.float32(want.global_decode_scale).view(np.uint32), (
+        f"global decode scale: kernel {g!r}, fp4ref {want.global_decode_scale!r}")
+    bad = np.argwhere(s != ws)
+    assert bad.size == 0, (f"{len(bad)} scale byte(s) differ; first at block {tuple(bad[0])}: kernel "
+                           f"{s[tuple(bad[0])]:#04x}, fp4ref {ws[tuple(bad[0])]:#04x}")
+    bad = np.argwhere(q != wc)
+    assert bad.size == 0, (f"{len(bad)} code byte(s) differ; first at {tuple(bad[0])}: kernel "
+                           f"{q[tuple(bad[0])]:#04x}, fp4ref {wc[tuple(bad[0])]:#04x}")
+
+
+# ------------------------------------------------------------------------------------------------- quantizer
+
+
+@st.composite
+def quantizer_inputs(draw, max_rows=4, max_k=128):
+    """x [rows, K] (K % 16 == 0) in float32 / bfloat16 / float16 with the quantizer's hard cases."""
+    rows = draw(st.integers(1, max_rows))
+    k = 16 * draw(st.integers(1, max_k // 16))
+    dtype = draw(st.sampled_from(["bfloat16", "float32", "float16"]))
+    kind = draw(st.sampled_from(["stress", "wide", "zeros", "tiny", "huge"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if kind == "stress":  # fp4ref's quantizer stress blocks: ties, zero blocks, subnormal scales, -0.0, amax 2688
+        x = draw(nvfp4_inputs(rows, k)).astype(np.float32)
+    elif kind == "wide":  # per-block exponents spread wide: many subnormal / saturated block scales
+        x = rng.standard_normal((rows, k // 16, 16)) * np.exp2(rng.integers(-30, 30, size=(rows, k // 16, 1)))
+        x = x.reshape(rows, k).astype(np.float32)
+    elif kind == "zeros":  # all-zero tensor, with and without -0.0
+        x = np.where(rng.random((rows, k)) < 0.5, -0.0, 0.0).astype(np.float32)
+    elif kind == "tiny":  # subnormal and near-subnormal fp32 inputs (2688 / amax overflows: S_enc = FLT_MAX)
+        x = (rng.standard_normal((rows, k)) * 2.0**-130).astype(np.float32)
+    else:  # huge amax (near the fp32 max): S_enc tiny
+        x = (rng.standard_normal((rows, k)) * 2.0**125).astype(np.float32)
+    if dtype == "bfloat16":
+        return x.astype(ml_dtypes.bfloat16)
+    if dtype == "float16":
+        x = x.astype(np.float16)
+        return np.where(np.isfinite(x), x, np.float16(0.0)).astype(np.float16)  # keep it finite
+    return x
+
+
+@settings(max_examples=40)
+@given(quantizer_inputs())
+@example(np.zeros((1, 16), np.float32))
+@example(np.full((2, 32), -0.0, np.float32))
+@example(np.array([[2688.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5.0, 6.0, 0, -0.0, 1e-3, -0.1]],
+                  np.float32))
+@example(np.array([[3.4028234663852886e38] + [1.0] * 15], np.float32))
+@example(np.array([[1.4e-45] + [0.0] * 15], np.float32))
+def test_quantize_equals_fp4ref(x):
+    _assert_quantize_equal(x)
+
+
+def test_quantize_zero_block_scale_is_not_nan():
+    """Public bug vector: an all-zero block beside a positive global amax gets scale byte 0x00, never 0x7F."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, 16:] = np.linspace(-3, 3, 16)
+    q, s, _ = nvl.nvfp4_quantize(_to_torch(x))
+    assert s.view(torch.uint8)[0, 0].item() == 0x00
+    assert q[0, :8].cpu().numpy().tolist() == [0] * 8
+    _assert_quantize_equal(x)
+
+
+def test_quantize_leaves_input_and_shapes():
+    x = np.random.default_rng(1).standard_normal((2, 3, 64)).astype(np.float32)
+    xt = _to_torch(x)
+    before = xt.clone()
+    q, s, g = nvl.nvfp4_quantize(xt)
+    assert torch.equal(xt, before)
+    assert q.shape == (6, 32) and q.dtype == torch.uint8
+    assert s.shape == (6, 4) and s.dtype == torch.float8_e4m3fn
+    assert g.shape == () and g.dtype == torch.float32
+
+
+@pytest.mark.parametrize("bad, exc, word", [
+    (torch.zeros(2, 24), ValueError, "K=24"),
+    (torch.zeros(2, 32, dtype=torch.float64), TypeError, "dtype"),
+    (torch.zeros(32, 4).t(), ValueError, "contiguous"),
+    (torch.zeros(0, 16), ValueError, "row"),
+    (np.zeros((2, 16), np.float32), TypeError, "torch.Tensor"),
+])
+def test_quantize_rejects(bad, exc, word):
+    with pytest.raises(exc, match=word):
+        nvl.nvfp4_quantize(bad)
+
+
+# ---------------------------------------------------------------------------------------------------- linear
+
+
+def _check_linear(x_np: np.ndarray, codes: np.ndarray, scales: np.ndarray, gw: np.float32, config=None):
+    """Run the kernel into a NaN-filled output and check it against fp4ref's exact reference and bound."""
+    __tracebackhide__ = True
+    n = codes.shape[0]
+    xt = _to_torch(x_np)
+    out = torch.full((*x_np.shape[:-1], n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    y = nvl.nvfp4_linear(xt, torch.from_numpy(codes).to(DEVICE),
+                         torch.from_numpy(scales).view(torch.float8_e4m3fn).to(DEVICE), float(gw),
+                         config=config, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    ref = gemm.nvfp4_linear(x_np, codes, scales, float(gw), recipe="sol")
+    report = bounds.check(_bf16_to_numpy(y), ref, MODEL, output_rounding=ROUNDING, poison=float("nan"))
+    assert report.ok, report.message()
+    return report
+
+
+_SMALL_CONFIGS = [
+    None,  # pick_linear_config(M)
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2),
+]
+
+
+@settings(max_examples=12)
+@given(data=st.data())
+def test_linear_within_bound(data):
+    m = data.draw(st.integers(1, 40), label="M")
+    n = 16 * data.draw(st.integers(1, 6), label="N/16")
+    k = 16 * data.draw(st.sampled_from([1, 3, 4, 8, 12]), label="K/16")  # K = 48, 192: BLOCK_K falls to 16 / 64
+    config = data.draw(st.sampled_from(_SMALL_CONFIGS), label="config")
+    x = data.draw(nvfp4_inputs(m, k), label="x")
+    w = data.draw(nvfp4_operands(n, k), label="w")
+    _check_linear(x.reshape(1, m, k), w["codes"], w["scales"], w["global_decode_scale"], config)
+
+
+def test_linear_quantized_weights_and_leading_dims():
+    """Weights from fp4ref's own 'sol' quantizer (the workload's), x [2, 3, K]: shape [2, 3, N]."""
+    rng = np.random.default_rng(7)
+    wq = ref_quantize(rng.standard_normal((96, 256), dtype=np.float32), recipe="sol")
+    x = rng.standard_normal((2, 3, 256)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    _check_linear(x, wq.codes, wq.scales, wq.global_decode_scale)
+
+
+def test_linear_weight_dtype_float4_x2_and_sign_ignored_scales():
+    """torch.float4_e2m1fn_x2 weights give the same bytes as uint8; scale sign bits are ignored (UE4M3)."""
+    rng = np.random.default_rng(3)
+    wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 5, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    codes = torch.from_numpy(wq.codes).to(DEVICE)
+    scales = torch.from_numpy(wq.scales).to(DEVICE)
+    y0 = nvl.nvfp4_linear(x, codes, scales.view(torch.float8_e4m3fn), float(wq.global_decode_scale))
+    y1 = nvl.nvfp4_linear(x, codes.view(torch.float4_e2m1fn_x2), (scales | 0x80).view(torch.float8_e4m3fn),
+                          float(wq.global_decode_scale))
+    assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+
+
+def test_linear_rejects():
+    x = torch.zeros(1, 4, 64, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.zeros(32, 32, dtype=torch.uint8, device=DEVICE)
+    s = torch.zeros(32, 4, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="weight_fp4.shape"):
+        nvl.nvfp4_linear(x, torch.zeros(32, 16, dtype=torch.uint8, device=DEVICE), s, 1.0)
+    with pytest.raises(ValueError, match="weight_scales.shape"):
+        nvl.nvfp4_linear(x, w, torch.zeros(32, 2, dtype=torch.uint8, device=DEVICE), 1.0)
+    with pytest.raises(ValueError, match="N=24"):
+        nvl.nvfp4_linear(x, torch.zeros(24, 32, dtype=torch.uint8, device=DEVICE),
+                         torch.zeros(24, 4, dtype=torch.uint8, device=DEVICE), 1.0)
+    with pytest.raises(TypeError, match="weight_fp4.dtype"):
+        nvl.nvfp4_linear(x, w.to(torch.int16), s, 1.0)
+    with pytest.raises(TypeError, match="weight_global_decode_scale"):
+        nvl.nvfp4_linear(x, w, s, torch.tensor(1.0))
+    with pytest.raises(ValueError, match="out"):
+        nvl.nvfp4_linear(x, w, s, 1.0, out=torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
+
+
+def test_contract_names_fp4ref_models():
+    for key in ("accumulation_model", "accumulation_model_interpreter"):
+        bounds.get_model(nvl.NUMERIC_CONTRACT[key])  # raises on an unknown name
+    assert nvl.NUMERIC_CONTRACT["quantize_recipe"] == "sol"
+    assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
+
+
+# ----------------------------------------------------------------------------------------- sm_90 compilation
+
+
+def _compile_all():
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    built = []
+    lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "w_gdec": "fp32",
+               "M": "i32", "N": "i32", "K": "i32"}
+    cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
+    for cfg in cfgs:
+        for block_k in sorted({cfg.BLOCK_K, 16}):
+            sig = dict(lin_sig, out_ptr="*bf16" if cfg.SPLIT_K == 1 else "*fp32")
+            built.append(compile_for_sm90(
+                nvl.nvfp4_linear_kernel, sig,
+                dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    built.append(compile_for_sm90(
+        nvl._splitk_reduce_kernel, {"part_ptr": "*fp32", "xgdec_ptr": "*fp32", "out_ptr": "*bf16", "w_gdec": "fp32",
+                                    "numel": "i32"}, dict(SPLIT_K=2, BLOCK=1024), num_warps=4))
+    built.append(compile_for_sm90(nvl._amax_partial_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32",
+                                                             "numel": "i32", "ITERS": "i32"},
+                                  dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
+    for write_packed, write_dequant in ((True, False), (False, True)):
+        built.append(compile_for_sm90(
+            nvl.nvfp4_quantize_kernel,
+            {"x_ptr": "*bf16", "partial_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": "*fp16",
+             "gdec_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32"},
+            dict(NUM_PARTIALS=512, BLOCK_R=4, BLOCK_C=1024, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant),
+            num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False))
+    return built
+
+
+def test_every_config_compiles_for_sm90():
+    built = _compile_all()
+    for ck in built:
+        assert ck.asm["cubin"]
+    ptx = built[0].asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in ptx  # the PTX decode path is the one compiled
+    # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
+    qptx = built[-1].asm["ptx"]
+    assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx and "div.approx" not in qptx
+
+
+# --------------------------------------------------------------------------------------------- GPU: workload
+
+WORKLOAD_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@pytest.fixture(scope="module")
+def workload_weight():
+    """The workload's weights: randn fp32 [8192, 8192] quantized with the 'sol' recipe (fp4ref, numpy)."""
+    wq = ref_quantize(np.random.default_rng(1234).standard_normal((8192, 8192), dtype=np.float32), recipe="sol")
+    return wq, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", WORKLOAD_M)
+def test_workload_sizes_on_gpu(m, workload_weight, record_property):
+    wq, wc, ws = workload_weight
+    rng = np.random.default_rng(m)
+    x_np = rng.standard_normal((1, m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    x = _to_torch(x_np)
+    # the quantizer, whole tensor, against fp4ref
+    _assert_quantize_equal(x_np.reshape(m, 8192))
+    # the linear layer, NaN-poisoned output, checked on a row subset against the exact NVFP4 product
+    out = torch.full((1, m, 8192), float("nan"), dtype=torch.bfloat16, device="cuda")
+    y = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), out=out)
+    y2 = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale))
+    torch.cuda.synchronize()
+    assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), "not bitwise deterministic"
+    xq = ref_quantize(x_np.reshape(m, 8192), recipe="sol")
+    rows = np.unique(np.concatenate([np.arange(min(m, 48)), np.arange(max(0, m - 16), m),
+                                     rng.choice(m, size=min(m, 64), replace=False)]))
+    xs = dataclasses.replace(xq, codes=xq.codes[rows], scales=xq.scales[rows], shape=(len(rows), 8192))
+    ref = gemm.nvfp4_gemm(xs, wq)
+    got = _bf16_to_numpy(y.reshape(m, 8192)[torch.from_numpy(rows).cuda()])
+    report = bounds.check(got, ref, MODEL, output_rounding=ROUNDING, poison=float("nan"))
+    unwritten = int(torch.isnan(y).sum().item())
+    sol = testing.sol_allclose(got, ref.out)
+    record_property("report", report.summary())
+    print(f"M={m}: max err/bound {report.max_err_over_bound:.3g}, bitwise-equal "
+          f"{100 * report.bitwise_equal_fraction:.2f}%, NaN anywhere {unwritten}, SOL tolerance matched "
+          f"{100 * sol.matched_fraction:.3f}% ({'pass' if sol.ok else 'FAIL'})")
+    assert unwritten == 0
+    assert report.ok, report.message()
