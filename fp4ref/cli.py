@@ -1,6 +1,7 @@
 """The ``fp4ref`` command.
 
 Subcommands:
+    verify                            check kernels against the exact references on the three workloads
     formats [NAME ...] [--markdown]   code tables and encode policies of the element formats
 """
 from __future__ import annotations
@@ -40,6 +41,69 @@ def _cmd_formats(args) -> int:
     return 0
 
 
+def _cmd_verify(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from . import verify as V
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped or logged: keep the table's columns readable
+    workloads = args.workload
+    if args.definition:
+        name, _axes = V.workload_from_definition(args.definition)
+        if workloads and workloads != [name]:
+            raise SystemExit(f"fp4ref verify: --definition matches {name}, but --workload says {workloads}")
+        workloads = [name]
+    if args.kernel and not workloads:
+        raise SystemExit("fp4ref verify: --kernel needs --workload NAME (or --definition FILE.json)")
+    if args.kernel:
+        import os
+
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("verify", total=total)
+        result = V.verify(
+            workloads, kernel=args.kernel, device=device, sizes=args.sizes, families=args.families,
+            examples=args.examples, seed=args.seed, model=args.model, output_rounding=args.output_rounding,
+            max_check_rows=args.max_check_rows or None,
+            progress=lambda n, d: bar.update(task, advance=n, description=d),
+        )
+    s = result.settings
+    title = f"fp4ref verify on {s['gpu'] or s['device']} (examples={s['examples']}, seed={s['seed']})"
+    table = Table(title=title)
+    for col in ("workload", "M", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =", "SQNR dB",
+                "FIB", "SOL", "fp4ref"):
+        table.add_column(col, justify="right" if col not in ("workload", "family") else "left")
+    verdict = lambda ok: "[green]pass[/]" if ok else "[red]FAIL[/]"
+    for r in result.rows:
+        table.add_row(r.workload, str(r.m), r.family, str(r.examples), str(r.checked_rows),
+                      f"{r.max_err_over_bound:.3g}", f"{r.max_ulps:.3g}", f"{r.bitwise_equal_pct:.2f}%",
+                      f"{r.sqnr_db:.1f}", verdict(r.fib_ok), verdict(r.sol_ok), verdict(r.fp4ref_ok))
+    console.print(table)
+    for r in result.rows:
+        if r.note:
+            console.print(f"[yellow]{r.workload} M={r.m} {r.family}:[/] {r.note}")
+    for name, why in result.missing:
+        console.print(f"[red]{name}: no kernel to verify[/] ({why})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result.to_json(), fh, indent=2, default=float)
+    console.print("[green]all verdicts pass[/]" if result.ok else "[red]verification FAILED[/]")
+    return 0 if result.ok else 1
+
+
 def _format_name(text: str) -> str:
     name = text.lower()
     if name not in FORMATS:
@@ -53,6 +117,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reference codecs, exact GEMMs and error bounds for FP4/FP8 numerics.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "verify",
+        help="verify kernels against fp4ref's exact references (GPU if present, else the Triton interpreter)",
+        description="Verify the project's kernels (or --kernel) on the workloads: exact reference, K-aware bound, "
+        "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes.",
+    )
+    from .workloads import WORKLOADS
+
+    p.add_argument("--workload", action="append", choices=list(WORKLOADS),
+                   help="workload to verify (repeatable; default all)")
+    p.add_argument("--kernel", metavar="MODULE:FUNCTION",
+                   help="your kernel, taking the workload's signature (needs --workload or --definition)")
+    p.add_argument("--definition", metavar="FILE.json", help="FlashInfer-Bench definition file naming the workload")
+    p.add_argument("--examples", type=int, default=1, help="seeds per workload, size and input family (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu (interpreter)")
+    p.add_argument("--sizes", type=int, nargs="+", metavar="M", help="M values (default: per device)")
+    p.add_argument("--families", nargs="+", metavar="FAMILY", help="input families (default: all)")
+    p.add_argument("--model", help="accumulation model (default: the kernel's declared model, else "
+                                   "the universal fp32-accumulating tensor-core model)")
+    p.add_argument("--output-rounding", choices=("rne", "faithful"),
+                   help="default: the kernel's declared rounding (rne on GPU)")
+    p.add_argument("--max-check-rows", type=int, default=256,
+                   help="check at most this many rows of a large-M output (default 256; 0 = all)")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("formats", help="print element formats' code tables and encode policies")
     p.add_argument("names", nargs="*", type=_format_name, metavar="NAME",

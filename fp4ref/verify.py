@@ -1,0 +1,306 @@
+"""``fp4ref verify``: run kernels on the workloads' inputs and check them against the exact references.
+
+For each workload (:mod:`fp4ref.workloads`), size M and input family, the operands are generated in numpy from a
+seed, moved to torch, given to the kernel, and the output is checked with :func:`fp4ref.bounds.check` against the
+exact reference under the kernel's declared accumulation model; the public benchmarks' own checkers
+(FlashInfer-Bench ``atol = rtol = 1e-2``; SOL-ExecBench ``|o - r| <= 0.005 + 0.02 |r|`` for 99%) are applied to the
+same outputs, for the record.
+
+On a CUDA GPU the workloads run at the public benchmarks' sizes; without one, in the Triton CPU interpreter at
+small M with the full N and K. Unwritten outputs: before each call a NaN-filled tensor of the output's size is
+allocated and released, so the allocator hands the same (poisoned) block to the kernel's ``torch.empty``; an
+element the kernel never writes then stays NaN and shows as a NaN mismatch (best effort: a kernel that allocates
+differently escapes this, so the project's own tests also pass NaN-filled output buffers directly).
+
+This module is the one place in fp4ref that imports torch (lazily, inside functions; importing it does not).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .workloads import WORKLOADS, Workload, get_workload
+
+__all__ = ["Row", "VerifyResult", "load_kernel", "kernel_contract", "verify", "workload_from_definition"]
+
+
+@dataclass
+class Row:
+    """One line of the verification table: a (workload, M, family) cell over ``examples`` seeds."""
+
+    workload: str
+    m: int
+    family: str
+    examples: int = 0
+    checked_rows: int = 0
+    max_err_over_bound: float = 0.0
+    max_ulps: float = 0.0
+    bitwise_equal_pct: float = 100.0
+    sqnr_db: float = math.inf
+    fib_ok: bool = True
+    sol_ok: bool = True
+    fp4ref_ok: bool = True
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class VerifyResult:
+    """All rows plus the settings they were produced with. ``ok`` is True iff every fp4ref verdict passed."""
+
+    rows: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+    missing: list = field(default_factory=list)  # (workload, reason) for kernels that could not be loaded
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and bool(self.rows) and all(r.fp4ref_ok for r in self.rows)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "settings": self.settings, "missing": self.missing,
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def load_kernel(spec: str):
+    """Import ``"package.module:function"`` and return (function, module).
+
+    Raises:
+        ValueError: ``spec`` is not of the form module:function. ImportError / AttributeError from the import.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"kernel={spec!r} must look like 'package.module:function'")
+    mod_name, fn_name = spec.split(":")
+    module = importlib.import_module(mod_name)
+    fn = getattr(module, fn_name)
+    if not callable(fn):
+        raise TypeError(f"kernel={spec!r} is not callable")
+    return fn, module
+
+
+def kernel_contract(module) -> dict:
+    """The kernel module's declared numeric contract (``NUMERIC_CONTRACT`` dict), or {} if it declares none."""
+    contract = getattr(module, "NUMERIC_CONTRACT", None)
+    return dict(contract) if isinstance(contract, dict) else {}
+
+
+# ----------------------------------------------------------------------------------------------- torch bridge
+
+
+def _to_torch(value, device):
+    import ml_dtypes
+    import torch
+
+    if isinstance(value, (float, int)):
+        return value
+    a = np.ascontiguousarray(value)
+    if a.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    elif a.dtype == ml_dtypes.float8_e4m3fn:
+        t = torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+    else:
+        t = torch.from_numpy(a)
+    return t.to(device)
+
+
+def _poison_allocator(shape, dtype_name: str, device) -> None:
+    """Leave a NaN-filled block of the output's size in the caching allocator (see the module docstring)."""
+    import torch
+
+    dt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
+    buf = torch.full(shape, float("nan"), dtype=dt, device=device)
+    del buf
+
+
+# --------------------------------------------------------------------------------------------------- checking
+
+
+def _row_subset(m: int, limit: int | None, rng) -> np.ndarray | None:
+    """Rows to check when M is large (the reference is exact and costs CPU time): first/last 64, 128 random."""
+    if limit is None or m <= limit:
+        return None
+    head = np.arange(min(64, m))
+    tail = np.arange(max(0, m - 64), m)
+    mid = rng.choice(np.arange(64, max(65, m - 64)), size=max(0, limit - 128), replace=False)
+    return np.unique(np.concatenate([head, mid, tail]))
+
+
+def _check_one(out, ops, workload: Workload, rows, model, output_rounding, exact_accumulation):
+    from . import bounds, testing
+
+    if rows is not None and workload.slice_rows is not None:
+        ops = workload.slice_rows(ops, rows)
+        out = out.reshape(-1, out.shape[-1])[rows]
+    ref = workload.reference(**ops)
+    out2 = np.asarray(out).reshape(ref.out.shape)
+    report = bounds.check(out2, ref, model, output_rounding=output_rounding, poison=float("nan"),
+                          exact_accumulation=exact_accumulation)
+    fib = testing.fib_allclose(out2, ref.out)
+    sol = testing.sol_allclose(out2, ref.out)
+    return report, bool(fib), bool(sol), ref.out.shape[0]
+
+
+def verify(
+    workloads=None,
+    *,
+    kernel: str | None = None,
+    device: str | None = None,
+    sizes=None,
+    families=None,
+    examples: int = 1,
+    seed: int = 0,
+    model=None,
+    output_rounding: str | None = None,
+    max_check_rows: int | None = 256,
+    progress=None,
+) -> VerifyResult:
+    """Verify kernels on workloads. See the module docstring; ``fp4ref verify --help`` for the options.
+
+    Args:
+        workloads: workload names (default: all three).
+        kernel: "module:function" of a user kernel (then exactly one workload); default: the project's kernel.
+        device: "cuda" or "cpu" (Triton interpreter); default cuda if available.
+        sizes: M values (default: the public sizes on cuda, small ones on cpu).
+        families: input family names (default: all of the workload's).
+        examples: seeds per (workload, M, family).
+        model: accumulation model name for fp4ref.bounds (default: the kernel's declared one, else the universal
+            fp32-accumulating tensor-core model).
+        output_rounding: "rne" or "faithful" (default: the kernel's declared one for the device; rne otherwise).
+        max_check_rows: check at most this many rows of a large-M output (None: all).
+        progress: a callable(advance: int, description: str) or None.
+
+    Returns:
+        :class:`VerifyResult`.
+    """
+    names = list(workloads or WORKLOADS)
+    if kernel is not None and len(names) != 1:
+        raise ValueError(f"kernel={kernel!r} needs exactly one workload, got {names}")
+    if device not in (None, "cuda", "cpu"):
+        raise ValueError(f"device={device!r} must be 'cuda' or 'cpu'")
+    if output_rounding not in (None, "rne", "faithful"):
+        raise ValueError(f"output_rounding={output_rounding!r} must be 'rne' or 'faithful'")
+    if not isinstance(examples, int) or examples < 1:
+        raise ValueError(f"examples={examples!r} must be a positive int")
+
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU")
+    interpreted = device == "cpu"
+    if interpreted and os.environ.get("TRITON_INTERPRET") != "1":
+        # Must be set before any @triton.jit module is imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+
+    from . import bounds
+
+    result = VerifyResult(settings={
+        "device": device if not interpreted else "cpu (Triton interpreter)",
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "examples": examples, "seed": seed, "kernel": kernel, "max_check_rows": max_check_rows,
+    })
+    plan = []
+    for name in names:
+        w = get_workload(name)
+        spec = kernel or w.kernel
+        try:
+            fn, module = load_kernel(spec)
+        except Exception as exc:  # the project's kernel may not exist yet: say so, never skip silently
+            result.missing.append([name, f"{spec}: {type(exc).__name__}: {exc}"])
+            continue
+        contract = kernel_contract(module)
+        model_name = model or contract.get("accumulation_model") or bounds.DEFAULT_MODEL
+        rounding = output_rounding or (
+            contract.get("output_rounding_interpreter", "faithful") if interpreted else contract.get("output_rounding", "rne")
+        )
+        fams = list(families or w.families)
+        for f in fams:
+            if f not in w.families:
+                raise ValueError(f"family={f!r} is not one of {name}'s families {sorted(w.families)}")
+        ms = list(sizes or (w.cpu_m if interpreted else w.gpu_m))
+        for m in ms:
+            for f in fams:
+                plan.append((w, fn, model_name, rounding, int(m), f))
+
+    for w, fn, model_name, rounding, m, fam in plan:
+        row = Row(workload=w.name, m=m, family=fam)
+        t0 = time.perf_counter()
+        for ex in range(examples):
+            rng = np.random.default_rng([seed, ex, m, sum(map(ord, w.name + fam))])
+            ops = w.families[fam](rng, m, w.n, w.k)
+            args = [_to_torch(ops[a], device) for a in w.args]
+            out_shape = (m, w.n) if w.name != "nvfp4_linear_n8192_k8192" else (1, m, w.n)
+            _poison_allocator(out_shape, w.output_dtype, device)
+            try:
+                out_t = fn(*args)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as exc:
+                row.fp4ref_ok = row.fib_ok = row.sol_ok = False
+                row.note = f"kernel raised {type(exc).__name__}: {exc}"[:200]
+                break
+            from ._interop import to_numpy
+
+            out = to_numpy(out_t, "output")
+            rows = _row_subset(m, max_check_rows, rng)
+            report, fib, sol, nrows = _check_one(out, ops, w, rows, model_name, rounding,
+                                                exact_accumulation=fam in w.exact_families)
+            row.examples += 1
+            row.checked_rows = nrows
+            row.max_err_over_bound = max(row.max_err_over_bound, float(report.max_err_over_bound))
+            row.max_ulps = max(row.max_ulps, float(report.max_ulps))
+            row.bitwise_equal_pct = min(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction))
+            row.sqnr_db = min(row.sqnr_db, float(report.sqnr_db))
+            row.fib_ok &= fib
+            row.sol_ok &= sol
+            row.fp4ref_ok &= bool(report.ok)
+            if not report.ok and not row.note:
+                row.note = report.summary()[:200] if hasattr(report, "summary") else "bound violated"
+        row.seconds = time.perf_counter() - t0
+        result.rows.append(row)
+        if progress is not None:
+            progress(1, f"{w.name} M={m} {fam}")
+    return result
+
+
+def plan_size(workloads=None, *, device="cpu", sizes=None, families=None) -> int:
+    """Number of table rows ``verify`` will produce (for a progress bar)."""
+    n = 0
+    for name in workloads or WORKLOADS:
+        w = get_workload(name)
+        ms = sizes or (w.cpu_m if device == "cpu" else w.gpu_m)
+        n += len(ms) * len(families or w.families)
+    return n
+
+
+def workload_from_definition(path: str) -> tuple:
+    """Read a FlashInfer-Bench definition JSON and return (workload name, {axis: value}) it matches.
+
+    The definition's ``inputs`` (names, dtypes) and constant axes must match one of fp4ref's workloads; the var
+    axis (M) values are not in a definition (they are in workloads), so sizes still come from ``--sizes``.
+
+    Raises:
+        ValueError: unreadable JSON, or no fp4ref workload with that signature and constants.
+    """
+    try:
+        with open(path) as fh:
+            d = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--definition {path!r}: cannot read a JSON definition ({exc})") from None
+    inputs = d.get("inputs") or {}
+    axes = {k: v.get("value") for k, v in (d.get("axes") or {}).items() if v.get("type") == "const"}
+    for w in WORKLOADS.values():
+        if tuple(inputs) == tuple(a for a in w.args if a in inputs) and set(inputs) <= set(w.args) and inputs:
+            consts = {"N": w.n, "K": w.k}
+            if all(axes.get(k) in (None, v) for k, v in consts.items()):
+                return w.name, axes
+    raise ValueError(
+        f"--definition {path!r} (name {d.get('name')!r}, inputs {list(inputs)}, constant axes {axes}) matches "
+        f"none of fp4ref's workloads {sorted(WORKLOADS)}"
+    )

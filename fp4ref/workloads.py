@@ -1,0 +1,320 @@
+"""The three workloads fp4ref verifies (facts/seeds.md): shapes, input families and exact references.
+
+Pure numpy: a workload describes its operands as numpy arrays and computes its :class:`fp4ref.gemm.Reference`;
+:mod:`fp4ref.verify` moves the operands to torch and runs a kernel on them.
+
+Input families. ``public`` reproduces the public benchmark's input distribution; the others are adversarial and
+exist to catch bugs a loose tolerance cannot see:
+
+=====================  ===============================================================================================
+workload               families
+=====================  ===============================================================================================
+gemm_n3072_k2048       ``public`` (randn fp16); ``exact_acc`` (small integers: every fp32 partial sum is exact in any
+                       order, yet the fp16 output needs rounding, with many exact ties: catches truncating stores,
+                       fp16 accumulation, wrong tie rule); ``extreme`` (rows near fp16 overflow, subnormal rows,
+                       heavy cancellation).
+sparse_gemm_fp4_fp8    ``public`` (random int8 vals/meta bytes, as the benchmark feeds them: every byte is defined);
+_n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (B on a coarse grid, sums exact in fp32,
+                       bf16 output rounding exercised); ``nan_b`` (E4M3FN NaN bytes in B must propagate).
+nvfp4_linear           ``public`` (randn bf16 activations, randn fp32 weights quantized with the "sol" recipe);
+_n8192_k8192           ``adversarial`` (activation blocks of zeros, E2M1 ties, huge and tiny blocks: subnormal
+                       block scales).
+=====================  ===============================================================================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["Workload", "WORKLOADS", "get_workload"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: the kernel signature it fixes, its sizes, its input families and its reference.
+
+    Attributes:
+        name: the public benchmark's name.
+        kernel: "module:function" of the project's kernel for it (imported only by fp4ref.verify).
+        args: names of the kernel's positional arguments, in order (the workload's signature).
+        output_dtype: "float16" or "bfloat16".
+        n, k: the fixed dimensions.
+        gpu_m: the M values of the public benchmark (run on a CUDA GPU).
+        cpu_m: small M values for the Triton CPU interpreter (full N and K).
+        families: family name -> callable(rng, m, n, k) -> dict of numpy operands (keys = ``args``).
+        reference: callable(**operands) -> fp4ref.gemm.Reference.
+        description: one line.
+        exact_families: families whose inputs make every fp32 partial sum exact in any order: there the output must
+            equal the correctly rounded one (faithful: one of its two neighbours), whatever the model.
+        slice_rows: callable(operands, rows) -> operands restricted to those output rows, with the same reference
+            values there (None: the reference must see the whole input, e.g. a per-tensor amax).
+    """
+
+    name: str
+    kernel: str
+    args: tuple
+    output_dtype: str
+    n: int
+    k: int
+    gpu_m: tuple
+    cpu_m: tuple
+    families: dict
+    reference: Callable
+    description: str
+    slice_rows: Callable | None = None
+    exact_families: tuple = ()
+
+
+# ------------------------------------------------------------------------------------------- gemm_n3072_k2048
+
+
+def _f16(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+
+def _gemm_public(rng, m, n, k):
+    return {"A": _f16(rng.standard_normal((m, k))), "B": _f16(rng.standard_normal((n, k)))}
+
+
+def _gemm_exact_acc(rng, m, n, k):
+    # Integers |a| <= 4, |b| <= 64: |partial sums| <= 256 * k <= 2^24 for k <= 2^16, so every fp32 partial sum is
+    # exact in any order and any tensor-core alignment; the exact results reach ~2^13, beyond fp16's 11 bits, so
+    # the output rounding (RNE, with exact ties) is what is tested.
+    if 256 * k > 2**24:
+        raise ValueError(f"exact_acc family needs k <= 65536, got k={k}")
+    a = rng.integers(-4, 5, size=(m, k))
+    b = rng.integers(-64, 65, size=(n, k))
+    return {"A": _f16(a), "B": _f16(b)}
+
+
+def _gemm_extreme(rng, m, n, k):
+    a = rng.standard_normal((m, k))
+    b = rng.standard_normal((n, k))
+    rows = np.arange(m)
+    a[rows % 3 == 0] = 60.0 * np.abs(a[rows % 3 == 0])  # with the all-positive B rows below: sums ~ 8e4 * k / 2048,
+    b[0::7] = np.abs(b[0::7])  # beyond fp16's max 65504, so the correctly rounded output is inf
+    a[rows % 3 == 1] *= 2.0**-14  # subnormal-range inputs and outputs
+    if n > 1:
+        b[1::2] = -b[0::2][: b[1::2].shape[0]] * (1 + 2.0**-10)  # near-cancelling column pairs
+    return {"A": _f16(a), "B": _f16(b)}
+
+
+def _slice_first(*names):
+    def slice_rows(ops, rows):
+        return {k: (v[rows] if k in names else v) for k, v in ops.items()}
+
+    return slice_rows
+
+
+def _gemm_reference(A, B):
+    from .gemm import gemm_fp16
+
+    return gemm_fp16(A, B)
+
+
+# ------------------------------------------------------------------------------- sparse_gemm_fp4_fp8_n2048_k2048
+
+
+def _e4m3_bytes(x) -> np.ndarray:
+    from .formats import E4M3FN, encode
+
+    return encode(np.asarray(x, dtype=np.float32), E4M3FN)
+
+
+def _sparse_public(rng, m, n, k):
+    return {
+        "a_vals": rng.integers(-128, 128, size=(m, k // 4), dtype=np.int8),
+        "a_meta": rng.integers(-128, 128, size=(m, k // 4), dtype=np.int8),
+        "b_fp8": _e4m3_bytes(rng.standard_normal((n, k))).view(ml_dtypes.float8_e4m3fn),
+    }
+
+
+def _sparse_canonical(rng, m, n, k):
+    from .packing import compress_2to4
+
+    codes = rng.integers(0, 16, size=(m, k)).astype(np.uint8)
+    keep = np.zeros((m, k // 4, 4), dtype=bool)
+    for g in range(2):  # two random (possibly equal) positions per group; equal positions keep one value
+        keep[np.arange(m)[:, None], np.arange(k // 4)[None, :], rng.integers(0, 4, size=(m, k // 4))] = True
+    codes = np.where(keep.reshape(m, k), codes, 0).astype(np.uint8)
+    vals, meta = compress_2to4(codes)
+    return {
+        "a_vals": vals.view(np.int8),
+        "a_meta": meta.view(np.int8),
+        "b_fp8": _e4m3_bytes(rng.standard_normal((n, k))).view(ml_dtypes.float8_e4m3fn),
+    }
+
+
+def _sparse_exact_acc(rng, m, n, k):
+    out = _sparse_public(rng, m, n, k)
+    # B on {0.125 * j : |j| <= 15} (exact in E4M3FN); products on 2^-4 Z, partial sums far below 2^20: exact in
+    # fp32 in any order, while the sums need more than bf16's 8 bits.
+    out["b_fp8"] = _e4m3_bytes(rng.integers(-15, 16, size=(n, k)) * 0.125).view(ml_dtypes.float8_e4m3fn)
+    return out
+
+
+def _sparse_nan_b(rng, m, n, k):
+    out = _sparse_public(rng, m, n, k)
+    b = out["b_fp8"].view(np.uint8).copy()
+    idx = rng.integers(0, b.size, size=max(1, b.size // 4096))
+    b.reshape(-1)[idx] = rng.choice(np.array([0x7F, 0xFF], dtype=np.uint8), size=idx.size)
+    out["b_fp8"] = b.view(ml_dtypes.float8_e4m3fn)
+    return out
+
+
+def _sparse_reference(a_vals, a_meta, b_fp8):
+    from .gemm import sparse_gemm_fp4_fp8
+
+    return sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8)
+
+
+# --------------------------------------------------------------------------------- nvfp4_linear_n8192_k8192
+
+_WEIGHT_CACHE: dict = {}
+
+
+def _nvfp4_weight(seed: int, n: int, k: int) -> dict:
+    """randn fp32 [n, k] weights quantized with the workload's own recipe ("sol"), cached per (seed, n, k)."""
+    key = (seed, n, k)
+    if key not in _WEIGHT_CACHE:
+        from .blockscale import nvfp4_quantize
+
+        w = np.random.default_rng(seed).standard_normal((n, k), dtype=np.float32)
+        q = nvfp4_quantize(w, recipe="sol")
+        _WEIGHT_CACHE.clear()
+        _WEIGHT_CACHE[key] = {
+            "weight_fp4": q.codes,
+            "weight_scales": q.scales.view(ml_dtypes.float8_e4m3fn),
+            "weight_global_decode_scale": float(q.global_decode_scale),
+        }
+    return _WEIGHT_CACHE[key]
+
+
+def _bf16(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def _nvfp4_public(rng, m, n, k):
+    w = _nvfp4_weight(1234, n, k)
+    return {"x": _bf16(rng.standard_normal((1, m, k))), **w}
+
+
+def _nvfp4_adversarial(rng, m, n, k):
+    # The tensor amax is planted at 2688 = 448 * 6, so the "sol" global encode scale is exactly 1.0; then a block
+    # with amax 6 gets block scale 1.0 and its elements reach the E2M1 rounding step unchanged: exact ties.
+    w = _nvfp4_weight(1234, n, k)
+    x = rng.standard_normal((m, k // 16, 16))
+    kind = rng.integers(0, 5, size=(m, k // 16))
+    x[kind == 0] = 0.0  # all-zero blocks: scale byte 0, codes 0, never NaN
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])  # E2M1 midpoints
+    sel = kind == 1
+    x[sel] = rng.choice(ties, size=(int(sel.sum()), 16)) * rng.choice([-1.0, 1.0], size=(int(sel.sum()), 16))
+    x[sel, 0] = 6.0
+    x[kind == 2] *= 2.0**-7  # block amax ~ 2^-6: block scale ~ 2^-8, an E4M3FN subnormal
+    x[kind == 3] *= 2.0**7  # large blocks, block scales near 448
+    x.reshape(-1)[0] = 2688.0
+    return {"x": _bf16(x.reshape(1, m, k)), **w}
+
+
+def _nvfp4_reference(x, weight_fp4, weight_scales, weight_global_decode_scale, x_global_amax=None):
+    from .gemm import nvfp4_linear
+
+    if x_global_amax is None:
+        return nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol")
+    # A row subset of a larger x: quantize it with the whole tensor's amax (the per-tensor global scale), which
+    # gives exactly the rows that quantizing the whole x would (block scales are per row).
+    from .blockscale import NVFP4Tensor, nvfp4_quantize
+    from .gemm import nvfp4_gemm
+
+    k = x.shape[-1]
+    xq = nvfp4_quantize(x.reshape(-1, k), recipe="sol", global_amax=x_global_amax)
+    n = weight_fp4.shape[0]
+    wq = NVFP4Tensor(codes=np.asarray(weight_fp4).view(np.uint8), scales=np.asarray(weight_scales).view(np.uint8),
+                     global_decode_scale=np.float32(weight_global_decode_scale), shape=(n, k), recipe="sol",
+                     block=(1, 16), axis=1)
+    ref = nvfp4_gemm(xq, wq)
+    return ref if x.ndim == 2 else _reshape_reference(ref, x.shape[:-1] + (n,))
+
+
+def _reshape_reference(ref, shape):
+    from dataclasses import replace
+
+    return replace(ref, out=ref.out.reshape(shape), exact=ref.exact.reshape(shape),
+                   exact_err=np.broadcast_to(np.asarray(ref.exact_err), ref.out.shape).reshape(shape),
+                   _absprod_fn=lambda f=ref._absprod_fn: f().reshape(shape), _cache={})
+
+
+def _nvfp4_slice_rows(ops, rows):
+    x = ops["x"]
+    amax = float(np.max(np.abs(x.astype(np.float32)))) if x.size else 0.0
+    return {**ops, "x": x[:, rows], "x_global_amax": amax}
+
+
+# ----------------------------------------------------------------------------------------------------- registry
+
+WORKLOADS: dict = {
+    w.name: w
+    for w in (
+        Workload(
+            name="gemm_n3072_k2048",
+            kernel="fp4ref.kernels.gemm_fp16:gemm_fp16",
+            args=("A", "B"),
+            output_dtype="float16",
+            n=3072,
+            k=2048,
+            gpu_m=(1, 2, 4, 7, 8, 15, 16, 24, 32, 35, 40, 48, 56, 64, 70, 72, 80, 88, 96, 104, 112, 120, 128, 136,
+                   144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 972, 2053, 2379, 8192),
+            cpu_m=(1, 7),
+            families={"public": _gemm_public, "exact_acc": _gemm_exact_acc, "extreme": _gemm_extreme},
+            reference=_gemm_reference,
+            description="C = A @ B.T, fp16 [M, 2048] x fp16 [3072, 2048] -> fp16 (FlashInfer-Bench)",
+            slice_rows=_slice_first("A"),
+            exact_families=("exact_acc",),
+        ),
+        Workload(
+            name="sparse_gemm_fp4_fp8_n2048_k2048",
+            kernel="fp4ref.kernels.sparse_gemm_fp4_fp8:sparse_gemm_fp4_fp8",
+            args=("a_vals", "a_meta", "b_fp8"),
+            output_dtype="bfloat16",
+            n=2048,
+            k=2048,
+            gpu_m=(1, 7, 16, 64, 100, 256, 1024, 4096, 8192),
+            cpu_m=(1, 5),
+            families={
+                "public": _sparse_public,
+                "canonical": _sparse_canonical,
+                "exact_acc": _sparse_exact_acc,
+                "nan_b": _sparse_nan_b,
+            },
+            reference=_sparse_reference,
+            description="2:4 sparse E2M1 A [M, 2048] x E4M3FN B [2048, 2048] -> bf16 (FlashInfer-Bench)",
+            slice_rows=_slice_first("a_vals", "a_meta"),
+            exact_families=("exact_acc",),
+        ),
+        Workload(
+            name="nvfp4_linear_n8192_k8192",
+            kernel="fp4ref.kernels.nvfp4_linear:nvfp4_linear",
+            args=("x", "weight_fp4", "weight_scales", "weight_global_decode_scale"),
+            output_dtype="bfloat16",
+            n=8192,
+            k=8192,
+            gpu_m=(1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
+            cpu_m=(1,),
+            families={"public": _nvfp4_public, "adversarial": _nvfp4_adversarial},
+            reference=_nvfp4_reference,
+            description="y = x @ W.T, x bf16 quantized to NVFP4 per call ('sol'), NVFP4 W [8192, 8192] -> bf16 (SOL)",
+            slice_rows=_nvfp4_slice_rows,
+        ),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    """Return the workload named ``name``; ValueError listing the known names otherwise."""
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"workload={name!r} is not known; expected one of {sorted(WORKLOADS)}") from None
