@@ -46,6 +46,8 @@ __all__ = [
     "nvfp4_inputs",
     "exact_accumulation_fp16",
     "exact_accumulation_sparse",
+    "exact_accumulation_fp16_arrays",
+    "exact_accumulation_sparse_arrays",
     "MAGNITUDE_PATTERNS",
 ]
 
@@ -252,44 +254,84 @@ def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
     imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
     if imax < 2:
         raise InvalidArgument(f"k={k} is too large for an exact-accumulation family (k * imax^2 < 2^24)")
-    shift = max(0, int(np.ceil(np.log2(k * imax * imax))) - 15)
-    sa, sb = shift // 2, shift - shift // 2
 
     @st.composite
     def _draw(draw):
-        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        a = rng.integers(-imax, imax + 1, (m, k))
-        b = rng.integers(-imax, imax + 1, (n, k))
-        a[0] = rng.integers(imax // 2, imax + 1, k)
-        b[0] = rng.integers(imax // 2, imax + 1, k)
-        return np.ldexp(a, -sa).astype(np.float16), np.ldexp(b, -sb).astype(np.float16)
+        return exact_accumulation_fp16_arrays(np.random.default_rng(draw(st.integers(0, 2**32 - 1))), m, n, k)
 
     return _draw()
 
 
-def exact_accumulation_sparse(m, n, k) -> st.SearchStrategy[tuple]:
+def exact_accumulation_fp16_arrays(rng, m, n, k) -> tuple:
+    """The construction of :func:`exact_accumulation_fp16` with a numpy Generator (deterministic for a seed)."""
+    imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
+    if imax < 2:
+        raise ValueError(f"k={k} is too large for an exact-accumulation family (k * imax^2 < 2^24)")
+    shift = max(0, int(np.ceil(np.log2(k * imax * imax))) - 15)
+    sa, sb = shift // 2, shift - shift // 2
+    a = rng.integers(-imax, imax + 1, (m, k))
+    b = rng.integers(-imax, imax + 1, (n, k))
+    a[0] = rng.integers(imax // 2, imax + 1, k)
+    b[0] = rng.integers(imax // 2, imax + 1, k)
+    return np.ldexp(a, -sa).astype(np.float16), np.ldexp(b, -sb).astype(np.float16)
+
+
+def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) -> st.SearchStrategy[tuple]:
     """(a_vals, a_meta, b_fp8) for the sparse workload whose every fp32 partial sum is exact in any order: B bytes
-    are E4M3FN integers (|b| in 1..448 or 0) and A values lie on 2^-1 Z, so all partial sums lie on 2^-1 Z with
-    magnitude <= k/4 * 12 * bmax < 2^23 (bmax is lowered for large k). Sums need up to ~22 bits: a 14-bit fp8
-    accumulator or a bf16 intermediate loses them, and the bf16 output rounding (ties included) is tested."""
+    are E4M3FN integers (|b| <= bmax) and A values lie on 2^-1 Z, so all partial sums lie on 2^-1 Z with magnitude
+    <= 3 k bmax < 2^23 (each group of 4 columns adds at most |v0| + |v1| <= 12 times bmax). Sums need up to ~22
+    bits: a 14-bit fp8 accumulator or a bf16 intermediate loses them, and the bf16 output rounding (ties included)
+    is tested.
+
+    ``promote_every=N`` (Hopper fp8 wgmma promoted to fp32 every N products): bmax is lowered so that every chunk
+    of N products also sums exactly in the 14-bit e8m13 accumulator (|chunk| <= 3 N bmax < 2^13, on 2^-1 Z: 14 bits,
+    and the block-FMA alignment to 2^(E - 13) >= 2^-1 keeps the grid); the total still needs more than 14 bits when
+    3 k bmax >= 2^14, so an UNpromoted kernel is caught. ``positive``: only positive values (no cancellation)."""
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
     if k % 4:
         raise InvalidArgument(f"k={k} must be a multiple of 4")
     all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     bmax = min(448.0, 2.0**23 / (3 * k))
-    ok = np.flatnonzero(np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax))
-    if ok.size < 3:
-        raise InvalidArgument(f"k={k} is too large for an exact-accumulation sparse family")
+    if promote_every is not None:
+        _check_int("promote_every", promote_every, 1)
+        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
+    ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
+    if positive:
+        ok &= all_vals > 0
+    ok = np.flatnonzero(ok)
+    if ok.size < 2:
+        raise InvalidArgument(f"k={k}, promote_every={promote_every}: no room for an exact-accumulation family")
 
     @st.composite
     def _draw(draw):
-        vals = draw(packed_fp4((m, k // 4)))
-        meta = draw(meta_bytes((m, k // 4), canonical=draw(st.booleans())))
-        b = draw(_array_from_choices((n, k), ok.tolist()))
-        return vals, meta, b
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        return exact_accumulation_sparse_arrays(rng, m, n, k, promote_every=promote_every, positive=positive,
+                                                canonical=draw(st.booleans()))
 
     return _draw()
+
+
+def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positive=False, canonical=True) -> tuple:
+    """The construction of :func:`exact_accumulation_sparse` with a numpy Generator (deterministic for a seed);
+    ``canonical=False`` draws any meta byte."""
+    all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    bmax = min(448.0, 2.0**23 / (3 * k))
+    if promote_every is not None:
+        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
+    ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
+    if positive:
+        ok &= all_vals > 0
+    ok = np.flatnonzero(ok)
+    if ok.size < 2:
+        raise ValueError(f"k={k}, promote_every={promote_every}: no room for an exact-accumulation family")
+    val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
+    pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
+    vals = pair[rng.integers(0, pair.size, (m, k // 4))]
+    metas = np.array(CANONICAL_META if canonical else range(256), dtype=np.uint8)
+    meta = metas[rng.integers(0, metas.size, (m, k // 4))]
+    b = ok[rng.integers(0, ok.size, (n, k))].astype(np.uint8)
+    return vals, meta, b
 
 
 def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[dict]:

@@ -26,7 +26,8 @@ E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.fl
 def _table(dtype_name):
     dt = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype_name]
     bits = np.arange(65536, dtype=np.uint16)
-    vals = bits.view(dt).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        vals = bits.view(dt).astype(np.float64)
     ok = np.isfinite(vals) & ~((vals == 0) & np.signbit(vals))
     vals, bits = vals[ok], bits[ok]
     order = np.argsort(vals, kind="stable")

@@ -1,0 +1,280 @@
+"""Power tests: deliberately wrong implementations, each flagged by fp4ref's check on generated inputs, with what
+FlashInfer-Bench's checker (atol = rtol = 1e-2) and SOL-ExecBench's (atol 0.005, rtol 0.02, 99% matched) say
+about the SAME outputs. The table ``VERDICTS`` is the source of the table in docs/testing.md.
+
+Each wrong implementation is an exact numpy emulation of the bug followed by the correct single RNE rounding,
+so that only the bug differs from the reference.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fp4ref import bounds, gemm, testing
+from fp4ref import strategies as fst
+from fp4ref.blockscale import NVFP4Tensor, nvfp4_quantize
+from fp4ref.packing import compress_2to4, decompress_2to4
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# wrong implementations
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _bf16(x):
+    return gemm.round_float64(x, "bfloat16").astype(ml_dtypes.bfloat16)
+
+
+def _f16(x):
+    return gemm.round_float64(x, "float16").astype(np.float16)
+
+
+def sparse_kernel(vals, meta, b, *, swap_nibbles=False, swap_meta_fields=False, signed_shift=False):
+    """The sparse workload, exactly, with optional bugs; bf16 RNE output."""
+    v = vals.view(np.uint8).astype(np.int64)
+    t = meta.view(np.uint8).astype(np.int64)
+    lo, hi = v & 0xF, v >> 4
+    if swap_nibbles:
+        lo, hi = hi, lo
+    val0, val1 = E2M1[lo], E2M1[hi]
+    if signed_shift:
+        # hi = int8 >> 4 (arithmetic shift, no mask), decoded as (1 - 2 * (hi >> 3)) * |e2m1|: for bytes >= 0x80
+        # the "sign" is -1, so the value is +3x the magnitude.
+        hs = vals.view(np.int8).astype(np.int64) >> 4
+        val1 = (1 - 2 * (hs >> 3)) * np.abs(E2M1[hs & 7])
+    i0, i1 = t & 3, (t >> 2) & 3
+    if swap_meta_fields:
+        i0, i1 = i1, i0
+    M, G = v.shape
+    A = np.zeros((M, G, 4))
+    for j in range(4):
+        A[:, :, j] += np.where(i0 == j, val0, 0.0) + np.where(i1 == j, val1, 0.0)
+    return _bf16(A.reshape(M, 4 * G) @ E4M3[b].T)
+
+
+def fp16_accumulating_gemm(A, B):
+    """C = A @ B.T accumulated in fp16 (each partial sum rounded to fp16)."""
+    acc = np.zeros((A.shape[0], B.shape[0]), np.float16)
+    Af, Bf = A.astype(np.float32), B.astype(np.float32)
+    for k in range(A.shape[1]):
+        acc = (acc.astype(np.float32) + Af[:, k:k + 1] * Bf[:, k]).astype(np.float16)
+    return acc
+
+
+def round_half_away(x, fmt):
+    """Round float64 values to fmt, ties AWAY from zero (the bug), otherwise nearest."""
+    f = gemm.OUTPUT_FORMATS[fmt]
+    _, e = np.frexp(x)
+    q = np.maximum(e - 1, f.emin) - (f.p - 1)
+    y = np.ldexp(np.sign(x) * np.floor(np.abs(np.ldexp(x, -q)) + 0.5), q)
+    return y.astype(f.dtype)
+
+
+def _nvt(t, **changes):
+    d = dict(codes=t.codes, scales=t.scales, global_decode_scale=t.global_decode_scale, shape=t.shape,
+             recipe=t.recipe, block=t.block, axis=t.axis)
+    d.update(changes)
+    return NVFP4Tensor(**d)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def sparse_inputs(seed, M=16, N=64, K=256, canonical=True):
+    rng = np.random.default_rng(seed)
+    if canonical:
+        codes = rng.integers(0, 16, (M, K)).astype(np.uint8)
+        keep = np.zeros((M, K // 4, 4), bool)
+        for g in range(4):
+            pass
+        pos = np.argsort(rng.random((M, K // 4, 4)), axis=-1)[..., :2]
+        np.put_along_axis(keep, pos, True, axis=-1)
+        codes = np.where(keep.reshape(M, K), codes, 0).astype(np.uint8)
+        vals, meta = compress_2to4(codes)
+    else:
+        vals = rng.integers(-128, 128, (M, K // 4), dtype=np.int8)
+        meta = rng.integers(-128, 128, (M, K // 4), dtype=np.int8)
+    b = rng.standard_normal((N, K)).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return vals, meta, b
+
+
+def fp16_inputs(seed, M=8, N=64, K=2048):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((N, K)).astype(np.float16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cases: (name, function returning (out, ref, check kwargs)), and the public checkers' verdicts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def case_nibble_swap():
+    vals, meta, b = sparse_inputs(1)
+    return sparse_kernel(vals, meta, b, swap_nibbles=True), gemm.sparse_gemm_fp4_fp8(vals, meta, b), {}
+
+
+def case_meta_swap():
+    vals, meta, b = sparse_inputs(2)
+    return sparse_kernel(vals, meta, b, swap_meta_fields=True), gemm.sparse_gemm_fp4_fp8(vals, meta, b), {}
+
+
+def case_signed_shift():
+    vals, meta, b = sparse_inputs(3, canonical=False)  # the public benchmark's random int8 bytes
+    return sparse_kernel(vals, meta, b, signed_shift=True), gemm.sparse_gemm_fp4_fp8(vals, meta, b), {}
+
+
+def case_ties_away():
+    A, B = fst.exact_accumulation_fp16_arrays(np.random.default_rng(4), 8, 64, 2048)
+    ref = gemm.gemm_fp16(A, B)
+    return round_half_away(ref.exact, "float16"), ref, {"model": "fp32_rn", "exact_accumulation": True}
+
+
+def _nvfp4_pair(seed, M=8, N=64, K=256):
+    rng = np.random.default_rng(seed)
+    xq = nvfp4_quantize(rng.standard_normal((M, K)).astype(np.float32), recipe="sol")
+    wq = nvfp4_quantize(rng.standard_normal((N, K)).astype(np.float32), recipe="sol")
+    return xq, wq
+
+
+def case_block_scale_dropped():
+    xq, wq = _nvfp4_pair(5)
+    s = wq.scales.copy()
+    s[:, 3] = 0x38  # block 3's scale read as 1.0
+    return gemm.nvfp4_gemm(xq, _nvt(wq, scales=s)).out, gemm.nvfp4_gemm(xq, wq), {}
+
+
+def case_scale_wrong_block():
+    xq, wq = _nvfp4_pair(6)
+    s = np.roll(wq.scales, 1, axis=1)  # block b uses block b-1's scale
+    return gemm.nvfp4_gemm(xq, _nvt(wq, scales=s)).out, gemm.nvfp4_gemm(xq, wq), {}
+
+
+def case_fp16_accumulation():
+    A, B = fp16_inputs(7)
+    return fp16_accumulating_gemm(A, B), gemm.gemm_fp16(A, B), {"model": "hopper_fp16_wgmma"}
+
+
+def case_fp8_no_promotion():
+    # sparse workload at K = 2048 on the exact-accumulation family for fp8 promoted every 128 (every 128-product
+    # chunk is exact in the 14-bit accumulator, the total needs ~18 bits), positive operands; the kernel declares
+    # promotion every 128 but never promotes.
+    vals, meta, b = fst.exact_accumulation_sparse_arrays(np.random.default_rng(8), 4, 32, 2048, promote_every=128,
+                                                         positive=True)
+    A = decompress_2to4(vals, meta).astype(np.float64)
+    out = _bf16(bounds.simulate(A, E4M3[b], "hopper_fp8_wgmma"))
+    return out, gemm.sparse_gemm_fp4_fp8(vals, meta, b), {"model": "hopper_fp8_wgmma_promote(128)",
+                                                          "exact_accumulation": True}
+
+
+def test_fp8_promoted_control_is_exact_on_its_family():
+    vals, meta, b = fst.exact_accumulation_sparse_arrays(np.random.default_rng(8), 4, 32, 2048, promote_every=128,
+                                                         positive=True)
+    A = decompress_2to4(vals, meta).astype(np.float64)
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    acc = bounds.simulate(A, E4M3[b], "hopper_fp8_wgmma_promote(128)")
+    np.testing.assert_array_equal(acc, ref.exact)  # promoted: exact on this family
+    bounds.check(_bf16(acc), ref, "hopper_fp8_wgmma_promote(128)", exact_accumulation=True).assert_ok()
+
+
+def case_last_n_tile_skipped():
+    # N = 2000 with BLOCK_N = 64: the last partial tile (16 columns, 0.8% of the output) is never written.
+    A, B = fp16_inputs(9, M=8, N=2000, K=256)
+    ref = gemm.gemm_fp16(A, B)
+    out = np.full(ref.out.shape, np.nan, np.float16)  # poisoned buffer
+    out[:, :1984] = ref.out[:, :1984]
+    return out, ref, {"model": "hopper_fp16_wgmma", "poison": float("nan")}
+
+
+def case_last_k_tile_skipped():
+    # K = 2040 with BLOCK_K = 64: the last 56 columns of K are never accumulated.
+    A, B = fp16_inputs(10, M=8, N=64, K=2040)
+    ref = gemm.gemm_fp16(A, B)
+    out = _f16(A[:, :1984].astype(np.float64) @ B[:, :1984].astype(np.float64).T)
+    return out, ref, {"model": "hopper_fp16_wgmma"}
+
+
+def case_row_mask_off_by_one():
+    # rows masked with `m < M - 1`: the last of M = 128 rows (0.78% of the output) is never written.
+    A, B = fp16_inputs(11, M=128, N=64, K=64)
+    ref = gemm.gemm_fp16(A, B)
+    out = np.full(ref.out.shape, np.nan, np.float16)
+    out[:-1] = ref.out[:-1]
+    return out, ref, {"model": "hopper_fp16_wgmma", "poison": float("nan")}
+
+
+#: name -> (case, FlashInfer-Bench passes?, SOL-ExecBench passes?)   (fp4ref's check fails on every one)
+VERDICTS = {
+    "nibble order swapped": (case_nibble_swap, False, False),
+    "meta index fields swapped": (case_meta_swap, False, False),
+    "signed shift of int8 bytes": (case_signed_shift, False, False),
+    "ties rounded away": (case_ties_away, True, True),
+    "block scale dropped": (case_block_scale_dropped, False, False),
+    "block scale applied to the wrong block": (case_scale_wrong_block, False, False),
+    "fp16 accumulation": (case_fp16_accumulation, False, False),
+    "Hopper fp8 without promotion, K=2048": (case_fp8_no_promotion, False, True),
+    "last partial N tile skipped": (case_last_n_tile_skipped, False, True),
+    "last partial K tile skipped": (case_last_k_tile_skipped, False, False),
+    "off-by-one row mask": (case_row_mask_off_by_one, False, True),
+}
+
+
+@pytest.mark.parametrize("name", list(VERDICTS))
+def test_wrong_implementation_is_flagged(name):
+    case, fib_expected, sol_expected = VERDICTS[name]
+    out, ref, kw = case()
+    rep = bounds.check(out, ref, **kw)
+    assert not rep.ok, f"{name}: fp4ref's check did not flag it: {rep.summary()}"
+    with pytest.raises(AssertionError):
+        rep.assert_ok()
+    assert bool(testing.fib_allclose(out, ref)) is fib_expected, (name, testing.fib_allclose(out, ref))
+    assert bool(testing.sol_allclose(out, ref)) is sol_expected, (name, testing.sol_allclose(out, ref))
+
+
+def test_correct_implementations_pass_the_same_checks():
+    """Controls: the correctly rounded outputs pass everything (so the flags above are the bugs')."""
+    for name, (case, _, _) in VERDICTS.items():
+        _, ref, kw = case()
+        rep = bounds.check(ref.out.copy(), ref, **kw)
+        assert rep.ok, (name, rep.summary())
+        assert testing.fib_allclose(ref.out, ref) or np.isnan(ref.out.astype(np.float64)).any()
+        assert testing.sol_allclose(ref.out, ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hypothesis-driven variants: the bug is caught on every drawn input, not just on a lucky seed
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@given(data=st.data())
+def test_nibble_swap_caught_on_drawn_sparse_inputs(data):
+    shape = data.draw(fst.gemm_shapes(max_m=8, max_n=8, min_k=16, max_k=64, k_multiple_of=4))
+    vals, meta = data.draw(fst.sparse_a_operands(shape.M, shape.K, canonical=False, int8=True))
+    b = data.draw(fst.e4m3_bytes((shape.N, shape.K)))
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    good = sparse_kernel(vals, meta, b)
+    bounds.check(good, ref, "fp32_rn", exact_accumulation=True).assert_ok()
+    bad = sparse_kernel(vals, meta, b, swap_nibbles=True)
+    lo, hi = vals.view(np.uint8) & 0xF, vals.view(np.uint8) >> 4
+    idx0, idx1 = meta.view(np.uint8) & 3, (meta.view(np.uint8) >> 2) & 3
+    differs = np.any((E2M1[lo] != E2M1[hi]) & (idx0 != idx1))
+    if differs and np.any(np.asarray(bad.astype(np.float64)) != ref.out.astype(np.float64)):
+        assert not bounds.check(bad, ref, "fp32_rn", exact_accumulation=True).ok
+
+
+@given(data=st.data())
+def test_ties_away_caught_on_drawn_exact_accumulation_inputs(data):
+    shape = data.draw(fst.gemm_shapes(max_m=4, max_n=16, min_k=64, max_k=512))
+    A, B = data.draw(fst.exact_accumulation_fp16(shape.M, shape.N, shape.K))
+    ref = gemm.gemm_fp16(A, B)
+    bounds.check(ref.out.copy(), ref, "hopper_fp16_wgmma", exact_accumulation=True).assert_ok()
+    bad = round_half_away(ref.exact, "float16")
+    has_tie = np.any(bad.astype(np.float64) != ref.out.astype(np.float64))
+    assert bounds.check(bad, ref, "hopper_fp16_wgmma", exact_accumulation=True).ok is not has_tie
