@@ -165,6 +165,8 @@ def sparse_a_operands(m, k, *, canonical=False, int8=False) -> st.SearchStrategy
 
     ``canonical=False`` draws any bytes (the public benchmark's randint(-128, 128) int8 inputs); ``int8=True``
     returns int8 views of the same bytes."""
+    if isinstance(k, (int, np.integer)) and k % 4:
+        raise InvalidArgument(f"k={k} must be a multiple of 4")
 
     @st.composite
     def _draw(draw):

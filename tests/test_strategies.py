@@ -1,0 +1,171 @@
+"""fp4ref.strategies: what each strategy draws, argument validation at build time, and the exact-accumulation
+families' guarantee (checked with the model simulator and fractions)."""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from fp4ref import bounds, gemm
+from fp4ref import strategies as fst
+from fp4ref.packing import CANONICAL_META, decompress_2to4
+
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+@given(fst.gemm_shapes(min_m=3, max_m=40, max_n=50, min_k=16, max_k=256, k_multiple_of=16, n_multiple_of=8))
+def test_gemm_shapes_respect_bounds_and_multiples(s):
+    assert 3 <= s.M <= 40 and 8 <= s.N <= 50 and s.N % 8 == 0 and 16 <= s.K <= 256 and s.K % 16 == 0
+    assert s._fields == ("M", "N", "K")
+
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(min_m=5, max_m=2), "min_m=5 is larger than max_m=2"),
+        (dict(min_k=17, max_k=31, k_multiple_of=16), "no multiple of k_multiple_of=16"),
+        (dict(min_n=0), "min_n=0 must be >= 1"),
+        (dict(max_k=1.5), "max_k=1.5 must be an int"),
+    ],
+)
+def test_gemm_shapes_validate_when_built(kwargs, msg):
+    with pytest.raises(InvalidArgument, match=msg):
+        fst.gemm_shapes(**kwargs)
+
+
+@given(fst.e2m1_codes((4, 6), allow_negative_zero=False))
+def test_e2m1_codes(c):
+    assert c.dtype == np.uint8 and c.shape == (4, 6) and c.max() <= 15 and not np.any(c == 8)
+
+
+@given(fst.e4m3_bytes((5, 7)), fst.e4m3_bytes((64,), allow_nan=True), fst.e4m3_bytes((32,), allow_negative=False))
+def test_e4m3_bytes(a, b, c):
+    assert a.dtype == np.uint8 and a.shape == (5, 7)
+    assert not np.any((a & 0x7F) == 0x7F)
+    assert not np.any(c & 0x80)
+    assert b.shape == (64,)
+
+
+def test_e4m3_bytes_nan_appears_when_allowed():
+    seen = set()
+
+    @given(fst.e4m3_bytes((64,), allow_nan=True))
+    def inner(b):
+        seen.update(int(x) for x in b)
+
+    inner()
+    assert 0x7F in seen or 0xFF in seen
+
+
+@given(fst.meta_bytes((8, 8)), fst.meta_bytes((256,), canonical=False))
+def test_meta_bytes(canon, anyb):
+    assert set(np.unique(canon).tolist()) <= set(CANONICAL_META)
+    assert anyb.dtype == np.uint8
+
+
+@given(fst.sparse_a_operands(3, 32, int8=True))
+def test_sparse_a_operands(ops):
+    vals, meta = ops
+    assert vals.dtype == np.int8 and meta.dtype == np.int8 and vals.shape == meta.shape == (3, 8)
+
+
+def test_sparse_a_operands_rejects_bad_k():
+    with pytest.raises(InvalidArgument, match="multiple of 4"):
+        fst.sparse_a_operands(2, 6)
+
+
+@given(fst.fp16_matrices((4, 33), allow_nonfinite=True))
+def test_fp16_matrices(a):
+    assert a.dtype == np.float16 and a.shape == (4, 33)
+
+
+def test_fp16_matrices_validate():
+    with pytest.raises(InvalidArgument, match="patterns"):
+        fst.fp16_matrices((2, 2), patterns=("gauss",))
+    with pytest.raises(InvalidArgument, match="not smaller than"):
+        fst.fp16_matrices((2, 2), min_exponent=3, max_exponent=3)
+
+
+@given(fst.nvfp4_operands(3, 64, allow_nan_scale=True))
+def test_nvfp4_operands(ops):
+    assert ops["codes"].shape == (3, 32) and ops["scales"].shape == (3, 4)
+    assert ops["codes"].dtype == ops["scales"].dtype == np.uint8 and isinstance(ops["global_decode_scale"], np.float32)
+
+
+@given(fst.nvfp4_inputs(2, 64))
+def test_nvfp4_inputs(x):
+    assert x.dtype == ml_dtypes.bfloat16 and x.shape == (2, 64)
+    assert np.all(np.isfinite(x.astype(np.float32)))
+
+
+def test_nvfp4_validate():
+    with pytest.raises(InvalidArgument, match="multiple of 16"):
+        fst.nvfp4_operands(2, 24)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exact-accumulation families: exact under every fp32-accumulating model, and needing > 14 bits
+# ---------------------------------------------------------------------------------------------------------------
+
+FP32_MODELS = ["fp32_rn", "ampere_fp16", "hopper_fp16_wgmma", "blackwell_fp8", "splitk(hopper_fp16_wgmma, 64)"]
+
+
+def _sig_bits(x):
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    x = x[x > 0]
+    m, e = np.frexp(x)
+    bits = []
+    for v in x:
+        n, d = float(v).as_integer_ratio()
+        bits.append(n.bit_length())
+    return max(bits) if bits else 0
+
+
+@given(shape=fst.gemm_shapes(max_m=3, max_n=4, min_k=32, max_k=2048), data=st.data())
+def test_exact_accumulation_fp16_is_exact_for_every_fp32_model(shape, data):
+    A, B = data.draw(fst.exact_accumulation_fp16(shape.M, shape.N, shape.K))
+    ref = gemm.gemm_fp16(A, B)
+    assert np.all(np.isfinite(ref.out.astype(np.float64)))
+    for model in FP32_MODELS:
+        np.testing.assert_array_equal(bounds.simulate(A, B, model), ref.exact, err_msg=model)
+    # reversed order, too (any order)
+    np.testing.assert_array_equal(bounds.simulate(A[:, ::-1], B[:, ::-1], "fp32_rn"), ref.exact)
+
+
+def test_exact_accumulation_fp16_needs_more_than_14_bits_and_has_ties():
+    A, B = fst.exact_accumulation_fp16_arrays(np.random.default_rng(0), 8, 64, 2048)
+    ref = gemm.gemm_fp16(A, B)
+    assert _sig_bits(ref.exact) > 14
+    # the fp8-style 14-bit accumulator is NOT exact on it
+    assert not np.array_equal(bounds.simulate(A[:2, :], B[:4], "hopper_fp8_wgmma"), ref.exact[:2, :4])
+    # exact fp16 output ties occur (the exact value is the midpoint of two fp16 neighbours)
+    r = ref.out.astype(np.float64)
+    ulp = gemm.OUTPUT_FORMATS["float16"].ulp(r)
+    assert np.any(np.abs(np.abs(ref.exact - r) - ulp / 2) == 0)
+
+
+@given(shape=fst.gemm_shapes(max_m=3, max_n=4, min_k=32, max_k=2048, k_multiple_of=4), data=st.data())
+def test_exact_accumulation_sparse_is_exact(shape, data):
+    vals, meta, b = data.draw(fst.exact_accumulation_sparse(shape.M, shape.N, shape.K))
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    A = decompress_2to4(vals, meta).astype(np.float64)
+    for model in FP32_MODELS:
+        np.testing.assert_array_equal(bounds.simulate(A, E4M3[b], model), ref.exact, err_msg=model)
+
+
+def test_exact_accumulation_sparse_promoted_family():
+    vals, meta, b = fst.exact_accumulation_sparse_arrays(np.random.default_rng(1), 4, 8, 2048, promote_every=128,
+                                                         positive=True)
+    A = decompress_2to4(vals, meta).astype(np.float64)
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    np.testing.assert_array_equal(bounds.simulate(A, E4M3[b], "hopper_fp8_wgmma_promote(128)"), ref.exact)
+    assert _sig_bits(ref.exact) > 14
+    assert not np.array_equal(bounds.simulate(A, E4M3[b], "hopper_fp8_wgmma"), ref.exact)
+    with pytest.raises(InvalidArgument):
+        fst.exact_accumulation_sparse(2, 2, 6)
+    assert math.isfinite(float(np.max(ref.exact)))
