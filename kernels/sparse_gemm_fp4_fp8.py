@@ -1,0 +1,452 @@
+"""2:4 structured-sparse E2M1 x E4M3FN GEMM (workload sparse_gemm_fp4_fp8_n2048_k2048, facts/seeds.md §1).
+
+    c[m, n] = sum_g ( v0[m, g] * b[n, 4g + idx0[m, g]]  +  v1[m, g] * b[n, 4g + idx1[m, g]] )
+
+Operands (design.md, "2:4 sparse A"), K = 4 * G:
+    a_vals  int8 [M, G]  byte (read as unsigned): low nibble = E2M1 code of v0, high nibble = E2M1 code of v1
+    a_meta  int8 [M, G]  byte (read as unsigned): bits 1:0 = idx0, bits 3:2 = idx1, bits 7:4 ignored
+    b_fp8   torch.float8_e4m3fn [N, K]
+    c       torch.bfloat16 [M, N]
+Every byte pair is defined: idx0 == idx1 ADDS the two values, idx0 > idx1 is as good as idx0 < idx1.
+
+Policies (each a tested choice):
+- NaN: an E4M3FN NaN byte (0x7F / 0xFF) of b makes c[m, n] NaN iff the sum above READS it, i.e. it sits at a
+  position 4g + idx0 or 4g + idx1 that row m's metadata selects (IEEE: NaN * 0 = NaN, so a selected NaN times a
+  zero value still gives NaN). A NaN at a pruned position does not reach c. (A dense rebuild + matmul would
+  propagate it through 0 * NaN; the formula does not read it.)
+- Signed zero: a zero result may come out as +0 where the exact sum is -0 (tensor cores and fp32 adds give +0).
+- Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
+
+How it works. Each program owns a [BLOCK_M, BLOCK_N] tile of c and a 1/SPLIT_K share of the K-tiles.
+Per K-tile it loads the packed A bytes [BLOCK_M, BLOCK_K/4] once, decodes each (vals, meta) pair into the
+four E4M3FN bytes of its group (exact: E2M1 values and the sums of two of them lie on 2^-1 Z with <= 4
+significant bits, so they are E4M3FN values), expands them to the dense [BLOCK_M, BLOCK_K] tile and calls
+tl.dot with the E4M3FN b tile:
+- DOT_FP8=True: fp8 wgmma (Hopper) with max_num_imprecise_acc=BLOCK_K <= 128, i.e. the tensor core's
+  ~14-bit accumulator is added into an fp32 accumulator every BLOCK_K products;
+- DOT_FP8=False: both tiles converted (exactly) to fp16 and an fp16 MMA with fp32 accumulator.
+NaN handling costs nothing on the fast path: a dense MMA turns any NaN of the b tile into NaN in its whole
+column, so a program whose raw accumulator has a NaN (or, with NAN_CHECK_BYTES, whose b bytes have one)
+recomputes its share with NaN bytes replaced by zero and counts, with a second MMA, the selected NaNs.
+Split-K partial tiles (fp32) are reduced in ONE launch and deterministically: each program writes its
+partial to a workspace and bumps a per-tile counter; the last one to arrive sums the SPLIT_K partials in
+split order 0, 1, ..., rounds once to bf16, stores, and resets the counter.
+
+Numeric contract: see NUMERIC_CONTRACT (the fp4ref accumulation model that bounds every config here).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------------------------------
+# Numeric contract (data; tests/test_kernel_sparse_gemm.py checks it through fp4ref.bounds)
+# ----------------------------------------------------------------------------------------------------------
+PROMOTION_INTERVAL = 128  # most K-elements the fp8 wgmma accumulator (~14 bits) holds before the fp32 add
+
+NUMERIC_CONTRACT = {
+    "inputs": "E2M1 (2:4 sparse, decoded exactly to E4M3FN) x E4M3FN",
+    "output": "bfloat16",
+    "products": "exact",  # E2M1 x E4M3FN has <= 6 significant bits
+    # fp4ref.bounds model that bounds EVERY config in CONFIGS: fp8 wgmma whose accumulator is added into fp32
+    # every <= 128 K-elements (Triton max_num_imprecise_acc=BLOCK_K); the K/BLOCK_K fp32 chunk sums (promotions
+    # and the split-K partials, in any fixed order) are the gamma_{K/128}(2^-24) term of that model.
+    "accumulation_model": f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})",
+    # configs with dot_fp8=False (fp16 MMA) meet a much tighter model: numeric_model(config, K)
+    "split_k_reduction": "fp32_rn_fixed_order",  # partials summed in split order 0..SPLIT_K-1
+    "output_rounding": "rne",  # fp32 -> bf16 once (GPU)
+    "output_rounding_interpreter": "faithful",  # facts/triton.md: interpreted bf16 stores truncate
+    "nan": "NaN iff a selected b position holds an E4M3FN NaN byte",
+    "deterministic": True,  # bitwise, run to run (fixed reduction order, no float atomics)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseGemmConfig:
+    """Tile shape and launch parameters of one sparse_gemm_fp4_fp8 launch."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    dot_fp8: bool = True
+
+
+# Picked per M by the GPU sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep) on the H200.
+# Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
+CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
+    (16, SparseGemmConfig(16, 64, 128, split_k=4, num_warps=4, num_stages=3, dot_fp8=False)),
+    (64, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3, dot_fp8=True)),
+    (256, SparseGemmConfig(64, 128, 128, split_k=2, num_warps=4, num_stages=3, dot_fp8=True)),
+    (1 << 62, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4, dot_fp8=True)),
+)
+
+# Small tiles for the CPU interpreter (cost ~ programs x K-steps there). Not used on a GPU.
+INTERPRETER_CONFIG = SparseGemmConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1, dot_fp8=True)
+
+
+def pick_config(m: int) -> SparseGemmConfig:
+    """The CONFIGS entry for M rows (the first whose bound is >= m)."""
+    for bound, cfg in CONFIGS:
+        if m <= bound:
+            return cfg
+    raise AssertionError("unreachable: the last CONFIGS bound is unbounded")
+
+
+def numeric_model(config: SparseGemmConfig, K: int) -> str:
+    """The tightest fp4ref.bounds model name for one config at reduction length K (GPU).
+
+    fp8 configs: ``hopper_fp8_wgmma_promote(BLOCK_K)``. fp16 configs: each K slice (the K-tiles one program
+    owns, length <= ceil(K/BLOCK_K/SPLIT_K)*BLOCK_K) accumulates in fp32 on the tensor core (wgmma when
+    block_m >= 64, otherwise mma.sync, bounded by the universal fp32 tensor-core model), then the SPLIT_K
+    partials are summed in fp32: ``splitk(<model>, slice)``. Every one is within NUMERIC_CONTRACT's model.
+    """
+    if config.dot_fp8:
+        return f"hopper_fp8_wgmma_promote({config.block_k})"
+    inner = "hopper_fp16_wgmma" if config.block_m >= 64 else "tc_fp32_universal"
+    k_tiles = -(-K // config.block_k)
+    split = max(1, min(config.split_k, k_tiles))
+    chunk = min(K, -(-k_tiles // split) * config.block_k)
+    return f"splitk({inner}, {chunk})" if split > 1 else inner
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------------------
+@triton.jit
+def _e2m1_twice(code):
+    """E2M1 code (int32, 0..15) -> 2 * value as int32: 0 1 2 3 4 6 8 12 and negatives (exact)."""
+    mag = code & 7
+    shift = tl.maximum((mag >> 1) - 1, 0)
+    t = tl.where(mag < 4, mag, (2 + (mag & 1)) << shift)
+    return tl.where((code & 8) != 0, -t, t)
+
+
+@triton.jit
+def _e4m3_bits_of_half(t):
+    """E4M3FN byte (as uint32) of t / 2 for int32 |t| <= 24 whose half is an E4M3FN value (all normal or 0).
+
+    Read off the fp32 bit pattern: sign, exponent rebased from bias 127 to 7 (minus 1 for the halving),
+    top 3 mantissa bits (the rest are zero here). Integer ops only: exact, and the same in the interpreter.
+    """
+    u = t.to(tl.float32).to(tl.uint32, bitcast=True)
+    bits = ((u >> 24) & 0x80) | ((((u >> 23) & 0xFF) - 121) << 3) | ((u >> 20) & 7)
+    return tl.where(t == 0, 0, bits)
+
+
+@triton.jit
+def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SELECTOR: tl.constexpr):
+    """Dense E4M3FN tile [BLOCK_M, BLOCK_K] of A for K-columns 4*g0 ... 4*g0 + BLOCK_K - 1.
+
+    SELECTOR=False: the values (v0 at idx0 plus v1 at idx1; a duplicate index holds v0 + v1, exact).
+    SELECTOR=True: 1.0 at each selected position (used to count selected NaNs of b).
+    Rows >= M and groups >= G load zero bytes, which decode to an all-zero group.
+    """
+    offs_g = g0 + tl.arange(0, BLOCK_K // 4)
+    mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
+    off = offs_m[:, None] * stride_am + offs_g[None, :] * stride_ag
+    # int8 storage, read as unsigned bytes: bitcast to uint8 first, then zero-extend
+    meta = tl.load(meta_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint32)
+    sh0 = (meta & 3) * 8          # bit offset of idx0's byte in the group's 32-bit word
+    sh1 = ((meta >> 2) & 3) * 8   # bit offset of idx1's byte; meta bits 7:4 are never read
+    if SELECTOR:
+        word = (0x38 << sh0) | (0x38 << sh1)  # 0x38 = E4M3FN 1.0
+    else:
+        vals = tl.load(vals_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+        t0 = _e2m1_twice(vals & 15)
+        t1 = _e2m1_twice(vals >> 4)
+        dup = sh0 == sh1
+        b0 = _e4m3_bits_of_half(tl.where(dup, t0 + t1, t0))  # duplicate index: the sum, exact in E4M3FN
+        b1 = tl.where(dup, 0, _e4m3_bits_of_half(t1))
+        word = (b0 << sh0) | (b1 << sh1)
+    # expand each group word to its 4 K-columns: column 4g + j holds byte j of word g
+    w4 = tl.broadcast_to(word[:, :, None], [BLOCK_M, BLOCK_K // 4, 4])
+    j = tl.arange(0, 4)
+    bytes4 = (w4 >> (j[None, None, :] * 8)) & 0xFF
+    return tl.reshape(bytes4, [BLOCK_M, BLOCK_K]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _mma(a, b, acc, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr):
+    """acc += a @ b.T for E4M3FN tiles a [BM, BK], b [BN, BK]; fp32 accumulator."""
+    if DOT_FP8:
+        # fp8 wgmma; the ~14-bit tensor-core accumulator is promoted into fp32 every BLOCK_K (<= 128) products
+        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+    else:
+        # E2M1 and E4M3FN values are exact in fp16; fp16 MMA, fp32 accumulator
+        acc = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)), acc)
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def sparse_gemm_fp4_fp8_kernel(
+    # pointers
+    vals_ptr, meta_ptr,            # int8 [M, G]
+    b_ptr,                         # uint8 view of float8_e4m3fn [N, K]
+    c_ptr,                         # bfloat16 [M, N]
+    ws_ptr,                        # fp32 split-K workspace [tiles, SPLIT_K, BLOCK_M, BLOCK_N] (unused if SPLIT_K=1)
+    lock_ptr,                      # int32 [tiles] arrival counters, zero between launches
+    # sizes
+    M, N, K,
+    # strides (elements)
+    stride_am, stride_ag,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_FP8: tl.constexpr,          # True: fp8 wgmma with promotion every BLOCK_K; False: fp16 MMA
+    NAN_CHECK_BYTES: tl.constexpr,  # True: detect NaN bytes of b directly; False: from the raw accumulator
+    EVEN_K: tl.constexpr,           # K % BLOCK_K == 0: no K masks
+):
+    # ---- tile and split of this program (grouped order: GROUP_M row tiles share b tiles in L2) ----
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_in_group = GROUP_M * num_pid_n
+    first_m = (pid // num_in_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_size
+    pid_n = (pid % num_in_group) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    G = K // 4
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt_begin = pid_k * per_split
+    kt_end = tl.minimum(kt_begin + per_split, k_tiles)
+
+    b_rows = b_ptr + offs_n[:, None] * stride_bn
+    n_ok = offs_n[:, None] < N
+
+    # ---- fast path: raw b tiles ----
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    nan_rows = tl.zeros((BLOCK_N,), dtype=tl.int32)
+    for kt in range(kt_begin, kt_end):
+        k0 = kt * BLOCK_K
+        a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
+                    BLOCK_M, BLOCK_K, False)
+        if EVEN_K:
+            b_mask = n_ok
+        else:
+            b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
+        b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+        if NAN_CHECK_BYTES:
+            nan_rows = tl.maximum(nan_rows, tl.max(((b & 0x7F) == 0x7F).to(tl.int32), axis=1))
+        acc = _mma(a, b.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, DOT_FP8)
+
+    if NAN_CHECK_BYTES:
+        has_nan = tl.max(nan_rows, axis=0) > 0
+    else:
+        has_nan = tl.max(tl.where(acc != acc, 1, 0)) > 0
+
+    # ---- where this program's fp32 result goes: its split-K workspace slot, or c directly ----
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile = pid_m * num_pid_n + pid_n
+    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N) + local
+
+    if has_nan:
+        # ---- slow path (b had a NaN byte in this program's range): recompute with NaN bytes -> 0, store, then
+        # count with a second MMA the selected NaNs and overwrite those elements with NaN. Two loops, one
+        # accumulator live at a time (registers).
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(kt_begin, kt_end):
+            k0 = kt * BLOCK_K
+            a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
+                        BLOCK_M, BLOCK_K, False)
+            if EVEN_K:
+                b_mask = n_ok
+            else:
+                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
+            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+            b_clean = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
+            acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, DOT_FP8)
+        _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
+        hits = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(kt_begin, kt_end):
+            k0 = kt * BLOCK_K
+            sel = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
+                          BLOCK_M, BLOCK_K, True)
+            if EVEN_K:
+                b_mask = n_ok
+            else:
+                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
+            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+            b_flag = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
+            # non-negative terms: the count is > 0 iff a selected position holds a NaN (under any rounding)
+            hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, DOT_FP8)
+        tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
+        _store_nan(hits > 0, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
+    else:
+        _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
+
+    # ---- split-K: the last program to arrive at this tile reduces the partials in split order ----
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # sum in split order 0, 1, ... (deterministic), reading through L2 (.cg), one RNE to bf16
+            total = tl.load(ws_tile, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+            tl.store(c_ptrs, total.to(tl.bfloat16), mask=c_mask)
+            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit
+def _store_result(acc, ws_ptrs, c_ptrs, c_mask, SPLIT_K: tl.constexpr):
+    """fp32 tile -> split-K workspace slot (full tile, no mask), or -> c with one RNE rounding to bf16."""
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)
+    else:
+        tl.store(ws_ptrs, acc)
+
+
+@triton.jit
+def _store_nan(where_nan, ws_ptrs, c_ptrs, c_mask, SPLIT_K: tl.constexpr):
+    """Overwrite the elements flagged in where_nan (a [BLOCK_M, BLOCK_N] bool tile) with NaN."""
+    if SPLIT_K == 1:
+        tl.store(c_ptrs, tl.full(where_nan.shape, float("nan"), tl.float32).to(tl.bfloat16), mask=c_mask & where_nan)
+    else:
+        tl.store(ws_ptrs, tl.full(where_nan.shape, float("nan"), tl.float32), mask=where_nan)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host wrapper
+# ----------------------------------------------------------------------------------------------------------
+_WORKSPACES: dict = {}  # (device, stream) -> (fp32 split-K workspace, int32 counters); counters 0 between launches
+
+
+def _workspace(device: torch.device, ws_elems: int, n_counters: int):
+    """Cached split-K workspace and zeroed arrival counters for (device, current stream); grown, never shrunk.
+
+    One per stream: launches on one stream run in order, so the counters are back at zero for the next launch.
+    """
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    ws, cnt = _WORKSPACES.get(key, (None, None))
+    if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
+        ws_n = max(ws_elems, ws.numel() if ws is not None else 0)
+        cnt_n = max(n_counters, cnt.numel() if cnt is not None else 0, 1024)
+        ws = torch.empty(ws_n, dtype=torch.float32, device=device)
+        cnt = torch.zeros(cnt_n, dtype=torch.int32, device=device)
+        _WORKSPACES[key] = (ws, cnt)
+    return ws, cnt
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check(name: str, t, dtype: torch.dtype) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}.dtype={t.dtype}: expected {dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
+
+
+def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
+                        config: SparseGemmConfig | None = None, *, out: torch.Tensor | None = None,
+                        nan_check_bytes: bool | None = None) -> torch.Tensor:
+    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (design.md "2:4 sparse A").
+
+    Args:
+        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
+            as unsigned.
+        a_meta: int8 [M, K/4]; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the group); bits 7:4
+            ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
+        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment.
+        config: a SparseGemmConfig overriding the CONFIGS entry picked by M (benchmarks, tests).
+        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
+        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
+            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
+            +-480 (facts/triton.md).
+
+    Returns:
+        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
+        position the metadata selects gives NaN; one at a pruned position does not (module docstring).
+
+    Raises:
+        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor.
+        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4]; ``out`` not [M, N];
+            operands on different devices; an fp8 config with block_k > 128.
+
+    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench; facts/seeds.md §1), layout and
+    semantics fixed by design.md ("2:4 sparse A"); reference fp4ref.gemm.sparse_gemm_fp4_fp8.
+    """
+    _check("a_vals", a_vals, torch.int8)
+    _check("a_meta", a_meta, torch.int8)
+    _check("b_fp8", b_fp8, torch.float8_e4m3fn)
+    n, k = b_fp8.shape
+    m, g = a_vals.shape
+    if k < 4 or k % 4 != 0:
+        raise ValueError(f"b_fp8.shape={tuple(b_fp8.shape)}: K (dim 1) must be a positive multiple of 4, got K={k}")
+    if n < 1:
+        raise ValueError(f"b_fp8.shape={tuple(b_fp8.shape)}: N (dim 0) must be >= 1")
+    if m < 1:
+        raise ValueError(f"a_vals.shape={tuple(a_vals.shape)}: M (dim 0) must be >= 1")
+    if g != k // 4:
+        raise ValueError(f"a_vals.shape={tuple(a_vals.shape)}: expected [M, K/4] = [{m}, {k // 4}] for K={k} "
+                         f"(b_fp8.shape={tuple(b_fp8.shape)})")
+    if tuple(a_meta.shape) != tuple(a_vals.shape):
+        raise ValueError(f"a_meta.shape={tuple(a_meta.shape)}: expected {tuple(a_vals.shape)} (as a_vals)")
+    if not (a_vals.device == a_meta.device == b_fp8.device):
+        raise ValueError(f"operands on different devices: a_vals {a_vals.device}, a_meta {a_meta.device}, "
+                         f"b_fp8 {b_fp8.device}")
+    interp = _interpreting()
+    if config is None:
+        config = INTERPRETER_CONFIG if interp else pick_config(m)
+    if not isinstance(config, SparseGemmConfig):
+        raise TypeError(f"config: expected a SparseGemmConfig, got {type(config).__name__}")
+    if config.dot_fp8 and config.block_k > PROMOTION_INTERVAL:
+        raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
+                         "(the promotion interval of the numeric contract)")
+    if nan_check_bytes is None:
+        nan_check_bytes = interp
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=b_fp8.device)
+    else:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+            raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+        if tuple(out.shape) != (m, n) or out.device != b_fp8.device:
+            raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {b_fp8.device}")
+
+    tiles_m = triton.cdiv(m, config.block_m)
+    tiles_n = triton.cdiv(n, config.block_n)
+    k_tiles = triton.cdiv(k, config.block_k)
+    split_k = max(1, min(config.split_k, k_tiles))
+    if split_k > 1:
+        ws, locks = _workspace(out.device, tiles_m * tiles_n * split_k * config.block_m * config.block_n,
+                               tiles_m * tiles_n)
+    else:
+        ws, locks = out, out  # not read by the kernel
+    b_u8 = b_fp8.view(torch.uint8)  # bytes: NaN detection by bits, bitcast to E4M3FN for the MMA
+    grid = (tiles_m * tiles_n, split_k)
+    sparse_gemm_fp4_fp8_kernel[grid](
+        a_vals, a_meta, b_u8, out, ws, locks,
+        m, n, k,
+        a_vals.stride(0), a_vals.stride(1),
+        b_u8.stride(0), b_u8.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT_K=split_k, GROUP_M=config.group_m,
+        DOT_FP8=config.dot_fp8, NAN_CHECK_BYTES=bool(nan_check_bytes),
+        EVEN_K=(k % config.block_k == 0),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

@@ -1,0 +1,269 @@
+"""fp4ref.kernels.sparse_gemm_fp4_fp8 (2:4 sparse E2M1 x E4M3FN -> bf16) against fp4ref's exact reference.
+
+CPU CI: the Triton interpreter (conftest sets TRITON_INTERPRET=1), checked by fp4ref.bounds.check under the
+kernel's declared model with FAITHFUL output rounding (interpreted fp32 -> bf16 stores truncate,
+facts/triton.md) and NaN-poisoned outputs; every CONFIGS entry compiled for sm_90 on the CPU.
+GPU (marked gpu, skipped without CUDA): the workload's M values, RNE output rounding, determinism.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp4ref.bounds import check
+from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
+from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
+from fp4ref.packing import compress_2to4
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+ROUNDING = "rne" if ON_GPU else "faithful"
+CONTRACT = mod.NUMERIC_CONTRACT["accumulation_model"]
+NAN = float("nan")
+
+
+def _run(vals_u8: np.ndarray, meta_u8: np.ndarray, b_u8: np.ndarray, config=None, nan_check_bytes=None):
+    """Kernel on numpy bytes (int8 views, as the workload passes them) into a NaN-poisoned output."""
+    v = torch.from_numpy(np.ascontiguousarray(vals_u8).view(np.int8)).to(DEVICE)
+    m = torch.from_numpy(np.ascontiguousarray(meta_u8).view(np.int8)).to(DEVICE)
+    b = torch.from_numpy(np.ascontiguousarray(b_u8)).to(DEVICE).view(torch.float8_e4m3fn)
+    out = torch.full((v.shape[0], b.shape[0]), NAN, dtype=torch.bfloat16, device=DEVICE)
+    c = mod.sparse_gemm_fp4_fp8(v, m, b, config, out=out, nan_check_bytes=nan_check_bytes)
+    assert c is out
+    return c.cpu()
+
+
+def _assert_matches(c, vals_u8, meta_u8, b_u8, model=CONTRACT):
+    ref = reference(vals_u8, meta_u8, b_u8)
+    check(c, ref, model, output_rounding=ROUNDING, poison=NAN).assert_ok()
+    return ref
+
+
+def _b_bytes(rng, N, K, nan_rate=0.0):
+    """Random E4M3FN bytes (any finite byte), optionally with NaN bytes (0x7F / 0xFF) at rate nan_rate."""
+    b = rng.integers(0, 256, (N, K), dtype=np.uint8)
+    b[(b & 0x7F) == 0x7F] ^= 0x01  # finite
+    if nan_rate:
+        hit = rng.random((N, K)) < nan_rate
+        b[hit] = np.where(rng.random((N, K)) < 0.5, 0x7F, 0xFF).astype(np.uint8)[hit]
+    return b
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-computed values (independent of fp4ref): one group, K = 4, b row [1, 2, 4, 8] (E4M3FN 0x38 0x40 0x48 0x50)
+# ---------------------------------------------------------------------------------------------------------------
+B_ROW = np.array([[0x38, 0x40, 0x48, 0x50]], dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "val, meta, expected",
+    [
+        (0x21, 0x0D, 0.5 * 2 + 1.0 * 8),  # v0 = 0.5 at idx0 = 1, v1 = 1.0 at idx1 = 3
+        (0x21, 0x07, 1.0 * 2 + 0.5 * 8),  # descending indices idx0 = 3 > idx1 = 1: same sum rule
+        (0x21, 0x05, (0.5 + 1.0) * 2),  # duplicate index 1: the values ADD
+        (0xF7, 0xFF, (6.0 - 6.0) * 8),  # v0 = 6 (0x7), v1 = -6 (0xF) both at 3; meta bits 7:4 set (ignored)
+        (0xFF, 0xFA, -12.0 * 4),  # int8 -1 / -6: v0 = v1 = -6, both at idx 2: a signed shift would break this
+        (0x8F, 0xE4, -6.0 * 1 + -0.0 * 2),  # -0 (code 8) at idx1 = 1
+        (0x77, 0x0F, 12.0 * 8),  # 6 + 6 at idx 3: 12 (E4M3FN-exact sum) * 8
+    ],
+)
+def test_hand_computed_groups(val, meta, expected):
+    c = _run(np.array([[val]], np.uint8), np.array([[meta]], np.uint8), B_ROW)
+    assert c.shape == (1, 1) and c.dtype == torch.bfloat16
+    assert c.float().item() == expected  # small integers: exact in bf16 under any rounding
+
+
+def test_nan_selected_vs_pruned():
+    """A NaN byte of b counts iff the metadata selects its position (even times a zero value)."""
+    b = np.array([[0x38, 0x7F, 0x48, 0x50]], dtype=np.uint8)  # NaN at position 1
+    vals = np.array([[0x21], [0x21], [0x00], [0x21]], np.uint8)
+    meta = np.array([[0x0D], [0x0E], [0x04], [0x08]], np.uint8)  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
+    c = _run(vals, meta, b).float().numpy()[:, 0]
+    assert np.isnan(c[0]) and np.isnan(c[2])
+    assert c[1] == 0.5 * 4 + 1.0 * 8 and c[3] == 0.5 * 1 + 1.0 * 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hypothesis: shapes and adversarial bytes, against fp4ref.gemm.sparse_gemm_fp4_fp8 under the declared model
+# ---------------------------------------------------------------------------------------------------------------
+@st.composite
+def sparse_operands(draw, *, max_m=130, max_n=96, max_groups=80, canonical=False, nan_rate=0.0):
+    M = draw(st.integers(1, max_m))
+    N = draw(st.integers(1, max_n))
+    G = draw(st.integers(1, max_groups))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if canonical:
+        # canonical bytes from an independent path: compress_2to4 of a random 2:4-sparse E2M1 code matrix
+        codes = rng.integers(0, 16, (M, 4 * G))
+        keep = np.argsort(rng.random((M, G, 4)), axis=2)[:, :, :2]
+        mask = np.zeros((M, G, 4), bool)
+        np.put_along_axis(mask, keep, True, axis=2)
+        codes = np.where(mask.reshape(M, 4 * G), codes, 0)
+        vals, meta = compress_2to4(codes)
+    else:
+        vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
+        meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    # adversarial rows: all 0xFF bytes (-6, -6 at index 3, meta high bits set), and 0x80 sign-bit-only bytes
+    if M > 2 and draw(st.booleans()):
+        vals[0], meta[0] = 0xFF, 0xFF
+        vals[1], meta[1] = 0x80, 0x80
+    b = _b_bytes(rng, N, 4 * G, nan_rate)
+    return vals, meta, b
+
+
+@settings(max_examples=20)
+@given(sparse_operands())
+def test_any_bytes(ops):
+    vals, meta, b = ops
+    _assert_matches(_run(vals, meta, b), vals, meta, b)
+
+
+@settings(max_examples=12)
+@given(sparse_operands(canonical=True))
+def test_canonical_bytes(ops):
+    vals, meta, b = ops
+    _assert_matches(_run(vals, meta, b), vals, meta, b)
+
+
+@settings(max_examples=12)
+@given(sparse_operands(nan_rate=0.01))
+def test_nan_bytes_in_b(ops):
+    vals, meta, b = ops
+    ref = _assert_matches(_run(vals, meta, b), vals, meta, b)  # check() counts NaN mismatches
+    assert ref.exact.size > 0
+
+
+def test_ragged_m_and_k_splitk_paths():
+    """M not a tile multiple, K not a BLOCK_K multiple (masked K tail), split-K 1 and 3, both MMA paths."""
+    rng = np.random.default_rng(7)
+    M, N, G = 67, 40, 97  # K = 388: 3 full K-tiles of 128 + a tail of 4
+    vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    b = _b_bytes(rng, N, 4 * G, nan_rate=0.002)
+    C = mod.SparseGemmConfig
+    for cfg in (C(64, 64, 128, split_k=1), C(64, 64, 128, split_k=3), C(16, 32, 64, split_k=2, dot_fp8=False)):
+        c = _run(vals, meta, b, cfg)
+        _assert_matches(c, vals, meta, b)
+        if not ON_GPU:  # the interpreted fp32 accumulation is within the config's own (tighter) model too
+            _assert_matches(c, vals, meta, b, model=mod.numeric_model(cfg, 4 * G))
+
+
+def test_deterministic_and_inputs_untouched():
+    rng = np.random.default_rng(11)
+    vals = rng.integers(0, 256, (70, 64), dtype=np.uint8)
+    meta = rng.integers(0, 256, (70, 64), dtype=np.uint8)
+    b = _b_bytes(rng, 64, 256)
+    copies = (vals.copy(), meta.copy(), b.copy())
+    c1 = _run(vals, meta, b)
+    c2 = _run(vals, meta, b)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    for x, y in zip((vals, meta, b), copies):
+        np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------------------
+def _tensors(M=2, N=3, K=8):
+    v = torch.zeros(M, K // 4, dtype=torch.int8)
+    return v, v.clone(), torch.zeros(N, K, dtype=torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (lambda v, m, b: (v.to(torch.uint8), m, b), TypeError, "a_vals.dtype"),
+        (lambda v, m, b: (v, m.numpy(), b), TypeError, "a_meta: expected a torch.Tensor"),
+        (lambda v, m, b: (v, m, b.view(torch.uint8)), TypeError, "b_fp8.dtype"),
+        (lambda v, m, b: (v, m, torch.zeros(3, 6, dtype=torch.float8_e4m3fn)), ValueError, "multiple of 4"),
+        (lambda v, m, b: (v[:, :1], m[:, :1], b), ValueError, r"expected \[M, K/4\]"),
+        (lambda v, m, b: (v, m[:1], b), ValueError, "a_meta.shape"),
+        (lambda v, m, b: (v[:0], m[:0], b), ValueError, "M"),
+        (lambda v, m, b: (v, m, b[:0]), ValueError, "N"),
+        (lambda v, m, b: (v.reshape(-1), m, b), ValueError, "2-D"),
+    ],
+)
+def test_bad_arguments(mutate, exc, match):
+    v, m, b = mutate(*_tensors())
+    with pytest.raises(exc, match=match):
+        mod.sparse_gemm_fp4_fp8(v, m, b)
+
+
+def test_bad_config_and_out():
+    v, m, b = _tensors()
+    with pytest.raises(ValueError, match="block_k"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, mod.SparseGemmConfig(64, 64, 256))
+    with pytest.raises(TypeError, match="out"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(2, 3, dtype=torch.float32))
+    with pytest.raises(ValueError, match="out.shape"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(3, 2, dtype=torch.bfloat16))
+
+
+def test_contract_names_a_known_model():
+    from fp4ref.bounds import get_model
+
+    assert get_model(CONTRACT).promote_every == mod.PROMOTION_INTERVAL
+    K = 2048
+    for _, cfg in mod.CONFIGS:
+        assert cfg.block_k <= mod.PROMOTION_INTERVAL or not cfg.dot_fp8
+        assert get_model(mod.numeric_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sm_90 build on the CPU: every config the GPU can pick must compile (and use the MMA the contract assumes)
+# ---------------------------------------------------------------------------------------------------------------
+def _build(cfg, nan_check_bytes=False, even_k=True):
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*u8", "c_ptr": "*bf16", "ws_ptr": "*fp32",
+           "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr",
+           "stride_bn": "i32", "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
+    consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "DOT_FP8": cfg.dot_fp8,
+              "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
+    div16 = [p for p, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_am", "stride_bn", "stride_cm"]
+    return compile_for_sm90(mod.sparse_gemm_fp4_fp8_kernel, sig, consts, num_warps=cfg.num_warps,
+                            num_stages=cfg.num_stages, divisible_by_16=div16)
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+def test_configs_compile_for_sm90(cfg):
+    ck = _build(cfg)
+    assert ck.asm["cubin"]
+    ptx = ck.asm["ptx"]
+    assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
+    if cfg.dot_fp8:
+        assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
+        assert f"maxNumImpreciseAcc = {cfg.block_k}" in ck.asm["ttgir"]  # the promotion the contract assumes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+def test_configs_compile_for_sm90_other_variants(cfg):
+    assert _build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: the workload sizes (random int8 bytes as the public benchmark feeds them, and canonical bytes)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("M", [1, 7, 16, 64, 100, 256, 1024, 4096, 8192])
+@pytest.mark.parametrize("canonical", [False, True], ids=["random", "canonical"])
+def test_gpu_workload_sizes(M, canonical):
+    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import make_operands
+
+    gen = torch.Generator(device="cuda").manual_seed(M * 2 + canonical)
+    v, m, b = make_operands(M, 2048, 2048, gen, canonical=canonical)
+    outs = []
+    for _ in range(2):
+        for ws, _cnt in mod._WORKSPACES.values():
+            ws.fill_(NAN)
+        out = torch.full((M, 2048), NAN, dtype=torch.bfloat16, device="cuda")
+        outs.append(mod.sparse_gemm_fp4_fp8(v, m, b, out=out).cpu())
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # bitwise deterministic
+    ref = reference(v.cpu().numpy(), m.cpu().numpy(), b.view(torch.uint8).cpu().numpy())
+    check(outs[0], ref, CONTRACT, output_rounding="rne", poison=NAN).assert_ok()
