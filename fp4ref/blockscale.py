@@ -17,6 +17,7 @@ Scale layouts (``to_blocked`` / ``from_blocked``) are in :mod:`fp4ref.layouts` a
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,7 +192,19 @@ def _as_f32_input(x, name: str) -> np.ndarray:
     return arr.astype(np.float32, copy=False)
 
 
+def _max_abs(x: np.ndarray) -> np.float32:
+    """max|x| as float32 without a temporary |x| array (max and min reductions; NaN propagates)."""
+    if x.size == 0:
+        return _F32(0.0)
+    hi = np.max(x)
+    if np.isnan(hi):
+        return _F32(np.nan)
+    return _F32(abs(max(hi, -np.min(x))))  # abs: an all-(-0.0) array gives +0.0
+
+
 def _check_nonfinite(xf: np.ndarray, policy: str, name: str = "x") -> np.ndarray:
+    if xf.size == 0 or np.isfinite(np.max(xf)) and np.isfinite(np.min(xf)):  # two reductions, no temporary
+        return xf
     bad = ~np.isfinite(xf)
     if not bad.any():
         return xf
@@ -230,6 +243,42 @@ def _encode_e2m1(y: np.ndarray) -> np.ndarray:
     return encode(y, E2M1, rounding="rne", saturate=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _e2m1_table(negative_zero: bool) -> np.ndarray:
+    """formats.encode(., E2M1) (RNE, saturating) tabulated over float32 bit patterns: index (bits >> 16) * 2 +
+    (bits & 0xFFFF != 0).
+
+    RNE to E2M1 keeps the sign, exponent and one mantissa bit; its round bit is float32 mantissa bit 21 or higher and
+    everything below is only "sticky". So two float32 values with the same top 16 bits and the same "low 16 bits
+    zero?" answer round to the same code, and each of the 2^17 classes is represented exactly by its member with low
+    bits 0 or 1. (tests/test_blockscale.py compares the table path with encode on every class and on random values;
+    a slow test on all 2^32 patterns.) NaN classes hold 0 (inputs are checked finite before). With
+    ``negative_zero=False`` the entry of exactly -0.0 is 0x0 (TE / ModelOpt sign-of-zero rule).
+    """
+    hi = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    table = np.empty((1 << 16, 2), dtype=np.uint8)
+    table[:, 0] = encode(hi.view(np.float32), E2M1, rounding="rne", saturate=True, nan="zero")
+    table[:, 1] = encode((hi | np.uint32(1)).view(np.float32), E2M1, rounding="rne", saturate=True, nan="zero")
+    table = table.reshape(-1)
+    if not negative_zero:
+        table[0x8000 * 2] = 0
+    table.flags.writeable = False
+    return table
+
+
+def _e2m1_f32(y: np.ndarray, negative_zero: bool = True) -> np.ndarray:
+    """E2M1 codes (RNE, saturating) of a float32 array: the same codes as formats.encode, through _e2m1_table."""
+    b = np.ascontiguousarray(y, dtype=np.float32).view(np.uint32)
+    idx = b >> np.uint32(15)  # (bits >> 16) * 2 + bit 15
+    idx |= (b & np.uint32(0x7FFF)) != 0  # ... | any of bits 14..0
+    return _e2m1_table(negative_zero)[idx]
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    """Two valid 4-bit codes per byte along the last axis, element 2i low (fp4ref.packing.pack_fp4's order)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
+
+
 def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple[np.ndarray, np.ndarray]:
     """Scale bytes [r, nb] and unpacked codes [r, nb, 16] for blocks xb [r, nb, 16] with block amax ab [r, nb]."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -242,17 +291,15 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -
             sbytes = encode(pre, E4M3FN, rounding="rne", saturate=True)
             s = decode(sbytes, E4M3FN)
             enc = np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX)
-            y = np.clip(xb * enc[..., None], -_E2M1_MAX, _E2M1_MAX)
-            codes = _encode_e2m1(y)
-            codes[y == 0] = 0  # -0.0 -> 0x0 (comparison cast); [-0.25, -0) keeps 0x8
-            return sbytes, codes
+            # clamp(., -6, 6) then E2M1 == saturating E2M1 (x * enc is never NaN: x finite, enc in (0, FLT_MAX]);
+            # -0.0 -> 0x0 (comparison cast), [-0.25, -0) keeps 0x8
+            return sbytes, _e2m1_f32(xb * enc[..., None], negative_zero=False)
         if recipe is NVFP4Recipe.TORCHAO:
             pts = gs["g"]
             sbs = np.clip((ab / _F32(6.0)) / pts, _F32(2.0**-6), _E4M3_MAX)
             sbytes = encode(sbs, E4M3FN, rounding="rne", saturate=True)
             total = pts * decode(sbytes, E4M3FN)
-            y = np.clip(xb / total[..., None], -_E2M1_MAX, _E2M1_MAX)
-            return sbytes, _encode_e2m1(y)
+            return sbytes, _e2m1_f32(xb / total[..., None])  # clamp to +-6 == saturating E2M1; -0.0 -> 0x8
         if recipe is NVFP4Recipe.MODELOPT:
             sf2 = gs["g"]
             p = ab / (_F32(6.0) * sf2)
@@ -260,9 +307,7 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -
             p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
             sbytes = encode(p, E4M3FN, rounding="rne", saturate=True)
             y = xb / (decode(sbytes, E4M3FN) * sf2)[..., None]
-            codes = _encode_e2m1(y)
-            codes[y == 0] = 0  # sign = (x < 0): -0.0 -> 0x0
-            return sbytes, codes
+            return sbytes, _e2m1_f32(y, negative_zero=False)  # sign = (x < 0): -0.0 -> 0x0
         # EXACT, in float64 (see NVFP4Recipe.EXACT for why each quotient rounds like the real one)
         d = np.float64(gs["g"])
         q = ab.astype(np.float64) / (6.0 * d)
@@ -331,7 +376,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     xf = _check_nonfinite(xf, nonfinite)
     xm = np.moveaxis(xf, ax, -1)
     if global_amax is None:
-        amax = _F32(np.max(np.abs(xm))) if xm.size else _F32(0.0)
+        amax = _max_abs(xm)
     else:
         if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, (int, float, np.floating, np.integer)):
             raise TypeError(f"global_amax must be a float, got {type(global_amax).__name__}")
@@ -357,7 +402,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         ab = np.max(np.abs(xb), axis=-1) if amax_b is None else amax_b[r0:r1]
         sb, cb = _nvfp4_rows(rec, xb, ab, gs)
         scales[r0:r1] = sb
-        codes[r0:r1] = pack_fp4(cb.reshape(r1 - r0, k))
+        codes[r0:r1] = _pack(cb.reshape(r1 - r0, k))
     codes = np.moveaxis(codes.reshape(lead + (k // 2,)), -1, ax)
     scales = np.moveaxis(scales.reshape(lead + (nb,)), -1, ax)
     return NVFP4Tensor(

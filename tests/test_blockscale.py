@@ -510,3 +510,44 @@ def test_mx_zero_nonfinite_axis_errors():
     with pytest.raises(ValueError, match="mode="):
         mx_quantize(y, "e2m1", mode="nearest")
     assert mx_quantize(y, "e2m1", mode=MXMode.RCEIL, axis=0).mode == "rceil"
+
+
+# ------------------------------------------------------------------------------------------ E2M1 table path
+
+
+def _all_classes_and_neighbours():
+    hi = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    lows = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
+    bits = (hi[:, None] | lows[None, :]).reshape(-1)
+    v = bits.view(np.float32)
+    return v[np.isfinite(v)]
+
+
+def test_e2m1_table_path_equals_encode_on_every_class():
+    from fp4ref.blockscale import _e2m1_f32
+    from fp4ref.formats import E2M1, encode
+
+    v = _all_classes_and_neighbours()
+    want = encode(v, E2M1, rounding="rne", saturate=True)
+    np.testing.assert_array_equal(_e2m1_f32(v), want)
+    # the sign-of-zero variant differs from encode only at -0.0 exactly
+    alt = _e2m1_f32(v, negative_zero=False)
+    negzero = (v == 0) & np.signbit(v)
+    np.testing.assert_array_equal(alt[~negzero], want[~negzero])
+    assert np.all(alt[negzero] == 0) and np.all(want[negzero] == 8)
+    rng = np.random.default_rng(9)
+    r = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    r = r[np.isfinite(r)]
+    np.testing.assert_array_equal(_e2m1_f32(r), encode(r, E2M1, rounding="rne", saturate=True))
+
+
+@pytest.mark.slow
+def test_e2m1_table_path_equals_encode_exhaustive():
+    from fp4ref.blockscale import _e2m1_f32
+    from fp4ref.formats import E2M1, encode
+
+    step = 1 << 24
+    for start in range(0, 1 << 32, step):
+        v = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        v = v[np.isfinite(v)]
+        np.testing.assert_array_equal(_e2m1_f32(v), encode(v, E2M1, rounding="rne", saturate=True))
