@@ -205,9 +205,10 @@ for _m in (
 ):
     register_model(_m)
 
-# aliases: bf16 inputs accumulate the same way as fp16 on these tensor cores
+# aliases: bf16 inputs accumulate the same way as fp16 on these tensor cores; a long name for the universal bound
 MODELS["ampere_bf16"] = MODELS["ampere_fp16"]
 MODELS["hopper_bf16_wgmma"] = MODELS["hopper_fp16_wgmma"]
+MODELS["tensor_core_fp32_universal"] = MODELS["tc_fp32_universal"]
 
 
 def hopper_fp8_wgmma_promote(n: int) -> AccumulationModel:

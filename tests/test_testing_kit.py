@@ -278,3 +278,51 @@ def test_ties_away_caught_on_drawn_exact_accumulation_inputs(data):
     bad = round_half_away(ref.exact, "float16")
     has_tie = np.any(bad.astype(np.float64) != ref.out.astype(np.float64))
     assert bounds.check(bad, ref, "hopper_fp16_wgmma", exact_accumulation=True).ok is not has_tie
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/testing.md's pattern, run against a torch CPU stand-in kernel (fp32 matmul, one RNE to fp16)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _standin_gemm_fp16(A, B, out=None):
+    torch = pytest.importorskip("torch")
+    c = torch.matmul(A.float(), B.float().T).half()
+    if out is None:
+        return c
+    out.copy_(c)
+    return out
+
+
+STANDIN_CONTRACT = {"accumulation_model": "fp32_rn"}
+
+
+@given(shape=fst.gemm_shapes(max_m=16, max_n=32, max_k=256, n_multiple_of=8, k_multiple_of=8), data=st.data())
+def test_docs_pattern_bound(shape, data):
+    torch = pytest.importorskip("torch")
+    A = data.draw(fst.fp16_matrices((shape.M, shape.K)))
+    B = data.draw(fst.fp16_matrices((shape.N, shape.K)))
+    out = torch.full((shape.M, shape.N), float("nan"), dtype=torch.float16)
+    _standin_gemm_fp16(torch.from_numpy(A), torch.from_numpy(B), out=out)
+    testing.assert_gemm_close(out, gemm.gemm_fp16(A, B), STANDIN_CONTRACT["accumulation_model"],
+                              output_rounding="rne", poison=float("nan"))
+
+
+@given(shape=fst.gemm_shapes(max_m=8, max_n=32, min_k=64, max_k=512, n_multiple_of=8, k_multiple_of=8),
+       data=st.data())
+def test_docs_pattern_exact(shape, data):
+    torch = pytest.importorskip("torch")
+    A, B = data.draw(fst.exact_accumulation_fp16(shape.M, shape.N, shape.K))
+    out = _standin_gemm_fp16(torch.from_numpy(A), torch.from_numpy(B))
+    testing.assert_gemm_close(out, gemm.gemm_fp16(A, B), "tc_fp32_universal", exact_accumulation=True)
+
+
+def test_assert_gemm_close_message_names_the_rule():
+    A, B = fp16_inputs(12, M=4, N=8, K=64)
+    ref = gemm.gemm_fp16(A, B)
+    bad = ref.out.copy()
+    bad[1, 2] = -bad[1, 2] if bad[1, 2] != 0 else np.float16(1)
+    with pytest.raises(AssertionError) as ei:
+        testing.assert_gemm_close(bad, ref, "hopper_fp16_wgmma")
+    msg = str(ei.value)
+    assert "hopper_fp16_wgmma" in msg and "(1, 2)" in msg and "Elements over the bound: 1 / 32" in msg
