@@ -29,6 +29,7 @@ N_WORKLOAD = 3072
 K_WORKLOAD = 2048
 COPY_BW_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts/h200-anchors.md)
 EXACT_CHECK_M = (1, 7, 136, 256, 972)  # sizes also checked against the exact fp4ref reference
+DEVICE = "cuda"  # tests of this script's logic set "cpu" (Triton interpreter, small sizes)
 
 
 def bytes_floor_us(M: int, N: int, K: int) -> float:
@@ -45,13 +46,14 @@ def _poisoned_run(torch, A, B):
     return gemm_fp16(A, B, out=C)
 
 
-def check_sizes(Ms, N, K, log, device: str = "cuda") -> bool:
+def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
     """Correctness on the GPU for every M; returns True when all pass. Prints one line per size."""
     import numpy as np
     import torch
 
     from .gemm_fp16 import accumulation_eps, gemm_fp16, pick_config
 
+    device = DEVICE if device is None else device
     ok_all = True
     gen = torch.Generator(device=device).manual_seed(1234)
     for M in Ms:
@@ -120,22 +122,24 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     return (t1 - t0) / calls * 1e6
 
 
-def bench_sizes(Ms, N, K, configs=None, verify: bool = False):
+def bench_sizes(Ms, N, K, configs=None, verify: bool = False, gpu_time: bool = False):
     """Rows [M, config, kernel us, torch us, speedup, % of bytes floor, verified] (kernel and peer same run).
 
     verify=True (sweep): every candidate's output (NaN-poisoned, two runs) is checked against a float64 GPU
     matmul under its declared bound and for bitwise determinism; "ok"/"FAIL..." in the last column.
+    gpu_time=True: two more columns, kernel and torch GPU-only time (``gpu_time_graph``: graphs, L2 flushed;
+    a diagnostic of host launch overhead, not the reported timing).
     """
     import torch
 
-    from ._bench import time_cuda
+    from ._bench import gpu_time_graph, time_cuda
     from .gemm_fp16 import accumulation_eps, gemm_fp16, pick_config
 
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(42)
-    B = torch.randn(N, K, device="cuda", dtype=torch.float16, generator=gen)
+    gen = torch.Generator(device=DEVICE).manual_seed(42)
+    B = torch.randn(N, K, device=DEVICE, dtype=torch.float16, generator=gen)
     for M in Ms:
-        A = torch.randn(M, K, device="cuda", dtype=torch.float16, generator=gen)
+        A = torch.randn(M, K, device=DEVICE, dtype=torch.float16, generator=gen)
         cfgs = configs(M) if configs is not None else [pick_config(M, N, K)]
         t_torch = time_cuda(lambda: torch.matmul(A, B.T))
         if verify:
@@ -149,7 +153,7 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False):
                 if verify:
                     outs = []
                     for _ in range(2):
-                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
                         outs.append(gemm_fp16(A, B, cfg, out=C))
                     u = 2.0**-11
                     bound = u * (S.abs() + e64) + (1 + u) * accumulation_eps(K, cfg) * absprod + 2.0**-25 + e64
@@ -161,7 +165,10 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False):
                 print(f"M={M} {cfg_name(cfg)}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             floor = bytes_floor_us(M, N, K)
-            rows.append([M, cfg_name(cfg), t_k, t_torch, t_torch / t_k, 100.0 * floor / t_k, status])
+            row = [M, cfg_name(cfg), t_k, t_torch, t_torch / t_k, 100.0 * floor / t_k, status]
+            if gpu_time:
+                row += [gpu_time_graph(lambda: gemm_fp16(A, B, cfg)), gpu_time_graph(lambda: torch.matmul(A, B.T))]
+            rows.append(row)
     return rows
 
 
@@ -207,6 +214,130 @@ def sweep_candidates(M: int):
     return out
 
 
+def tune_buckets():
+    """(upper bound of M, Ms timed, candidate configs) for --tune; the result becomes CONFIG_TABLE."""
+    from .gemm_fp16 import GemmConfig as G
+
+    def ptr(bm, combos):
+        return [G("splitk", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st) for bn, bk, s, w, st in combos]
+
+    small = [(64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 64, 8, 4, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 4),
+             (32, 64, 8, 4, 4), (64, 128, 1, 4, 4), (128, 128, 2, 4, 3)]  # fmt: skip
+    mid64 = [(64, 128, 2, 4, 4), (128, 64, 2, 4, 4), (64, 64, 4, 4, 4), (128, 64, 1, 4, 4), (64, 128, 4, 4, 4)]
+    mid128 = [(128, 64, 1, 8, 4), (64, 128, 2, 8, 4), (128, 64, 2, 8, 4), (128, 128, 2, 8, 3), (64, 64, 4, 8, 4)]
+    tma_small = [
+        G("tma", 64, 128, 128, SPLIT_K=4, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2),
+        G("tma", 64, 64, 128, SPLIT_K=8, num_warps=4, num_stages=4, PROGRAMS_PER_SM=4),
+        G("tma", 64, 128, 64, SPLIT_K=4, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2),
+    ]
+    tma_mid = [
+        G("tma", 64, 128, 128, SPLIT_K=2, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2),
+        G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2),
+        G("tma", 64, 128, 64, SPLIT_K=4, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2),
+    ]
+    large = [
+        G("tma", 128, 128, 64, num_warps=8, num_stages=4),
+        G("tma", 128, 128, 64, num_warps=4, num_stages=5),
+        G("tma", 128, 256, 64, num_warps=8, num_stages=3),
+        G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4),
+        G("tma", 64, 256, 64, num_warps=4, num_stages=4),
+        G("tma", 64, 128, 64, num_warps=4, num_stages=5, PROGRAMS_PER_SM=2),
+        G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4),
+        G("tma", 128, 256, 64, SPLIT_K=2, num_warps=8, num_stages=3),
+    ]
+    return [
+        (16, (1, 8, 16), ptr(16, small) + tma_small),
+        (32, (24, 32), ptr(32, small) + tma_small),
+        (64, (48, 64), ptr(64, small) + tma_small),
+        (128, (96, 128), ptr(64, mid64) + ptr(128, mid128) + tma_mid),
+        (192, (160, 192), ptr(64, mid64) + ptr(128, mid128) + tma_mid),
+        (256, (224, 256), ptr(64, mid64) + ptr(128, mid128) + tma_mid + large[:2]),
+        (1536, (972,), large),
+        (4096, (2053, 2379), large),
+        (2**62, (8192,), large),
+    ]
+
+
+# A TMA config needs ~3 host TensorDescriptor objects per call, several microseconds of CPU that the public
+# timing (no graphs) sees at small M; in buckets with M <= 256 a TMA config is chosen over the best pointer config
+# only if its GPU time is lower by more than this.
+TMA_HOST_PENALTY_US = 3.0
+
+
+def tune(N, K, log):
+    """Time every bucket's candidates (GPU time, L2 flushed, graphs), verify them, return the chosen table."""
+    import torch
+
+    from ._bench import gpu_time_graph
+    from .gemm_fp16 import accumulation_eps, gemm_fp16
+
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    B = torch.randn(N, K, device=DEVICE, dtype=torch.float16, generator=gen)
+    table = []
+    for bound, Ms, cands in tune_buckets():
+        score = {c: 0.0 for c in cands}
+        for M in Ms:
+            A = torch.randn(M, K, device=DEVICE, dtype=torch.float16, generator=gen)
+            Ad, Bd = A.double(), B.double()
+            S = Ad @ Bd.T
+            absprod = Ad.abs() @ Bd.abs().T
+            e64 = (K + 4) * 2.0**-52 * absprod
+            for c in cands:
+                if c not in score:
+                    continue
+                try:
+                    outs = []
+                    for _ in range(2):
+                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
+                        outs.append(gemm_fp16(A, B, c, out=C))
+                    u = 2.0**-11
+                    bnd = u * (S.abs() + e64) + (1 + u) * accumulation_eps(K, c) * absprod + 2.0**-25 + e64
+                    good = bool(((outs[0].double() - S).abs() <= bnd).all())
+                    det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+                    if not (good and det):
+                        raise RuntimeError(f"verification failed (bound ok={good}, deterministic={det})")
+                    t = gpu_time_graph(lambda: gemm_fp16(A, B, c))
+                except Exception as e:  # shared memory too large, failed check: drop the candidate
+                    line = f"tune M={M} {cfg_name(c)}: dropped: {type(e).__name__}: {str(e)[:120]}"
+                    print(line, flush=True)
+                    log.write(line + "\n")
+                    del score[c]
+                    continue
+                score[c] += math.log(t) / len(Ms)
+                line = f"tune M={M:5d} {cfg_name(c):34s} gpu {t:8.2f} us"
+                print(line, flush=True)
+                log.write(line + "\n")
+        if not score:
+            raise RuntimeError(f"no candidate survived for M <= {bound}")
+        ranked = sorted(score, key=score.get)
+        best = ranked[0]
+        if bound <= 256 and best.kernel == "tma":
+            ptrs = [c for c in ranked if c.kernel == "splitk"]
+            if ptrs and math.exp(score[ptrs[0]]) - math.exp(score[best]) <= TMA_HOST_PENALTY_US:
+                best = ptrs[0]
+        line = f"tune bucket M<={bound}: chose {cfg_name(best)} (geomean gpu {math.exp(score[best]):.2f} us)"
+        print(line, flush=True)
+        log.write(line + "\n")
+        table.append((bound, best))
+    return tuple(table)
+
+
+def table_source(table) -> str:
+    """The chosen table as Python source for CONFIG_TABLE."""
+    lines = ["CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = ("]
+    for bound, c in table:
+        extra = ""
+        if c.GROUP_M != 8:
+            extra += f", GROUP_M={c.GROUP_M}"
+        if c.PROGRAMS_PER_SM != 1:
+            extra += f", PROGRAMS_PER_SM={c.PROGRAMS_PER_SM}"
+        b = "2**62" if bound == 2**62 else str(bound)
+        lines.append(f'    ({b}, GemmConfig("{c.kernel}", {c.BLOCK_M}, {c.BLOCK_N}, {c.BLOCK_K}, SPLIT_K={c.SPLIT_K}, '
+                     f"num_warps={c.num_warps}, num_stages={c.num_stages}{extra})),")  # fmt: skip
+    lines.append(")")
+    return "\n".join(lines)
+
+
 def _compile_worker(cfg_json: str) -> str:
     """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
     import torch
@@ -214,8 +345,8 @@ def _compile_worker(cfg_json: str) -> str:
     from fp4ref.kernels.gemm_fp16 import GemmConfig, gemm_fp16
 
     cfg = GemmConfig(**json.loads(cfg_json))
-    A = torch.randn(300, K_WORKLOAD, device="cuda", dtype=torch.float16)
-    B = torch.randn(N_WORKLOAD, K_WORKLOAD, device="cuda", dtype=torch.float16)
+    A = torch.randn(300, K_WORKLOAD, device=DEVICE, dtype=torch.float16)
+    B = torch.randn(N_WORKLOAD, K_WORKLOAD, device=DEVICE, dtype=torch.float16)
     try:
         gemm_fp16(A, B, cfg)
         torch.cuda.synchronize()
@@ -246,6 +377,8 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=K_WORKLOAD)
     p.add_argument("--check", action="store_true", help="check correctness on every size before timing")
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
+    p.add_argument("--tune", action="store_true",
+                   help="choose CONFIG_TABLE from GPU times of candidates (prints it), then check/benchmark with it")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for logs / json results")
     args = p.parse_args(argv)
@@ -290,9 +423,9 @@ def main(argv=None) -> int:
         # Host overhead (CPU us per call) of the current table's config and of torch.matmul.
         from .gemm_fp16 import gemm_fp16
 
-        Bh = torch.randn(N, K, device="cuda", dtype=torch.float16)
+        Bh = torch.randn(N, K, device=DEVICE, dtype=torch.float16)
         for M in (1, 128, 2053):
-            Ah = torch.randn(M, K, device="cuda", dtype=torch.float16)
+            Ah = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
             hk = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
             ht = host_us_per_call(lambda: torch.matmul(Ah, Bh.T))
             print(f"host us/call M={M}: gemm_fp16 {hk:.1f}, torch.matmul {ht:.1f}", flush=True)
@@ -300,18 +433,42 @@ def main(argv=None) -> int:
                     [best[m] for m in sorted(best)], markdown=True)  # fmt: skip
         return 0
 
+    if args.tune:
+        from . import gemm_fp16 as g
+
+        precompile([c for _b, _ms, cands in tune_buckets() for c in cands], args.workers)
+        try:
+            table = tune(N, K, log)
+        except Exception:  # keep the file's table and go on to the check and benchmark
+            import traceback
+
+            traceback.print_exc()
+            table = g.CONFIG_TABLE
+            print("tune FAILED: keeping the CONFIG_TABLE in gemm_fp16.py", flush=True)
+        g.CONFIG_TABLE = table
+        g._PLANS.clear()
+        src = table_source(table)
+        print(src, flush=True)
+        log.write(src + "\n")
+        if out_dir:
+            with open(os.path.join(out_dir, "gemm_fp16_table.py"), "w") as f:
+                f.write(src + "\n")
     precompile([pick_config(M, N, K) for M in Ms], args.workers)
     ok = True
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
-    rows = [r[:6] for r in bench_sizes(Ms, N, K)]
+    rows = [r[:6] + r[7:] for r in bench_sizes(Ms, N, K, gpu_time=True)]
     if out_dir:
         with open(os.path.join(out_dir, "gemm_fp16_bench.json"), "w") as f:
             json.dump(rows, f)
     title = f"gemm_fp16 vs torch.matmul, N={N} K={K}, {dev}, L2 flushed, median of 50 (CUDA events)"
-    md = print_table(title, ["M", "config", "kernel us", "torch us", "speedup", "% of bytes floor"], rows,
-                     markdown=True)  # fmt: skip
+    cols = ["M", "config", "kernel us", "torch us", "speedup", "% of bytes floor", "kernel GPU us*", "torch GPU us*"]
+    md = print_table(title, cols, rows, markdown=True)
+    foot = ("* GPU-only time (diagnostic): CUDA graphs of 20 x (L2 flush, call) minus 20 x flush; excludes the host "
+            "launch overhead that the reported columns include.")  # fmt: skip
+    print(foot)
+    md += "\n\n" + foot
     log.write(md + "\n")
     small = [r[4] for r in rows if r[0] <= 256]
     summary = []
@@ -320,6 +477,14 @@ def main(argv=None) -> int:
     for r in rows:
         if r[0] in (972, 2053, 2379, 8192):
             summary.append(f"M={r[0]}: {r[4]:.3f}x (goal >= 0.95x)")
+    from .gemm_fp16 import gemm_fp16
+
+    Bh = torch.randn(N, K, device=DEVICE, dtype=torch.float16)
+    for M in (1, 128, 2053):
+        Ah = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+        hk = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
+        ht = host_us_per_call(lambda: torch.matmul(Ah, Bh.T))
+        summary.append(f"host (CPU) us per call, M={M}: gemm_fp16 {hk:.1f}, torch.matmul {ht:.1f}")
     for s in summary:
         print(s)
         log.write(s + "\n")
