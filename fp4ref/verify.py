@@ -216,9 +216,9 @@ def verify(
             continue
         contract = kernel_contract(module)
         model_name = model or contract.get("accumulation_model") or bounds.DEFAULT_MODEL
-        rounding = output_rounding or (
-            contract.get("output_rounding_interpreter", "faithful") if interpreted else contract.get("output_rounding", "rne")
-        )
+        # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
+        rounding = output_rounding or contract.get(
+            "output_rounding_interpreter" if interpreted else "output_rounding", "rne")
         fams = list(families or w.families)
         for f in fams:
             if f not in w.families:

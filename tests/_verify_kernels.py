@@ -1,0 +1,26 @@
+"""Torch stand-in kernels for the verify tests: one right, and deliberately wrong ones fp4ref must flag.
+
+Each takes the gemm_n3072_k2048 signature (A fp16 [M, K], B fp16 [N, K]) -> fp16 [M, N].
+On the exact_acc family every product and partial sum is a small integer, so the float64 matmul below is exact
+and ``.to(torch.float16)`` is then one RNE rounding: the right answer.
+"""
+import torch
+
+
+def right(A, B):
+    return (A.double() @ B.double().T).to(torch.float16)
+
+
+def truncating_store(A, B):
+    """Rounds the exact sum toward zero (a store that truncates instead of RNE)."""
+    exact = A.double() @ B.double().T
+    rne = exact.to(torch.float16)
+    over = rne.double().abs() > exact.abs()  # RNE went away from zero: step one ulp back toward zero
+    return torch.where(over, torch.nextafter(rne, torch.zeros_like(rne)), rne)
+
+
+def last_column_skipped(A, B):
+    """Never writes the last output column (a masked-off partial tile); the buffer held zeros."""
+    out = right(A, B)
+    out[:, -1] = 0
+    return out
