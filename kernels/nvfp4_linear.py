@@ -231,12 +231,19 @@ def nvfp4_quantize_kernel(
     enc = tl.minimum(tl.math.div_rn(tl.full([BLOCK_R, NB], 1.0, tl.float32), sval * gdec), 3.4028234663852886e38)
     y = x * enc[:, :, None]
 
-    # E2M1 RNE of clamp(y, -6, 6) by comparisons (the clamp is implied: |y| > 5 -> 6). Ties: 0.25->0, 0.75->1,
-    # 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0, NaN -> 0.
-    a = tl.abs(y)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
-    code = mag | tl.where(y < 0.0, 8, 0)
+    # E2M1 RNE of clamp(y, -6, 6), on |y| (exact arithmetic; every rounding below is the intended RNE):
+    #   |y| >= 1: keep 1 mantissa bit of the fp32 bits, ties to even (5 -> 4, 3.5 -> 4, 2.5 -> 2, 1.25 -> 1);
+    #             code = 2 * (exponent - 126) + mantissa bit = (bits >> 22) - 252  (1 -> 2, 1.5 -> 3, ..., 6 -> 7)
+    #   |y| <  1: grid 0.5: code = RNE(2 |y|) by the fp32 add 2|y| + 2^23 (0.25 -> 0, 0.75 -> 2)
+    # Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0 (the recipe's comparison cast). NaN: outside the contract.
+    a = tl.minimum(tl.abs(y), 6.0)
+    ab = a.to(tl.int32, bitcast=True)
+    rb = (ab + 0x1FFFFF + ((ab >> 22) & 1)) & 0x7FC00000  # |y| >= 1 rounded to 1 mantissa bit (RNE)
+    sub = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # RNE(2|y|) in {0, 1, 2} for |y| < 1
+    big = a >= 1.0
+    mag = tl.where(big, (rb >> 22) - 252, sub)
+    neg = y < 0.0
+    code = mag | tl.where(neg, 8, 0)
 
     if WRITE_PACKED:
         code2 = code.reshape(BLOCK_R, BLOCK_C // 2, 2)
@@ -249,11 +256,9 @@ def nvfp4_quantize_kernel(
         bmask = (rows[:, None] < M) & (bcols[None, :] < K // 16)
         tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
     if WRITE_DEQUANT:
-        # E2M1 value of the code (exact sums of 0.5, 1, 2), sign, times the block scale: exact in fp32 and fp16
-        v = (0.5 * ((mag >= 1).to(tl.float32) + (mag >= 2).to(tl.float32) + (mag >= 3).to(tl.float32)
-                    + (mag >= 4).to(tl.float32)) + (mag >= 5).to(tl.float32) + (mag >= 6).to(tl.float32)
-             + 2.0 * (mag >= 7).to(tl.float32))
-        v = tl.where(y < 0.0, -v, v) * sval[:, :, None]
+        # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
+        v = tl.where(big, rb.to(tl.float32, bitcast=True), sub.to(tl.float32) * 0.5)
+        v = tl.where(neg, -v, v) * sval[:, :, None]
         tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                  v.reshape(BLOCK_R, BLOCK_C).to(tl.float16), mask=mask)
 
@@ -425,8 +430,9 @@ def _check_x(x, name: str = "x"):
     return x.reshape(-1, K)
 
 
-def _quantize_launch(x2, write_packed: bool, write_dequant: bool):
-    """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq fp16 | None, gdec)."""
+def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | None = None):
+    """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq fp16 | None, gdec).
+    ``tile``: (BLOCK_R, BLOCK_C, num_warps) to force (benchmark sweeps); default from _QUANT_TILE."""
     M, K = x2.shape
     dev = x2.device
     numel = M * K
@@ -439,6 +445,9 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool):
 
     block_c = min(triton.next_power_of_2(K), 1024)
     block_r = max(1, min(_QUANT_TILE // block_c, triton.next_power_of_2(M)))
+    quant_warps = 4
+    if tile is not None:
+        block_r, block_c, quant_warps = tile
     packed = torch.empty((M, K // 2), dtype=torch.uint8, device=dev) if write_packed else None
     scales = torch.empty((M, K // 16), dtype=torch.uint8, device=dev) if write_packed else None
     deq = torch.empty((M, K), dtype=torch.float16, device=dev) if write_dequant else None
@@ -451,7 +460,7 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool):
         gdec, M, K, x2.stride(0),
         NUM_PARTIALS=num_partials, BLOCK_R=block_r, BLOCK_C=block_c,
         WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-        num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False,
+        num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
     return packed, scales, deq, gdec
 
