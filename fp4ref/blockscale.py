@@ -330,7 +330,8 @@ def _block_amax_2d(x3: np.ndarray) -> np.ndarray:
     return np.repeat(tiles, 16, axis=1)[:, :m]
 
 
-def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1, nonfinite: str = "raise") -> NVFP4Tensor:
+def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1,
+                   nonfinite: str = "raise") -> NVFP4Tensor:
     """Quantize ``x`` to NVFP4 with a named recipe (bit-exact with its source; see :class:`NVFP4Recipe`).
 
     Args:
@@ -378,7 +379,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     if global_amax is None:
         amax = _max_abs(xm)
     else:
-        if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, (int, float, np.floating, np.integer)):
+        numeric = (int, float, np.floating, np.integer)
+        if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, numeric):
             raise TypeError(f"global_amax must be a float, got {type(global_amax).__name__}")
         amax = _F32(global_amax)
         if not np.isfinite(amax) or amax < 0:

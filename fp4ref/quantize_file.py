@@ -10,15 +10,13 @@ Which tensors: every 2-D floating tensor (F16, BF16, F32) whose name matches ``-
 all) and whose last dimension K is a multiple of the block (16 for NVFP4, 32 for MX). Every other tensor is copied
 unchanged and listed as skipped with the reason (F64 tensors are skipped: the recipes take float32 values).
 
-Tensor names written (ModelOpt's NVFP4 checkpoint convention for ``weight``, ``weight_scale``, ``weight_scale_2``):
+Tensor names written for a quantized tensor NAME (ModelOpt's NVFP4 checkpoint convention: ``weight``,
+``weight_scale``, ``weight_scale_2``):
 
-=========  ===========================================  ==============================================  ===================
-format     NAME                                         NAME + "_scale"                                 NAME + "_scale_2"
-=========  ===========================================  ==============================================  ===================
-nvfp4      U8 [N, K/2] packed E2M1 (element 2i low)     F8_E4M3 [N, K/16] block scales                  F32 [] global decode scale
-mxfp4      U8 [N, K/2] packed E2M1                      U8 [N, K/32] UE8M0 scale bytes                  -
-mxfp8      F8_E4M3 [N, K] E4M3 elements                 U8 [N, K/32] UE8M0 scale bytes                  -
-=========  ===========================================  ==============================================  ===================
+* nvfp4: NAME U8 [N, K/2] packed E2M1 (element 2i low); NAME_scale F8_E4M3 [N, K/16] block scales;
+  NAME_scale_2 F32 [] global decode scale.
+* mxfp4: NAME U8 [N, K/2] packed E2M1; NAME_scale U8 [N, K/32] UE8M0 bytes.
+* mxfp8: NAME F8_E4M3 [N, K]; NAME_scale U8 [N, K/32] UE8M0 bytes.
 
 Values: nvfp4 ``w = e2m1(NAME) * e4m3(NAME_scale) * NAME_scale_2``; MX ``w = elem(NAME) * 2^(NAME_scale - 127)``.
 The header's ``__metadata__`` keeps the input's entries and adds ``fp4ref.format``, ``fp4ref.recipe`` (nvfp4) or
@@ -251,7 +249,9 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str = "te", 
     pattern = _compile_include(include)
     tensors, dtypes, metadata = _read(src)
     if pattern is not None and not any(pattern.search(n) for n in tensors):
-        raise QuantizeFileError(f"--include {include!r} matches none of the {len(tensors)} tensor names in {str(src)!r}")
+        raise QuantizeFileError(
+            f"--include {include!r} matches none of the {len(tensors)} tensor names in {str(src)!r}"
+        )
     plan = {n: _eligibility(n, a, dtypes[n], block, pattern) for n, a in tensors.items()}
     suffixes = ("_scale", "_scale_2") if fmt == "nvfp4" else ("_scale",)
     for n, why in plan.items():
@@ -378,8 +378,9 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                               TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                               console=Console(stderr=True), transient=True)
             self._total = total
 
     def __enter__(self):
