@@ -551,3 +551,42 @@ def test_e2m1_table_path_equals_encode_exhaustive():
         v = np.arange(start, start + step, dtype=np.uint64).astype(np.uint32).view(np.float32)
         v = v[np.isfinite(v)]
         np.testing.assert_array_equal(_e2m1_f32(v), encode(v, E2M1, rounding="rne", saturate=True))
+
+
+# ------------------------------------------------------------------------------------------ Hypothesis (fp4ref.strategies)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@given(data=st.data())
+def test_adversarial_bf16_inputs_match_the_model(recipe, data):
+    from fp4ref.strategies import nvfp4_inputs
+
+    x = data.draw(nvfp4_inputs(2, 48))
+    t = nvfp4_quantize(x, recipe=recipe)
+    codes = _unpacked(t)
+    for r in range(2):
+        s_sim, c_sim, g_sim = sim.quantize_row([float(v) for v in x[r].astype(np.float32)], recipe,
+                                               A=float(np.max(np.abs(x.astype(np.float32)))))
+        assert t.scales[r].tolist() == s_sim
+        assert codes[r].tolist() == c_sim
+        assert Q(float(t.global_decode_scale)) == g_sim
+
+
+@given(data=st.data())
+def test_dequantize_raw_operands(data):
+    from fp4ref.strategies import nvfp4_operands
+
+    op = data.draw(nvfp4_operands(3, 32, allow_nan_scale=True))
+    t = NVFP4Tensor(codes=op["codes"], scales=op["scales"], global_decode_scale=op["global_decode_scale"],
+                    shape=(3, 32), recipe="te", block=(1, 16), axis=1)
+    d = nvfp4_dequantize(t)
+    c = unpack_fp4(op["codes"])
+    g = Q(float(op["global_decode_scale"]))
+    for r in range(3):
+        for k in range(32):
+            sbyte = int(op["scales"][r, k // 16]) & 0x7F
+            if sbyte == 0x7F:
+                assert np.isnan(d[r, k])
+                continue
+            v = Q(sim.E2M1_MAG[c[r, k] & 7]) * (-1 if c[r, k] & 8 else 1) * sim.e4m3_value(sbyte) * g
+            assert Q(float(d[r, k])) == sim.round_rne(v, 24, -126)
