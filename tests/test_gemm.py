@@ -437,3 +437,14 @@ def test_nvfp4_gemm_exact_bf16_ties():
     ref = gemm.nvfp4_gemm(_nvt(xc, np.full((1, 2), 0x38, np.uint8), 1.0), _nvt(wc, ws, 1.0))
     assert ref.out.astype(np.float64).tolist() == [[256.0, 260.0]]
     assert ref.description["elements_recomputed_exactly"] == 2
+
+
+def test_bench_reference_runs_on_small_shapes(monkeypatch):
+    from fp4ref import bench_reference
+
+    monkeypatch.setattr(bench_reference, "SHAPES", {"sparse_gemm_fp4_fp8": (4, 32, 64), "nvfp4_linear": (4, 32, 64),
+                                                    "gemm_fp16": (4, 24, 32)})
+    rows = bench_reference.run(repeat=1)
+    assert [r["workload"] for r in rows] == ["sparse_gemm_fp4_fp8", "nvfp4_linear", "gemm_fp16"]
+    table = bench_reference.format_table(rows)
+    assert table.count("\n") == 4 and "x |" in table
