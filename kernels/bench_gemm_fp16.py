@@ -10,9 +10,10 @@ operands (randn fp16, never zeros). Bytes floor: (M*K + N*K + M*N) * 2 bytes at 
 device-to-device copy rate, /work/shared/facts/h200-anchors.md).
 
 --check, per size: output and split-K workspace poisoned with NaN, fresh randn operands, compared with a float64
-matmul on the GPU under the declared bound (accumulation_eps of the picked config + one fp16 RNE); two runs
-bitwise equal (determinism); on a few sizes the exact fp4ref reference (fp4ref.gemm.gemm_fp16: certified RNE):
-fraction of elements bitwise equal to the correctly rounded result and max error / bound.
+matmul on the GPU under the bound of the picked config's model (accumulation_model(cfg, K), fp4ref.bounds, plus
+one fp16 RNE and the float64 matmul's own error); two runs bitwise equal (determinism); on a few sizes the exact
+fp4ref reference (fp4ref.gemm.gemm_fp16: certified RNE) with fp4ref.bounds.check: fraction of elements bitwise
+equal to the correctly rounded result and max error / bound.
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ K_WORKLOAD = 2048
 COPY_BW_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts/h200-anchors.md)
 EXACT_CHECK_M = (1, 7, 136, 256, 972)  # sizes also checked against the exact fp4ref reference
 DEVICE = "cuda"  # tests of this script's logic set "cpu" (Triton interpreter, small sizes)
+
+
+def model_eps(cfg, K: int) -> float:
+    """eps_acc(K) of the config's declared accumulation model (fp4ref.bounds)."""
+    from fp4ref.bounds import get_model
+
+    from .gemm_fp16 import accumulation_model
+
+    return get_model(accumulation_model(cfg, K)).eps(K)
 
 
 def bytes_floor_us(M: int, N: int, K: int) -> float:
@@ -51,7 +61,7 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
     import numpy as np
     import torch
 
-    from .gemm_fp16 import accumulation_eps, gemm_fp16, pick_config
+    from .gemm_fp16 import gemm_fp16, pick_config
 
     device = DEVICE if device is None else device
     ok_all = True
@@ -70,7 +80,7 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
         S = Ad @ Bd.T
         absprod = Ad.abs() @ Bd.abs().T
         e64 = (K + 4) * 2.0**-52 * absprod  # float64 matmul error (Higham §3.1), products exact
-        eps = accumulation_eps(K, cfg)
+        eps = model_eps(cfg, K)
         u, eta = 2.0**-11, 2.0**-25
         bound = u * (S.abs() + e64) + (1 + u) * (eps * absprod) + eta + e64
         err = (C1.double() - S).abs()
@@ -81,16 +91,17 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
         line = (f"check M={M:5d} cfg={cfg.kernel}:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/S{cfg.SPLIT_K} "
                 f"nan={nan} viol={viol} max_err/bound={ratio:.3f} deterministic={det}")  # fmt: skip
         if M in EXACT_CHECK_M:
+            from fp4ref.bounds import check
             from fp4ref.gemm import gemm_fp16 as ref_gemm
 
+            from .gemm_fp16 import accumulation_model
+
             ref = ref_gemm(A.cpu().numpy(), B.cpu().numpy())
-            out = C1.cpu().numpy()
-            same = float(np.mean(out.view(np.int16) == ref.out.view(np.int16)))
-            ex_err = np.abs(out.astype(np.float64) - ref.exact)
-            ex_bound = u * np.abs(ref.exact) + (1 + u) * eps * ref.absprod + eta + np.asarray(ref.exact_err)
-            ex_ratio = float(np.max(ex_err / ex_bound))
-            ok = ok and ex_ratio <= 1.0
-            line += f" | fp4ref exact: bitwise_equal_RNE={same:.4f} max_err/bound={ex_ratio:.3f}"
+            rep = check(C1.cpu().numpy(), ref, accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"))
+            same = float(np.mean(C1.cpu().numpy().view(np.int16) == ref.out.view(np.int16)))
+            ok = ok and bool(rep.ok)
+            line += (f" | fp4ref exact ({accumulation_model(cfg, K)}): ok={rep.ok} "
+                     f"max_err/bound={rep.max_err_over_bound:.3f} bitwise_equal_RNE={same:.4f}")
         line += "  OK" if ok else "  FAIL"
         print(line, flush=True)
         log.write(line + "\n")
@@ -133,7 +144,7 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False, gpu_time: bool = F
     import torch
 
     from ._bench import gpu_time_graph, time_cuda
-    from .gemm_fp16 import accumulation_eps, gemm_fp16, pick_config
+    from .gemm_fp16 import gemm_fp16, pick_config
 
     rows = []
     gen = torch.Generator(device=DEVICE).manual_seed(42)
@@ -156,7 +167,7 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False, gpu_time: bool = F
                         C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
                         outs.append(gemm_fp16(A, B, cfg, out=C))
                     u = 2.0**-11
-                    bound = u * (S.abs() + e64) + (1 + u) * accumulation_eps(K, cfg) * absprod + 2.0**-25 + e64
+                    bound = u * (S.abs() + e64) + (1 + u) * model_eps(cfg, K) * absprod + 2.0**-25 + e64
                     good = bool(((outs[0].double() - S).abs() <= bound).all())
                     det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
                     status = "ok" if good and det else f"FAIL(bound={good},det={det})"
@@ -269,7 +280,7 @@ def tune(N, K, log):
     import torch
 
     from ._bench import gpu_time_graph
-    from .gemm_fp16 import accumulation_eps, gemm_fp16
+    from .gemm_fp16 import gemm_fp16
 
     gen = torch.Generator(device=DEVICE).manual_seed(7)
     B = torch.randn(N, K, device=DEVICE, dtype=torch.float16, generator=gen)
@@ -291,7 +302,7 @@ def tune(N, K, log):
                         C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
                         outs.append(gemm_fp16(A, B, c, out=C))
                     u = 2.0**-11
-                    bnd = u * (S.abs() + e64) + (1 + u) * accumulation_eps(K, c) * absprod + 2.0**-25 + e64
+                    bnd = u * (S.abs() + e64) + (1 + u) * model_eps(c, K) * absprod + 2.0**-25 + e64
                     good = bool(((outs[0].double() - S).abs() <= bnd).all())
                     det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
                     if not (good and det):

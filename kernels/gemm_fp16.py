@@ -28,7 +28,6 @@ K >= 1 and N >= 1 multiples of 8 (16-byte rows, required by TMA descriptors and 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -42,7 +41,7 @@ __all__ = [
     "NUMERIC_CONTRACT",
     "ALIGN",
     "pick_config",
-    "accumulation_eps",
+    "accumulation_model",
     "gemm_fp16",
     "gemm_fp16_splitk_kernel",
     "gemm_fp16_tma_kernel",
@@ -90,14 +89,21 @@ class GemmConfig:
 
 
 # Keyed on M (upper bound inclusive), for N = 3072, K = 2048 on the H200; used for any N, K (correct everywhere,
-# tuned only there). Small M: memory-bound on B (12.6 MB), so enough programs over K (split-K) to keep ~all 132
-# SMs streaming B; large M: big tiles, TMA, persistent. See docs/kernels.md for how the entries were chosen.
+# tuned only there). Chosen by ``python -m fp4ref.kernels.bench gemm_fp16 --tune`` (2026-11-30, H200): per bucket of
+# M, the candidate with the lowest geometric-mean GPU time (L2 flushed, CUDA graphs to exclude launch overhead)
+# over the bucket's sample Ms, each candidate first checked (NaN-poisoned output, bound, determinism); a TMA
+# config only where it beats the best pointer config by > 3 us at M <= 256 (it costs more host time per call).
+# Small M is memory-bound on B (12.6 MB): split-K puts more programs on the SMs; large M uses 128 x 256 TMA tiles.
+# See docs/kernels.md.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
-    (16, GemmConfig("splitk", 16, 64, 128, SPLIT_K=2, num_warps=4, num_stages=4)),
-    (32, GemmConfig("splitk", 32, 64, 128, SPLIT_K=2, num_warps=4, num_stages=4)),
+    (16, GemmConfig("splitk", 16, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+    (32, GemmConfig("splitk", 32, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
     (64, GemmConfig("splitk", 64, 64, 128, SPLIT_K=2, num_warps=4, num_stages=4)),
-    (256, GemmConfig("splitk", 128, 128, 64, SPLIT_K=1, num_warps=8, num_stages=4)),
-    (1536, GemmConfig("tma", 64, 256, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
+    (128, GemmConfig("splitk", 128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
+    (192, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
+    (256, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
+    (1536, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3)),
+    (4096, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
     (2**62, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
 )
 
@@ -113,55 +119,48 @@ def pick_config(M: int, N: int, K: int) -> GemmConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # Numeric contract (data; fp4ref's checker reads it)
 # ---------------------------------------------------------------------------------------------------------------
-NUMERIC_CONTRACT = {
-    "inputs": "float16",
-    "output": "float16",
-    "products": "exact",
-    # Accumulation of each K slice on the H200 (sm_90). fp4ref.bounds preset name, and the parameters from
-    # /work/shared/facts/numerics.md: k products per step, F fraction bits kept, accumulator fp32 with RZ.
-    "accumulation_model": "hopper_fp16_wgmma",
-    "accumulation_params": {"k": 16, "F": 25, "accumulator": "fp32", "rounding": "rz"},
-    # Tiles with BLOCK_M < 64 use mma.sync, not wgmma: bounded by the universal fp32 tensor-core bound K*2^-22.
-    "accumulation_model_mma_sync": "tensor_core_fp32_universal",
-    # SPLIT_K partial sums (each a chain of <= ceil(K / SPLIT_K) products, rounded to a BLOCK_K multiple) are
-    # added in fp32 with RNE in the fixed order s = 0..SPLIT_K-1: an extra gamma_{SPLIT_K-1} (u = 2^-24) term.
-    "split_k_reduction": "fp32_rn_fixed_order",
-    "output_rounding": "rne",  # one RNE from the fp32 accumulator to fp16 (GPU)
-    "output_rounding_interpreter": "rne",  # facts/triton.md: fp16 stores round correctly in the CPU interpreter
-    "deterministic": True,
-}
+def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False) -> str:
+    """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
 
+    Per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K):
 
-def accumulation_eps(K: int, cfg: GemmConfig, interpreter: bool = False) -> float:
-    """Relative accumulation error bound eps_acc: |C_fp32 - exact| <= eps_acc * (|A| @ |B|.T), elementwise.
+    * GPU, wgmma tiles (``cfg.uses_wgmma``): ``hopper_fp16_wgmma`` (block FMA, 16 products per step, F = 25,
+      fp32 accumulator with RZ; facts/numerics.md "Tensor cores").
+    * GPU, tiles with BLOCK_M < 64 (Triton emits mma.sync, not wgmma): ``tc_fp32_universal`` (L * 2^-22, any
+      fp32-accumulating tensor core): no bit-accurate model of Hopper's mma.sync path is established here.
+    * CPU interpreter (``interpreter=True``): tl.dot is a numpy fp32 product, bounded by ``fp32_rn`` (gamma_L,
+      any summation order; Higham 2002 §3.1).
 
-    GPU: per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K), the Hopper wgmma model
-    ceil(L/16) * (17 * 2^-25 + 2^-23) (facts/numerics.md, "Tensor cores"; 2^-23 is u for fp32 RZ), or for mma.sync
-    tiles the universal bound L * 2^-22; then the fixed-order fp32 RN sum of SPLIT_K partials adds
-    gamma_{SPLIT_K-1}(2^-24) * (1 + eps_slice). Interpreter (``interpreter=True``): tl.dot is an fp32 numpy
-    product, bounded by gamma_L(2^-24) per slice (Higham §3.1), and the same reduction term; the larger of the
-    two models is returned so one bound covers both.
-
-    The fp4ref.bounds model ``NUMERIC_CONTRACT["accumulation_model"]`` is the authority once it exists; this
-    function states the same formula so the contract can be checked without it.
+    SPLIT_K > 1 wraps it as ``splitk(<model>, L)``: the partial sums are added in fp32 with RNE in the fixed order
+    s = 0, 1, ..., SPLIT_K - 1 (fp4ref.bounds adds gamma_{ceil(K/L)-1}(2^-24)).
     """
     if K < 1:
         raise ValueError(f"K={K}: expected >= 1")
     k_tiles = -(-K // cfg.BLOCK_K)
     L = min(K, -(-k_tiles // cfg.SPLIT_K) * cfg.BLOCK_K)
-
-    def gamma(n: int, u: float) -> float:
-        return n * u / (1 - n * u)
-
-    if cfg.uses_wgmma:
-        eps_slice = math.ceil(L / 16) * (17 * 2.0**-25 + 2.0**-23)
-    else:
-        eps_slice = L * 2.0**-22
     if interpreter:
-        eps_slice = max(eps_slice, gamma(L, 2.0**-24))
-    S = cfg.SPLIT_K
-    eps_red = gamma(S - 1, 2.0**-24) if S > 1 else 0.0
-    return eps_slice + eps_red * (1 + eps_slice)
+        inner = "fp32_rn"
+    else:
+        inner = "hopper_fp16_wgmma" if cfg.uses_wgmma else "tc_fp32_universal"
+    return f"splitk({inner}, {L})" if L < K else inner
+
+
+# Numeric contract (data; read by the tests and by ``fp4ref verify`` through fp4ref.verify.kernel_contract).
+NUMERIC_CONTRACT = {
+    "inputs": "float16",
+    "output": "float16",
+    "products": "exact",  # fp16 x fp16 has at most 22 significant bits
+    # One model for every config and K, on the GPU and in the interpreter: K * 2^-22 (any fp32-accumulating
+    # tensor core; it also covers fp32 RN summation, gamma_K(2^-24) < K * 2^-22, and every split: splitting a
+    # linear bound into chunks only lowers it). The tight per-config model is accumulation_model(cfg, K), e.g.
+    # "hopper_fp16_wgmma" for the TMA configs and "splitk(tc_fp32_universal, 512)" for M <= 32.
+    "accumulation_model": "tc_fp32_universal",
+    "accumulation_model_by_config": "fp4ref.kernels.gemm_fp16:accumulation_model",
+    "split_k_reduction": "fp32_rn_fixed_order",  # partials summed in fp32 with RNE, s = 0..SPLIT_K-1, always
+    "output_rounding": "rne",  # one RNE from the fp32 accumulator to fp16 (cvt.rn.f16.f32; overflow -> +-inf)
+    "output_rounding_interpreter": "rne",  # facts/triton.md: fp16 stores round correctly in the CPU interpreter
+    "deterministic": True,  # bitwise, run to run (fixed reduction order; no atomics on data)
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
