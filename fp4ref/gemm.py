@@ -264,10 +264,11 @@ def _check_2d(x, name: str, dtype_names: tuple[str, ...]) -> np.ndarray:
     return x
 
 
-def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_int: Callable[[int, int], tuple[int, int]]):
-    """Certified RNE of the values S +- err; undecided elements are computed exactly by ``exact_int(i, j)``.
+def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_many):
+    """Certified RNE of the values S +- err; undecided elements are computed exactly.
 
-    Returns (out float64 values of fmt, number of elements computed exactly).
+    ``exact_many(ii, jj)`` returns (list of python ints n, shared exponent s): the exact values n * 2^s of the
+    elements (ii[u], jj[u]). Returns (out float64 values of fmt, number of elements computed exactly).
     """
     finite = np.isfinite(S)
     pos = err > 0
@@ -278,12 +279,52 @@ def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_int: Calla
     r_hi = round_float64(hi, fmt)
     undecided = finite & ((r_lo != r_hi) | (np.signbit(r_lo) != np.signbit(r_hi)))
     out = np.where(finite, r_lo, S)
-    out = np.where(finite & (out == 0) & ~pos, 0.0, out)  # exact zero (err 0, S = +-0) -> +0.0
-    idx = np.argwhere(undecided)
-    for i, j in idx:
-        n, s = exact_int(int(i), int(j))
-        out[i, j] = round_exact(n, s, fmt)
-    return out, len(idx)
+    out = np.where(finite & (S == 0) & ~pos, 0.0, out)  # exact zero (err 0 and S = +-0) -> +0.0
+    ii, jj = np.nonzero(undecided)
+    if ii.size:
+        ns, sexp = exact_many(ii, jj)
+        out[ii, jj] = [round_exact(n, sexp, fmt) for n in ns]
+    return out, int(ii.size)
+
+
+def _grid_exponent(x: np.ndarray, scale_bits: int) -> int:
+    """Smallest q with every finite value of x on 2^-q Z, given that x * 2^scale_bits are integers (< 2^53)."""
+    t = np.abs(np.ldexp(np.where(np.isfinite(x), x, 0.0), scale_bits)).astype(np.int64)
+    acc = int(np.bitwise_or.reduce(t, axis=None)) if t.size else 0
+    if acc == 0:
+        return -1024  # all zero: any grid
+    low = (acc & -acc).bit_length() - 1  # lowest set bit over all values
+    return scale_bits - low
+
+
+def _exact_dots_fp16(Af: np.ndarray, Bf: np.ndarray, ii: np.ndarray, jj: np.ndarray) -> list:
+    """Exact sum_k A[i,k] B[j,k] * 2^48 (python ints) for the pairs (ii[u], jj[u]); fp16 values (finite).
+
+    Vectorized integer arithmetic on float64 limbs: A * 2^24 is an integer below 2^40, split as H * 2^20 + L with
+    0 <= L < 2^20 and |H| <= 2^20; every limb product is below 2^40 and a sum of <= 4096 of them below 2^52, so each
+    chunk's float64 einsum is exact; the chunk sums (integers < 2^52) are added in int64 and the limbs combined
+    in python ints.
+    """
+    K = Af.shape[1]
+    out = []
+    batch = max(1, (1 << 22) // max(K, 1))
+    for u0 in range(0, ii.size, batch):
+        ia, jb = ii[u0:u0 + batch], jj[u0:u0 + batch]
+        a = np.ldexp(Af[ia], 24)
+        b = np.ldexp(Bf[jb], 24)
+        ah = np.floor(np.ldexp(a, -20))
+        al = a - np.ldexp(ah, 20)
+        bh = np.floor(np.ldexp(b, -20))
+        bl = b - np.ldexp(bh, 20)
+        sums = {}
+        for name, x, y in (("hh", ah, bh), ("hl", ah, bl), ("lh", al, bh), ("ll", al, bl)):
+            tot = np.zeros(ia.size, dtype=np.int64)
+            for k0 in range(0, K, 4096):
+                tot += np.einsum("uk,uk->u", x[:, k0:k0 + 4096], y[:, k0:k0 + 4096]).astype(np.int64)
+            sums[name] = tot.tolist()
+        for u in range(ia.size):
+            out.append((sums["hh"][u] << 40) + ((sums["hl"][u] + sums["lh"][u]) << 20) + sums["ll"][u])
+    return out
 
 
 def _nonfinite_fix(S, Af, Bf, rows, cols):
@@ -344,26 +385,25 @@ def gemm_fp16(A, B) -> Reference:
     na = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Af), Af, 0), np.where(np.isfinite(Af), Af, 0)))
     nb = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Bf), Bf, 0), np.where(np.isfinite(Bf), Bf, 0)))
     err = ((K + 4) * 2.0**-52) * np.outer(na, nb)
+
+    # Exactness proof where it holds: values on 2^-qa Z and 2^-qb Z, and ||a_i|| ||b_j|| (>= sum |a||b|, the
+    # Cauchy-Schwarz inequality) at most 2^(53 - qa - qb): then every float64 summation order is exact
+    # (facts/numerics.md §Exactness), err = 0 and no certification is needed (small-integer inputs, e.g. the
+    # exact-accumulation families, whose outputs tie often).
+    qa, qb = _grid_exponent(Af, 24), _grid_exponent(Bf, 24)
+    if qa > -1024 and qb > -1024:  # (an all-zero operand has err = 0 already)
+        limit = 2.0 ** (53 - qa - qb)
+        err[np.outer(na, nb) * (1 + 2.0**-30) <= limit] = 0.0
     err[~np.isfinite(S)] = 0.0
 
-    # Exact path: fp16 values are integers times 2^-24 (|.| <= 65504 * 2^24 < 2^40), products times 2^-48.
-    cache: dict = {}
+    # Exact path (undecided elements): fp16 values are integers times 2^-24, products times 2^-48.
+    def exact_many(ii, jj):
+        return _exact_dots_fp16(Af, Bf, ii, jj), -48
 
-    def _ints(mat, which, r):
-        key = (which, r)
-        if key not in cache:
-            cache[key] = [int(v) for v in np.ldexp(mat[r], 24).astype(np.int64)]
-        return cache[key]
-
-    def exact_int(i, j):
-        a = _ints(Af, "a", i)
-        b = _ints(Bf, "b", j)
-        return sum(x * y for x, y in zip(a, b)), -48
-
-    out, n_exact = _certify(S, err, fmt, exact_int)
+    out, n_exact = _certify(S, err, fmt, exact_many)
 
     def fraction(index):
-        n, s = exact_int(*index)
+        (n,), s = exact_many(np.array([index[0]]), np.array([index[1]]))
         return Fraction(n, 1 << -s)
 
     return Reference(
@@ -600,10 +640,10 @@ def _nvfp4_core(xc, xs, xg: float, wc, ws, wg: float, K: int, desc: dict) -> Ref
     n_scale = mg_x * mg_w
     s_exp = eg_x + eg_w - 20
 
-    def exact_int(i, j):
-        return int(CI[i, j]) * n_scale, s_exp
+    def exact_many(ii, jj):
+        return [int(c) * n_scale for c in CI[ii, jj].tolist()], s_exp
 
-    out, n_exact = _certify(S, err, fmt, exact_int)
+    out, n_exact = _certify(S, err, fmt, exact_many)
     nan_mask = nan_x[:, None] | nan_w[None, :]
     exact = S.copy()
     exact[CI == 0] = 0.0
@@ -613,7 +653,7 @@ def _nvfp4_core(xc, xs, xg: float, wc, ws, wg: float, K: int, desc: dict) -> Ref
     desc = dict(desc, elements_recomputed_exactly=n_exact)
 
     def fraction(index):
-        n, s = exact_int(*index)
+        (n,), s = exact_many(np.array([index[0]]), np.array([index[1]]))
         return Fraction(n) * Fraction(2) ** s
 
     def absprod():

@@ -137,20 +137,22 @@ def test_gemm_fp16_random_small():
 def test_gemm_fp16_ties_cancellation_subnormal_overflow():
     # Row 0: exact output ties of fp16 (1 + 2^-11 is halfway between 1 and 1 + 2^-10): 1*1 + 2^-11*1 -> 1.0 (even);
     # row 1: 1 + 3*2^-11 -> 1 + 2^-9 (even); row 2: huge cancellation 2^15 - 2^15 + 2^-24 -> 2^-24 (subnormal);
-    # row 3: 60000 + 60000 -> overflow -> inf; row 4: 2^-24 * 2^-1 = 2^-25: a tie between 0 and the smallest
-    # subnormal -> +0 (even); row 5: -(2^-25 + 2^-48) -> -2^-24; row 6: tie broken by a tiny term far below.
-    K = 4
-    A = np.zeros((7, K), np.float16)
+    # row 3: 60000 + 60000 -> overflow -> inf; row 4: 0.5 * 2^-24 = 2^-25: a tie between 0 and the smallest
+    # subnormal -> +0 (even); row 5: -2^-25 -> -0 (IEEE sign); row 6: 1 + 2^-11 + 2^-48 -> 1 + 2^-10 (the tie
+    # broken by a tiny term); row 7: the tie of row 0 plus a cancelling pair 2^15 - 2^15, whose norm defeats the
+    # float64 exactness proof, so the certification cannot decide it and the exact integer path must.
+    K = 6
+    A = np.zeros((8, K), np.float16)
     B = np.zeros((1, K), np.float16)
-    B[0] = [1.0, 1.0, 1.0, 2.0**-24]
-    A[0] = [1.0, 2.0**-11, 0, 0]
-    A[1] = [1.0, 3 * 2.0**-11, 0, 0]
-    A[2] = [2.0**15, -(2.0**15), 2.0**-24, 0]
-    A[3] = [60000, 60000, 0, 0]
-    A[4] = [2.0**-1 * 2.0**-24 * 2**24, 0, 0, 0]  # 0.5 * 1 ... replaced below
-    A[4] = [0, 0, 0, 0.5]  # 0.5 * 2^-24 = 2^-25
-    A[5] = [0, 0, 0, -0.5]
-    A[6] = [1.0, 2.0**-11, 0, 2.0**-24]  # 1 + 2^-11 + 2^-48 -> 1 + 2^-10
+    B[0] = [1.0, 1.0, 1.0, 2.0**-24, 1.0, 1.0]
+    A[0] = [1.0, 2.0**-11, 0, 0, 0, 0]
+    A[1] = [1.0, 3 * 2.0**-11, 0, 0, 0, 0]
+    A[2] = [2.0**15, -(2.0**15), 2.0**-24, 0, 0, 0]
+    A[3] = [60000, 60000, 0, 0, 0, 0]
+    A[4] = [0, 0, 0, 0.5, 0, 0]  # 0.5 * 2^-24 = 2^-25
+    A[5] = [0, 0, 0, -0.5, 0, 0]
+    A[6] = [1.0, 2.0**-11, 0, 2.0**-24, 0, 0]
+    A[7] = [1.0, 2.0**-11, 0, 0, 2.0**15, -(2.0**15)]
     Bm = np.vstack([B, B * np.float16(-1)])
     ref = gemm.gemm_fp16(A, Bm)
     ex = _fp16_exact(A, Bm)
@@ -159,8 +161,29 @@ def test_gemm_fp16_ties_cancellation_subnormal_overflow():
     assert out[0, 0] == 1.0 and out[1, 0] == 1 + 2.0**-9 and out[2, 0] == 2.0**-24
     assert out[3, 0] == np.inf and out[3, 1] == -np.inf
     assert out[4, 0] == 0.0 and not np.signbit(out[4, 0]) and np.signbit(out[4, 1])  # -2^-25 -> -0 (IEEE sign)
-    assert out[6, 0] == 1 + 2.0**-10
-    assert ref.description["elements_recomputed_exactly"] >= 2  # the ties were decided by the integer path
+    assert out[6, 0] == 1 + 2.0**-10 and out[7, 0] == 1.0 and out[7, 1] == -1.0
+    assert ref.description["elements_recomputed_exactly"] >= 2  # row 7 went through the integer path
+
+
+def test_gemm_fp16_exact_integer_path_many_elements():
+    # Cancelling pairs defeat the exactness proof; ties then force the exact path for every element. Checked
+    # against Fraction sums (the vectorized limb arithmetic, including K > 4096 chunking).
+    rng = np.random.default_rng(11)
+    K = 4100
+    A = np.zeros((3, K), np.float16)
+    B = np.zeros((4, K), np.float16)
+    A[:, 0] = 1.0
+    A[:, 1] = 2.0**-11
+    A[:, 2], A[:, 3] = 2.0**15, -(2.0**15)
+    A[:, 4:] = (rng.integers(-8, 9, (3, K - 4)) * 2.0**-24).astype(np.float16)
+    B[:, :4] = 1.0
+    B[:, 4:] = (rng.integers(-8, 9, (4, K - 4)) * 2.0**-24).astype(np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert ref.description["elements_recomputed_exactly"] == 12
+    ex = _fp16_exact(A, B)
+    assert_matches_oracle(ref, ex, "float16")
+    for idx in np.ndindex(ex.shape):
+        assert ref.exact_fraction(idx) == ex[idx]
 
 
 def test_gemm_fp16_exact_zero_is_positive():
