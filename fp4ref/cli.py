@@ -2,6 +2,7 @@
 
 Subcommands:
     verify                            check kernels against the exact references on the three workloads
+    quantize IN -o OUT --format F     quantize a safetensors weight file (NVFP4 / MXFP4 / MXFP8), or --dequantize
     formats [NAME ...] [--markdown]   code tables and encode policies of the element formats
 """
 from __future__ import annotations
@@ -144,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check at most this many rows of a large-M output (default 256; 0 = all)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.set_defaults(func=_cmd_verify)
+
+    from . import quantize_file
+
+    quantize_file.add_parser(sub)
 
     p = sub.add_parser("formats", help="print element formats' code tables and encode policies")
     p.add_argument("names", nargs="*", type=_format_name, metavar="NAME",
