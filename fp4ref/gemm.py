@@ -681,9 +681,7 @@ def _check_nvfp4_tensor(t, name: str):
         raise TypeError(f"{name} must be an fp4ref.blockscale.NVFP4Tensor, got {type(t).__name__}")
     if len(t.shape) != 2 or t.axis != 1:
         raise ValueError(f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}")
-    if tuple(t.block) != (1, 16) and t.block != 16:
-        # 16x16 weight tiles store per-row scales too: the same arithmetic applies
-        pass
+    # block=(16, 16) weight tiles store their scale on every row too: the same per-row arithmetic applies.
     return np.asarray(t.codes, dtype=np.uint8), np.asarray(t.scales, dtype=np.uint8), float(t.global_decode_scale)
 
 
@@ -738,8 +736,8 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
         weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
         weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
-        weight_global_decode_scale: python / numpy float, used exactly as given (the workload passes the float32
-            value it stored).
+        weight_global_decode_scale: python / numpy float, rounded to float32 (RNE) once, as a kernel holding it in
+            an fp32 register does (the workload passes the float32 value it stored, so this is exact there).
         recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
 
     Returns:
@@ -778,11 +776,12 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     xq = nvfp4_quantize(x2, recipe=recipe)
+    wg = float(np.float32(weight_global_decode_scale))
     ref = _nvfp4_core(np.asarray(xq.codes, np.uint8), np.asarray(xq.scales, np.uint8), float(xq.global_decode_scale),
-                      wc, ws, float(weight_global_decode_scale), K, {
+                      wc, ws, wg, K, {
                           "workload": "nvfp4_linear", "x_shape": tuple(x.shape), "N": N, "K": K, "recipe": str(recipe),
                           "x_global_decode_scale": float(xq.global_decode_scale),
-                          "weight_global_decode_scale": float(weight_global_decode_scale),
+                          "weight_global_decode_scale": wg,
                           "out": "bfloat16 [..., N] = RNE(exact NVFP4 product with both global scales)",
                       })
     if lead != (x2.shape[0],):

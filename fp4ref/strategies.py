@@ -16,6 +16,7 @@ strategy                           draws
 ``fp16_matrices``                  float16 matrices with adversarial magnitude patterns
 ``nvfp4_operands``                 raw NVFP4 operand dicts (codes, scale bytes, global scale) with ties, zero
                                    blocks, subnormal and near-overflow block scales
+``mx_operands``                    raw MX operand dicts (element codes, UE8M0 scale bytes incl. 0 = 2^-127, 254)
 ``nvfp4_inputs``                   bf16 activations that exercise an NVFP4 quantizer (ties, zero blocks, ...)
 ``exact_accumulation_fp16``        fp16 (A, B) whose fp32 partial sums are exact in ANY order and on any tensor
                                    core model, yet need > 14 significant bits (so ``check`` demands equality)
@@ -44,6 +45,7 @@ __all__ = [
     "fp16_matrices",
     "nvfp4_operands",
     "nvfp4_inputs",
+    "mx_operands",
     "exact_accumulation_fp16",
     "exact_accumulation_sparse",
     "exact_accumulation_fp16_arrays",
@@ -388,5 +390,37 @@ def nvfp4_inputs(rows, k) -> st.SearchStrategy[np.ndarray]:
         if draw(st.booleans()):
             x.reshape(-1)[0] = 2688.0
         return x.reshape(rows, k).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+    return _draw()
+
+
+def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.SearchStrategy[dict]:
+    """Raw MX operands: {"codes": uint8 [rows, k] element codes (e2m1: packed, [rows, k/2]), "scales": uint8
+    [rows, k/block] UE8M0 bytes, "elem": elem}. Scale bytes cover 0 (2^-127, an fp32 subnormal), small, 127 (1.0),
+    large and 254 (2^127); 255 (NaN) only with ``allow_nan_scale``. Element codes: every code of the element format
+    (E4M3FN NaN codes excluded)."""
+    _check_int("rows", rows, 1)
+    _check_int("k", k, 1)
+    _check_int("block", block, 1)
+    if k % block:
+        raise InvalidArgument(f"k={k} must be a multiple of block={block}")
+    widths = {"e2m1": 4, "e2m3": 6, "e3m2": 6, "e4m3": 8, "e5m2": 8}
+    if elem not in widths:
+        raise InvalidArgument(f"elem={elem!r} must be one of {sorted(widths)}")
+    scale_choices = [0, 1, 2, 100, 120, 126, 127, 128, 134, 200, 253, 254] + list(range(256 - 1))
+    if allow_nan_scale:
+        scale_choices += [255] * 4
+
+    @st.composite
+    def _draw(draw):
+        if elem == "e2m1":
+            codes = draw(packed_fp4((rows, k // 2)))
+        elif elem == "e4m3":
+            codes = draw(e4m3_bytes((rows, k)))
+        else:
+            codes = draw(_array_from_choices((rows, k), range(1 << widths[elem]) if elem != "e5m2" else
+                                             [c for c in range(256) if (c & 0x7F) < 0x7C]))
+        scales = draw(_array_from_choices((rows, k // block), scale_choices))
+        return {"codes": codes, "scales": scales, "elem": elem}
 
     return _draw()

@@ -103,6 +103,19 @@ def test_nvfp4_inputs(x):
     assert np.all(np.isfinite(x.astype(np.float32)))
 
 
+@given(fst.mx_operands(2, 64), fst.mx_operands(3, 32, elem="e4m3", allow_nan_scale=True))
+def test_mx_operands(a, b):
+    assert a["codes"].shape == (2, 32) and a["scales"].shape == (2, 2)
+    assert b["codes"].shape == (3, 32) and b["scales"].shape == (3, 1) and not np.any((b["codes"] & 0x7F) == 0x7F)
+
+
+def test_mx_validate():
+    with pytest.raises(InvalidArgument, match="multiple of block"):
+        fst.mx_operands(2, 48)
+    with pytest.raises(InvalidArgument, match="elem="):
+        fst.mx_operands(2, 64, elem="e9m9")
+
+
 def test_nvfp4_validate():
     with pytest.raises(InvalidArgument, match="multiple of 16"):
         fst.nvfp4_operands(2, 24)
