@@ -1,0 +1,314 @@
+"""fp4ref.kernels.gemm_fp16 (fp16 C = A @ B.T, gemm_n3072_k2048) against fp4ref's exact reference.
+
+CPU CI: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Outputs are NaN-poisoned and checked with
+fp4ref.bounds.check under each config's declared model (``accumulation_model(cfg, K, interpreter=True)``) with RNE
+output rounding (interpreted fp16 stores round correctly, facts/triton.md); hand-computed values (ties of the fp16
+output rounding) are checked bit for bit without fp4ref. Every CONFIG_TABLE entry is compiled for sm_90 on the CPU.
+GPU (skipped without CUDA): workload sizes, RNE, determinism.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp4ref.bounds import check, get_model
+from fp4ref.gemm import gemm_fp16 as reference
+from fp4ref.kernels import gemm_fp16 as mod
+from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, Sm90CompileError, compile_for_sm90
+from fp4ref.strategies import exact_accumulation_fp16_arrays, fp16_matrices
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+NAN = float("nan")
+G = mod.GemmConfig
+
+# Configs exercised in the interpreter besides the table: both kernels, split-K 1..8, K tails (EVEN_K False),
+# persistent TMA programs looping over several work units (4 programs on the CPU).
+TEST_CONFIGS = (
+    G("splitk", 16, 32, 64, SPLIT_K=4),
+    G("splitk", 64, 64, 64, SPLIT_K=2),
+    G("splitk", 64, 128, 64, SPLIT_K=1),
+    G("tma", 64, 64, 64, SPLIT_K=1),
+    G("tma", 64, 64, 64, SPLIT_K=8),
+    G("tma", 128, 128, 64, SPLIT_K=2, PROGRAMS_PER_SM=2),
+)
+
+
+def _run(a: np.ndarray, b: np.ndarray, config=None) -> torch.Tensor:
+    """Kernel on float16 numpy operands into a NaN-poisoned output; returns the output on the CPU."""
+    A = torch.from_numpy(np.ascontiguousarray(a)).to(DEVICE)
+    B = torch.from_numpy(np.ascontiguousarray(b)).to(DEVICE)
+    out = torch.full((a.shape[0], b.shape[0]), NAN, dtype=torch.float16, device=DEVICE)
+    c = mod.gemm_fp16(A, B, config, out=out)
+    assert c is out
+    return c.cpu()
+
+
+def _model(cfg, K: int) -> str:
+    return mod.accumulation_model(cfg, K, interpreter=not ON_GPU)
+
+
+def _config_for(M, N, K, config):
+    return mod.pick_config(M, N, K) if config is None else config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-computed values (independent of fp4ref): fp16 output ties resolved to even
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "terms, expected",
+    [
+        ([2048.0, 1.0], 2048.0),  # 2049 is halfway between fp16 2048 and 2050: RNE keeps 2048 (even mantissa)
+        ([2048.0, 3.0], 2052.0),  # 2051: halfway between 2050 and 2052 -> 2052 (even)
+        ([2048.0, 1.0, 2.0**-10], 2050.0),  # just above the tie -> up
+        ([-2048.0, -1.0], -2048.0),  # negative tie -> even
+        ([65504.0, 8.0], 65504.0),  # below the overflow threshold 65504 + ulp/2 = 65520: stays at the max
+        ([65504.0, 16.0], float("inf")),  # exactly 65520: IEEE RNE overflows to inf
+        ([1.0, -1.0], 0.0),  # exact zero sum -> +0.0
+    ],
+)
+@pytest.mark.parametrize("config", [None, TEST_CONFIGS[0], TEST_CONFIGS[4]])
+def test_output_rounding_ties_by_hand(terms, expected, config):
+    """Sum of a few exactly representable products (exact in fp32): the only rounding is fp32 -> fp16."""
+    K = 64
+    a = np.zeros((3, K), np.float16)
+    b = np.zeros((8, K), np.float16)
+    for j, t in enumerate(terms):  # spread the terms over K so that split-K slices each get some
+        a[1, j * 17] = np.float16(t)
+        b[5, j * 17] = np.float16(1.0)
+    c = _run(a, b, config).float().numpy()
+    assert c[1, 5] == expected and np.signbit(c[1, 5]) == np.signbit(expected)
+    mask = np.ones_like(c, bool)
+    mask[1, 5] = False
+    assert (c[mask] == 0).all() and not np.signbit(c[mask]).any()  # untouched products: +0.0, and all written
+
+
+def test_every_element_written_and_row_col_mapping():
+    """C[i, j] = a_i . b_j with distinct small integers: catches swapped/mirrored tiles and unwritten tails."""
+    M, N, K = 70, 136, 72  # tails in M, N and K for every test config
+    a = (np.arange(M)[:, None] % 5 + np.arange(K)[None, :] % 2).astype(np.float16)
+    b = (np.arange(N)[:, None] % 3 - np.arange(K)[None, :] % 2).astype(np.float16)
+    expected = a.astype(np.int64) @ b.astype(np.int64).T  # exact integers, |.| <= 720 < 2048: exact in fp16
+    for cfg in (None,) + TEST_CONFIGS:
+        c = _run(a, b, cfg)
+        np.testing.assert_array_equal(c.numpy().astype(np.int64), expected, err_msg=f"config={cfg}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hypothesis: shapes and adversarial values, checked by fp4ref's exact reference and bound
+# ---------------------------------------------------------------------------------------------------------------
+@st.composite
+def _operands(draw, allow_nonfinite=False):
+    M = draw(st.integers(1, 200))
+    N = 8 * draw(st.integers(1, 16))
+    K = 8 * draw(st.integers(1, 32))
+    a = draw(fp16_matrices((M, K), allow_nonfinite=allow_nonfinite))
+    b = draw(fp16_matrices((N, K), allow_nonfinite=allow_nonfinite))
+    config = draw(st.sampled_from((None,) + TEST_CONFIGS))
+    return a, b, config
+
+
+@settings(max_examples=20)
+@given(_operands())
+def test_matches_exact_reference_adversarial(ops):
+    a, b, config = ops
+    cfg = _config_for(a.shape[0], b.shape[0], a.shape[1], config)
+    c = _run(a, b, config)
+    check(c, reference(a, b), _model(cfg, a.shape[1]), output_rounding="rne", poison=NAN).assert_ok()
+
+
+@settings(max_examples=8)
+@given(_operands(allow_nonfinite=True))
+def test_nonfinite_inputs_follow_ieee(ops):
+    """inf * 0 = NaN, inf + -inf = NaN, otherwise inf (the reference's IEEE policy); the rest within the bound."""
+    a, b, config = ops
+    cfg = _config_for(a.shape[0], b.shape[0], a.shape[1], config)
+    c = _run(a, b, config)
+    check(c, reference(a, b), _model(cfg, a.shape[1]), output_rounding="rne", poison=NAN).assert_ok()
+
+
+@settings(max_examples=10)
+@given(st.integers(1, 160), st.integers(1, 12), st.integers(1, 24), st.integers(0, 2**32 - 1),
+       st.sampled_from((None,) + TEST_CONFIGS))  # fmt: skip
+def test_exact_accumulation_family_is_correctly_rounded(m, n8, k8, seed, config):
+    """Inputs whose every partial sum is exact: the output must EQUAL the correctly rounded (RNE) result."""
+    a, b = exact_accumulation_fp16_arrays(np.random.default_rng(seed), m, 8 * n8, 8 * k8)
+    cfg = _config_for(m, 8 * n8, 8 * k8, config)
+    c = _run(a, b, config)
+    check(c, reference(a, b), _model(cfg, 8 * k8), output_rounding="rne", poison=NAN,
+          exact_accumulation=True).assert_ok()  # fmt: skip
+
+
+def test_repeat_calls_same_shape_reuse_plan_and_stay_correct():
+    """The launch-plan cache (keyed by shapes/strides) must not leak results between calls with new data."""
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        a = rng.standard_normal((40, 64)).astype(np.float16)
+        b = rng.standard_normal((24, 64)).astype(np.float16)
+        cfg = _config_for(40, 24, 64, None)
+        check(_run(a, b), reference(a, b), _model(cfg, 64), poison=NAN).assert_ok()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# API: shapes, dtypes, layouts
+# ---------------------------------------------------------------------------------------------------------------
+def _t(shape, dtype=torch.float16):
+    return torch.ones(shape, dtype=dtype, device=DEVICE)
+
+
+def test_m_zero_returns_empty():
+    c = mod.gemm_fp16(_t((0, 64)), _t((16, 64)))
+    assert c.shape == (0, 16) and c.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    "A, B, exc, words",
+    [
+        (lambda: _t((4, 64), torch.float32), lambda: _t((16, 64)), TypeError, "A.dtype"),
+        (lambda: _t((4, 64)), lambda: _t((16, 64), torch.bfloat16), TypeError, "B.dtype"),
+        (lambda: np.ones((4, 64), np.float16), lambda: _t((16, 64)), TypeError, "A"),
+        (lambda: _t((4, 64)), lambda: _t((16, 32)), ValueError, "K=64"),
+        (lambda: _t((4, 64))[:, :60], lambda: _t((16, 64))[:, :60], ValueError, "K=60"),
+        (lambda: _t((4, 64)), lambda: _t((12, 64)), ValueError, "N=12"),
+        (lambda: _t((64,)), lambda: _t((16, 64)), ValueError, "2-D"),
+        (lambda: _t((64, 4)).T, lambda: _t((16, 64)), ValueError, "unit stride"),
+        (lambda: _t((4, 72))[:, :64], lambda: _t((16, 64)), ValueError, None),  # row stride 72: allowed
+        (lambda: _t((4, 68))[:, :64], lambda: _t((16, 64)), ValueError, r"stride\(0\)=68"),
+        (lambda: _t((4, 72))[:, 4:68], lambda: _t((16, 64)), ValueError, "data_ptr"),
+    ],
+)
+def test_bad_inputs_raise(A, B, exc, words):
+    a, b = A(), B()
+    if words is None:  # the valid case among them
+        assert mod.gemm_fp16(a, b).shape == (4, 16)
+        return
+    with pytest.raises(exc, match=words):
+        mod.gemm_fp16(a, b)
+
+
+def test_bad_out_and_config_raise():
+    A, B = _t((4, 64)), _t((16, 64))
+    with pytest.raises(ValueError, match="out.shape"):
+        mod.gemm_fp16(A, B, out=_t((4, 8)))
+    with pytest.raises(TypeError, match="out"):
+        mod.gemm_fp16(A, B, out=_t((4, 16), torch.float32))
+    with pytest.raises(TypeError, match="config"):
+        mod.gemm_fp16(A, B, config="fast")
+    with pytest.raises(ValueError, match="kernel="):
+        G("cublas", 64, 64, 64)
+    with pytest.raises(ValueError, match="BLOCK_N=48"):
+        G("splitk", 64, 48, 64)
+
+
+def test_inputs_not_modified():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((9, 64)).astype(np.float16)
+    b = rng.standard_normal((16, 64)).astype(np.float16)
+    A, B = torch.from_numpy(a.copy()).to(DEVICE), torch.from_numpy(b.copy()).to(DEVICE)
+    mod.gemm_fp16(A, B)
+    assert np.array_equal(A.cpu().numpy().view(np.int16), a.view(np.int16))
+    assert np.array_equal(B.cpu().numpy().view(np.int16), b.view(np.int16))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Contract and table
+# ---------------------------------------------------------------------------------------------------------------
+def test_config_table_is_sorted_and_covers_every_m():
+    bounds = [b for b, _ in mod.CONFIG_TABLE]
+    assert bounds == sorted(bounds) and bounds[-1] >= 2**62
+    for M in (1, 16, 17, 256, 257, 972, 8192, 10**6):
+        cfg = mod.pick_config(M, 3072, 2048)
+        assert cfg is next(c for b, c in mod.CONFIG_TABLE if M <= b)
+
+
+@pytest.mark.parametrize("K", [8, 64, 264, 2048])
+def test_declared_model_bounds_every_config(K):
+    """The contract's single model (what ``fp4ref verify`` uses) is at least as loose as every config's own
+    model, on the GPU and in the interpreter, so it is a sound bound for any M."""
+    declared = get_model(mod.NUMERIC_CONTRACT["accumulation_model"]).eps(K)
+    for _, cfg in mod.CONFIG_TABLE:
+        for interp in (False, True):
+            assert get_model(mod.accumulation_model(cfg, K, interpreter=interp)).eps(K) <= declared
+
+
+def test_per_config_models_name_the_split():
+    assert mod.accumulation_model(G("tma", 128, 256, 64), 2048) == "hopper_fp16_wgmma"
+    assert mod.accumulation_model(G("splitk", 64, 64, 128, SPLIT_K=2), 2048) == "splitk(hopper_fp16_wgmma, 1024)"
+    assert mod.accumulation_model(G("splitk", 16, 32, 128, SPLIT_K=4), 2048) == "splitk(tc_fp32_universal, 512)"
+    assert mod.accumulation_model(G("splitk", 16, 32, 128, SPLIT_K=4), 2048, interpreter=True) == (
+        "splitk(fp32_rn, 512)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sm_90 builds of every table config (CPU, triton's ptxas)
+# ---------------------------------------------------------------------------------------------------------------
+def _build(cfg, N=3072, K=2048):
+    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    ints16 = ["N", "K"]
+    if cfg.kernel == "tma":
+        sig = {"a_desc": f"tensordesc<fp16[{BM}, {BK}]>", "b_desc": f"tensordesc<fp16[{BN}, {BK}]>",
+               "c_desc": f"tensordesc<fp16[{BM}, {BN}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+               "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
+        ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=132)
+        kernel = mod.gemm_fp16_tma_kernel
+        ptrs = ["ws_ptr", "cnt_ptr"]
+    else:
+        sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+               "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bn": "i32", "stride_cm": "i32"}
+        ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M,
+                  EVEN_K=K % (BK * cfg.SPLIT_K) == 0)  # fmt: skip
+        kernel = mod.gemm_fp16_splitk_kernel
+        ptrs = ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "cnt_ptr"]
+        ints16 += ["stride_am", "stride_bn", "stride_cm"]
+    return compile_for_sm90(kernel, sig, ce, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                            divisible_by_16=ptrs + ints16)  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg", sorted({c for _, c in mod.CONFIG_TABLE}, key=repr), ids=repr)
+def test_table_configs_compile_for_sm90(cfg):
+    ck = _build(cfg)
+    assert ck.asm["cubin"]
+    assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    ptx = ck.asm["ptx"]
+    if cfg.uses_wgmma:
+        assert "wgmma.mma_async" in ptx
+    else:
+        assert "mma.sync" in ptx
+    if cfg.kernel == "tma":
+        assert "cp.async.bulk.tensor" in ptx
+    else:
+        assert "cp.async.cg.shared.global" in ptx  # pipelined 16-byte loads, not scalar ones
+
+
+def test_sm90_build_rejects_what_the_gpu_rejects():
+    """A dot with K = 8 runs in the interpreter but cannot be built for sm_90: the helper must say so."""
+    bad = G("splitk", 16, 16, 8, SPLIT_K=1)
+    with pytest.raises((Sm90CompileError, Exception), match="(?i)dot|k|shape|compil"):
+        _build(bad, N=16, K=8)
+
+
+def test_sm90_build_argument_errors():
+    with pytest.raises(ValueError, match="unknown parameter"):
+        compile_for_sm90(mod.gemm_fp16_splitk_kernel, {"nope": "i32"}, {})
+    with pytest.raises(TypeError, match="triton.jit"):
+        compile_for_sm90(lambda x: x, {}, {})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU only
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("M", [1, 7, 35, 136, 256, 972])
+def test_workload_sizes_on_gpu(M):
+    rng = np.random.default_rng(M)
+    a = rng.standard_normal((M, 2048)).astype(np.float16)
+    b = rng.standard_normal((3072, 2048)).astype(np.float16)
+    c1, c2 = _run(a, b), _run(a, b)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise deterministic
+    cfg = mod.pick_config(M, 3072, 2048)
+    check(c1, reference(a, b), mod.accumulation_model(cfg, 2048), output_rounding="rne", poison=NAN).assert_ok()
