@@ -1,8 +1,8 @@
 """Codec throughput benchmark: fp4ref.formats.encode / decode against ml_dtypes' ``astype`` on the same data.
 
-Run ``python -m fp4ref.bench_codecs`` (default 64M float32 values per format, best of 3). Not a test: it prints a
-Markdown table (ours vs peer, same run, ratio) for docs/benchmarks.md. The target (issue 2) is encode within 2x of
-ml_dtypes' time for E2M1 and E4M3FN.
+Run ``python -m fp4ref.bench_codecs`` (default 64M float32 values per format, median of 5 interleaved rounds).
+Not a test: it prints a Markdown table (ours vs peer, same run, ratio) for docs/benchmarks.md. The target
+(issue 2) is encode within 2x of ml_dtypes' time for E2M1 and E4M3FN.
 
 Data: ``randn * scale`` in float32 with the scale drawn per 4096-element block from a format-dependent set of powers
 of two around the format's range (subnormals, normals and overflow all occur; never all zeros); UE8M0 gets
@@ -51,33 +51,40 @@ def make_data(fmt, n: int, seed: int = 0) -> np.ndarray:
     return x
 
 
-def _best(fn, repeat: int):
-    best, out = float("inf"), None
+def _interleaved(ours, peer, repeat: int):
+    """Median wall time of ``ours`` and ``peer`` over ``repeat`` rounds, the two alternating within each round (so
+    both see the same machine load); also returns the last outputs."""
+    t_o, t_p = [], []
+    out_o = out_p = None
     for _ in range(repeat):
-        out = None
+        out_o = None
         t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        out_o = ours()
+        t_o.append(time.perf_counter() - t0)
+        out_p = None
+        t0 = time.perf_counter()
+        out_p = peer()
+        t_p.append(time.perf_counter() - t0)
+    return float(np.median(t_o)), float(np.median(t_p)), out_o, out_p
 
 
 def run(names, n: int, repeat: int, seed: int):
+    """Rows (format, op, fp4ref seconds, ml_dtypes seconds, fraction of equal outputs)."""
     rows = []
     for name in names:
         fmt = get_format(name)
         peer = _PEER[fmt.name]
         x = make_data(fmt, n, seed)
-        t_ours, codes = _best(lambda: encode(x, fmt), repeat)
-        t_peer, peer_codes = _best(lambda: x.astype(peer), repeat)
+        t_ours, t_peer, codes, peer_codes = _interleaved(lambda: encode(x, fmt), lambda: x.astype(peer), repeat)
         same = float(np.count_nonzero(codes == peer_codes.view(np.uint8))) / n
         rows.append((fmt.name, "encode", t_ours, t_peer, same))
         del peer_codes
-        t_ours, vals = _best(lambda: decode(codes, fmt), repeat)
         pc = codes.view(peer)
-        t_peer, peer_vals = _best(lambda: pc.astype(np.float32), repeat)
+        t_ours, t_peer, vals, peer_vals = _interleaved(lambda: decode(codes, fmt), lambda: pc.astype(np.float32),
+                                                       repeat)
         same = float(np.count_nonzero((vals == peer_vals) | (np.isnan(vals) & np.isnan(peer_vals)))) / n
         rows.append((fmt.name, "decode", t_ours, t_peer, same))
-        del x, codes, vals, peer_vals
+        del x, codes, pc, vals, peer_vals
     return rows
 
 
@@ -108,7 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=1 << 26, help="float32 values per format (default 64M = 2^26)")
     p.add_argument("--formats", default=",".join(FORMATS),
                    help=f"comma-separated format names (default all: {','.join(FORMATS)})")
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is reported (default 3)")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="timed rounds (fp4ref and ml_dtypes alternate); medians are reported (default 5)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.n < 1:
@@ -126,7 +134,8 @@ def main(argv=None) -> int:
                                              " " + " ".join(sys.argv[1:] if argv is None else argv))
     print(f"Command: `{cmd}`")
     print(f"Machine: {machine_line()}")
-    print(f"{args.n} float32 values per format, RNE, best of {args.repeat}; ratio < 1 means fp4ref is faster.\n")
+    print(f"{args.n} float32 values per format, RNE, median of {args.repeat} interleaved rounds; "
+          "ratio < 1 means fp4ref is faster.\n")
     print(format_table(rows, args.n))
     return 0
 

@@ -735,10 +735,23 @@ def test_encode_rejects_non_float_input(bad):
         encode(bad, E4M3FN)
 
 
-@pytest.mark.parametrize("rounding", ["nearest", "rn", "", "RNEX", "up", None])
+@pytest.mark.parametrize("rounding", ["nearest", "rn", "", "RNEX", "up", "trunc"])
 def test_encode_unknown_rounding(rounding):
-    with pytest.raises((ValueError, TypeError), match="rounding"):
+    with pytest.raises(ValueError, match="rounding"):
         encode(np.array([1.0]), E2M1, rounding=rounding)
+    with pytest.raises((ValueError, TypeError), match="rounding"):
+        encode(np.array([1.0]), E2M1, rounding=None)
+
+
+def test_format_given_by_name():
+    x = np.array([0.3, -2.6, 100.0], dtype=np.float32)
+    assert np.array_equal(encode(x, "e4m3fn"), encode(x, E4M3FN))
+    assert np.array_equal(encode(x, "E2M1"), encode(x, E2M1))
+    assert np.array_equal(decode(np.arange(16), "e2m1"), decode(np.arange(16), E2M1))
+    with pytest.raises(ValueError, match="e9m9"):
+        encode(x, "e9m9")
+    with pytest.raises(ValueError, match="e9m9"):
+        decode(np.arange(4), "e9m9")
 
 
 @pytest.mark.parametrize("name", NAMES)
