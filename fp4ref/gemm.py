@@ -287,14 +287,22 @@ def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_many):
     return out, int(ii.size)
 
 
-def _grid_exponent(x: np.ndarray, scale_bits: int) -> int:
-    """Smallest q with every finite value of x on 2^-q Z, given that x * 2^scale_bits are integers (< 2^53)."""
-    t = np.abs(np.ldexp(np.where(np.isfinite(x), x, 0.0), scale_bits)).astype(np.int64)
-    acc = int(np.bitwise_or.reduce(t, axis=None)) if t.size else 0
-    if acc == 0:
-        return -1024  # all zero: any grid
-    low = (acc & -acc).bit_length() - 1  # lowest set bit over all values
-    return scale_bits - low
+def _fp16_grid_exponent(x: np.ndarray):
+    """A q with every finite value of the float16 array x on 2^-q Z (None if x has no finite nonzero value).
+
+    From the smallest nonzero magnitude 2^E <= m: an fp16 value >= 2^E has its last bit at >= 2^(E-10), and every
+    fp16 value is a multiple of 2^-24, so q = min(24, 10 - E). (Coarser than the exact grid by up to 10 bits, but
+    one cheap integer reduction over the fp16 bit patterns: magnitude order = bit-pattern order.)
+    """
+    mb = np.ascontiguousarray(x).view(np.uint16) & np.uint16(0x7FFF)
+    mb = np.where((mb > 0) & (mb < 0x7C00), mb, np.uint16(0xFFFF))
+    if mb.size == 0:
+        return None
+    m = int(mb.min())
+    if m == 0xFFFF:
+        return None
+    E = math.frexp(float(np.array([m], np.uint16).view(np.float16)[0]))[1] - 1
+    return min(24, 10 - E)
 
 
 def _exact_dots_fp16(Af: np.ndarray, Bf: np.ndarray, ii: np.ndarray, jj: np.ndarray) -> list:
@@ -374,26 +382,28 @@ def gemm_fp16(A, B) -> Reference:
     fmt = OUTPUT_FORMATS["float16"]
     Af = A.astype(np.float64)
     Bf = B.astype(np.float64)
-    finite_a = np.isfinite(Af).all(axis=1)
-    finite_b = np.isfinite(Bf).all(axis=1)
+    finite_a = np.isfinite(A).all(axis=1)
+    finite_b = np.isfinite(B).all(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         S = Af @ Bf.T
     rows = np.flatnonzero(~finite_a)
     cols = np.flatnonzero(~finite_b)
     S = _nonfinite_fix(S, Af, Bf, rows, cols)
+    Afin = Af if rows.size == 0 else np.where(np.isfinite(Af), Af, 0.0)
+    Bfin = Bf if cols.size == 0 else np.where(np.isfinite(Bf), Bf, 0.0)
     # Cauchy-Schwarz bound on |A||B| (cheap: no second matmul), inflated for its own rounding.
-    na = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Af), Af, 0), np.where(np.isfinite(Af), Af, 0)))
-    nb = np.sqrt(np.einsum("ik,ik->i", np.where(np.isfinite(Bf), Bf, 0), np.where(np.isfinite(Bf), Bf, 0)))
-    err = ((K + 4) * 2.0**-52) * np.outer(na, nb)
+    na = np.sqrt(np.einsum("ik,ik->i", Afin, Afin))
+    nb = np.sqrt(np.einsum("ik,ik->i", Bfin, Bfin))
+    nab = np.outer(na, nb)
+    err = ((K + 4) * 2.0**-52) * nab
 
     # Exactness proof where it holds: values on 2^-qa Z and 2^-qb Z, and ||a_i|| ||b_j|| (>= sum |a||b|, the
     # Cauchy-Schwarz inequality) at most 2^(53 - qa - qb): then every float64 summation order is exact
     # (facts/numerics.md §Exactness), err = 0 and no certification is needed (small-integer inputs, e.g. the
     # exact-accumulation families, whose outputs tie often).
-    qa, qb = _grid_exponent(Af, 24), _grid_exponent(Bf, 24)
-    if qa > -1024 and qb > -1024:  # (an all-zero operand has err = 0 already)
-        limit = 2.0 ** (53 - qa - qb)
-        err[np.outer(na, nb) * (1 + 2.0**-30) <= limit] = 0.0
+    qa, qb = _fp16_grid_exponent(A), _fp16_grid_exponent(B)
+    if qa is not None and qb is not None:  # (an all-zero operand has err = 0 already)
+        err[nab * (1 + 2.0**-30) <= 2.0 ** (53 - qa - qb)] = 0.0
     err[~np.isfinite(S)] = 0.0
 
     # Exact path (undecided elements): fp16 values are integers times 2^-24, products times 2^-48.

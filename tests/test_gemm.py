@@ -471,3 +471,18 @@ def test_bench_reference_runs_on_small_shapes(monkeypatch):
     assert [r["workload"] for r in rows] == ["sparse_gemm_fp4_fp8", "nvfp4_linear", "gemm_fp16"]
     table = bench_reference.format_table(rows)
     assert table.count("\n") == 4 and "x |" in table
+
+
+def test_fp16_grid_exponent_is_a_valid_grid():
+    # every finite value times 2^q must be an integer (the exactness proof depends on it)
+    rng = np.random.default_rng(12)
+    for scale in (2.0**-30, 2.0**-10, 1.0, 2.0**10):
+        x = (rng.standard_normal(1000) * scale).astype(np.float16)
+        q = gemm._fp16_grid_exponent(x)
+        t = np.ldexp(x.astype(np.float64), q)
+        assert np.all(t == np.round(t)), scale
+    every = np.arange(65536, dtype=np.uint16).view(np.float16)
+    q = gemm._fp16_grid_exponent(every)
+    fin = every[np.isfinite(every)].astype(np.float64)
+    assert q == 24 and np.all(np.ldexp(fin, q) == np.round(np.ldexp(fin, q)))
+    assert gemm._fp16_grid_exponent(np.zeros(3, np.float16)) is None
