@@ -476,7 +476,7 @@ def test_bench_reference_runs_on_small_shapes(monkeypatch):
 def test_fp16_grid_exponent_is_a_valid_grid():
     # every finite value times 2^q must be an integer (the exactness proof depends on it)
     rng = np.random.default_rng(12)
-    for scale in (2.0**-30, 2.0**-10, 1.0, 2.0**10):
+    for scale in (2.0**-20, 2.0**-10, 1.0, 2.0**10):
         x = (rng.standard_normal(1000) * scale).astype(np.float16)
         q = gemm._fp16_grid_exponent(x)
         t = np.ldexp(x.astype(np.float64), q)
