@@ -19,11 +19,16 @@ How exactness is obtained (facts/numerics.md §Exactness; design.md "Reference G
 * If every product lies on 2^-q Z and the sum of the magnitudes is <= 2^(53-q), every float64 summation order is
   exact, so a float64 matmul (any BLAS blocking, with or without FMA) IS the exact sum. This holds for the sparse
   workload (E2M1 x E4M3FN: q = 10, exact up to K ~ 6e9).
-* Otherwise (fp16 x fp16: 40 bits of exponent range per operand) the float64 matmul S carries an error bound
-  e = (K + 4) * 2^-52 * ||a_i||_2 * ||b_j||_2 (Higham §3.1: |S - C| <= gamma_K |a|.|b| <= gamma_K ||a|| ||b||,
-  doubled for the rounding of the norms). The output is certified element by element: if RN(S - e) and
-  RN(S + e) agree (value and sign), RN is monotone, so that is RN(C). The other elements (exact output ties,
-  heavy cancellation) are recomputed exactly in Python integers and rounded exactly.
+* fp16 x fp16 (40 bits of exponent range per operand): the same proof is tried per element from the data (grid
+  2^-q of each operand from its smallest nonzero magnitude, Cauchy-Schwarz ||a_i|| ||b_j|| >= sum |a||b|); where it
+  fails, the float64 matmul S carries an error bound e = (K + 4) * 2^-52 * ||a_i||_2 * ||b_j||_2 (Higham §3.1:
+  |S - C| <= gamma_K |a|.|b| <= gamma_K ||a|| ||b||, doubled for the rounding of the norms) and the output is
+  certified element by element: if RN(S - e) and RN(S + e) agree (value and sign), RN is monotone, so that is
+  RN(C). The other elements (output ties, heavy cancellation) are recomputed exactly (integer limbs in float64,
+  combined in python ints) and rounded exactly.
+* NVFP4: operands as integers (2 e2m1 * 2^9 ue4m3), an exact integer matmul (one float64 matmul when
+  Cauchy-Schwarz proves it exact, else two 11-bit limbs), then the global scales by a certified float64 product
+  (facts/numerics.md: float64 alone is not exact for NVFP4 beyond K ~ 1190).
 * The rounding itself is this module's own RNE from float64 (``round_float64``): frexp/ldexp/rint, all exact,
   so never a double rounding (ml_dtypes' float64 -> bfloat16 cast goes through float32 and DOES double-round:
   1 + 2^-8 + 2^-40 gives 1.0 instead of 1 + 2^-7).
