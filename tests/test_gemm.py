@@ -486,3 +486,23 @@ def test_fp16_grid_exponent_is_a_valid_grid():
     fin = every[np.isfinite(every)].astype(np.float64)
     assert q == 24 and np.all(np.ldexp(fin, q) == np.round(np.ldexp(fin, q)))
     assert gemm._fp16_grid_exponent(np.zeros(3, np.float16)) is None
+
+
+def test_nvfp4_gemm_overflow_at_bf16_max():
+    # C = (256 + w1) * 2^120 with global scales 2^60 * 2^60; bf16 max = 255 * 2^120, ulp there 2^120:
+    # w1 = -0.5 -> 255.5: exactly max + ulp/2, a tie, RNE goes to the even neighbour 2^128 -> inf;
+    # w1 = -1 -> 255 = max; w1 = -1.5 -> 254.5: a tie between 254 (even) and 255 -> 254; w1 = 0 -> 2^128 -> inf.
+    K = 32
+    xc = np.zeros((1, K), np.uint8)
+    xc[0, 0] = xc[0, 16] = 2  # 1.0, 1.0
+    wc = np.zeros((4, K), np.uint8)
+    wc[:, 0] = 6  # 4.0 * scale 64 = 256
+    wc[0, 16], wc[1, 16], wc[2, 16], wc[3, 16] = 9, 10, 11, 0  # -0.5, -1, -1.5, 0
+    ws = np.tile(np.array([[0x68, 0x38]], np.uint8), (4, 1))
+    ref = gemm.nvfp4_gemm(_nvt(xc, np.full((1, 2), 0x38, np.uint8), 2.0**60), _nvt(wc, ws, 2.0**60))
+    bmax = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    assert bmax == 255 * 2.0**120
+    out = ref.out.astype(np.float64)[0]
+    assert out.tolist() == [np.inf, bmax, 254 * 2.0**120, np.inf]
+    for j in range(4):
+        assert out[j] == oracle_round(ref.exact_fraction((0, j)), "bfloat16")
