@@ -506,3 +506,39 @@ def test_nvfp4_gemm_overflow_at_bf16_max():
     assert out.tolist() == [np.inf, bmax, 254 * 2.0**120, np.inf]
     for j in range(4):
         assert out[j] == oracle_round(ref.exact_fraction((0, j)), "bfloat16")
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fp4ref import strategies as fst  # noqa: E402
+
+
+@given(shape=fst.gemm_shapes(max_m=3, max_n=3, min_k=16, max_k=64, k_multiple_of=16), data=st.data())
+def test_nvfp4_gemm_drawn_operands_against_fraction(shape, data):
+    xo = data.draw(fst.nvfp4_operands(shape.M, shape.K))
+    wo = data.draw(fst.nvfp4_operands(shape.N, shape.K))
+    xq = NVFP4Tensor(codes=xo["codes"], scales=xo["scales"], global_decode_scale=xo["global_decode_scale"],
+                     shape=(shape.M, shape.K), recipe="test", block=(1, 16), axis=1)
+    wq = NVFP4Tensor(codes=wo["codes"], scales=wo["scales"], global_decode_scale=wo["global_decode_scale"],
+                     shape=(shape.N, shape.K), recipe="test", block=(1, 16), axis=1)
+    ref = gemm.nvfp4_gemm(xq, wq)
+    ex = np.array([[_nv_exact(xq, wq, i, j) for j in range(shape.N)] for i in range(shape.M)], dtype=object)
+    assert_matches_oracle(ref, ex, "bfloat16")
+
+
+@given(shape=fst.gemm_shapes(max_m=3, max_n=3, min_k=4, max_k=40, k_multiple_of=4), data=st.data())
+def test_sparse_drawn_operands_against_fraction(shape, data):
+    vals, meta = data.draw(fst.sparse_a_operands(shape.M, shape.K, canonical=False, int8=True))
+    b = data.draw(fst.e4m3_bytes((shape.N, shape.K)))
+    ref = gemm.sparse_gemm_fp4_fp8(vals, meta, b)
+    ex, nan = _sparse_exact(vals, meta, b)
+    assert_matches_oracle(ref, ex, "bfloat16")
+
+
+@given(shape=fst.gemm_shapes(max_m=3, max_n=3, max_k=40), data=st.data())
+def test_fp16_drawn_operands_against_fraction(shape, data):
+    A = data.draw(fst.fp16_matrices((shape.M, shape.K), max_exponent=14, min_exponent=-24))
+    B = data.draw(fst.fp16_matrices((shape.N, shape.K), max_exponent=14, min_exponent=-24))
+    ref = gemm.gemm_fp16(A, B)
+    assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
