@@ -72,16 +72,44 @@ def _candidates(m: int):
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     if m <= 16:
-        return [C(64, 16, 256, 1, 4, 4), C(64, 16, 256, 2, 4, 4), C(64, 16, 256, 4, 4, 4), C(64, 16, 512, 2, 4, 3),
-                C(128, 16, 256, 2, 4, 4), C(128, 16, 128, 4, 8, 4), C(64, 16, 128, 4, 4, 6), C(64, 16, 128, 2, 4, 6)]
+        return [C(64, 16, 256, 1, 4, 4), C(64, 16, 256, 2, 4, 4), C(64, 16, 256, 4, 4, 4), C(64, 16, 512, 4, 4, 3),
+                C(128, 16, 256, 4, 4, 4), C(64, 16, 128, 8, 4, 6), C(64, 16, 256, 8, 4, 4)]
     if m <= 64:
-        return [C(64, 64, 128, 2, 4, 4), C(64, 32, 256, 2, 4, 4), C(128, 64, 128, 1, 8, 4),
-                C(128, 64, 128, 2, 8, 4), C(64, 64, 256, 1, 4, 3), C(64, 64, 128, 4, 4, 4)]
-    if m <= 512:
-        return [C(128, 64, 128, 1, 8, 4), C(128, 128, 64, 1, 8, 4), C(64, 128, 128, 1, 4, 4),
-                C(128, 128, 128, 1, 8, 3), C(64, 64, 128, 1, 4, 4), C(128, 128, 64, 2, 8, 4)]
-    return [C(128, 128, 64, 1, 8, 4), C(128, 256, 64, 1, 8, 3), C(128, 128, 128, 1, 8, 3),
-            C(256, 128, 64, 1, 8, 3), C(128, 256, 64, 1, 8, 4), C(64, 256, 64, 1, 4, 4)]
+        return [C(64, 64, 128, 2, 4, 4), C(64, 64, 128, 4, 4, 4), C(64, 32, 256, 4, 4, 4), C(64, 64, 256, 2, 4, 3),
+                C(128, 64, 128, 2, 8, 4)]
+    if m <= 256:
+        return [C(64, 128, 128, 2, 4, 3), C(128, 128, 128, 1, 8, 3), C(128, 128, 128, 2, 8, 3),
+                C(64, 128, 128, 1, 4, 3), C(128, 64, 128, 2, 8, 4), C(64, 64, 128, 2, 4, 4)]
+    return [C(128, 256, 64, 1, 8, 3), C(128, 256, 64, 1, 8, 4), C(128, 128, 64, 1, 8, 4), C(256, 128, 64, 1, 8, 3),
+            C(128, 256, 128, 1, 8, 2)]
+
+
+def _profile(ms, w_u8, w_scales, w_gdec):
+    """GPU time per kernel of one nvfp4_linear call (torch.profiler, mean of 10 calls), without host overhead."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fp4ref.kernels.nvfp4_linear import nvfp4_linear
+
+    for m in ms:
+        x = _x(m)
+        for _ in range(3):
+            nvfp4_linear(x, w_u8, w_scales, w_gdec)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                nvfp4_linear(x, w_u8, w_scales, w_gdec)
+            torch.cuda.synchronize()
+        parts = []
+        total = 0.0
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None)
+            if t is None:
+                t = getattr(e, "cuda_time_total", 0.0)
+            if t and e.count:
+                parts.append(f"{e.key[:28]} {t / 10:.1f}")
+                total += t / 10
+        print(f"profile M={m}: GPU {total:.1f} us per call: " + "; ".join(parts))
 
 
 def _setup(device="cuda"):
@@ -159,6 +187,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M instead")
     p.add_argument("--iters", type=int, default=50, help="timed iterations (default 50, as the public benchmarks)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--profile", action="store_true", help="print GPU time per kernel (torch.profiler) instead")
     args = p.parse_args(argv)
 
     import torch
@@ -171,6 +200,9 @@ def main(argv=None) -> int:
         return 2
     ms = args.m or list(DECODE_M) + sorted(WORKLOAD_M)
     w_u8, w_scales, w_gdec = _setup()
+    if args.profile:
+        _profile(ms, w_u8, w_scales, w_gdec)
+        return 0
     if args.sweep:
         res = _sweep(ms, w_u8, w_scales, w_gdec, min(args.iters, 20))
         if args.json:

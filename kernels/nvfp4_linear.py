@@ -84,7 +84,7 @@ class LinearConfig:
     BLOCK_N: int  # weight rows per program (wgmma M dimension; multiple of 64 for wgmma)
     BLOCK_M: int  # x rows per program (wgmma N dimension; >= 16)
     BLOCK_K: int  # K per step (multiple of 32: two E2M1 per byte, 16-element blocks)
-    SPLIT_K: int  # programs along K; > 1 writes fp32 partials reduced by a second launch (fixed order)
+    SPLIT_K: int  # programs along K; > 1: fp32 partials, summed by the tile's last program (fixed order)
     num_warps: int
     num_stages: int
 
@@ -92,10 +92,11 @@ class LinearConfig:
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
 # Large M is bound by tensor-core throughput and the in-register decode of W (once per M tile): big M tiles.
 LINEAR_CONFIGS = {
-    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
+    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
     64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
-    256: LinearConfig(BLOCK_N=128, BLOCK_M=64, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=4),
-    1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=128, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4),
+    128: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
+    256: LinearConfig(BLOCK_N=128, BLOCK_M=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
+    1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
 }
 
 
@@ -134,9 +135,9 @@ def _widen_to_fp32(x):
 
 
 @triton.jit
-def _amax_partial_kernel(
+def _amax_kernel(
     x_ptr,  # *fp32|bf16|fp16, numel contiguous elements
-    partial_ptr,  # *i32 [num_programs]: fp32 bit pattern of max |x| over this program's slice
+    sync_ptr,  # *i32 [2]: [0] fp32 bits of max |x| (atomic max; must be 0 on entry), [1] departure counter
     numel,
     ITERS,  # grid-stride steps per program
     BLOCK: tl.constexpr,
@@ -148,10 +149,10 @@ def _amax_partial_kernel(
     for it in range(0, ITERS):
         idx = (it * nprog + pid).to(tl.int64) * BLOCK + offs
         x = _widen_to_fp32(tl.load(x_ptr + idx, mask=idx < numel, other=0.0))
-        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf)
-        bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        best = tl.maximum(best, bits)
-    tl.store(partial_ptr + pid, tl.max(best, axis=0))
+        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf);
+        # max is order-free, so the atomic result is deterministic
+        best = tl.maximum(best, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    tl.atomic_max(sync_ptr, tl.max(best, axis=0))
 
 
 @triton.jit
@@ -185,7 +186,7 @@ def _e4m3_byte_to_fp32(b):
 @triton.jit
 def nvfp4_quantize_kernel(
     x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
-    partial_ptr,  # *i32 [NUM_PARTIALS]: amax partials (fp32 bits) from _amax_partial_kernel
+    sync_ptr,  # *i32 [2] from _amax_kernel: [0] amax bits, [1] departure counter (the last program resets both)
     q_ptr,  # *u8 [M, K/2] packed E2M1 codes (element 2i in bits 3:0)         (WRITE_PACKED)
     s_ptr,  # *u8 [M, K/16] E4M3FN block-scale bytes                          (WRITE_PACKED)
     deq_ptr,  # *fp16 [M, K] code value * block scale (exact in fp16)          (WRITE_DEQUANT)
@@ -193,7 +194,7 @@ def nvfp4_quantize_kernel(
     M,
     K,
     stride_xm,
-    NUM_PARTIALS: tl.constexpr,  # power of two; unused slots must hold 0
+    num_programs,  # grid size (for the departure count)
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,  # multiple of 16
     WRITE_PACKED: tl.constexpr,
@@ -203,14 +204,19 @@ def nvfp4_quantize_kernel(
     pid_c = tl.program_id(1)
 
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
-    amax_bits = tl.max(tl.load(partial_ptr + tl.arange(0, NUM_PARTIALS)), axis=0)
-    amax = amax_bits.to(tl.float32, bitcast=True)
+    amax = tl.load(sync_ptr).to(tl.float32, bitcast=True)
     genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
     genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
     genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
     gdec = tl.math.div_rn(tl.full([], 1.0, tl.float32), genc)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(gdec_ptr, gdec)
+    # every program has read amax (gdec depends on it); the last one to leave zeroes the sync words for the next
+    # call on this stream
+    tl.debug_barrier()
+    if tl.atomic_add(sync_ptr + 1, 1) == num_programs - 1:
+        tl.store(sync_ptr, 0)
+        tl.store(sync_ptr + 1, 0)
 
     # --- the tile ----------------------------------------------------------------------------------------------
     NB: tl.constexpr = BLOCK_C // 16
@@ -325,7 +331,9 @@ def nvfp4_linear_kernel(
     ws_ptr,  # *u8 [N, K/16] E4M3FN weight block-scale bytes (sign bit ignored: UE4M3)
     a_ptr,  # *fp16 [M, K] dequantized x (code * block scale, exact)
     xgdec_ptr,  # *fp32 [1] x global decode scale (written by the quantize kernel)
-    out_ptr,  # *bf16 [M, N] (SPLIT_K == 1) or *fp32 [SPLIT_K, M, N] partial sums
+    out_ptr,  # *bf16 [M, N]
+    part_ptr,  # *fp32 [SPLIT_K, M, N] partial sums (SPLIT_K > 1)
+    count_ptr,  # *i32 [tiles] arrivals per output tile (SPLIT_K > 1; 0 on entry, reset by the last arrival)
     w_gdec,  # fp32 weight global decode scale
     M,
     N,
@@ -379,32 +387,23 @@ def nvfp4_linear_kernel(
         acc = tl.dot(wv, tl.trans(a), acc)  # exact products, fp32 accumulation
 
     out_mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+    out_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+    g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
     if SPLIT_K == 1:
-        g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
-        y = (acc * g).to(tl.bfloat16)  # fp32 RNE, then one RNE rounding to bf16
-        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], y, mask=out_mask)
+        tl.store(out_ptr + out_offs, (acc * g).to(tl.bfloat16), mask=out_mask)  # fp32 RNE, one RNE to bf16
     else:
-        part = out_ptr + pid_k.to(tl.int64) * M * N
-        tl.store(part + offs_m[None, :].to(tl.int64) * N + offs_n[:, None], acc, mask=out_mask)
-
-
-@triton.jit
-def _splitk_reduce_kernel(
-    part_ptr,  # *fp32 [SPLIT_K, numel]
-    xgdec_ptr,  # *fp32 [1]
-    out_ptr,  # *bf16 [numel]
-    w_gdec,  # fp32
-    numel,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):  # fixed order: deterministic
-        acc += tl.load(part_ptr + s * numel + offs, mask=mask, other=0.0)
-    g = tl.load(xgdec_ptr) * w_gdec
-    tl.store(out_ptr + offs, (acc * g).to(tl.bfloat16), mask=mask)
+        # Split-K without a second launch: store this partial; the LAST program to arrive at the tile sums all
+        # SPLIT_K partials in the fixed order s = 0, 1, ... (bitwise deterministic whoever arrives last).
+        MN = M.to(tl.int64) * N
+        tl.store(part_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
+        tl.debug_barrier()  # all threads' partial stores precede the (release) arrival
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel, gpu scope
+            tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            for sk in tl.static_range(1, SPLIT_K):
+                tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + out_offs, (tot * g).to(tl.bfloat16), mask=out_mask)
+            tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -430,18 +429,80 @@ def _check_x(x, name: str = "x"):
     return x.reshape(-1, K)
 
 
+class _Launcher:
+    """``kernel[grid](*args, **meta)`` with the compiled kernel cached per specialisation.
+
+    Triton's own dispatch (binding, specialisation key, option parsing) costs tens of microseconds of host time
+    per launch, which dominates this op at small M. The first call of a specialisation goes through Triton (and
+    compiles); later calls launch the cached CompiledKernel directly. The key holds what Triton specialises on:
+    tensor dtypes and 16-byte alignment, ints equal to 1, divisible by 16 or beyond int32, and every meta value.
+    Under the CPU interpreter every call goes through Triton.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.cache: dict = {}
+        self.constexpr_names = None  # the kernel's constexpr parameters, in order (all come after the others)
+
+    @staticmethod
+    def _spec(a):
+        if isinstance(a, torch.Tensor):
+            return (a.dtype, a.data_ptr() % 16 == 0)
+        if isinstance(a, bool) or not isinstance(a, int):
+            return type(a)
+        return (a == 1, a % 16 == 0, not -(2**31) <= a < 2**31)
+
+    def __call__(self, grid, *args, **meta):
+        if _interpreting():
+            self.kernel[grid](*args, **meta)
+            return
+        dev = torch.cuda.current_device()
+        key = (dev, tuple(self._spec(a) for a in args), tuple(meta.items()))
+        ck = self.cache.get(key)
+        if ck is None:
+            self.cache[key] = self.kernel[grid](*args, **meta)
+            if self.constexpr_names is None:
+                self.constexpr_names = [p.name for p in self.kernel.params if p.is_constexpr]
+            return
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None,
+               *args, *[meta[n] for n in self.constexpr_names])
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_SYNC: dict = {}  # (device, stream) -> int32 zeros [2 + tiles]: amax bits, departures, split-K tile counters
+
+
+def _sync_words(dev, tiles: int = 0):
+    """Per-(device, stream) int32 words that every kernel leaves at 0: [0] amax bits, [1] quantize departures,
+    [2:] split-K arrivals per output tile. Grown (fresh zeros) when more tiles are needed."""
+    key = (dev, torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0)
+    buf = _SYNC.get(key)
+    if buf is None or buf.numel() < 2 + tiles:
+        buf = torch.zeros(max(2 + tiles, 4096), dtype=torch.int32, device=dev)
+        _SYNC[key] = buf
+    return buf
+
+
+_amax_launch = _Launcher(_amax_kernel)
+_quantize_kernel_launch = _Launcher(nvfp4_quantize_kernel)
+_linear_launch = _Launcher(nvfp4_linear_kernel)
+
+
 def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | None = None):
     """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq fp16 | None, gdec).
     ``tile``: (BLOCK_R, BLOCK_C, num_warps) to force (benchmark sweeps); default from _QUANT_TILE."""
     M, K = x2.shape
     dev = x2.device
+    sync = _sync_words(dev)
     numel = M * K
     nprog = min(triton.cdiv(numel, _AMAX_BLOCK), _AMAX_MAX_PROGRAMS)
-    num_partials = triton.next_power_of_2(nprog)
-    # unused partial slots must read as 0 (= +0.0 bits); torch.zeros only when there are unused slots
-    partials = (torch.zeros if num_partials > nprog else torch.empty)(num_partials, dtype=torch.int32, device=dev)
     iters = triton.cdiv(numel, nprog * _AMAX_BLOCK)
-    _amax_partial_kernel[(nprog,)](x2, partials, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
+    _amax_launch((nprog,), x2, sync, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
 
     block_c = min(triton.next_power_of_2(K), 1024)
     block_r = max(1, min(_QUANT_TILE // block_c, triton.next_power_of_2(M)))
@@ -454,12 +515,11 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
     gdec = torch.empty((1,), dtype=torch.float32, device=dev)
     dummy = gdec  # unused pointer arguments
     grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
-    nvfp4_quantize_kernel[grid](
-        x2, partials,
+    _quantize_kernel_launch(
+        grid, x2, sync,
         packed if write_packed else dummy, scales if write_packed else dummy, deq if write_dequant else dummy,
-        gdec, M, K, x2.stride(0),
-        NUM_PARTIALS=num_partials, BLOCK_R=block_r, BLOCK_C=block_c,
-        WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
+        gdec, M, K, x2.stride(0), grid[0] * grid[1],
+        BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
         num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
     return packed, scales, deq, gdec
@@ -557,15 +617,13 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     w_gdec = float(weight_global_decode_scale)
     block_k = _block_k_for(K, cfg.BLOCK_K)
     grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
-    decode_ptx = os.environ.get("TRITON_INTERPRET", "0") != "1"
-    meta = dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                DECODE_PTX=decode_ptx, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.SPLIT_K == 1:
-        nvfp4_linear_kernel[grid](w, ws, deq, xgdec, out, w_gdec, M, N, K, **meta)
-    else:
+    if cfg.SPLIT_K > 1:
+        sync = _sync_words(x.device, grid[0] * grid[1])
+        counts = sync[2:]
         part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
-        nvfp4_linear_kernel[grid](w, ws, deq, xgdec, part, w_gdec, M, N, K, **meta)
-        numel = M * N
-        _splitk_reduce_kernel[(triton.cdiv(numel, 1024),)](part, xgdec, out, w_gdec, numel,
-                                                            SPLIT_K=cfg.SPLIT_K, BLOCK=1024, num_warps=4)
+    else:
+        counts = part = out  # unused
+    _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
+                   BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                   DECODE_PTX=not _interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

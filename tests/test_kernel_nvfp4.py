@@ -49,10 +49,10 @@ def _bf16_to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
-def _assert_quantize_equal(x: np.ndarray):
-    """Kernel bytes == fp4ref 'sol' bytes for x (numpy, any supported dtype)."""
+def _assert_quantize_equal(x: np.ndarray, want=None):
+    """Kernel bytes == fp4ref 'sol' bytes for x (numpy, any supported dtype); ``want``: fp4ref's, if computed."""
     __tracebackhide__ = True
-    want = ref_quantize(x, recipe="sol")
+    want = ref_quantize(x, recipe="sol") if want is None else want
     k = x.shape[-1]
     q, s, g = nvl.nvfp4_quantize(_to_torch(x))
     q = q.cpu().numpy()
@@ -221,6 +221,19 @@ def test_linear_rejects():
         nvl.nvfp4_linear(x, w, s, 1.0, out=torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
 
 
+def test_sync_words_are_left_at_zero():
+    """The amax word, the departure counter and the split-K tile counters are reset by the kernels themselves."""
+    rng = np.random.default_rng(11)
+    x = _to_torch(rng.standard_normal((1, 3, 128)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    wq = ref_quantize(rng.standard_normal((64, 128), dtype=np.float32), recipe="sol")
+    nvl.nvfp4_quantize(x)
+    cfg = nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=32, SPLIT_K=4, num_warps=4, num_stages=2)
+    nvl.nvfp4_linear(x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
+                     float(wq.global_decode_scale), config=cfg)
+    words = nvl._sync_words(x.device)
+    assert int(torch.count_nonzero(words)) == 0
+
+
 def test_contract_names_fp4ref_models():
     for key in ("accumulation_model", "accumulation_model_interpreter"):
         bounds.get_model(nvl.NUMERIC_CONTRACT[key])  # raises on an unknown name
@@ -235,31 +248,29 @@ def _compile_all():
     from fp4ref.kernels._sm90 import compile_for_sm90
 
     built = []
-    lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "w_gdec": "fp32",
-               "M": "i32", "N": "i32", "K": "i32"}
+    lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
+               "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
     cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
     for cfg in cfgs:
         for block_k in sorted({cfg.BLOCK_K, 16}):
-            sig = dict(lin_sig, out_ptr="*bf16" if cfg.SPLIT_K == 1 else "*fp32")
+            sig = lin_sig
             built.append(compile_for_sm90(
                 nvl.nvfp4_linear_kernel, sig,
                 dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "N", "K"]))  # as at run time
-    built.append(compile_for_sm90(
-        nvl._splitk_reduce_kernel, {"part_ptr": "*fp32", "xgdec_ptr": "*fp32", "out_ptr": "*bf16", "w_gdec": "fp32",
-                                    "numel": "i32"}, dict(SPLIT_K=2, BLOCK=1024), num_warps=4))
-    built.append(compile_for_sm90(nvl._amax_partial_kernel, {"x_ptr": "*bf16", "partial_ptr": "*i32",
-                                                             "numel": "i32", "ITERS": "i32"},
+                divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
+                                 "K"]))  # as at run time
+    built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "sync_ptr": "*i32", "numel": "i32",
+                                                     "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
     for write_packed, write_dequant in ((True, False), (False, True)):
         built.append(compile_for_sm90(
             nvl.nvfp4_quantize_kernel,
-            {"x_ptr": "*bf16", "partial_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": "*fp16",
-             "gdec_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32"},
-            dict(NUM_PARTIALS=512, BLOCK_R=4, BLOCK_C=1024, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant),
+            {"x_ptr": "*bf16", "sync_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": "*fp16",
+             "gdec_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "num_programs": "i32"},
+            dict(BLOCK_R=4, BLOCK_C=1024, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant),
             num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False,
-            divisible_by_16=["x_ptr", "partial_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
+            divisible_by_16=["x_ptr", "sync_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     return built
 
 
@@ -298,14 +309,14 @@ def test_workload_sizes_on_gpu(m, workload_weight, record_property):
     x_np = rng.standard_normal((1, m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
     x = _to_torch(x_np)
     # the quantizer, whole tensor, against fp4ref
-    _assert_quantize_equal(x_np.reshape(m, 8192))
+    xq = ref_quantize(x_np.reshape(m, 8192), recipe="sol")
+    _assert_quantize_equal(x_np.reshape(m, 8192), xq)
     # the linear layer, NaN-poisoned output, checked on a row subset against the exact NVFP4 product
     out = torch.full((1, m, 8192), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), out=out)
     y2 = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale))
     torch.cuda.synchronize()
     assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), "not bitwise deterministic"
-    xq = ref_quantize(x_np.reshape(m, 8192), recipe="sol")
     rows = np.unique(np.concatenate([np.arange(min(m, 48)), np.arange(max(0, m - 16), m),
                                      rng.choice(m, size=min(m, 64), replace=False)]))
     xs = dataclasses.replace(xq, codes=xq.codes[rows], scales=xq.scales[rows], shape=(len(rows), 8192))
