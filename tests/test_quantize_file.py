@@ -315,3 +315,23 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
     assert not out.exists()
     with pytest.raises(SystemExit):
         main([str(src), "-o", str(out), "--format", "int4"])
+
+
+def test_add_parser_wires_a_quantize_subcommand(tmp_path, capsys):
+    import argparse
+
+    from fp4ref.quantize_file import add_parser, run
+
+    parser = argparse.ArgumentParser(prog="fp4ref")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    out = tmp_path / "o.safetensors"
+    args = parser.parse_args(["quantize", str(src), "-o", str(out), "--format", "mxfp8", "--mode", "rceil",
+                              "--quiet"])
+    assert args.func is run and args.func(args) == 0
+    assert capsys.readouterr().out == ""  # --quiet
+    with safe_open(str(out), framework="np") as f:
+        assert f.metadata()["fp4ref.mode"] == "rceil"
+        assert f.get_slice("a.weight").get_dtype() == "F8_E4M3"
