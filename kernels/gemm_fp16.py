@@ -12,13 +12,18 @@ Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune a
   varies run to run, but the summation order does not: the output is bitwise deterministic. No program ever waits
   for another, so there is no deadlock whatever order the hardware schedules programs in.
 * ``gemm_fp16_tma_kernel`` (large M, compute-bound): tensor descriptors (TMA on sm_90), persistent programs
-  walking C tiles in grouped order, one fp32 chain over all of K per C element.
+  walking (K slice, C tile) work units in grouped order; SPLIT_K = 1 in the table (one fp32 chain over all of K),
+  SPLIT_K > 1 supported with the same deterministic reduction.
 
-Numeric contract (NUMERIC_CONTRACT below; read by tests and ``fp4ref verify``): products of fp16 values are exact;
-each K slice is accumulated in fp32 by the tensor cores (Hopper fp16 wgmma: 16 products per step aligned and
-truncated to 2^(E-25), accumulated with round-toward-zero; mma.sync on tiles with BLOCK_M < 64, bounded by the
-universal fp32 tensor-core bound); the SPLIT_K partials are summed in fp32, round-to-nearest-even, fixed order;
-the result is rounded ONCE to fp16 with RNE (cvt.rn.f16.f32; overflow gives +-inf, as IEEE RNE does).
+Host side: a launch plan per (dtypes, shapes, strides, devices, config) keeps the CompiledKernel of the first call
+and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs).
+
+Numeric contract (NUMERIC_CONTRACT and accumulation_model() below, as fp4ref.bounds model names; read by the
+tests and ``fp4ref verify``): products of fp16 values are exact; each K slice is accumulated in fp32 by the tensor
+cores (``hopper_fp16_wgmma``: 16 products per step aligned and truncated to 2^(E-25), accumulated with
+round-toward-zero; tiles with BLOCK_M < 64 run on mma.sync, bounded by ``tc_fp32_universal``); the SPLIT_K
+partials are summed in fp32, round-to-nearest-even, fixed order (``splitk(<model>, L)``); the result is rounded
+ONCE to fp16 with RNE (cvt.rn.f16.f32; overflow gives +-inf, as IEEE RNE does).
 
 Alignment (what the kernels need; other shapes raise ValueError): A and B are 2-D CUDA fp16 tensors with unit
 stride along K and row strides that are multiples of 8 elements (16 bytes), 16-byte aligned data pointers;
