@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._validate import as_code_array, normalize_axis
+from .formats import E2M1, decode
 
 __all__ = [
     "pack_fp4",
@@ -102,12 +103,10 @@ def unpack_fp4(packed, axis: int = -1) -> np.ndarray:
 #: The six canonical metadata bytes, (idx0, idx1) -> idx0 | idx1 << 2 with idx0 < idx1 and bits 7:4 zero.
 CANONICAL_META = (0x04, 0x08, 0x09, 0x0C, 0x0D, 0x0E)
 
-# E2M1 code -> value, exactly (facts/numerics.md "Formats": codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 the
-# negatives, 8 = -0). Written out here so that packing does not depend on the codec module; tests check it
-# against fp4ref.formats.decode and ml_dtypes.
-_E2M1_VALUES = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32
-)
+# E2M1 code -> value (codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 the negatives, 8 = -0), from the format
+# registry.
+_E2M1_VALUES = decode(np.arange(16, dtype=np.uint8), E2M1)
+_E2M1_VALUES.flags.writeable = False
 
 
 def _e2m1_codes_from(a, name: str) -> np.ndarray:
