@@ -505,6 +505,11 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         err = np.where(fin, np.abs(o64 - C), 0.0)
         b = terms.total
         ratio = np.where(fin, np.where(b > 0, err / np.where(b > 0, b, 1.0), np.where(err > 0, np.inf, 0.0)), 0.0)
+    if output_rounding == "faithful":
+        # a faithful (e.g. truncating) store of a value beyond the largest finite one gives that largest value
+        with np.errstate(invalid="ignore"):
+            sat = fin & (np.abs(o64) == fmt.max) & (np.sign(o64) == np.sign(C)) & (np.abs(C) + e_pre >= fmt.max)
+        ratio = np.where(sat, np.minimum(ratio, 1.0), ratio)
     viol = fin & (ratio > 1)
 
     equal = (o64 == r64) | (out_nan & np.isnan(r64))

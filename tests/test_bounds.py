@@ -240,3 +240,14 @@ def test_check_accepts_torch():
                                   np.full((3, 16), 0x38, np.uint8))
     t = torch.from_numpy(bf.out.astype(np.float32)).to(torch.bfloat16)
     assert bounds.check(t, bf, "fp32_rn", exact_accumulation=True).ok
+
+
+def test_faithful_output_may_saturate_beyond_max():
+    A = np.array([[256.0, 256.0]], np.float16)
+    B = np.array([[256.0, 256.0]], np.float16)  # exact 131072 > 65504
+    ref = gemm.gemm_fp16(A, B)
+    sat = np.array([[65504.0]], np.float16)
+    assert bounds.check(sat, ref, "fp32_rn", output_rounding="faithful").ok
+    assert not bounds.check(sat, ref, "fp32_rn", output_rounding="rne").ok
+    assert not bounds.check(np.array([[-65504.0]], np.float16), ref, "fp32_rn", output_rounding="faithful").ok
+    assert not bounds.check(np.array([[65472.0]], np.float16), ref, "fp32_rn", output_rounding="faithful").ok
