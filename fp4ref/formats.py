@@ -385,10 +385,11 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
 
     # Exact widening. float64 input stays float64; narrower inputs widen to float32 unless the format reaches
     # below float32's normal range (UE8M0's 2^-127), where the float64 path keeps the leading-bit exponent exact.
-    if arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126:
-        work = arr.astype(np.float64)  # exact widening (copy; the input is never written)
-    else:
-        work = arr.astype(np.float32)
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a bfloat16 NaN; the value stays NaN
+        if arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126:
+            work = arr.astype(np.float64)  # exact widening (copy; the input is never written)
+        else:
+            work = arr.astype(np.float32)
 
     isnan = np.isnan(work)
     if isnan.any() and nanpol is NanPolicy.RAISE:
