@@ -215,7 +215,9 @@ def verify(
             result.missing.append([name, f"{spec}: {type(exc).__name__}: {exc}"])
             continue
         contract = kernel_contract(module)
-        model_name = model or contract.get("accumulation_model") or bounds.DEFAULT_MODEL
+        # In the interpreter tl.dot is a numpy fp32 product, not a tensor core: a kernel may declare that model.
+        model_name = model or (interpreted and contract.get("accumulation_model_interpreter")) or contract.get(
+            "accumulation_model") or bounds.DEFAULT_MODEL
         # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
         rounding = output_rounding or contract.get(
             "output_rounding_interpreter" if interpreted else "output_rounding", "rne")
