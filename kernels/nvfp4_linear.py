@@ -3,25 +3,32 @@
 Workload: SOL-ExecBench "nvfp4_linear_layer" (/work/shared/facts/seeds.md §2): y = x @ W^T with x quantized per call
 to NVFP4 by the recipe fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode).
 
-Pipeline (4 launches, no host synchronisation):
+Pipeline (3 launches, no host synchronisation):
 
-1. ``_amax_partial_kernel``: per program, max |x| over a grid-stride slice, as fp32 bit patterns (int32 max of
-   the sign-cleared bits: exact, order-free, so deterministic). Writes ``P`` partials.
-2. ``nvfp4_quantize_kernel``: every program reduces the ``P`` partials to the global amax (device side), derives
-   global encode/decode scales, and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the
-   "sol" recipe, bit for bit (see RECIPE). Writes packed E2M1 codes + E4M3FN block-scale bytes (``nvfp4_quantize``)
-   or, for the linear layer, the dequantized values code * block scale as fp16 (exact; see below).
-3. ``nvfp4_linear_kernel``: C^T tile = W_tile @ X_tile^T. W is decoded in registers from the packed bytes:
-   E2M1 code -> E4M3FN byte ((c & 7) << 2 | sign << 7 is exactly code_value * 2^-6, E4M3 subnormals included),
-   hardware fp8 -> fp16 conversion, times fp16(block scale) * 64. Every E2M1 x E4M3 product has <= 6 significant
-   bits and lies in [2^-10, 2688] (or is 0): exact in fp16, so the tensor-core products are exact. fp16 rather than
-   bf16 operands: equally exact here and the fp8 -> fp16 conversion is one instruction per two values.
-   fp32 accumulation (Hopper wgmma: per 16-product step, aligned, truncated, RZ to fp32); optional split-K writes
-   fp32 partials.
-4. epilogue (in 3, or ``_splitk_reduce_kernel`` when SPLIT_K > 1, summing partials in fixed order s = 0..S-1):
-   acc * (x_global_decode * weight_global_decode) in fp32 (two RNE multiplies), one RNE rounding to bf16.
+1. ``_amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
+   sign-cleared bits: exact), then one atomic max into a per-(device, stream) sync word (max is order-free:
+   deterministic).
+2. ``nvfp4_quantize_kernel``: every program reads the global amax, derives the global encode/decode scales and
+   quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol" recipe bit for bit (RECIPE):
+   IEEE divisions (div.rn, no FTZ), E4M3 and E2M1 roundings in integer / exact fp32 arithmetic. Writes packed E2M1
+   codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or, for the linear layer, the dequantized values
+   code * block scale as fp16 (exact). The last program to leave resets the sync words to 0.
+3. ``nvfp4_linear_kernel``: C^T tile = W_tile @ X_tile^T ("swap AB": weight rows are the MMA M dimension, so
+   M = 1..64 wastes no tensor-core work beyond BLOCK_M = 16). W is decoded in registers from 32-bit words of packed
+   codes: E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4, whose value is exactly E2M1(c) * 2^-6 (E4M3
+   subnormals included), cvt.rn.f16x2.e4m3x2 (two values per instruction), times fp16(block scale) * 2^6.
+   Every E2M1 x E4M3 product has <= 6 significant bits and lies in [2^-10, 2688] (or is 0): exact in fp16, so
+   the tensor-core products are exact. fp16 rather than bf16 operands: equally exact here, and the fp8 -> fp16
+   conversion is one instruction per two values. fp32 accumulation (Hopper wgmma). Epilogue:
+   acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to bf16.
+   Split-K (small M): each program stores an fp32 partial; the last program to arrive at an output tile (atomic
+   counter) sums the SPLIT_K partials in the fixed order s = 0, 1, ... and writes the tile.
 
-Bitwise deterministic: no atomics on floating-point data, fixed reduction orders.
+Bitwise deterministic: no floating-point atomics (the amax atomic is an integer max), fixed reduction orders.
+Limits: any M >= 1; N and K multiples of 16; x contiguous; finite x (NaN / inf are outside the contract: the recipe
+has no NaN policy and the op does not synchronise to check). The sync words (and, after two identical calls, a
+cached launch plan with its scratch buffers) are kept per (device, stream): calls on one stream are ordered;
+concurrent calls from several host threads are not supported.
 Nothing runs at import.
 """
 from __future__ import annotations
@@ -394,7 +401,7 @@ def nvfp4_linear_kernel(
     else:
         # Split-K without a second launch: store this partial; the LAST program to arrive at the tile sums all
         # SPLIT_K partials in the fixed order s = 0, 1, ... (bitwise deterministic whoever arrives last).
-        MN = M.to(tl.int64) * N
+        MN = N.to(tl.int64) * M  # (M may be the constant 1 after specialisation: no .to on it)
         tl.store(part_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
         tl.debug_barrier()  # all threads' partial stores precede the (release) arrival
         tile = pid_m * tl.num_programs(0) + pid_n
@@ -455,7 +462,7 @@ class _Launcher:
     def __call__(self, grid, *args, **meta):
         if _interpreting():
             self.kernel[grid](*args, **meta)
-            return
+            return None
         dev = torch.cuda.current_device()
         key = (dev, tuple(self._spec(a) for a in args), tuple(meta.items()))
         ck = self.cache.get(key)
@@ -463,11 +470,12 @@ class _Launcher:
             self.cache[key] = self.kernel[grid](*args, **meta)
             if self.constexpr_names is None:
                 self.constexpr_names = [p.name for p in self.kernel.params if p.is_constexpr]
-            return
+            return None
         stream = torch.cuda.current_stream(dev).cuda_stream
         g = tuple(grid) + (1,) * (3 - len(grid))
-        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None,
-               *args, *[meta[n] for n in self.constexpr_names])
+        consts = tuple(meta[n] for n in self.constexpr_names)
+        ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts)
+        return ck, g, consts
 
 
 def _interpreting() -> bool:
@@ -502,7 +510,7 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
     numel = M * K
     nprog = min(triton.cdiv(numel, _AMAX_BLOCK), _AMAX_MAX_PROGRAMS)
     iters = triton.cdiv(numel, nprog * _AMAX_BLOCK)
-    _amax_launch((nprog,), x2, sync, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
+    rec_amax = _amax_launch((nprog,), x2, sync, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
 
     block_c = min(triton.next_power_of_2(K), 1024)
     block_r = max(1, min(_QUANT_TILE // block_c, triton.next_power_of_2(M)))
@@ -515,14 +523,57 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
     gdec = torch.empty((1,), dtype=torch.float32, device=dev)
     dummy = gdec  # unused pointer arguments
     grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
-    _quantize_kernel_launch(
+    rec_quant = _quantize_kernel_launch(
         grid, x2, sync,
         packed if write_packed else dummy, scales if write_packed else dummy, deq if write_dequant else dummy,
         gdec, M, K, x2.stride(0), grid[0] * grid[1],
         BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
         num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
+    _LAST_QUANT["recs"] = (rec_amax, rec_quant, sync, numel, iters, grid[0] * grid[1])
     return packed, scales, deq, gdec
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host fast path: cached launch plans
+# ---------------------------------------------------------------------------------------------------------------
+# At small M this op is bound by host time (Python launch overhead on the CPU), not by the GPU. After two calls
+# with the same operands' shapes, dtypes, weight storage, stream and default config, a plan replays the three
+# cached compiled kernels directly, reusing its scratch buffers (dequantized x, x's global decode scale, split-K
+# partials: stream-ordered, so reuse is safe on the plan's stream). Plans whose scratch exceeds _PLAN_MAX_SCRATCH
+# bytes are not kept (at large M the host time is negligible); at most _MAX_PLANS are kept (oldest dropped).
+_LAST_QUANT: dict = {}
+_PLANS: dict = {}
+_MAX_PLANS = 4
+_PLAN_MAX_SCRATCH = 64 << 20
+
+
+def _raw_stream(dev) -> int:
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton itself uses; no Stream object
+    return get(dev.index) if get is not None and dev.index is not None else torch.cuda.current_stream(dev).cuda_stream
+
+
+def _plan_key(x, weight_fp4, weight_scales, w_gdec):
+    return (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), weight_fp4.data_ptr(),
+            weight_fp4.shape, weight_fp4.dtype, weight_fp4.is_contiguous(), weight_scales.data_ptr(),
+            weight_scales.shape, weight_scales.dtype, weight_scales.is_contiguous(), w_gdec,
+            _raw_stream(x.device))
+
+
+class _LinearPlan:
+    __slots__ = ("amax", "quant", "lin", "amax_args", "quant_args", "lin_args", "out_shape", "device", "stream")
+
+    def run(self, x):
+        out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
+        st = self.stream
+        ck, g, c = self.amax
+        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, x, *self.amax_args, *c)
+        ck, g, c = self.quant
+        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, x, *self.quant_args, *c)
+        ck, g, c = self.lin
+        a = self.lin_args
+        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, *a[:4], out, *a[4:], *c)
+        return out
 
 
 def nvfp4_quantize(x: torch.Tensor):
@@ -577,6 +628,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices or not
             contiguous.
     """
+    use_plan = config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda and not _interpreting()
+    if use_plan and isinstance(weight_fp4, torch.Tensor) and isinstance(weight_scales, torch.Tensor):
+        key = _plan_key(x, weight_fp4, weight_scales, weight_global_decode_scale)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan.run(x)
     x2 = _check_x(x)
     M, K = x2.shape
     for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
@@ -623,7 +680,21 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
     else:
         counts = part = out  # unused
-    _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
-                   BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                   DECODE_PTX=not _interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
+                             BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                             DECODE_PTX=not _interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    rec_amax, rec_quant, sync, numel, iters, nq = _LAST_QUANT.pop("recs", (None,) * 6)
+    scratch = deq.numel() * 2 + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
+    if use_plan and rec_amax and rec_quant and rec_lin and scratch <= _PLAN_MAX_SCRATCH:
+        plan = _LinearPlan()
+        plan.amax, plan.quant, plan.lin = rec_amax, rec_quant, rec_lin
+        plan.amax_args = (sync, numel, iters)
+        plan.quant_args = (sync, xgdec, xgdec, deq, xgdec, M, K, x2.stride(0), nq)
+        plan.lin_args = (w, ws, deq, xgdec, part, counts, w_gdec, M, N, K)
+        plan.out_shape = tuple(out.shape)
+        plan.device = x.device
+        plan.stream = _raw_stream(x.device)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = plan
     return out

@@ -260,6 +260,13 @@ def _compile_all():
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                 divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
                                  "K"]))  # as at run time
+    # M == 1 is specialised to a constant by the runtime: the split-K epilogue must compile with it
+    cfg = nvl.LINEAR_CONFIGS[16]
+    built.append(compile_for_sm90(
+        nvl.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
+        dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"]))
     built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "sync_ptr": "*i32", "numel": "i32",
                                                      "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
@@ -314,9 +321,11 @@ def test_workload_sizes_on_gpu(m, workload_weight, record_property):
     # the linear layer, NaN-poisoned output, checked on a row subset against the exact NVFP4 product
     out = torch.full((1, m, 8192), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), out=out)
-    y2 = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale))
-    torch.cuda.synchronize()
-    assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), "not bitwise deterministic"
+    # repeated calls (the second and later ones take the cached launch plan): bitwise equal
+    for _ in range(3):
+        y2 = nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale))
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), y2.view(torch.int16)), "not bitwise deterministic"
     rows = np.unique(np.concatenate([np.arange(min(m, 48)), np.arange(max(0, m - 16), m),
                                      rng.choice(m, size=min(m, 64), replace=False)]))
     xs = dataclasses.replace(xq, codes=xq.codes[rows], scales=xq.scales[rows], shape=(len(rows), 8192))
