@@ -17,6 +17,18 @@ from .formats import (  # noqa: F401
     encode,
     get_format,
 )
-from .packing import pack_fp4, unpack_fp4  # noqa: F401
+from .packing import check_meta, compress_2to4, decompress_2to4, pack_fp4, unpack_fp4  # noqa: F401
+from .blockscale import (  # noqa: F401
+    MXMode,
+    MXTensor,
+    NVFP4Recipe,
+    NVFP4Tensor,
+    from_blocked,
+    mx_dequantize,
+    mx_quantize,
+    nvfp4_dequantize,
+    nvfp4_quantize,
+    to_blocked,
+)
 
 __version__ = "0.1.0"
