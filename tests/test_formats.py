@@ -74,7 +74,7 @@ def test_format_fields_match_ml_dtypes_finfo(name):
     assert f.max == float(fi.max)
     assert f.min_normal == float(fi.smallest_normal)
     assert f.min_subnormal == float(fi.smallest_subnormal)
-    assert f.nbits == fi.bits if name not in ("e2m1", "e2m3", "e3m2") else f.nbits == {"e2m1": 4}.get(name, 6)
+    assert f.nbits == fi.bits
 
 
 @pytest.mark.parametrize("name", NAMES)
