@@ -270,26 +270,45 @@ def _check_2d(x, name: str, dtype_names: tuple[str, ...]) -> np.ndarray:
 
 
 def _certify(S: np.ndarray, err: np.ndarray, fmt: OutputFormat, exact_many):
-    """Certified RNE of the values S +- err; undecided elements are computed exactly.
+    """Certified RNE of values known only as S +- err; undecided elements are computed exactly.
 
     ``exact_many(ii, jj)`` returns (list of python ints n, shared exponent s): the exact values n * 2^s of the
     elements (ii[u], jj[u]). Returns (out float64 values of fmt, number of elements computed exactly).
+
+    Fast path (all exact operations): S in units of its ulp in ``fmt``, t = S * 2^-q, r = rint(t); when
+    |t - r| + err * 2^-q < 1/2 the whole interval lies inside r's rounding interval, so RN(C) = r * 2^q. Elements
+    where that cannot be trusted (r at the bottom of a binade, where the gap below is half as wide; r = 0, whose
+    sign the interval may not decide) go to the two-sided test RN(S - err) == RN(S + err) (RN is monotone), and the
+    rest to the exact path.
     """
     finite = np.isfinite(S)
-    pos = err > 0
-    with np.errstate(invalid="ignore"):
-        lo = np.where(pos, np.nextafter(S - err, -np.inf), S)
-        hi = np.where(pos, np.nextafter(S + err, np.inf), S)
-    r_lo = round_float64(lo, fmt)
-    r_hi = round_float64(hi, fmt)
-    undecided = finite & ((r_lo != r_hi) | (np.signbit(r_lo) != np.signbit(r_hi)))
-    out = np.where(finite, r_lo, S)
-    out = np.where(finite & (S == 0) & ~pos, 0.0, out)  # exact zero (err 0 and S = +-0) -> +0.0
-    ii, jj = np.nonzero(undecided)
-    if ii.size:
-        ns, sexp = exact_many(ii, jj)
-        out[ii, jj] = [round_exact(n, sexp, fmt) for n in ns]
-    return out, int(ii.size)
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, e = np.frexp(S)
+        q = np.maximum(e - 1, fmt.emin) - (fmt.p - 1)
+        t = np.ldexp(S, -q)
+        r = np.rint(t)
+        slack = np.abs(t - r) + np.ldexp(err, -q)  # exact difference; one rounding in the sum
+        out = np.ldexp(r, q)
+        out = np.where(np.abs(out) > fmt.max, np.copysign(np.inf, S), out)
+        easy = finite & ((err == 0) | ((slack < 0.5 - 2.0**-40) & (r != 0) & (np.abs(r) != 2.0 ** (fmt.p - 1))))
+    out = np.where(finite, out, S)
+    out = np.where(finite & (S == 0) & (err == 0), 0.0, out)  # exact zero -> +0.0
+    hard_i, hard_j = np.nonzero(~easy & finite)
+    n_exact = 0
+    if hard_i.size:
+        Sh, eh = S[hard_i, hard_j], err[hard_i, hard_j]
+        lo = np.nextafter(Sh - eh, -np.inf)
+        hi = np.nextafter(Sh + eh, np.inf)
+        r_lo = round_float64(lo, fmt)
+        r_hi = round_float64(hi, fmt)
+        und = (r_lo != r_hi) | (np.signbit(r_lo) != np.signbit(r_hi))
+        out[hard_i[~und], hard_j[~und]] = r_lo[~und]
+        ii, jj = hard_i[und], hard_j[und]
+        if ii.size:
+            ns, sexp = exact_many(ii, jj)
+            out[ii, jj] = [round_exact(n, sexp, fmt) for n in ns]
+        n_exact = int(ii.size)
+    return out, n_exact
 
 
 def _fp16_grid_exponent(x: np.ndarray):
@@ -299,12 +318,12 @@ def _fp16_grid_exponent(x: np.ndarray):
     fp16 value is a multiple of 2^-24, so q = min(24, 10 - E). (Coarser than the exact grid by up to 10 bits, but
     one cheap integer reduction over the fp16 bit patterns: magnitude order = bit-pattern order.)
     """
-    mb = np.ascontiguousarray(x).view(np.uint16) & np.uint16(0x7FFF)
-    mb = np.where((mb > 0) & (mb < 0x7C00), mb, np.uint16(0xFFFF))
-    if mb.size == 0:
+    if x.size == 0:
         return None
-    m = int(mb.min())
-    if m == 0xFFFF:
+    mb = np.ascontiguousarray(x).view(np.uint16) & np.uint16(0x7FFF)
+    mb -= np.uint16(1)  # wraps +-0 to 0xFFFF: the min is then the smallest nonzero magnitude (inf/NaN sort above)
+    m = int(mb.min()) + 1
+    if m >= 0x7C00:  # no finite nonzero value
         return None
     E = math.frexp(float(np.array([m], np.uint16).view(np.float16)[0]))[1] - 1
     return min(24, 10 - E)
@@ -387,8 +406,8 @@ def gemm_fp16(A, B) -> Reference:
     fmt = OUTPUT_FORMATS["float16"]
     Af = A.astype(np.float64)
     Bf = B.astype(np.float64)
-    finite_a = np.isfinite(A).all(axis=1)
-    finite_b = np.isfinite(B).all(axis=1)
+    finite_a = np.isfinite(Af).all(axis=1)
+    finite_b = np.isfinite(Bf).all(axis=1)
     with np.errstate(invalid="ignore", over="ignore"):
         S = Af @ Bf.T
     rows = np.flatnonzero(~finite_a)

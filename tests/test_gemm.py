@@ -542,3 +542,18 @@ def test_fp16_drawn_operands_against_fraction(shape, data):
     B = data.draw(fst.fp16_matrices((shape.N, shape.K), max_exponent=14, min_exponent=-24))
     ref = gemm.gemm_fp16(A, B)
     assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
+
+
+def test_gemm_fp16_certification_at_binade_bottoms_and_zero():
+    # Exact results at and around powers of two (where the fp16 spacing halves below) and around zero, each row
+    # carrying a cancelling pair 2^15 - 2^15 so the float64 exactness proof fails and the certification decides.
+    ds = [0.0, 2.0**-12, -(2.0**-12), 2.0**-13, -(2.0**-13), 3 * 2.0**-13, -3 * 2.0**-13, 2.0**-11, -(2.0**-11),
+          2.0**-24, -(2.0**-24)]
+    rows = []
+    for base in (1.0, 2.0**-14, 2.0**-13, 0.0, 1024.0):
+        for d in ds:
+            rows.append([base, d * max(base, 2.0**-14), 2.0**15, -(2.0**15), 0.0])
+    A = np.array(rows, dtype=np.float64).astype(np.float16)
+    B = np.array([[1.0, 1.0, 1.0, 1.0, 2.0**-24], [-1.0, -1.0, 1.0, 1.0, 2.0**-24]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
