@@ -544,6 +544,7 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
 # bytes are not kept (at large M the host time is negligible); at most _MAX_PLANS are kept (oldest dropped).
 _LAST_QUANT: dict = {}
 _PLANS: dict = {}
+_PLANS_ENABLED = os.environ.get("FP4REF_NVFP4_PLANS", "1") != "0"  # debugging switch: 0 disables the fast path
 _MAX_PLANS = 4
 _PLAN_MAX_SCRATCH = 64 << 20
 
@@ -628,7 +629,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices or not
             contiguous.
     """
-    use_plan = config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda and not _interpreting()
+    use_plan = (_PLANS_ENABLED and config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda
+                and not _interpreting())
     if use_plan and isinstance(weight_fp4, torch.Tensor) and isinstance(weight_scales, torch.Tensor):
         key = _plan_key(x, weight_fp4, weight_scales, weight_global_decode_scale)
         plan = _PLANS.get(key)
