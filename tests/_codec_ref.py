@@ -77,7 +77,7 @@ SPECS = {
                    (0x7F, 0xFF), (), F(480), True, True, "nan", 0x7F, 0xFF, ml_dtypes.float8_e4m3fn),
     # IEEE-like E5M2: bias 15, max 57344 = 0x7B, inf 0x7C/0xFC, NaN 0x7D-0x7F / 0xFD-0xFF.
     "e5m2": Spec("e5m2", 5, 2, 15, True, 8, True, True, True, F(57344), F(1, 2**14), F(1, 2**16),
-                 (0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF), (0x7C, 0xFC), F(65536), False, True, "nan", 0x7F, 0xFF,
+                 (0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF), (0x7C, 0xFC), F(65536), False, True, "nan", 0x7E, 0xFE,
                  ml_dtypes.float8_e5m2),
     # OCP MX v1.0 §5.4.1: E8M0 scale, 2^(b-127), 255 = NaN, no zero/sign/inf.
     "ue8m0": Spec("ue8m0", 8, 0, 127, False, 8, False, True, False, F(2) ** 127, F(1, 2**127), F(1, 2**127),

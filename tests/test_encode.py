@@ -457,7 +457,8 @@ NAN_TABLE = {
     "e2m3": {None: "raise", "raise": "raise", "max": (0x1F, 0x1F), "zero": (0x0, 0x0)},
     "e3m2": {None: "raise", "raise": "raise", "max": (0x1F, 0x1F), "zero": (0x0, 0x0)},
     "e4m3fn": {None: (0x7F, 0xFF), "nan": (0x7F, 0xFF), "raise": "raise", "max": (0x7E, 0x7E), "zero": (0, 0)},
-    "e5m2": {None: (0x7F, 0xFF), "nan": (0x7F, 0xFF), "raise": "raise", "max": (0x7B, 0x7B), "zero": (0, 0)},
+    # E5M2 writes the quiet NaN 0x7E/0xFE (top fraction bit set), as ml_dtypes and torch do.
+    "e5m2": {None: (0x7E, 0xFE), "nan": (0x7E, 0xFE), "raise": "raise", "max": (0x7B, 0x7B), "zero": (0, 0)},
     "ue8m0": {None: (0xFF, 0xFF), "nan": (0xFF, 0xFF), "raise": "raise", "max": (0xFE, 0xFE), "zero": (0, 0)},
 }
 
