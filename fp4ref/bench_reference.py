@@ -84,7 +84,8 @@ def run(names=None, repeat: int = 5, seed: int = 0):
 
 def format_table(rows) -> str:
     lines = [
-        "| workload | M | N | K | numpy float64 matmul (ms) | fp4ref reference (ms) | ratio | + lazy abs-product (ms) | elements via exact integer path |",
+        "| workload | M | N | K | numpy float64 matmul (ms) | fp4ref reference (ms) | ratio "
+        "| + lazy abs-product (ms) | elements via exact integer path |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

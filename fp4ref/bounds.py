@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ._interop import to_numpy
-from .gemm import OUTPUT_FORMATS, OutputFormat, Reference
+from .gemm import OutputFormat, Reference
 
 __all__ = [
     "AccumulationModel",
@@ -196,7 +196,8 @@ for _m in (
     AccumulationModel("ampere_fp16", "block_fma", k=8, F=24, acc_p=24, acc_rounding="rz",
                       source="facts/numerics.md tensor-core table: Ampere/Ada fp16, bf16 (Fasi et al. 2021; MMA-Sim)"),
     AccumulationModel("hopper_fp16_wgmma", "block_fma", k=16, F=25, acc_p=24, acc_rounding="rz",
-                      source="facts/numerics.md tensor-core table: Hopper fp16/bf16 wgmma (MMA-Sim; Khattak & Mikaitis)"),
+                      source="facts/numerics.md tensor-core table: Hopper fp16/bf16 wgmma "
+                             "(MMA-Sim; Khattak & Mikaitis)"),
     AccumulationModel("hopper_fp8_wgmma", "block_fma", k=32, F=13, acc_p=14, acc_rounding="rz", source=_FP8_SRC),
     AccumulationModel("blackwell_fp8", "block_fma", k=32, F=25, acc_p=24, acc_rounding="rz",
                       source="ASSUMPTION: fp32-wide accumulation on Blackwell fp8 (MMA-Sim); not validated here"),
@@ -381,8 +382,9 @@ class Report:
         verdict = "OK" if self.ok else "FAILED"
         return (
             f"{verdict}: {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
-            f"max err/bound {self.max_err_over_bound:.3g}, {self.n_violations} over the bound, max {self.max_ulps} ulp, "
-            f"{100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded output, SQNR {self.sqnr_db:.1f} dB, "
+            f"max err/bound {self.max_err_over_bound:.3g}, {self.n_violations} over the bound, "
+            f"max {self.max_ulps} ulp, {100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded "
+            f"output, SQNR {self.sqnr_db:.1f} dB, "
             f"{self.nan_mismatch} NaN / {self.inf_mismatch} Inf mismatches, {self.unwritten} unwritten"
         )
 

@@ -714,7 +714,9 @@ def _check_nvfp4_tensor(t, name: str):
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"{name} must be an fp4ref.blockscale.NVFP4Tensor, got {type(t).__name__}")
     if len(t.shape) != 2 or t.axis != 1:
-        raise ValueError(f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}")
+        raise ValueError(
+            f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}"
+        )
     # block=(16, 16) weight tiles store their scale on every row too: the same per-row arithmetic applies.
     return np.asarray(t.codes, dtype=np.uint8), np.asarray(t.scales, dtype=np.uint8), float(t.global_decode_scale)
 

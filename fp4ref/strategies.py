@@ -32,7 +32,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .packing import CANONICAL_META, pack_fp4
+from .packing import CANONICAL_META
 
 __all__ = [
     "GemmShape",

@@ -8,7 +8,7 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fp4ref import bounds, gemm

@@ -131,7 +131,6 @@ FP32_MODELS = ["fp32_rn", "ampere_fp16", "hopper_fp16_wgmma", "blackwell_fp8", "
 def _sig_bits(x):
     x = np.abs(np.asarray(x, dtype=np.float64))
     x = x[x > 0]
-    m, e = np.frexp(x)
     bits = []
     for v in x:
         n, d = float(v).as_integer_ratio()

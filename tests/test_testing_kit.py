@@ -93,8 +93,6 @@ def sparse_inputs(seed, M=16, N=64, K=256, canonical=True):
     if canonical:
         codes = rng.integers(0, 16, (M, K)).astype(np.uint8)
         keep = np.zeros((M, K // 4, 4), bool)
-        for g in range(4):
-            pass
         pos = np.argsort(rng.random((M, K // 4, 4)), axis=-1)[..., :2]
         np.put_along_axis(keep, pos, True, axis=-1)
         codes = np.where(keep.reshape(M, K), codes, 0).astype(np.uint8)
