@@ -121,24 +121,11 @@ def numeric_model(config: SparseGemmConfig, K: int) -> str:
 # Kernel
 # ----------------------------------------------------------------------------------------------------------
 @triton.jit
-def _e2m1_twice(code):
-    """E2M1 code (int32, 0..15) -> 2 * value as int32: 0 1 2 3 4 6 8 12 and negatives (exact)."""
+def _e4m3_of_e2m1(code):
+    """E2M1 code (uint32, 0..15) -> its E4M3FN byte (uint32). Exact: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are
+    bytes 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C (4*mag + 0x30 for mag >= 2); sign bit 3 -> bit 7."""
     mag = code & 7
-    shift = tl.maximum((mag >> 1) - 1, 0)
-    t = tl.where(mag < 4, mag, (2 + (mag & 1)) << shift)
-    return tl.where((code & 8) != 0, -t, t)
-
-
-@triton.jit
-def _e4m3_bits_of_half(t):
-    """E4M3FN byte (as uint32) of t / 2 for int32 |t| <= 24 whose half is an E4M3FN value (all normal or 0).
-
-    Read off the fp32 bit pattern: sign, exponent rebased from bias 127 to 7 (minus 1 for the halving),
-    top 3 mantissa bits (the rest are zero here). Integer ops only: exact, and the same in the interpreter.
-    """
-    u = t.to(tl.float32).to(tl.uint32, bitcast=True)
-    bits = ((u >> 24) & 0x80) | ((((u >> 23) & 0xFF) - 121) << 3) | ((u >> 20) & 7)
-    return tl.where(t == 0, 0, bits)
+    return tl.where(mag > 1, (mag << 2) + 0x30, mag * 0x30) | ((code & 8) << 4)
 
 
 @triton.jit
@@ -149,37 +136,46 @@ def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
     SELECTOR=False: the values (v0 at idx0 plus v1 at idx1; a duplicate index holds v0 + v1, exact).
     SELECTOR=True: 1.0 at each selected position (used to count selected NaNs of b).
     Rows >= M and groups >= G load zero bytes, which decode to an all-zero group.
+    Work is per group (byte pair), in the loaded [BLOCK_M, BLOCK_K/4] layout: each group becomes one 32-bit word
+    holding its 4 E4M3FN bytes, split into bytes and interleaved with tl.join + tl.reshape (no data movement).
     """
     offs_g = g0 + tl.arange(0, BLOCK_K // 4)
     mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
     off = offs_m[:, None] * stride_am + offs_g[None, :] * stride_ag
     # int8 storage, read as unsigned bytes: bitcast to uint8 first, then zero-extend
     meta = tl.load(meta_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint32)
-    sh0 = (meta & 3) * 8          # bit offset of idx0's byte in the group's 32-bit word
-    sh1 = ((meta >> 2) & 3) * 8   # bit offset of idx1's byte; meta bits 7:4 are never read
+    sh0 = (meta & 3) << 3    # bit offset of idx0's byte in the group's word
+    sh1 = (meta & 12) << 1   # bit offset of idx1's byte; meta bits 7:4 are never read
     if SELECTOR:
         word = (0x38 << sh0) | (0x38 << sh1)  # 0x38 = E4M3FN 1.0
     else:
-        vals = tl.load(vals_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.int32)
-        t0 = _e2m1_twice(vals & 15)
-        t1 = _e2m1_twice(vals >> 4)
-        dup = sh0 == sh1
-        b0 = _e4m3_bits_of_half(tl.where(dup, t0 + t1, t0))  # duplicate index: the sum, exact in E4M3FN
-        b1 = tl.where(dup, 0, _e4m3_bits_of_half(t1))
-        word = (b0 << sh0) | (b1 << sh1)
-    # expand each group word to its 4 K-columns: column 4g + j holds byte j of word g
-    w4 = tl.broadcast_to(word[:, :, None], [BLOCK_M, BLOCK_K // 4, 4])
-    j = tl.arange(0, 4)
-    bytes4 = (w4 >> (j[None, None, :] * 8)) & 0xFF
-    return tl.reshape(bytes4, [BLOCK_M, BLOCK_K]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        vals = tl.load(vals_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint32)
+        e0 = _e4m3_of_e2m1(vals & 15)
+        e1 = _e4m3_of_e2m1(vals >> 4)
+        # duplicate index: one byte holds v0 + v1. A sum of two E2M1 values lies on 2^-1 Z with |.| <= 12 and
+        # <= 4 significant bits, so it is an E4M3FN value: the fp16 add and the RNE conversion back are exact.
+        f0 = e0.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        f1 = e1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        es = (f0 + f1).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint32)
+        word = tl.where(sh0 == sh1, es << sh0, (e0 << sh0) | (e1 << sh1))
+    # column 4g + j holds byte j of word g: interleave the 4 byte planes (join puts the new axis in-thread)
+    c0 = (word & 0xFF).to(tl.uint8)
+    c1 = ((word >> 8) & 0xFF).to(tl.uint8)
+    c2 = ((word >> 16) & 0xFF).to(tl.uint8)
+    c3 = (word >> 24).to(tl.uint8)
+    x = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [BM, G, 2, 2]: [m, g, i, s] = byte 2i + s
+    return tl.reshape(x, [BLOCK_M, BLOCK_K]).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
 def _mma(a, b, acc, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr):
     """acc += a @ b.T for E4M3FN tiles a [BM, BK], b [BN, BK]; fp32 accumulator."""
     if DOT_FP8:
-        # fp8 wgmma; the ~14-bit tensor-core accumulator is promoted into fp32 every BLOCK_K (<= 128) products
-        acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+        # fp8 wgmma: the tile's BLOCK_K (<= 128) products go into a fresh tensor-core accumulator (~14 bits), whose
+        # result is then added into the fp32 accumulator: promotion every BLOCK_K, written out in the source.
+        # (Not tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K): when A comes from registers, triton 3.6 splits
+        # that dot into K=32 pieces and drops the attribute, i.e. never promotes.)
+        acc += tl.dot(a, tl.trans(b), max_num_imprecise_acc=BLOCK_K)
     else:
         # E2M1 and E4M3FN values are exact in fp16; fp16 MMA, fp32 accumulator
         acc = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)), acc)
@@ -190,7 +186,7 @@ def _mma(a, b, acc, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr):
 def sparse_gemm_fp4_fp8_kernel(
     # pointers
     vals_ptr, meta_ptr,            # int8 [M, G]
-    b_ptr,                         # uint8 view of float8_e4m3fn [N, K]
+    b_ptr,                         # float8_e4m3fn [N, K]
     c_ptr,                         # bfloat16 [M, N]
     ws_ptr,                        # fp32 split-K workspace [tiles, SPLIT_K, BLOCK_M, BLOCK_N] (unused if SPLIT_K=1)
     lock_ptr,                      # int32 [tiles] arrival counters, zero between launches
@@ -241,10 +237,11 @@ def sparse_gemm_fp4_fp8_kernel(
             b_mask = n_ok
         else:
             b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-        b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+        b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0)  # E4M3FN
         if NAN_CHECK_BYTES:
-            nan_rows = tl.maximum(nan_rows, tl.max(((b & 0x7F) == 0x7F).to(tl.int32), axis=1))
-        acc = _mma(a, b.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, DOT_FP8)
+            b_bits = b.to(tl.uint8, bitcast=True)
+            nan_rows = tl.maximum(nan_rows, tl.max(((b_bits & 0x7F) == 0x7F).to(tl.int32), axis=1))
+        acc = _mma(a, b, acc, BLOCK_K, DOT_FP8)
 
     if NAN_CHECK_BYTES:
         has_nan = tl.max(nan_rows, axis=0) > 0
@@ -271,7 +268,7 @@ def sparse_gemm_fp4_fp8_kernel(
                 b_mask = n_ok
             else:
                 b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
             b_clean = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
             acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, DOT_FP8)
         _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
@@ -284,7 +281,7 @@ def sparse_gemm_fp4_fp8_kernel(
                 b_mask = n_ok
             else:
                 b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0)
+            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
             b_flag = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
             # non-negative terms: the count is > 0 iff a selected position holds a NaN (under any rounding)
             hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, DOT_FP8)
@@ -435,13 +432,12 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
                                tiles_m * tiles_n)
     else:
         ws, locks = out, out  # not read by the kernel
-    b_u8 = b_fp8.view(torch.uint8)  # bytes: NaN detection by bits, bitcast to E4M3FN for the MMA
     grid = (tiles_m * tiles_n, split_k)
     sparse_gemm_fp4_fp8_kernel[grid](
-        a_vals, a_meta, b_u8, out, ws, locks,
+        a_vals, a_meta, b_fp8, out, ws, locks,
         m, n, k,
         a_vals.stride(0), a_vals.stride(1),
-        b_u8.stride(0), b_u8.stride(1),
+        b_fp8.stride(0), b_fp8.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=split_k, GROUP_M=config.group_m,

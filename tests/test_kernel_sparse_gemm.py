@@ -7,6 +7,8 @@ GPU (marked gpu, skipped without CUDA): the workload's M values, RNE output roun
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -74,6 +76,18 @@ def test_hand_computed_groups(val, meta, expected):
     c = _run(np.array([[val]], np.uint8), np.array([[meta]], np.uint8), B_ROW)
     assert c.shape == (1, 1) and c.dtype == torch.bfloat16
     assert c.float().item() == expected  # small integers: exact in bf16 under any rounding
+
+
+def test_every_vals_byte_with_every_meta_nibble():
+    """Exhaustive over one group: all 256 vals bytes x all 16 meta nibbles (duplicate indices add), meta bits 7:4
+    set at random; 4096 rows, K = 4, b a row of four distinct powers of two."""
+    vals = np.repeat(np.arange(256, dtype=np.uint8), 16)[:, None]
+    meta = (np.tile(np.arange(16, dtype=np.uint8), 256)
+            | (np.random.default_rng(3).integers(0, 16, 4096).astype(np.uint8) << 4))[:, None]
+    b = np.array([[0x38, 0x40, 0x48, 0x50]], dtype=np.uint8)  # 1, 2, 4, 8: every sum has <= 8 bits (exact in bf16)
+    c = _run(vals, meta, b)
+    ref = _assert_matches(c, vals, meta, b)
+    np.testing.assert_array_equal(c.float().numpy(), ref.out.astype(np.float32))  # exact: no rounding happens
 
 
 def test_nan_selected_vs_pruned():
@@ -218,7 +232,7 @@ def test_contract_names_a_known_model():
 def _build(cfg, nan_check_bytes=False, even_k=True):
     from fp4ref.kernels._sm90 import compile_for_sm90
 
-    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*u8", "c_ptr": "*bf16", "ws_ptr": "*fp32",
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "ws_ptr": "*fp32",
            "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr",
            "stride_bn": "i32", "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
@@ -237,7 +251,10 @@ def test_configs_compile_for_sm90(cfg):
     assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
     if cfg.dot_fp8:
         assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
-        assert f"maxNumImpreciseAcc = {cfg.block_k}" in ck.asm["ttgir"]  # the promotion the contract assumes
+        # the promotion the contract assumes: inside the K loop, each fp8 dot chain starts from a zero accumulator
+        # and its [BLOCK_M, BLOCK_N] result is added into the fp32 accumulator (arith.addf on the MMA layout)
+        loop = ck.asm["ttgir"].split("scf.for", 1)[1]
+        assert re.search(rf"arith.addf .*: tensor<{cfg.block_m}x{cfg.block_n}xf32, #mma", loop)
 
 
 @pytest.mark.slow
