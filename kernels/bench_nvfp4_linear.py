@@ -64,7 +64,8 @@ def _decode_weight(w_u8, w_scales):
     lut = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device=w_u8.device)
     n = w_u8.shape[0]
     codes = torch.stack([w_u8 & 0xF, w_u8 >> 4], dim=-1).view(n, -1).long()
-    vals = lut[codes].view(n, -1, 16) * w_scales.view(torch.uint8).bitwise_and(0x7F).view(torch.float8_e4m3fn).float()[..., None]
+    scales = w_scales.view(torch.uint8).bitwise_and(0x7F).view(torch.float8_e4m3fn).float()  # UE4M3: sign ignored
+    vals = lut[codes].view(n, -1, 16) * scales[..., None]
     return vals.view(n, -1).to(torch.bfloat16)
 
 

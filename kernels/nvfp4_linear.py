@@ -94,6 +94,7 @@ class LinearConfig:
     SPLIT_K: int  # programs along K; > 1: fp32 partials, summed by the tile's last program (fixed order)
     num_warps: int
     num_stages: int
+    SCALE_WORDS: bool = False  # block scales loaded as int32 words (see nvfp4_linear_kernel); not GPU-verified yet
 
 
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
@@ -335,7 +336,7 @@ def _decode_word_portable(w, s16):
 @triton.jit
 def nvfp4_linear_kernel(
     w_ptr,  # *i32 [N, K/8] packed E2M1 weight codes, 8 per word (element 2i in bits 3:0 of byte i)
-    ws_ptr,  # *u8 [N, K/16] E4M3FN weight block-scale bytes (sign bit ignored: UE4M3)
+    ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3); *i32 [N, K/64] with SCALE_WORDS
     a_ptr,  # *fp16 [M, K] dequantized x (code * block scale, exact)
     xgdec_ptr,  # *fp32 [1] x global decode scale (written by the quantize kernel)
     out_ptr,  # *bf16 [M, N]
@@ -350,6 +351,9 @@ def nvfp4_linear_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DECODE_PTX: tl.constexpr,  # True on the GPU; False in the CPU interpreter (no inline PTX there)
+    SCALE_WORDS: tl.constexpr = False,  # load block scales as int32 words (4 per word; cp.async-eligible).
+    # Needs K % 64 == 0 and BLOCK_K % 64 == 0. Byte loads (False) are not pipelined by Triton (cp.async needs
+    # >= 4 bytes), so each K step waits for them. PREPARED, NOT YET GPU-VERIFIED: no default config uses it.
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -361,7 +365,10 @@ def nvfp4_linear_kernel(
     rows_n = tl.minimum(offs_n, N - 1)
     rows_m = tl.minimum(offs_m, M - 1)
     offs_kw = tl.arange(0, BLOCK_K // 8)  # weight words
-    offs_ks = tl.arange(0, BLOCK_K // 16)  # block-scale bytes
+    if SCALE_WORDS:
+        offs_ks = tl.arange(0, BLOCK_K // 64)  # block-scale words (4 bytes each)
+    else:
+        offs_ks = tl.arange(0, BLOCK_K // 16)  # block-scale bytes
     offs_k = tl.arange(0, BLOCK_K)
 
     # this program's K range: whole BLOCK_K steps, split evenly (the last split may be shorter or empty)
@@ -371,13 +378,22 @@ def nvfp4_linear_kernel(
     step_hi = tl.minimum(step_lo + steps_per_split, k_steps)
 
     w_rows = w_ptr + rows_n[:, None].to(tl.int64) * (K // 8)
-    s_rows = ws_ptr + rows_n[:, None].to(tl.int64) * (K // 16)
+    if SCALE_WORDS:
+        s_rows = ws_ptr + rows_n[:, None].to(tl.int64) * (K // 64)
+    else:
+        s_rows = ws_ptr + rows_n[:, None].to(tl.int64) * (K // 16)
     a_rows = a_ptr + rows_m[:, None].to(tl.int64) * K
 
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for step in range(step_lo, step_hi):
         w = tl.load(w_rows + (step * (BLOCK_K // 8) + offs_kw)[None, :])  # [BLOCK_N, BLOCK_K/8] int32
-        sb = tl.load(s_rows + (step * (BLOCK_K // 16) + offs_ks)[None, :])  # [BLOCK_N, BLOCK_K/16] uint8
+        if SCALE_WORDS:
+            sw = tl.load(s_rows + (step * (BLOCK_K // 64) + offs_ks)[None, :]).to(tl.uint32, bitcast=True)
+            # byte t of word i is block 4i + t: [i, a, c] holds byte 2a + c
+            sb = tl.join(tl.join(sw & 0xFF, (sw >> 16) & 0xFF), tl.join((sw >> 8) & 0xFF, sw >> 24))
+            sb = sb.reshape(BLOCK_N, BLOCK_K // 16).to(tl.uint8)  # [BLOCK_N, BLOCK_K/16] scale bytes
+        else:
+            sb = tl.load(s_rows + (step * (BLOCK_K // 16) + offs_ks)[None, :])  # [BLOCK_N, BLOCK_K/16] uint8
         a = tl.load(a_rows + (step * BLOCK_K + offs_k)[None, :])  # [BLOCK_M, BLOCK_K] fp16
         s16 = (sb & 0x7F).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 64.0  # block scale * 2^6, exact
         s16 = tl.join(s16, s16).reshape(BLOCK_N, BLOCK_K // 8)  # one scale per word (2 words per block)
@@ -675,6 +691,9 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
     w_gdec = float(weight_global_decode_scale)
     block_k = _block_k_for(K, cfg.BLOCK_K)
+    scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
+    if scale_words:
+        ws = ws.view(torch.int32)  # [N, K/64]
     grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
     if cfg.SPLIT_K > 1:
         sync = _sync_words(x.device, grid[0] * grid[1])
@@ -684,7 +703,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         counts = part = out  # unused
     rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
                              BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                             DECODE_PTX=not _interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                             DECODE_PTX=not _interpreting(), SCALE_WORDS=scale_words, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
     rec_amax, rec_quant, sync, numel, iters, nq = _LAST_QUANT.pop("recs", (None,) * 6)
     scratch = deq.numel() * 2 + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
     if use_plan and rec_amax and rec_quant and rec_lin and scratch <= _PLAN_MAX_SCRATCH:

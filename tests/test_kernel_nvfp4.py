@@ -167,6 +167,8 @@ _SMALL_CONFIGS = [
     None,  # pick_linear_config(M)
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2),
+    # block scales as int32 words (used when K % 64 == 0; K = 16, 48 fall back to bytes)
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2, SCALE_WORDS=True),
 ]
 
 
@@ -200,6 +202,19 @@ def test_linear_weight_dtype_float4_x2_and_sign_ignored_scales():
     y1 = nvl.nvfp4_linear(x, codes.view(torch.float4_e2m1fn_x2), (scales | 0x80).view(torch.float8_e4m3fn),
                           float(wq.global_decode_scale))
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
+
+
+def test_linear_scale_words_equal_scale_bytes():
+    """Block scales loaded as int32 words (SCALE_WORDS) give bitwise the same output as byte loads."""
+    rng = np.random.default_rng(5)
+    wq = ref_quantize(rng.standard_normal((48, 192), dtype=np.float32) * np.exp2(rng.integers(-20, 20, (48, 1))),
+                      recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 7, 192)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    args = (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
+            float(wq.global_decode_scale))
+    outs = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, 3, 4, 2, SCALE_WORDS=words))
+            for words in (False, True)]
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
 def test_linear_rejects():
@@ -251,20 +266,22 @@ def _compile_all():
     lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
     cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
-    for cfg in cfgs:
-        for block_k in sorted({cfg.BLOCK_K, 16}):
-            sig = lin_sig
-            built.append(compile_for_sm90(
-                nvl.nvfp4_linear_kernel, sig,
-                dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
-                                 "K"]))  # as at run time
+    variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
+    variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values()]  # scales as words (prepared)
+    for cfg, block_k, words in variants:
+        built.append(compile_for_sm90(
+            nvl.nvfp4_linear_kernel, dict(lin_sig, ws_ptr="*i32" if words else "*u8"),
+            dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
+                 SCALE_WORDS=words),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
+                             "K"]))  # as at run time
     # M == 1 is specialised to a constant by the runtime: the split-K epilogue must compile with it
     cfg = nvl.LINEAR_CONFIGS[16]
     built.append(compile_for_sm90(
         nvl.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
-        dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True),
+        dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
+             SCALE_WORDS=False),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"]))
     built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "sync_ptr": "*i32", "numel": "i32",
