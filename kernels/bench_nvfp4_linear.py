@@ -69,7 +69,7 @@ def _decode_weight(w_u8, w_scales):
     return vals.view(n, -1).to(torch.bfloat16)
 
 
-def _candidates(m: int):
+def _candidates_bytes(m: int):
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     if m <= 16:
@@ -83,6 +83,14 @@ def _candidates(m: int):
                 C(64, 128, 128, 1, 4, 3), C(128, 64, 128, 2, 8, 4), C(64, 64, 128, 2, 4, 4)]
     return [C(128, 256, 64, 1, 8, 3), C(128, 256, 64, 1, 8, 4), C(128, 128, 64, 1, 8, 4), C(256, 128, 64, 1, 8, 3),
             C(128, 256, 128, 1, 8, 2)]
+
+
+def _candidates(m: int):
+    """Byte-scale candidates plus the SCALE_WORDS variant of each (block scales loaded as int32 words)."""
+    import dataclasses
+
+    base = _candidates_bytes(m)
+    return base + [dataclasses.replace(c, SCALE_WORDS=True) for c in base]
 
 
 def _profile(ms, w_u8, w_scales, w_gdec):
@@ -164,7 +172,7 @@ def _sweep(ms, w_u8, w_scales, w_gdec, iters):
                 rows.append([m, str(cfg), f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
                 continue
             rows.append([m, f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
-                         + (" (default)" if cfg == default else ""), t])
+                         + (",words" if cfg.SCALE_WORDS else "") + (" (default)" if cfg == default else ""), t])
             if m not in best or t < best[m][1]:
                 best[m] = (cfg, t)
     from fp4ref.kernels import nvfp4_linear as nvl
