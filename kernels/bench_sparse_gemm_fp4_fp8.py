@@ -117,7 +117,7 @@ def _poisoned_run(a_vals, a_meta, b, cfg=None):
 
 def _cfg_name(cfg) -> str:
     return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/"
-            f"{'fp8' if cfg.dot_fp8 else 'fp16'}")
+            f"{cfg.mma}")
 
 
 def check_sizes(Ms, N, K, log, configs=None) -> bool:
@@ -203,13 +203,13 @@ def sweep_candidates(M: int):
 
     out = []
     if M <= 16:
-        out += [C(16, 64, 128, 4, dot_fp8=False), C(16, 64, 128, 8, dot_fp8=False),
-                C(16, 32, 128, 8, dot_fp8=False), C(16, 128, 128, 4, dot_fp8=False),
-                C(16, 64, 256, 4, dot_fp8=False, num_stages=2), C(16, 64, 128, 4, dot_fp8=False, num_stages=4),
+        out += [C(16, 64, 128, 4, mma="fp16"), C(16, 64, 128, 8, mma="fp16"),
+                C(16, 32, 128, 8, mma="fp16"), C(16, 128, 128, 4, mma="fp16"),
+                C(16, 64, 256, 4, mma="fp16", num_stages=2), C(16, 64, 128, 4, mma="fp16", num_stages=4),
                 C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4)]
     elif M <= 64:
         out += [C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4), C(64, 128, 128, 2),
-                C(64, 64, 128, 4, dot_fp8=False), C(64, 64, 128, 4, num_stages=4)]
+                C(64, 64, 128, 4, mma="fp16"), C(64, 64, 128, 4, num_stages=4)]
     elif M <= 256:
         out += [C(64, 128, 128, 2), C(64, 128, 128, 4), C(64, 64, 128, 4), C(64, 64, 128, 2),
                 C(128, 128, 128, 2, num_warps=8), C(128, 128, 128, 1, num_warps=8, num_stages=4)]

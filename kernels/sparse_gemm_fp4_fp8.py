@@ -22,9 +22,10 @@ Per K-tile it loads the packed A bytes [BLOCK_M, BLOCK_K/4] once, decodes each (
 four E4M3FN bytes of its group (exact: E2M1 values and the sums of two of them lie on 2^-1 Z with <= 4
 significant bits, so they are E4M3FN values), expands them to the dense [BLOCK_M, BLOCK_K] tile and calls
 tl.dot with the E4M3FN b tile:
-- DOT_FP8=True: fp8 wgmma (Hopper) with max_num_imprecise_acc=BLOCK_K <= 128, i.e. the tensor core's
-  ~14-bit accumulator is added into an fp32 accumulator every BLOCK_K products;
-- DOT_FP8=False: both tiles converted (exactly) to fp16 and an fp16 MMA with fp32 accumulator.
+- mma="fp8": fp8 wgmma (Hopper) into a fresh accumulator per K-tile, whose result is added into the fp32
+  accumulator, i.e. the tensor core's ~14-bit accumulator is promoted every BLOCK_K <= 128 products;
+- mma="fp16": both tiles converted (exactly) to fp16 and an fp16 MMA with fp32 accumulator;
+- mma="fma": no tensor core (small M, GEMV-like): exact fp32 products summed with fp32 FMAs/adds.
 NaN handling costs nothing on the fast path: a dense MMA turns any NaN of the b tile into NaN in its whole
 column, so a program whose raw accumulator has a NaN (or, with NAN_CHECK_BYTES, whose b bytes have one)
 recomputes its share with NaN bytes replaced by zero and counts, with a second MMA, the selected NaNs.
@@ -56,13 +57,16 @@ NUMERIC_CONTRACT = {
     # every <= 128 K-elements (Triton max_num_imprecise_acc=BLOCK_K); the K/BLOCK_K fp32 chunk sums (promotions
     # and the split-K partials, in any fixed order) are the gamma_{K/128}(2^-24) term of that model.
     "accumulation_model": f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})",
-    # configs with dot_fp8=False (fp16 MMA) meet a much tighter model: numeric_model(config, K)
+    # configs with mma='fp16' or 'fma' meet a much tighter model: numeric_model(config, K)
     "split_k_reduction": "fp32_rn_fixed_order",  # partials summed in split order 0..SPLIT_K-1
     "output_rounding": "rne",  # fp32 -> bf16 once (GPU)
     "output_rounding_interpreter": "faithful",  # facts/triton.md: interpreted bf16 stores truncate
     "nan": "NaN iff a selected b position holds an E4M3FN NaN byte",
     "deterministic": True,  # bitwise, run to run (fixed reduction order, no float atomics)
 }
+
+
+MMA_KINDS = {"fp16": 0, "fp8": 1, "fma": 2}  # -> the kernel's MMA constexpr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,20 +80,24 @@ class SparseGemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
-    dot_fp8: bool = True
+    mma: str = "fp8"  # "fp8" (wgmma, block_m % 64 == 0), "fp16" (tensor core), "fma" (CUDA cores)
+
+    def __post_init__(self):
+        if self.mma not in MMA_KINDS:
+            raise ValueError(f"mma={self.mma!r}: expected one of {tuple(MMA_KINDS)}")
 
 
 # Picked per M by the GPU sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep) on the H200.
 # Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
 CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
-    (16, SparseGemmConfig(16, 64, 128, split_k=4, num_warps=4, num_stages=3, dot_fp8=False)),
-    (64, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3, dot_fp8=True)),
-    (256, SparseGemmConfig(64, 128, 128, split_k=2, num_warps=4, num_stages=3, dot_fp8=True)),
-    (1 << 62, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4, dot_fp8=True)),
+    (16, SparseGemmConfig(16, 64, 128, split_k=4, num_warps=4, num_stages=3, mma="fp16")),
+    (64, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
+    (256, SparseGemmConfig(64, 128, 128, split_k=2, num_warps=4, num_stages=3)),
+    (1 << 62, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4)),
 )
 
 # Small tiles for the CPU interpreter (cost ~ programs x K-steps there). Not used on a GPU.
-INTERPRETER_CONFIG = SparseGemmConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1, dot_fp8=True)
+INTERPRETER_CONFIG = SparseGemmConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1)
 
 
 def pick_config(m: int) -> SparseGemmConfig:
@@ -108,9 +116,12 @@ def numeric_model(config: SparseGemmConfig, K: int) -> str:
     block_m >= 64, otherwise mma.sync, bounded by the universal fp32 tensor-core model), then the SPLIT_K
     partials are summed in fp32: ``splitk(<model>, slice)``. Every one is within NUMERIC_CONTRACT's model.
     """
-    if config.dot_fp8:
+    if config.mma == "fp8":
         return f"hopper_fp8_wgmma_promote({config.block_k})"
-    inner = "hopper_fp16_wgmma" if config.block_m >= 64 else "tc_fp32_universal"
+    if config.mma == "fma":
+        inner = "fp32_rn"  # exact products, fp32 RN sums in a fixed order
+    else:
+        inner = "hopper_fp16_wgmma" if config.block_m >= 64 else "tc_fp32_universal"
     k_tiles = -(-K // config.block_k)
     split = max(1, min(config.split_k, k_tiles))
     chunk = min(K, -(-k_tiles // split) * config.block_k)
@@ -168,18 +179,38 @@ def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
 
 
 @triton.jit
-def _mma(a, b, acc, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr):
+def _mma(a, b, acc, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
     """acc += a @ b.T for E4M3FN tiles a [BM, BK], b [BN, BK]; fp32 accumulator."""
-    if DOT_FP8:
+    if MMA == 1:
         # fp8 wgmma: the tile's BLOCK_K (<= 128) products go into a fresh tensor-core accumulator (~14 bits), whose
         # result is then added into the fp32 accumulator: promotion every BLOCK_K, written out in the source.
         # (Not tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K): when A comes from registers, triton 3.6 splits
         # that dot into K=32 pieces and drops the attribute, i.e. never promotes.)
         acc += tl.dot(a, tl.trans(b), max_num_imprecise_acc=BLOCK_K)
-    else:
+    elif MMA == 0:
         # E2M1 and E4M3FN values are exact in fp16; fp16 MMA, fp32 accumulator
         acc = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)), acc)
+    else:
+        # CUDA cores: acc is [BM, BN, BK]; exact fp32 products (<= 6 significant bits) accumulated per K column
+        # with fp32 FMAs (no cross-thread work in the loop); _acc_final sums the columns once
+        acc += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
     return acc
+
+
+@triton.jit
+def _acc_init(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr):
+    if MMA == 2:
+        return tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _acc_final(acc, MMA: tl.constexpr):
+    if MMA == 2:
+        return tl.sum(acc, axis=2)  # fixed reduction tree: deterministic
+    else:
+        return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -199,7 +230,7 @@ def sparse_gemm_fp4_fp8_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_FP8: tl.constexpr,          # True: fp8 wgmma with promotion every BLOCK_K; False: fp16 MMA
+    MMA: tl.constexpr,              # 1: fp8 wgmma, promoted every BLOCK_K; 0: fp16 MMA; 2: fp32 FMA
     NAN_CHECK_BYTES: tl.constexpr,  # True: detect NaN bytes of b directly; False: from the raw accumulator
     EVEN_K: tl.constexpr,           # K % BLOCK_K == 0: no K masks
 ):
@@ -227,7 +258,7 @@ def sparse_gemm_fp4_fp8_kernel(
     n_ok = offs_n[:, None] < N
 
     # ---- fast path: raw b tiles ----
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
     nan_rows = tl.zeros((BLOCK_N,), dtype=tl.int32)
     for kt in range(kt_begin, kt_end):
         k0 = kt * BLOCK_K
@@ -241,7 +272,8 @@ def sparse_gemm_fp4_fp8_kernel(
         if NAN_CHECK_BYTES:
             b_bits = b.to(tl.uint8, bitcast=True)
             nan_rows = tl.maximum(nan_rows, tl.max(((b_bits & 0x7F) == 0x7F).to(tl.int32), axis=1))
-        acc = _mma(a, b, acc, BLOCK_K, DOT_FP8)
+        acc = _mma(a, b, acc, BLOCK_K, MMA)
+    acc = _acc_final(acc, MMA)
 
     if NAN_CHECK_BYTES:
         has_nan = tl.max(nan_rows, axis=0) > 0
@@ -259,7 +291,7 @@ def sparse_gemm_fp4_fp8_kernel(
         # ---- slow path (b had a NaN byte in this program's range): recompute with NaN bytes -> 0, store, then
         # count with a second MMA the selected NaNs and overwrite those elements with NaN. Two loops, one
         # accumulator live at a time (registers).
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
         for kt in range(kt_begin, kt_end):
             k0 = kt * BLOCK_K
             a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
@@ -270,9 +302,10 @@ def sparse_gemm_fp4_fp8_kernel(
                 b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
             b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
             b_clean = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
-            acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, DOT_FP8)
+            acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, MMA)
+        acc = _acc_final(acc, MMA)
         _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
-        hits = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        hits = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
         for kt in range(kt_begin, kt_end):
             k0 = kt * BLOCK_K
             sel = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
@@ -284,7 +317,8 @@ def sparse_gemm_fp4_fp8_kernel(
             b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
             b_flag = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
             # non-negative terms: the count is > 0 iff a selected position holds a NaN (under any rounding)
-            hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, DOT_FP8)
+            hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, MMA)
+        hits = _acc_final(hits, MMA)
         tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
         _store_nan(hits > 0, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
     else:
@@ -410,7 +444,7 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         config = INTERPRETER_CONFIG if interp else pick_config(m)
     if not isinstance(config, SparseGemmConfig):
         raise TypeError(f"config: expected a SparseGemmConfig, got {type(config).__name__}")
-    if config.dot_fp8 and config.block_k > PROMOTION_INTERVAL:
+    if config.mma == "fp8" and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
                          "(the promotion interval of the numeric contract)")
     if nan_check_bytes is None:
@@ -441,7 +475,7 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         out.stride(0), out.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=split_k, GROUP_M=config.group_m,
-        DOT_FP8=config.dot_fp8, NAN_CHECK_BYTES=bool(nan_check_bytes),
+        MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=bool(nan_check_bytes),
         EVEN_K=(k % config.block_k == 0),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -158,7 +158,7 @@ def test_ragged_m_and_k_splitk_paths():
     meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
     b = _b_bytes(rng, N, 4 * G, nan_rate=0.002)
     C = mod.SparseGemmConfig
-    for cfg in (C(64, 64, 128, split_k=1), C(64, 64, 128, split_k=3), C(16, 32, 64, split_k=2, dot_fp8=False)):
+    for cfg in (C(64, 64, 128, split_k=1), C(64, 64, 128, split_k=3), C(16, 32, 64, split_k=2, mma="fp16"), C(2, 32, 64, split_k=2, mma="fma")):
         c = _run(vals, meta, b, cfg)
         _assert_matches(c, vals, meta, b)
         if not ON_GPU:  # the interpreted fp32 accumulation is within the config's own (tighter) model too
@@ -222,7 +222,7 @@ def test_contract_names_a_known_model():
     assert get_model(CONTRACT).promote_every == mod.PROMOTION_INTERVAL
     K = 2048
     for _, cfg in mod.CONFIGS:
-        assert cfg.block_k <= mod.PROMOTION_INTERVAL or not cfg.dot_fp8
+        assert cfg.block_k <= mod.PROMOTION_INTERVAL or cfg.mma != "fp8"
         assert get_model(mod.numeric_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
 
 
@@ -236,7 +236,7 @@ def _build(cfg, nan_check_bytes=False, even_k=True):
            "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr",
            "stride_bn": "i32", "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "DOT_FP8": cfg.dot_fp8,
+              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "MMA": mod.MMA_KINDS[cfg.mma],
               "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
     div16 = [p for p, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_am", "stride_bn", "stride_cm"]
     return compile_for_sm90(mod.sparse_gemm_fp4_fp8_kernel, sig, consts, num_warps=cfg.num_warps,
@@ -249,7 +249,7 @@ def test_configs_compile_for_sm90(cfg):
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
     assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
-    if cfg.dot_fp8:
+    if cfg.mma == "fp8":
         assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
         # the promotion the contract assumes: inside the K loop, each fp8 dot chain starts from a zero accumulator
         # and its [BLOCK_M, BLOCK_N] result is added into the fp32 accumulator (arith.addf on the MMA layout)
