@@ -169,14 +169,17 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
     return ok_all
 
 
-def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None):
-    """Rows [M, config, kernel us, cuBLAS fp8 us, naive us, x vs fp8, x vs naive, % bytes floor]."""
+def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
+    """Rows [M, config, kernel us, cuBLAS fp8 us, naive us, x vs fp8, x vs naive, % bytes floor] and, per row, the
+    (M, config, nan_check_bytes) it timed. ``configs(M)`` gives (config, nan_check_bytes) candidates (default:
+    pick_config(M)). ``graph=True`` appends two DIAGNOSTIC columns: kernel and cuBLAS GPU time without host launch
+    overhead (``_bench.gpu_time_graph``; not the reported method)."""
     import torch
 
     from ._bench import time_cuda
     from .sparse_gemm_fp4_fp8 import pick_config, sparse_gemm_fp4_fp8
 
-    rows = []
+    rows, timed = [], []
     gen = torch.Generator(device="cuda").manual_seed(42)
     for M in Ms:
         vals, meta, b = make_operands(M, N, K, gen)
@@ -192,33 +195,47 @@ def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None):
                 print(f"M={M} {cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             name = _cfg_name(cfg) + ("/nanbytes" if ncb else "") + note
-            rows.append([M, name, t_k, t_fp8, t_naive, t_fp8 / t_k, t_naive / t_k,
-                         100.0 * bytes_floor_us(M, N, K) / t_k])
-    return rows
+            row = [M, name, t_k, t_fp8, t_naive, t_fp8 / t_k, t_naive / t_k, 100.0 * bytes_floor_us(M, N, K) / t_k]
+            if graph:
+                from ._bench import gpu_time_graph
+
+                for fn in (lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg), mm):
+                    try:
+                        row.append(gpu_time_graph(fn))
+                    except Exception as e:  # diagnostic only
+                        print(f"M={M} graph timing failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                        row.append(float("nan"))
+            rows.append(row)
+            timed.append((M, cfg, ncb))
+    return rows, timed
 
 
 def sweep_candidates(M: int):
-    """(config, nan_check_bytes) candidates for the tuning sweep, by M."""
+    """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
+    block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator)."""
     from .sparse_gemm_fp4_fp8 import SparseGemmConfig as C
 
     out = []
+    if M <= 2:
+        out += [C(1, 64, 128, 8, mma="fma"), C(1, 64, 128, 16, mma="fma"), C(1, 128, 128, 8, num_warps=8, mma="fma"),
+                C(1, 64, 256, 4, num_warps=8, mma="fma"), C(1, 32, 128, 16, num_warps=2, mma="fma"),
+                C(2, 32, 128, 8, mma="fma")]
+    if M <= 8:
+        out += [C(8, 16, 128, 8, num_warps=8, mma="fma"), C(8, 32, 64, 8, num_warps=8, mma="fma"),
+                C(4, 32, 128, 8, num_warps=8, mma="fma"), C(4, 16, 128, 16, mma="fma")]
     if M <= 16:
-        out += [C(16, 64, 128, 4, mma="fp16"), C(16, 64, 128, 8, mma="fp16"),
-                C(16, 32, 128, 8, mma="fp16"), C(16, 128, 128, 4, mma="fp16"),
-                C(16, 64, 256, 4, mma="fp16", num_stages=2), C(16, 64, 128, 4, mma="fp16", num_stages=4),
-                C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4)]
-    elif M <= 64:
-        out += [C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4), C(64, 128, 128, 2),
-                C(64, 64, 128, 4, mma="fp16"), C(64, 64, 128, 4, num_stages=4)]
-    elif M <= 256:
-        out += [C(64, 128, 128, 2), C(64, 128, 128, 4), C(64, 64, 128, 4), C(64, 64, 128, 2),
-                C(128, 128, 128, 2, num_warps=8), C(128, 128, 128, 1, num_warps=8, num_stages=4)]
-    else:
+        out += [C(16, 64, 128, 4, mma="fp16"), C(16, 64, 128, 8, mma="fp16"), C(16, 32, 128, 8, mma="fp16"),
+                C(16, 32, 128, 16, mma="fp16"), C(16, 64, 256, 4, num_stages=2, mma="fp16")]
+    if 16 <= M <= 256:
+        out += [C(32, 64, 128, 8, mma="fp16"), C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4),
+                C(64, 128, 128, 2), C(64, 64, 128, 4, mma="fp16")]
+    if 100 <= M <= 1024:
+        out += [C(128, 128, 128, 2, num_warps=8), C(128, 128, 128, 1, num_warps=8, num_stages=4),
+                C(64, 256, 64, 2, num_warps=8, mma="fp16")]
+    if M >= 1024:
         out += [C(128, 128, 128, 1, num_warps=8, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=3),
-                C(128, 256, 128, 1, num_warps=8, num_stages=3), C(128, 128, 64, 1, num_warps=8, num_stages=4),
-                C(64, 128, 128, 1, num_warps=4, num_stages=4)]
-        if M <= 1024:
-            out += [C(128, 128, 128, 2, num_warps=8, num_stages=4), C(64, 128, 128, 2)]
+                C(128, 256, 64, 1, num_warps=8, num_stages=3, mma="fp16"), C(128, 128, 64, 1, num_warps=8, num_stages=4),
+                C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 64, 128, 1, num_warps=4, num_stages=4)]
     cands = [(c, None) for c in out]
     if M in (1, 8192):  # the cost of detecting NaN bytes by bits instead of from the accumulator
         cands.append((out[0], True))
@@ -258,6 +275,7 @@ def precompile(cands, workers: int) -> None:
 
 
 COLUMNS = ["M", "config", "kernel us", "cuBLAS fp8 us", "naive us", "x vs fp8", "x vs naive", "% bytes floor"]
+GRAPH_COLUMNS = ["kernel GPU us (graph, diag.)", "cuBLAS GPU us (graph, diag.)"]
 
 
 def main(argv=None) -> int:
@@ -274,7 +292,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ._bench import geomean, print_table
+    from ._bench import print_table
     from .sparse_gemm_fp4_fp8 import pick_config
 
     if not torch.cuda.is_available():
@@ -292,36 +310,48 @@ def main(argv=None) -> int:
 
     ok = True
     if args.sweep:
-        cands = [c for M in Ms for c in sweep_candidates(M)] + [(pick_config(M), None) for M in Ms]
-        precompile(cands, args.workers)
-        if args.check:
-            ok = check_sizes(Ms, N, K, log)
-            print(f"check (current CONFIGS): {'ALL OK' if ok else 'FAILURES'}", flush=True)
-        rows = bench_sizes(Ms, N, K, configs=sweep_candidates)
-        best = {}
-        for r in rows:
-            if r[0] not in best or r[2] < best[r[0]][2]:
-                best[r[0]] = r
+        # tuning: time every candidate, pick the fastest per M (the bits-based NaN check is not a GPU default), then
+        # check and time the picked configs in this same run; CONFIGS in sparse_gemm_fp4_fp8.py is set from them.
+        precompile([c for M in Ms for c in sweep_candidates(M)], args.workers)
+        rows, timed = bench_sizes(Ms, N, K, configs=sweep_candidates)
         if args.out:
             with open(os.path.join(args.out, "sparse_gemm_sweep.json"), "w") as f:
                 json.dump(rows, f)
         md = print_table("sweep (all candidates)", COLUMNS, rows, markdown=True)
         log.write(md + "\n")
-        md = print_table("sweep best per M", COLUMNS, [best[m] for m in sorted(best)], markdown=True)
-        log.write(md + "\n")
+        best = {}
+        for r, (M, cfg, ncb) in zip(rows, timed):
+            if not ncb and (M not in best or r[2] < best[M][0][2]):
+                best[M] = (r, cfg)
+        picked = {M: best[M][1] for M in best}
+        table = ",\n".join(f"    ({M}, {picked[M]!r})" for M in sorted(picked))
+        print(f"picked per M (CONFIGS bounds = these M):\n{table}", flush=True)
+        log.write(f"picked per M:\n{table}\n")
+        if args.check:
+            ok = check_sizes(Ms, N, K, log, configs=picked)
+            print(f"check (picked configs): {'ALL OK' if ok else 'FAILURES'}", flush=True)
+        rows, _ = bench_sizes(Ms, N, K, configs=lambda M: [(picked[M], None)], graph=True)
+        _final_table(rows, N, K, dev, args.out, log, "sparse_gemm_bench_picked.json")
         return 0 if ok else 1
 
     precompile([(pick_config(M), None) for M in Ms], args.workers)
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
-    rows = bench_sizes(Ms, N, K)
-    if args.out:
-        with open(os.path.join(args.out, "sparse_gemm_bench.json"), "w") as f:
+    rows, _ = bench_sizes(Ms, N, K, graph=True)
+    _final_table(rows, N, K, dev, args.out, log, "sparse_gemm_bench.json")
+    return 0 if ok else 1
+
+
+def _final_table(rows, N, K, dev, out_dir, log, json_name) -> None:
+    from ._bench import geomean, print_table
+
+    if out_dir:
+        with open(os.path.join(out_dir, json_name), "w") as f:
             json.dump(rows, f)
     title = (f"sparse_gemm_fp4_fp8 vs cuBLAS fp8 dense (torch._scaled_mm, A pre-expanded) and naive rebuild + fp32 "
              f"matmul, N={N} K={K}, {dev}, L2 flushed, median of 50 (CUDA events)")
-    md = print_table(title, COLUMNS, rows, markdown=True)
+    md = print_table(title, COLUMNS + GRAPH_COLUMNS[: len(rows[0]) - len(COLUMNS)], rows, markdown=True)
     log.write(md + "\n")
     summary = []
     small = [r for r in rows if r[0] <= 256]
@@ -334,7 +364,6 @@ def main(argv=None) -> int:
     for s in summary:
         print(s)
         log.write(s + "\n")
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
