@@ -344,9 +344,8 @@ def decode(codes, fmt, dtype=np.float32) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------------------- encode
 
-# Bytes per chunk of input. 64 KiB keeps every temporary cache-resident and below glibc's 128 KiB mmap threshold:
-# at 256 KiB chunks each temporary was mmap'd, faulted in and unmapped, and system time dominated (5x slower).
-_CHUNK_BYTES = 1 << 16
+# Bytes per chunk of input: the chunk's scratch arrays (_Workspace) stay cache-resident.
+_CHUNK_BYTES = 1 << 18
 
 
 def _first_index(mask: np.ndarray) -> tuple:
@@ -389,100 +388,150 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
     # below float32's normal range (UE8M0's 2^-127), where the float64 path keeps the leading-bit exponent exact.
     with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a bfloat16 NaN; the value stays NaN
         if arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126:
-            work = arr.astype(np.float64)  # exact widening (copy; the input is never written)
+            work = arr.astype(np.float64, copy=False)  # exact widening; only ever read, never written
         else:
-            work = arr.astype(np.float32)
+            work = arr.astype(np.float32, copy=False)
 
-    isnan = np.isnan(work)
-    if isnan.any() and nanpol is NanPolicy.RAISE:
-        raise ValueError(
-            f"x has {int(isnan.sum())} NaN value(s) (first at index {_first_index(isnan)}); "
-            f"{fmt.name.upper()} has no NaN: pass nan='max' (PTX satfinite: +max) or nan='zero'"
-        )
-    if not fmt.signed:
-        neg = (work < 0) & ~isnan
-        if neg.any():
-            raise ValueError(
-                f"x has {int(neg.sum())} negative value(s) (first {work[_first_index(neg)]!r} at index "
-                f"{_first_index(neg)}); {fmt.name.upper()} is unsigned"
-            )
+    # Inputs that raise: one cheap reduction (min propagates NaN) decides whether the detailed scan is needed.
+    if (nanpol is NanPolicy.RAISE or not fmt.signed) and work.size:
+        lo = np.min(work)
+        if not (lo >= 0 if not fmt.signed else lo == lo):
+            isnan = np.isnan(work)
+            if isnan.any() and nanpol is NanPolicy.RAISE:
+                raise ValueError(
+                    f"x has {int(isnan.sum())} NaN value(s) (first at index {_first_index(isnan)}); "
+                    f"{fmt.name.upper()} has no NaN: pass nan='max' (PTX satfinite: +max) or nan='zero'"
+                )
+            neg = (work < 0) & ~isnan
+            if not fmt.signed and neg.any():
+                raise ValueError(
+                    f"x has {int(neg.sum())} negative value(s) (first {work[_first_index(neg)]!r} at index "
+                    f"{_first_index(neg)}); {fmt.name.upper()} is unsigned"
+                )
 
     flat = work.reshape(-1)
     out = np.empty(flat.shape, dtype=np.uint8)
     chunk = _CHUNK_BYTES // flat.itemsize
+    ws = _Workspace(min(chunk, flat.size), flat.dtype)
     for start in range(0, flat.size, chunk):
         stop = min(start + chunk, flat.size)
         u = rng.random(stop - start) if mode is Rounding.STOCHASTIC else None
-        out[start:stop] = _encode_chunk(flat[start:stop], fmt, mode, sat, nanpol, u)
+        _encode_chunk(flat[start:stop], fmt, mode, sat, nanpol, u, ws, out[start:stop])
     return out.reshape(arr.shape)
 
 
-def _encode_chunk(v: np.ndarray, fmt: FloatFormat, mode: Rounding, sat: bool, nanpol: NanPolicy, u) -> np.ndarray:
-    """Encode a 1-D float32/float64 chunk. Integer arithmetic on the bits; see encode() for the semantics."""
-    if v.dtype == np.float32:
-        uint, sint, width, p, sbias = np.uint32, np.int32, 32, 23, 127
-    else:
-        uint, sint, width, p, sbias = np.uint64, np.int64, 64, 52, 1023
+class _Workspace:
+    """Scratch arrays for one chunk, allocated once per encode() call and reused by every chunk.
+
+    Reusing them (every ufunc writes with ``out=``) keeps the chunk loop from allocating and freeing ~1 MiB per chunk,
+    which glibc returned to the OS and faulted back in each time: at 64M values that was most of encode's time.
+    """
+
+    def __init__(self, n: int, work_dtype):
+        if work_dtype == np.float32:
+            self.uint, self.sint, self.width, self.p, self.sbias = np.uint32, np.int32, 32, 23, 127
+        else:
+            self.uint, self.sint, self.width, self.p, self.sbias = np.uint64, np.int64, 64, 52, 1023
+        u = lambda: np.empty(n, dtype=self.uint)  # noqa: E731
+        b = lambda: np.empty(n, dtype=bool)  # noqa: E731
+        self.expf, self.M, self.n, self.r, self.half, self.sh, self.t = u(), u(), u(), u(), u(), u(), u()
+        self.sign, self.normal, self.special, self.up, self.b1, self.b2 = b(), b(), b(), b(), b(), b()
+
+
+def _encode_chunk(v: np.ndarray, fmt: FloatFormat, mode: Rounding, sat: bool, nanpol: NanPolicy, u,
+                  ws: _Workspace, out: np.ndarray) -> None:
+    """Encode a 1-D float32/float64 chunk into ``out`` (uint8, same length). Integer arithmetic on the bits.
+
+    See encode() for the semantics. All intermediates live in ``ws`` (views cut to the chunk's length).
+    """
+    k = v.size
+    uint, sint, width, p, sbias = ws.uint, ws.sint, ws.width, ws.p, ws.sbias
+    expf, M, n, r, half, sh, t = (a[:k] for a in (ws.expf, ws.M, ws.n, ws.r, ws.half, ws.sh, ws.t))
+    sign, normal, special, up, b1, b2 = (a[:k] for a in (ws.sign, ws.normal, ws.special, ws.up, ws.b1, ws.b2))
     m = fmt.mbits
     bits = v.view(uint)
-    sign = (bits >> uint(width - 1)).astype(bool)
-    expf = ((bits >> uint(p)) & uint((1 << (width - 1 - p)) - 1)).astype(sint)
-    frac = bits & uint((1 << p) - 1)
-    special = expf == (1 << (width - 1 - p)) - 1  # inf or NaN
-    normal = expf != 0
+    np.greater_equal(bits, uint(1 << (width - 1)), out=sign)
+    np.right_shift(bits, uint(p), out=expf)
+    np.bitwise_and(expf, uint((1 << (width - 1 - p)) - 1), out=expf)
+    np.equal(expf, uint((1 << (width - 1 - p)) - 1), out=special)  # inf or NaN
+    np.not_equal(expf, uint(0), out=normal)
     # |v| = M * 2^(e_x - p), M < 2^(p+1); for subnormal inputs e_x is the minimum exponent (value below every
     # target's emin on the paths encode() chooses, so the quantum below is right).
-    M = np.where(normal, frac | uint(1 << p), frac)
-    e_x = np.maximum(expf, 1) - sbias
-    e_t = np.maximum(e_x, fmt.emin)  # exponent of the target binade (emin for the subnormal range)
-    # The target quantum is 2^(e_t - m); M is shifted right by (e_t - m) - (e_x - p) >= p - m > 0 bits.
-    shift = (e_t - e_x) + (p - m)
-    sh = np.minimum(shift, width - 1).astype(uint)  # beyond p+1 bits only "below half" matters: same outcome
-    n = M >> sh
-    r = M & ((uint(1) << sh) - uint(1))
-    half = uint(1) << (sh - uint(1))
+    np.bitwise_and(bits, uint((1 << p) - 1), out=M)
+    np.bitwise_or(M, uint(1 << p), out=M, where=normal)
+    e_x = expf.view(sint)
+    np.maximum(e_x, sint(1), out=e_x)
+    np.subtract(e_x, sint(sbias), out=e_x)
+    # e_t: exponent of the target binade (emin for the subnormal range); the target quantum is 2^(e_t - m), so M is
+    # shifted right by (e_t - m) - (e_x - p) = (e_t - e_x) + (p - m) >= p - m > 0 bits.
+    e_t = t.view(sint)
+    np.maximum(e_x, sint(fmt.emin), out=e_t)
+    shift = sh.view(sint)
+    np.subtract(e_t, e_x, out=shift)
+    np.add(shift, sint(p - m), out=shift)
+    if mode is Rounding.STOCHASTIC:  # P(up) = r / 2^shift with the exact (unclamped) shift
+        shift_exact = shift.astype(np.int64)
+    np.minimum(shift, sint(width - 1), out=shift)  # beyond p+1 bits only "below half" matters: same outcome
+    np.right_shift(M, sh, out=n)
+    np.left_shift(uint(1), sh, out=r)
+    np.subtract(r, uint(1), out=r)
+    np.bitwise_and(M, r, out=r)
+    np.subtract(sh, uint(1), out=half)
+    np.left_shift(uint(1), half, out=half)
     if mode is Rounding.RNE:
-        up = (r > half) | ((r == half) & ((n & uint(1)) == 1))
+        np.greater(r, half, out=up)
+        np.equal(r, half, out=b1)
+        np.bitwise_and(n, uint(1), out=half)  # half is free now: reuse it for the parity of n
+        np.logical_and(b1, half, out=b1)
+        np.logical_or(up, b1, out=up)
     elif mode is Rounding.RZ:
-        up = np.zeros(v.shape, dtype=bool)
-    elif mode is Rounding.RU:
-        up = (r != 0) & ~sign
-    elif mode is Rounding.RD:
-        up = (r != 0) & sign
-    else:  # stochastic: P(up) = r / 2^shift, exact shift (no clamp) for the probability
-        up = u < np.ldexp(r.astype(np.float64), -shift.astype(np.int64))
-    n = n.astype(np.int64) + up
-    # Code of n * 2^(e_t - m): ((e_t + bias) << m) + n - 2^m, uniformly for subnormals, normals and the carry
-    # into the next binade (n = 2^(m+1)).
-    mag = ((e_t.astype(np.int64) + fmt.bias) << m) + n - (1 << m)
+        up.fill(False)
+    elif mode in (Rounding.RU, Rounding.RD):
+        np.not_equal(r, uint(0), out=up)
+        if mode is Rounding.RU:
+            np.logical_not(sign, out=b1)
+            np.logical_and(up, b1, out=up)
+        else:
+            np.logical_and(up, sign, out=up)
+    else:
+        np.less(u, np.ldexp(r.astype(np.float64), -shift_exact), out=up)
+    np.add(n, up, out=n, casting="unsafe")
+    # Code of n * 2^(e_t - m): ((e_t + bias) << m) + n - 2^m, uniformly for subnormals, normals and the carry into
+    # the next binade (n = 2^(m+1)). Integers of the input's width: |codes| stay far below 2^31.
+    mag = e_t  # reuse
+    np.add(e_t, sint(fmt.bias), out=mag)
+    np.left_shift(mag, sint(m), out=mag)
+    np.add(mag, n.view(sint), out=mag)
+    np.subtract(mag, sint(1 << m), out=mag)
     if fmt.special == "ue8m0":
-        mag = np.maximum(mag, 0)  # no zero: everything below 2^-127 is byte 0 (policy)
-    over = mag > fmt.max_code
-    if over.any():
+        np.maximum(mag, sint(0), out=mag)  # no zero: everything below 2^-127 is byte 0 (policy)
+    np.greater(mag, sint(fmt.max_code), out=b1)
+    if b1.any():
         if sat:
-            mag = np.where(over, fmt.max_code, mag)
+            np.copyto(mag, sint(fmt.max_code), where=b1)
         else:
             # IEEE 754 §7.4: modes that round toward zero for this sign overflow to max, the others to "inf".
-            toward_zero = {
-                Rounding.RZ: np.ones(v.shape, dtype=bool),
-                Rounding.RU: sign,
-                Rounding.RD: ~sign,
-            }.get(mode, np.zeros(v.shape, dtype=bool))
             inf_mag = fmt.inf_code if fmt.has_inf else fmt.nan_code
-            mag = np.where(over, np.where(toward_zero, fmt.max_code, inf_mag), mag)
+            if mode is Rounding.RZ:
+                b2.fill(True)
+            elif mode is Rounding.RU:
+                np.copyto(b2, sign)
+            elif mode is Rounding.RD:
+                np.logical_not(sign, out=b2)
+            else:
+                b2.fill(False)
+            np.copyto(mag, sint(inf_mag), where=b1 & ~b2)
+            np.copyto(mag, sint(fmt.max_code), where=b1 & b2)
     if special.any():
-        isinf = special & (frac == 0)
-        isnan = special & (frac != 0)
-        if sat:
-            mag = np.where(isinf, fmt.max_code, mag)
-        else:
-            mag = np.where(isinf, fmt.inf_code if fmt.has_inf else fmt.nan_code, mag)
+        frac_zero = (bits & uint((1 << p) - 1)) == 0
+        isinf = special & frac_zero
+        isnan = special & ~frac_zero
+        np.copyto(mag, sint(fmt.max_code if sat else (fmt.inf_code if fmt.has_inf else fmt.nan_code)), where=isinf)
         if isnan.any():
             nan_mag = {NanPolicy.NAN: fmt.nan_code, NanPolicy.MAX: fmt.max_code, NanPolicy.ZERO: 0}[nanpol]
-            mag = np.where(isnan, nan_mag, mag)
+            np.copyto(mag, sint(nan_mag), where=isnan)
             if nanpol is not NanPolicy.NAN:
-                sign = sign & ~isnan  # "max" and "zero" give +max / +0 whatever the NaN's sign
-    code = mag.astype(np.uint8)
+                np.logical_and(sign, ~isnan, out=sign)  # "max" and "zero" give +max / +0 whatever the NaN's sign
+    np.copyto(out, mag, casting="unsafe")
     if fmt.signed:
-        code |= sign.astype(np.uint8) << np.uint8(fmt.nbits - 1)
-    return code
+        np.bitwise_or(out, np.uint8(1 << (fmt.nbits - 1)), out=out, where=sign)
