@@ -4,6 +4,9 @@
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --check    # first: correctness on every M, then the table
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep    # time candidate configs per M (tuning only)
 
+--sweep picks, per M, the candidate with the least GPU-only time (CUDA-graph diagnostic, host launch overhead
+excluded), then (with --check) checks and times the picked configs in the same run; paste them into CONFIGS.
+
 Peers, timed in the same run on the same operands:
   (a) cuBLAS fp8 dense: torch._scaled_mm(A_e4m3, b.T, scale 1, out bf16) with A pre-expanded to E4M3FN outside
       the timed region (exact: E2M1 values and their duplicate-index sums are E4M3FN values);
@@ -293,7 +296,7 @@ def main(argv=None) -> int:
     import torch
 
     from ._bench import print_table
-    from .sparse_gemm_fp4_fp8 import pick_config
+    from .sparse_gemm_fp4_fp8 import pick_config, sparse_gemm_fp4_fp8
 
     if not torch.cuda.is_available():
         print("sparse_gemm_fp4_fp8 benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -314,15 +317,30 @@ def main(argv=None) -> int:
         # check and time the picked configs in this same run; CONFIGS in sparse_gemm_fp4_fp8.py is set from them.
         precompile([c for M in Ms for c in sweep_candidates(M)], args.workers)
         rows, timed = bench_sizes(Ms, N, K, configs=sweep_candidates)
+        # pick by GPU-only (graph) time: at small M the time_cuda figures are dominated by host launch overhead,
+        # which is the same for every config and made the 2026-11-30 picks noise (docs/benchmarks.md)
+        from ._bench import gpu_time_graph
+
+        best = {}
+        ops = {M: make_operands(M, N, K, torch.Generator(device="cuda").manual_seed(7)) for M in Ms}
+        for r, (M, cfg, ncb) in zip(rows, timed):
+            if ncb:
+                r.append(float("nan"))  # not a GPU default: never picked
+                continue
+            try:
+                g = gpu_time_graph(lambda: sparse_gemm_fp4_fp8(*ops[M], cfg))
+            except Exception as e:  # diagnostic path failed: fall back to the time_cuda figure
+                print(f"M={M} graph timing failed ({type(e).__name__}); using time_cuda", flush=True)
+                g = r[2]
+            r.append(g)
+            if M not in best or g < best[M][0]:
+                best[M] = (g, cfg)
         if args.out:
             with open(os.path.join(args.out, "sparse_gemm_sweep.json"), "w") as f:
                 json.dump(rows, f)
-        md = print_table("sweep (all candidates)", COLUMNS, rows, markdown=True)
+        md = print_table("sweep (all candidates; last column: GPU-only us, graph, used to pick)",
+                         COLUMNS + GRAPH_COLUMNS[:1], rows, markdown=True)
         log.write(md + "\n")
-        best = {}
-        for r, (M, cfg, ncb) in zip(rows, timed):
-            if not ncb and (M not in best or r[2] < best[M][0][2]):
-                best[M] = (r, cfg)
         picked = {M: best[M][1] for M in best}
         table = ",\n".join(f"    ({M}, {picked[M]!r})" for M in sorted(picked))
         print(f"picked per M (CONFIGS bounds = these M):\n{table}", flush=True)
