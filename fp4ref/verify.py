@@ -108,6 +108,12 @@ def _to_torch(value, device):
     return t.to(device)
 
 
+def _dtype_of(name: str):
+    import ml_dtypes
+
+    return {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
+
+
 def _poison_allocator(shape, dtype_name: str, device) -> None:
     """Leave a NaN-filled block of the output's size in the caching allocator (see the module docstring)."""
     import torch
@@ -251,8 +257,18 @@ def verify(
 
             out = to_numpy(out_t, "output")
             rows = _row_subset(m, max_check_rows, rng)
-            report, fib, sol, nrows = _check_one(out, ops, w, rows, model_name, rounding,
-                                                exact_accumulation=fam in w.exact_families)
+            try:
+                if getattr(out, "shape", None) != out_shape or getattr(out, "dtype", None) != np.dtype(
+                        _dtype_of(w.output_dtype)):
+                    raise ValueError(f"the kernel returned {getattr(out, 'dtype', type(out).__name__)} "
+                                     f"{getattr(out, 'shape', '')}; the workload's output is {w.output_dtype} "
+                                     f"{out_shape}")
+                report, fib, sol, nrows = _check_one(out, ops, w, rows, model_name, rounding,
+                                                    exact_accumulation=fam in w.exact_families)
+            except (ValueError, TypeError) as exc:  # e.g. an output of the wrong shape or dtype
+                row.fp4ref_ok = row.fib_ok = row.sol_ok = False
+                row.note = f"output rejected: {type(exc).__name__}: {exc}"[:200]
+                break
             row.examples += 1
             row.checked_rows = nrows
             row.max_err_over_bound = max(row.max_err_over_bound, float(report.max_err_over_bound))

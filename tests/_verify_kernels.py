@@ -24,3 +24,8 @@ def last_column_skipped(A, B):
     out = right(A, B)
     out[:, -1] = 0
     return out
+
+
+def wrong_shape(A, B):
+    """Returns C transposed: the checker must reject it, not crash."""
+    return right(A, B).T.contiguous()

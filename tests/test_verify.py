@@ -76,3 +76,10 @@ def test_definition_file_selects_workload(tmp_path):
     p.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="matches none"):
         V.workload_from_definition(str(p))
+
+
+def test_kernel_with_wrong_output_shape_is_a_failing_row(tmp_path):
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:wrong_shape",
+                       "--device", "cpu", "--sizes", "2", "--families", "public")
+    (row,) = rep["rows"]
+    assert status == 1 and not row["fp4ref_ok"] and "output rejected" in row["note"]
