@@ -9,13 +9,13 @@ exist to catch bugs a loose tolerance cannot see:
 =====================  ===============================================================================================
 workload               families
 =====================  ===============================================================================================
-gemm_n3072_k2048       ``public`` (randn fp16); ``exact_acc`` (small integers: every fp32 partial sum is exact in any
-                       order, yet the fp16 output needs rounding, with many exact ties: catches truncating stores,
-                       fp16 accumulation, wrong tie rule); ``extreme`` (rows near fp16 overflow, subnormal rows,
+gemm_n3072_k2048       ``public`` (randn fp16); ``exact_acc`` (scaled integers: every fp32 partial sum is exact in any
+                       order, yet the fp16 output needs rounding, with exact ties: catches truncating stores, fp16
+                       accumulation, wrong tie rule); ``extreme`` (rows near fp16 overflow, subnormal rows,
                        heavy cancellation).
 sparse_gemm_fp4_fp8    ``public`` (random int8 vals/meta bytes, as the benchmark feeds them: every byte is defined);
-_n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (B on a coarse grid, sums exact in fp32,
-                       bf16 output rounding exercised); ``nan_b`` (E4M3FN NaN bytes in B must propagate).
+_n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (E4M3FN integer B: sums exact in fp32 and
+                       in fp8 wgmma promoted every <= 128, not without promotion); ``nan_b`` (E4M3FN NaN bytes in B must propagate).
 nvfp4_linear           ``public`` (randn bf16 activations, randn fp32 weights quantized with the "sol" recipe);
 _n8192_k8192           ``adversarial`` (activation blocks of zeros, E2M1 ties, huge and tiny blocks: subnormal
                        block scales).
@@ -80,14 +80,12 @@ def _gemm_public(rng, m, n, k):
 
 
 def _gemm_exact_acc(rng, m, n, k):
-    # Integers |a| <= 4, |b| <= 64: |partial sums| <= 256 * k <= 2^24 for k <= 2^16, so every fp32 partial sum is
-    # exact in any order and any tensor-core alignment; the exact results reach ~2^13, beyond fp16's 11 bits, so
-    # the output rounding (RNE, with exact ties) is what is tested.
-    if 256 * k > 2**24:
-        raise ValueError(f"exact_acc family needs k <= 65536, got k={k}")
-    a = rng.integers(-4, 5, size=(m, k))
-    b = rng.integers(-64, 65, size=(n, k))
-    return {"A": _f16(a), "B": _f16(b)}
+    # fp4ref.strategies' construction: integers scaled by powers of two, every fp32 partial sum exact in any order
+    # and any tensor-core alignment, while the fp16 outputs need rounding (with exact ties).
+    from .strategies import exact_accumulation_fp16_arrays
+
+    a, b = exact_accumulation_fp16_arrays(rng, m, n, k)
+    return {"A": a, "B": b}
 
 
 def _gemm_extreme(rng, m, n, k):
@@ -149,11 +147,13 @@ def _sparse_canonical(rng, m, n, k):
 
 
 def _sparse_exact_acc(rng, m, n, k):
-    out = _sparse_public(rng, m, n, k)
-    # B on {0.125 * j : |j| <= 15} (exact in E4M3FN); products on 2^-4 Z, partial sums far below 2^20: exact in
-    # fp32 in any order, while the sums need more than bf16's 8 bits.
-    out["b_fp8"] = _e4m3_bytes(rng.integers(-15, 16, size=(n, k)) * 0.125).view(ml_dtypes.float8_e4m3fn)
-    return out
+    # fp4ref.strategies' construction with promotion every 128 products: exact for any fp32-accumulating kernel and
+    # for Hopper fp8 wgmma promoted at least every 128 K-elements, while the sums need more than the 14 bits of an
+    # unpromoted fp8 accumulator (which this family therefore catches); any meta byte.
+    from .strategies import exact_accumulation_sparse_arrays
+
+    vals, meta, b = exact_accumulation_sparse_arrays(rng, m, n, k, promote_every=128, canonical=False)
+    return {"a_vals": vals.view(np.int8), "a_meta": meta.view(np.int8), "b_fp8": b.view(ml_dtypes.float8_e4m3fn)}
 
 
 def _sparse_nan_b(rng, m, n, k):
