@@ -42,8 +42,15 @@ def _cmd_formats(args) -> int:
     return 0
 
 
+def _usage_error(command: str, message: str) -> int:
+    """argparse's convention for bad arguments: the message on stderr, exit status 2."""
+    sys.stderr.write(f"fp4ref {command}: error: {message}\n")
+    return 2
+
+
 def _cmd_verify(args) -> int:
     import json
+    import os
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,32 +62,40 @@ def _cmd_verify(args) -> int:
     if not console.is_terminal:
         console = Console(width=160)  # piped or logged: keep the table's columns readable
     workloads = args.workload
-    if args.definition:
-        name, _axes = V.workload_from_definition(args.definition)
-        if workloads and workloads != [name]:
-            raise SystemExit(f"fp4ref verify: --definition matches {name}, but --workload says {workloads}")
-        workloads = [name]
-    if args.kernel and not workloads:
-        raise SystemExit("fp4ref verify: --kernel needs --workload NAME (or --definition FILE.json)")
+    try:
+        if args.definition:
+            name, _axes = V.workload_from_definition(args.definition)
+            if workloads and workloads != [name]:
+                raise ValueError(f"--definition matches {name}, but --workload says {workloads}")
+            workloads = [name]
+        if args.kernel and not workloads:
+            raise ValueError("--kernel needs --workload NAME (or --definition FILE.json)")
+        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+            raise ValueError(f"--json {args.json!r}: its directory does not exist")
+        if args.max_check_rows is not None and args.max_check_rows < 0:
+            raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
+    except ValueError as exc:
+        return _usage_error("verify", str(exc))
     if args.kernel:
-        import os
-
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
     device = args.device
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("verify", total=total)
-        result = V.verify(
-            workloads, kernel=args.kernel, device=device, sizes=args.sizes, families=args.families,
-            examples=args.examples, seed=args.seed, model=args.model, output_rounding=args.output_rounding,
-            max_check_rows=args.max_check_rows or None,
-            progress=lambda n, d: bar.update(task, advance=n, description=d),
-        )
+    try:
+        total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("verify", total=total)
+            result = V.verify(
+                workloads, kernel=args.kernel, device=device, sizes=args.sizes, families=args.families,
+                examples=args.examples, seed=args.seed, model=args.model, output_rounding=args.output_rounding,
+                max_check_rows=args.max_check_rows or None,
+                progress=lambda n, d: bar.update(task, advance=n, description=d),
+            )
+    except ValueError as exc:  # argument checks inside verify() run before any kernel
+        return _usage_error("verify", str(exc))
     s = result.settings
     title = f"fp4ref verify on {s['gpu'] or s['device']} (examples={s['examples']}, seed={s['seed']})"
     table = Table(title=title)
@@ -88,10 +103,12 @@ def _cmd_verify(args) -> int:
                 "FIB", "SOL", "fp4ref"):
         table.add_column(col, justify="right" if col not in ("workload", "family") else "left")
     verdict = lambda ok: "[green]pass[/]" if ok else "[red]FAIL[/]"
+    num = lambda x, f: "-" if x != x else format(x, f)  # NaN: no example completed
     for r in result.rows:
         table.add_row(r.workload, str(r.m), r.family, str(r.examples), str(r.checked_rows),
-                      f"{r.max_err_over_bound:.3g}", f"{r.max_ulps:.3g}", f"{r.bitwise_equal_pct:.2f}%",
-                      f"{r.sqnr_db:.1f}", verdict(r.fib_ok), verdict(r.sol_ok), verdict(r.fp4ref_ok))
+                      num(r.max_err_over_bound, ".3g"), num(r.max_ulps, ".3g"),
+                      "-" if r.bitwise_equal_pct != r.bitwise_equal_pct else f"{r.bitwise_equal_pct:.2f}%",
+                      num(r.sqnr_db, ".1f"), verdict(r.fib_ok), verdict(r.sol_ok), verdict(r.fp4ref_ok))
     console.print(table)
     for r in result.rows:
         if r.note:
@@ -100,7 +117,7 @@ def _cmd_verify(args) -> int:
         console.print(f"[red]{name}: no kernel to verify[/] ({why})")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(result.to_json(), fh, indent=2, default=float)
+            json.dump(result.to_json(), fh, indent=2, allow_nan=False)
     console.print("[green]all verdicts pass[/]" if result.ok else "[red]verification FAILED[/]")
     return 0 if result.ok else 1
 

@@ -39,10 +39,11 @@ class Row:
     family: str
     examples: int = 0
     checked_rows: int = 0
-    max_err_over_bound: float = 0.0
-    max_ulps: float = 0.0
-    bitwise_equal_pct: float = 100.0
-    sqnr_db: float = math.inf
+    # Worst over the completed examples; NaN while none completed (a kernel that raised has no metrics).
+    max_err_over_bound: float = math.nan
+    max_ulps: float = math.nan
+    bitwise_equal_pct: float = math.nan
+    sqnr_db: float = math.nan
     fib_ok: bool = True
     sol_ok: bool = True
     fp4ref_ok: bool = True
@@ -63,8 +64,9 @@ class VerifyResult:
         return not self.missing and bool(self.rows) and all(r.fp4ref_ok for r in self.rows)
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "settings": self.settings, "missing": self.missing,
-                "rows": [asdict(r) for r in self.rows]}
+        """The report as strict-JSON data (non-finite floats as the strings "inf", "-inf", "nan")."""
+        return _json_safe({"ok": self.ok, "settings": self.settings, "missing": self.missing,
+                           "rows": [asdict(r) for r in self.rows]})
 
 
 def load_kernel(spec: str):
@@ -98,7 +100,7 @@ def _to_torch(value, device):
 
     if isinstance(value, (float, int)):
         return value
-    a = np.ascontiguousarray(value)
+    a = np.array(value, copy=True, order="C")  # the kernel gets its own copy: it cannot change the reference's inputs
     if a.dtype == ml_dtypes.bfloat16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     elif a.dtype == ml_dtypes.float8_e4m3fn:
@@ -136,19 +138,30 @@ def _row_subset(m: int, limit: int | None, rng) -> np.ndarray | None:
     return np.unique(np.concatenate([head, mid, tail]))
 
 
-def _check_one(out, ops, workload: Workload, rows, model, output_rounding, exact_accumulation):
+def _check_one(out, ref, rows, n: int, model, output_rounding, exact_accumulation):
     from . import bounds, testing
 
-    if rows is not None and workload.slice_rows is not None:
-        ops = workload.slice_rows(ops, rows)
-        out = out.reshape(-1, out.shape[-1])[rows]
-    ref = workload.reference(**ops)
-    out2 = np.asarray(out).reshape(ref.out.shape)
-    report = bounds.check(out2, ref, model, output_rounding=output_rounding, poison=float("nan"),
+    if rows is not None:
+        out = out.reshape(-1, n)[rows]
+    out = out.reshape(ref.out.shape)  # same element count: validated by the caller
+    report = bounds.check(out, ref, model, output_rounding=output_rounding, poison=float("nan"),
                           exact_accumulation=exact_accumulation)
-    fib = testing.fib_allclose(out2, ref.out)
-    sol = testing.sol_allclose(out2, ref.out)
+    fib = testing.fib_allclose(out, ref.out)
+    sol = testing.sol_allclose(out, ref.out)
     return report, bool(fib), bool(sol), int(np.prod(ref.out.shape[:-1]))  # output rows checked
+
+
+def _inputs_changed(args, ops, names) -> list:
+    """Names of the kernel's tensor arguments whose bytes differ from the operands they were copied from."""
+    from ._interop import is_torch_tensor, to_numpy
+
+    changed = []
+    for a, name in zip(args, names):
+        if is_torch_tensor(a):
+            now = np.ascontiguousarray(to_numpy(a, name)).view(np.uint8)
+            if not np.array_equal(now, np.ascontiguousarray(ops[name]).view(np.uint8)):
+                changed.append(name)
+    return changed
 
 
 def verify(
@@ -190,8 +203,28 @@ def verify(
         raise ValueError(f"device={device!r} must be 'cuda' or 'cpu'")
     if output_rounding not in (None, "rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r} must be 'rne' or 'faithful'")
-    if not isinstance(examples, int) or examples < 1:
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ValueError(f"examples={examples!r} must be a positive int")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a non-negative int")
+    if sizes is not None:
+        sizes = list(sizes)
+        bad = [m for m in sizes if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1]
+        if bad or not sizes:
+            raise ValueError(f"sizes={sizes!r}: every M must be an int >= 1 (an empty output verifies nothing)")
+    if max_check_rows is not None and (not isinstance(max_check_rows, int) or max_check_rows < 129):
+        raise ValueError(f"max_check_rows={max_check_rows!r} must be None (all rows) or an int >= 129 "
+                         "(the first 64, the last 64 and at least one row between)")
+    for name in names:
+        get_workload(name)
+    if families is not None:
+        for f in families:
+            if not any(f in get_workload(n).families for n in names):
+                raise ValueError(f"family={f!r} is not a family of {names}")
+    from . import bounds
+
+    if model is not None:
+        bounds.get_model(model)  # unknown names fail now, not after the run
 
     import torch
 
@@ -203,8 +236,6 @@ def verify(
     if interpreted and os.environ.get("TRITON_INTERPRET") != "1":
         # Must be set before any @triton.jit module is imported.
         os.environ["TRITON_INTERPRET"] = "1"
-
-    from . import bounds
 
     result = VerifyResult(settings={
         "device": device if not interpreted else "cpu (Triton interpreter)",
@@ -227,10 +258,7 @@ def verify(
         # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
         rounding = output_rounding or contract.get(
             "output_rounding_interpreter" if interpreted else "output_rounding", "rne")
-        fams = list(families or w.families)
-        for f in fams:
-            if f not in w.families:
-                raise ValueError(f"family={f!r} is not one of {name}'s families {sorted(w.families)}")
+        fams = [f for f in (families or w.families) if f in w.families]
         ms = list(sizes or (w.cpu_m if interpreted else w.gpu_m))
         for m in ms:
             for f in fams:
@@ -242,6 +270,11 @@ def verify(
         for ex in range(examples):
             rng = np.random.default_rng([seed, ex, m, sum(map(ord, w.name + fam))])
             ops = w.families[fam](rng, m, w.n, w.k)
+            rows = _row_subset(m, max_check_rows, rng)
+            # The reference first, from the operands themselves; the kernel then gets copies of them.
+            ref = w.reference(**(w.slice_rows(ops, rows) if rows is not None and w.slice_rows else ops))
+            if rows is None or w.slice_rows is None:
+                rows = None
             args = [_to_torch(ops[a], device) for a in w.args]
             out_shape = (m, w.n) if w.name != "nvfp4_linear_n8192_k8192" else (1, m, w.n)
             _poison_allocator(out_shape, w.output_dtype, device)
@@ -249,32 +282,36 @@ def verify(
                 out_t = fn(*args)
                 if device == "cuda":
                     torch.cuda.synchronize()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a user kernel must not end the run, nor pass by exiting
                 row.fp4ref_ok = row.fib_ok = row.sol_ok = False
                 row.note = f"kernel raised {type(exc).__name__}: {exc}"[:200]
                 break
             from ._interop import to_numpy
 
             out = to_numpy(out_t, "output")
-            rows = _row_subset(m, max_check_rows, rng)
             try:
+                changed = _inputs_changed(args, ops, w.args)
+                if changed:
+                    raise ValueError(f"the kernel modified its input(s) {changed}")
                 if getattr(out, "shape", None) != out_shape or getattr(out, "dtype", None) != np.dtype(
                         _dtype_of(w.output_dtype)):
                     raise ValueError(f"the kernel returned {getattr(out, 'dtype', type(out).__name__)} "
                                      f"{getattr(out, 'shape', '')}; the workload's output is {w.output_dtype} "
                                      f"{out_shape}")
-                report, fib, sol, nrows = _check_one(out, ops, w, rows, model_name, rounding,
+                report, fib, sol, nrows = _check_one(out, ref, rows, w.n, model_name, rounding,
                                                     exact_accumulation=fam in w.exact_families)
-            except (ValueError, TypeError) as exc:  # e.g. an output of the wrong shape or dtype
+            except (ValueError, TypeError) as exc:
                 row.fp4ref_ok = row.fib_ok = row.sol_ok = False
-                row.note = f"output rejected: {type(exc).__name__}: {exc}"[:200]
+                row.note = f"output rejected: {exc}"[:200]
                 break
             row.examples += 1
             row.checked_rows = nrows
-            row.max_err_over_bound = max(row.max_err_over_bound, float(report.max_err_over_bound))
-            row.max_ulps = max(row.max_ulps, float(report.max_ulps))
-            row.bitwise_equal_pct = min(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction))
-            row.sqnr_db = min(row.sqnr_db, float(report.sqnr_db))
+            first = row.examples == 1
+            row.max_err_over_bound = _worse(row.max_err_over_bound, float(report.max_err_over_bound), max, first)
+            row.max_ulps = _worse(row.max_ulps, float(report.max_ulps), max, first)
+            row.bitwise_equal_pct = _worse(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction), min,
+                                           first)
+            row.sqnr_db = _worse(row.sqnr_db, float(report.sqnr_db), min, first)
             row.fib_ok &= fib
             row.sol_ok &= sol
             row.fp4ref_ok &= bool(report.ok)
@@ -287,38 +324,66 @@ def verify(
     return result
 
 
+def _worse(old: float, new: float, pick, first: bool) -> float:
+    return new if first else pick(old, new)
+
+
+def _json_safe(x):
+    """Strict JSON: non-finite floats become the strings "inf", "-inf", "nan"."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def plan_size(workloads=None, *, device="cpu", sizes=None, families=None) -> int:
     """Number of table rows ``verify`` will produce (for a progress bar)."""
     n = 0
     for name in workloads or WORKLOADS:
         w = get_workload(name)
         ms = sizes or (w.cpu_m if device == "cpu" else w.gpu_m)
-        n += len(ms) * len(families or w.families)
+        n += len(ms) * len([f for f in (families or w.families) if f in w.families])
     return n
+
+
+_DEFINITION_DTYPES = {  # the dtype names a FlashInfer-Bench definition uses for each workload operand
+    "gemm_n3072_k2048": {"A": "float16", "B": "float16"},
+    "sparse_gemm_fp4_fp8_n2048_k2048": {"a_vals": "int8", "a_meta": "int8", "b_fp8": "float8_e4m3fn"},
+}
 
 
 def workload_from_definition(path: str) -> tuple:
     """Read a FlashInfer-Bench definition JSON and return (workload name, {axis: value}) it matches.
 
-    The definition's ``inputs`` (names, dtypes) and constant axes must match one of fp4ref's workloads; the var
-    axis (M) values are not in a definition (they are in workloads), so sizes still come from ``--sizes``.
+    The definition's inputs (the same names, and dtypes) and its constant axes N and K must match one of fp4ref's
+    FlashInfer-Bench workloads exactly; the var axis (M) values are not in a definition (they are in workload files),
+    so sizes still come from ``--sizes`` or the workload's defaults.
 
     Raises:
-        ValueError: unreadable JSON, or no fp4ref workload with that signature and constants.
+        ValueError: unreadable or malformed JSON, or no fp4ref workload with that signature and constants.
     """
     try:
         with open(path) as fh:
             d = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"--definition {path!r}: cannot read a JSON definition ({exc})") from None
-    inputs = d.get("inputs") or {}
-    axes = {k: v.get("value") for k, v in (d.get("axes") or {}).items() if v.get("type") == "const"}
-    for w in WORKLOADS.values():
-        if tuple(inputs) == tuple(a for a in w.args if a in inputs) and set(inputs) <= set(w.args) and inputs:
-            consts = {"N": w.n, "K": w.k}
-            if all(axes.get(k) in (None, v) for k, v in consts.items()):
-                return w.name, axes
+    inputs = d.get("inputs") if isinstance(d, dict) else None
+    axes = d.get("axes", {}) if isinstance(d, dict) else None
+    if not isinstance(inputs, dict) or not isinstance(axes, dict) or not all(
+            isinstance(v, dict) for v in list(inputs.values()) + list(axes.values())):
+        raise ValueError(f"--definition {path!r}: expected an object with 'inputs' and 'axes' objects "
+                         "(FlashInfer-Bench definition schema)")
+    consts = {k: v.get("value") for k, v in axes.items() if v.get("type") == "const"}
+    dtypes = {k: v.get("dtype") for k, v in inputs.items()}
+    for name, want in _DEFINITION_DTYPES.items():
+        w = WORKLOADS[name]
+        if dtypes == want and consts.get("N") == w.n and consts.get("K") == w.k:
+            return name, consts
     raise ValueError(
-        f"--definition {path!r} (name {d.get('name')!r}, inputs {list(inputs)}, constant axes {axes}) matches "
-        f"none of fp4ref's workloads {sorted(WORKLOADS)}"
+        f"--definition {path!r} (name {d.get('name')!r}, inputs {dtypes}, constant axes {consts}) matches none of "
+        f"fp4ref's FlashInfer-Bench workloads: " + "; ".join(
+            f"{n}: inputs {dt}, N={WORKLOADS[n].n}, K={WORKLOADS[n].k}" for n, dt in _DEFINITION_DTYPES.items())
     )

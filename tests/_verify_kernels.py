@@ -29,3 +29,18 @@ def last_column_skipped(A, B):
 def wrong_shape(A, B):
     """Returns C transposed: the checker must reject it, not crash."""
     return right(A, B).T.contiguous()
+
+
+def mutator(A, B):
+    """Overwrites its inputs with zeros and returns zeros: must fail (the reference is taken before the call)."""
+    A.zero_()
+    B.zero_()
+    return torch.zeros((A.shape[0], B.shape[0]), dtype=torch.float16)
+
+
+def exits(A, B):
+    raise SystemExit(0)
+
+
+def returns_none(A, B):
+    return None

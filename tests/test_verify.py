@@ -60,8 +60,17 @@ def test_bad_arguments():
         V.verify(["not_a_workload"], device="cpu")
     with pytest.raises(ValueError, match="family="):
         V.verify(["gemm_n3072_k2048"], device="cpu", families=["bogus"], sizes=[1])
-    with pytest.raises(SystemExit):
-        main(["verify", "--kernel", "tests._verify_kernels:right"])  # --kernel without --workload
+    assert main(["verify", "--kernel", "tests._verify_kernels:right"]) == 2  # --kernel without --workload
+    with pytest.raises(ValueError, match="sizes="):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[0])
+    with pytest.raises(ValueError, match="seed="):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], seed=-1)
+    with pytest.raises(ValueError, match="max_check_rows="):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], max_check_rows=5)
+    with pytest.raises(ValueError, match="bogus"):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], model="bogus")
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--sizes", "0"]) == 2
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", "/no/such/dir/r.json"]) == 2
 
 
 def test_definition_file_selects_workload(tmp_path):
@@ -72,14 +81,24 @@ def test_definition_file_selects_workload(tmp_path):
     p = tmp_path / "def.json"
     p.write_text(json.dumps(d))
     assert V.workload_from_definition(str(p))[0] == "gemm_n3072_k2048"
-    d["axes"]["N"]["value"] = 4096
-    p.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="matches none"):
-        V.workload_from_definition(str(p))
+    for broken in ({**d, "axes": {**d["axes"], "N": {"type": "const", "value": 4096}}},   # other N
+                   {**d, "inputs": {"A": d["inputs"]["A"]}},                                 # an input missing
+                   {**d, "inputs": {k: {**v, "dtype": "int8"} for k, v in d["inputs"].items()}}):  # other dtype
+        p.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match="matches none"):
+            V.workload_from_definition(str(p))
+    for malformed in ([1, 2], {"inputs": [], "axes": {}}, {"inputs": {"A": 1}, "axes": {}}):
+        p.write_text(json.dumps(malformed))
+        with pytest.raises(ValueError, match="expected an object"):
+            V.workload_from_definition(str(p))
 
 
-def test_kernel_with_wrong_output_shape_is_a_failing_row(tmp_path):
-    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:wrong_shape",
+@pytest.mark.parametrize("bad, why", [("wrong_shape", "returned"), ("returns_none", "returned"),
+                                      ("mutator", "modified its input"), ("exits", "SystemExit")])
+def test_misbehaving_kernels_are_failing_rows(tmp_path, bad, why):
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", f"tests._verify_kernels:{bad}",
                        "--device", "cpu", "--sizes", "2", "--families", "public")
     (row,) = rep["rows"]
-    assert status == 1 and not row["fp4ref_ok"] and "output rejected" in row["note"]
+    assert status == 1 and rep["ok"] is False and not row["fp4ref_ok"] and why in row["note"]
+    # no example completed: no metrics (strict JSON strings), never a vacuous 100% / inf
+    assert row["examples"] == 0 and row["bitwise_equal_pct"] == "nan" and row["sqnr_db"] == "nan"
