@@ -215,6 +215,8 @@ def _eligibility(name: str, arr: np.ndarray, dt: str, block: int, pattern) -> st
         return f"{arr.ndim}-D (quantized: 2-D)"
     if arr.shape[1] % block or arr.shape[1] == 0:
         return f"K={arr.shape[1]} is not a positive multiple of {block}"
+    if arr.size == 0:
+        return "empty (0 rows)"
     return ""
 
 
@@ -248,11 +250,25 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str = "te", 
     src, dst = _check_paths(in_path, out_path)
     pattern = _compile_include(include)
     tensors, dtypes, metadata = _read(src)
+    if "fp4ref.format" in metadata:
+        raise QuantizeFileError(
+            f"{str(src)!r} is already quantized by fp4ref (fp4ref.format={metadata['fp4ref.format']!r}); "
+            "quantizing packed codes again would destroy them: use --dequantize first"
+        )
     if pattern is not None and not any(pattern.search(n) for n in tensors):
         raise QuantizeFileError(
             f"--include {include!r} matches none of the {len(tensors)} tensor names in {str(src)!r}"
         )
     plan = {n: _eligibility(n, a, dtypes[n], block, pattern) for n, a in tensors.items()}
+    for n, why in plan.items():
+        if not why:
+            with np.errstate(invalid="ignore"):
+                bad = int(np.sum(~np.isfinite(tensors[n].astype(np.float32))))
+            if bad:
+                raise QuantizeFileError(
+                    f"tensor {n!r} holds {bad} NaN/inf value(s); fp4ref quantize refuses non-finite weights "
+                    "(leave the tensor out with --include, or fix the checkpoint)"
+                )
     suffixes = ("_scale", "_scale_2") if fmt == "nvfp4" else ("_scale",)
     for n, why in plan.items():
         if not why:

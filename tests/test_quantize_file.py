@@ -307,6 +307,28 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         assert "fp4ref quantize: error:" in err and msg in err, (argv, err)
         assert _listing(tmp_path) == before, f"nothing written for {argv}"
         assert _sha256(src) == digest
+    # an fp4ref-quantized file as input: quantizing packed codes again would destroy them
+    quantized = tmp_path / "q" / "q.safetensors"
+    quantized.parent.mkdir()
+    assert main([str(src), "-o", str(quantized), "--quiet"]) == 0
+    with pytest.raises(QuantizeFileError, match="already quantized"):
+        quantize_file(quantized, tmp_path / "q" / "twice.safetensors")
+    assert _listing(quantized.parent) == ["q.safetensors"]
+    # non-finite weights: an error naming the tensor, nothing written
+    x = np.ones((2, 32), np.float32)
+    x[1, 3] = np.nan
+    x[0, 0] = np.inf
+    save_file({"ok.weight": np.ones((2, 32), np.float32), "bad.weight": x}, str(tmp_path / "nan.safetensors"))
+    with pytest.raises(QuantizeFileError, match=r"'bad.weight' holds 2 NaN/inf"):
+        quantize_file(tmp_path / "nan.safetensors", out)
+    assert not out.exists()
+    # an empty 2-D tensor is copied, not quantized
+    save_file({"e.weight": np.ones((0, 32), np.float32), "w.weight": np.ones((2, 32), np.float32)},
+              str(tmp_path / "empty.safetensors"))
+    reps = {r.name: r for r in quantize_file(tmp_path / "empty.safetensors", out)}
+    assert reps["e.weight"].action == "copied" and "empty" in reps["e.weight"].reason
+    assert reps["w.weight"].action == "quantized"
+    out.unlink()
     # a name collision: "a.weight_scale" already exists
     save_file({"a.weight": np.ones((2, 16), np.float32), "a.weight_scale": np.ones(2, np.float32)},
               str(tmp_path / "coll.safetensors"))
