@@ -335,11 +335,10 @@ def decode(codes, fmt, dtype=np.float32) -> np.ndarray:
     Source: the value rule of each format's specification (see ``fmt.source``).
     """
     fmt = get_format(fmt)
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    if dtype is None or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
     c = as_code_array(codes, "codes", nbits=fmt.nbits, allow_int8=fmt.nbits == 8)
-    return _table(fmt).astype(dt)[c]
+    return np.asarray(_table(fmt).astype(dtype)[c])  # 0-d codes give a 0-d array, as encode does
 
 
 # ----------------------------------------------------------------------------------------------------------- encode

@@ -294,3 +294,11 @@ def test_decode_nan_keeps_sign_bit(name, dtype):
     assert np.isnan(out).all()
     assert np.signbit(out).tolist() == [bool(c & 0x80) for c in s.nan_codes]
     assert np.signbit(out).tolist() == np.signbit(codes.view(s.ml_dtype).astype(dtype)).tolist()
+
+
+def test_decode_dtype_none_and_scalar_codes():
+    # From a fresh-user review: dtype=None silently meant float64; a scalar code gave a numpy scalar.
+    with pytest.raises(TypeError, match="dtype"):
+        decode(np.array([1], np.uint8), "e2m1", dtype=None)
+    out = decode(np.uint8(7), "e2m1")
+    assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.float32 and float(out) == 6.0
