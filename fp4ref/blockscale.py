@@ -575,9 +575,11 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     torchao mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao: torchao divides by
     max(2^e, 2^-126) (an fp32-normal floor); fp4ref divides by the 2^e the byte encodes.
     """
-    if not isinstance(elem, str) or elem.lower() not in MX_ELEMENTS:
-        raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)}")
-    fmt = MX_ELEMENTS[elem.lower()]
+    key = elem.lower() if isinstance(elem, str) else None
+    key = "e4m3" if key == "e4m3fn" else key  # the element format's registry name (fp4ref.formats) is accepted too
+    if key not in MX_ELEMENTS:
+        raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)} (or 'e4m3fn')")
+    fmt = MX_ELEMENTS[key]
     md = _parse_mode(mode)
     if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)) or block <= 0:
         raise ValueError(f"block={block!r} must be a positive int")

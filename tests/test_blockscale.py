@@ -590,3 +590,12 @@ def test_dequantize_raw_operands(data):
                 continue
             v = Q(sim.E2M1_MAG[c[r, k] & 7]) * (-1 if c[r, k] & 8 else 1) * sim.e4m3_value(sbyte) * g
             assert Q(float(d[r, k])) == sim.round_rne(v, 24, -126)
+
+
+def test_mx_elem_accepts_the_registry_name_e4m3fn():
+    x = np.linspace(-300, 300, 64, dtype=np.float32).reshape(2, 32)
+    a, b = mx_quantize(x, "e4m3"), mx_quantize(x, "E4M3FN")
+    np.testing.assert_array_equal(a.codes, b.codes)
+    np.testing.assert_array_equal(a.scales, b.scales)
+    with pytest.raises(ValueError, match="elem="):
+        mx_quantize(x, "e4m3fnuz")
