@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -279,7 +280,10 @@ def verify(
             out_shape = (m, w.n) if w.name != "nvfp4_linear_n8192_k8192" else (1, m, w.n)
             _poison_allocator(out_shape, w.output_dtype, device)
             try:
-                out_t = fn(*args)
+                with warnings.catch_warnings():
+                    if interpreted:  # the interpreter's numpy casts warn on inf/NaN lanes that kernels mask off
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                    out_t = fn(*args)
                 if device == "cuda":
                     torch.cuda.synchronize()
             except (Exception, SystemExit) as exc:  # a user kernel must not end the run, nor pass by exiting
