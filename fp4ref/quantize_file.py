@@ -146,8 +146,10 @@ def _read(path) -> tuple[dict, dict, dict]:
 def _write_atomic(tensors: dict, metadata: dict, out: Path) -> None:
     from safetensors.numpy import save_file
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=str(out.parent))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=str(out.parent))
+    except OSError as e:
+        raise QuantizeFileError(f"cannot write in {str(out.parent)!r}: {e.strerror}") from None
     os.close(fd)
     try:
         # (np.ascontiguousarray would turn a 0-d array such as weight_scale_2 into shape [1])
@@ -177,6 +179,9 @@ def _check_paths(in_path, out_path) -> tuple[Path, Path]:
         raise QuantizeFileError(f"output path {str(dst)!r} is the input file; choose another output path")
     if dst.exists() and dst.is_dir():
         raise QuantizeFileError(f"output path {str(dst)!r} is a directory")
+    if not dst.parent.is_dir():
+        raise QuantizeFileError(f"output directory {str(dst.parent)!r} does not exist (fp4ref quantize creates no "
+                                "directories)")
     return src, dst
 
 
@@ -260,6 +265,10 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str = "te", 
             f"--include {include!r} matches none of the {len(tensors)} tensor names in {str(src)!r}"
         )
     plan = {n: _eligibility(n, a, dtypes[n], block, pattern) for n, a in tensors.items()}
+    if all(plan.values()):
+        reasons = "; ".join(f"{n}: {why}" for n, why in list(plan.items())[:5])
+        raise QuantizeFileError(f"no tensor of {str(src)!r} can be quantized to {fmt} ({reasons}"
+                                f"{'; ...' if len(plan) > 5 else ''})")
     for n, why in plan.items():
         if not why:
             with np.errstate(invalid="ignore"):
@@ -460,11 +469,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN.safetensors", help="input safetensors file (never modified)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.safetensors",
                    help="output file (written atomically; must differ from the input)")
-    p.add_argument("--format", choices=list(FORMATS), default="nvfp4", help="target format (default nvfp4)")
-    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default="te",
-                   help="NVFP4 recipe (default te; see docs/quantization.md)")
-    p.add_argument("--mode", choices=[m.value for m in MXMode], default="floor",
-                   help="MX scale mode (default floor, OCP)")
+    p.add_argument("--format", choices=list(FORMATS), default=None, help="target format (default nvfp4)")
+    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default=None,
+                   help="NVFP4 recipe (nvfp4 only; default te; see docs/quantization.md)")
+    p.add_argument("--mode", choices=[m.value for m in MXMode], default=None,
+                   help="MX scale mode (mxfp4/mxfp8 only; default floor, OCP)")
     p.add_argument("--include", metavar="REGEX", default=None,
                    help="quantize only tensors whose name matches REGEX (re.search); others are copied")
     p.add_argument("--dequantize", action="store_true",
@@ -475,6 +484,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     """Run the subcommand from parsed ``args``; returns the exit status (0 ok, 2 bad input)."""
     show = not args.quiet
+    given = [f"--{k}" for k in ("format", "recipe", "mode", "include") if getattr(args, k) is not None]
+    fmt = args.format or "nvfp4"
+    misuse = (f"{', '.join(given)} do(es) not apply to --dequantize" if args.dequantize and given else
+              "--mode applies to mxfp4/mxfp8, not nvfp4" if fmt == "nvfp4" and args.mode else
+              f"--recipe applies to nvfp4, not {fmt}" if fmt != "nvfp4" and args.recipe else "")
+    if misuse:
+        print(f"fp4ref quantize: error: {misuse}", file=sys.stderr)
+        return 2
+    args.format, args.recipe, args.mode = fmt, args.recipe or "te", args.mode or "floor"
     try:
         if args.dequantize:
             reports = dequantize_file(args.input, args.output, progress=show)

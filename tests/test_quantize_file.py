@@ -307,6 +307,20 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         assert "fp4ref quantize: error:" in err and msg in err, (argv, err)
         assert _listing(tmp_path) == before, f"nothing written for {argv}"
         assert _sha256(src) == digest
+    # options that do not apply, a missing output directory, nothing eligible: errors, nothing written
+    misuse = [
+        ([str(src), "-o", str(out), "--format", "mxfp8", "--recipe", "sol"], "--recipe applies to nvfp4"),
+        ([str(src), "-o", str(out), "--mode", "ceil"], "--mode applies to mxfp4/mxfp8"),
+        ([str(src), "-o", str(out), "--dequantize", "--format", "nvfp4"], "do(es) not apply to --dequantize"),
+        ([str(src), "-o", str(tmp_path / "no" / "dir" / "o.safetensors")], "does not exist"),
+        ([str(src), "-o", str(out), "--include", r"^d\."], "no tensor of"),
+    ]
+    before = _listing(tmp_path)
+    for argv, msg in misuse:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err, (argv, err)
+        assert _listing(tmp_path) == before
     # an fp4ref-quantized file as input: quantizing packed codes again would destroy them
     quantized = tmp_path / "q" / "q.safetensors"
     quantized.parent.mkdir()
