@@ -18,7 +18,7 @@ __all__ = ["main", "build_parser"]
 def _cmd_formats(args) -> int:
     from . import tables
 
-    names = args.names or list(FORMATS)
+    names = list(dict.fromkeys(args.names)) or list(FORMATS)  # each named format once, in the order given
     if args.markdown:
         sys.stdout.write(tables.formats_markdown(names) + "\n")
         return 0
@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fp4ref",
         description="Reference codecs, exact GEMMs and error bounds for FP4/FP8 numerics.",
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"fp4ref {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
