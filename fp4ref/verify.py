@@ -238,6 +238,8 @@ def verify(
         # Must be set before any @triton.jit module is imported.
         os.environ["TRITON_INTERPRET"] = "1"
 
+    from ._interop import to_numpy
+
     result = VerifyResult(settings={
         "device": device if not interpreted else "cpu (Triton interpreter)",
         "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
@@ -271,13 +273,11 @@ def verify(
         for ex in range(examples):
             rng = np.random.default_rng([seed, ex, m, sum(map(ord, w.name + fam))])
             ops = w.families[fam](rng, m, w.n, w.k)
-            rows = _row_subset(m, max_check_rows, rng)
+            rows = _row_subset(m, max_check_rows, rng) if w.slice_rows else None
             # The reference first, from the operands themselves; the kernel then gets copies of them.
-            ref = w.reference(**(w.slice_rows(ops, rows) if rows is not None and w.slice_rows else ops))
-            if rows is None or w.slice_rows is None:
-                rows = None
+            ref = w.reference(**(ops if rows is None else w.slice_rows(ops, rows)))
             args = [_to_torch(ops[a], device) for a in w.args]
-            out_shape = (m, w.n) if w.name != "nvfp4_linear_n8192_k8192" else (1, m, w.n)
+            out_shape = w.output_shape(m)
             _poison_allocator(out_shape, w.output_dtype, device)
             try:
                 with warnings.catch_warnings():
@@ -290,8 +290,6 @@ def verify(
                 row.fp4ref_ok = row.fib_ok = row.sol_ok = False
                 row.note = f"kernel raised {type(exc).__name__}: {exc}"[:200]
                 break
-            from ._interop import to_numpy
-
             out = to_numpy(out_t, "output")
             try:
                 changed = _inputs_changed(args, ops, w.args)

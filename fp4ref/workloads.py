@@ -47,6 +47,7 @@ class Workload:
         families: family name -> callable(rng, m, n, k) -> dict of numpy operands (keys = ``args``).
         reference: callable(**operands) -> fp4ref.gemm.Reference.
         description: one line.
+        batched: x and y carry a leading batch dimension of 1 (the NVFP4-linear workload's [batch, seq, K]).
         exact_families: families whose inputs make every fp32 partial sum exact in any order: there the output must
             equal the correctly rounded one (faithful: one of its two neighbours), whatever the model.
         slice_rows: callable(operands, rows) -> operands restricted to those output rows, with the same reference
@@ -66,6 +67,11 @@ class Workload:
     description: str
     slice_rows: Callable | None = None
     exact_families: tuple = ()
+    batched: bool = False  # operands and output carry a leading batch dimension of 1 ([1, M, ...])
+
+    def output_shape(self, m: int) -> tuple:
+        """Shape of the kernel's output for M rows."""
+        return (1, m, self.n) if self.batched else (m, self.n)
 
 
 # ------------------------------------------------------------------------------------------- gemm_n3072_k2048
@@ -307,6 +313,7 @@ WORKLOADS: dict = {
             reference=_nvfp4_reference,
             description="y = x @ W.T, x bf16 quantized to NVFP4 per call ('sol'), NVFP4 W [8192, 8192] -> bf16 (SOL)",
             slice_rows=_nvfp4_slice_rows,
+            batched=True,
         ),
     )
 }
