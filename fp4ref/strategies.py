@@ -280,6 +280,21 @@ def exact_accumulation_fp16_arrays(rng, m, n, k) -> tuple:
     return np.ldexp(a, -sa).astype(np.float16), np.ldexp(b, -sb).astype(np.float16)
 
 
+def _exact_sparse_b_bytes(k, promote_every, positive) -> np.ndarray:
+    """E4M3FN bytes allowed in B by the exact-accumulation sparse family (see exact_accumulation_sparse)."""
+    all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    bmax = min(448.0, 2.0**23 / (3 * k))
+    if promote_every is not None:
+        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
+    ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
+    if positive:
+        ok &= all_vals > 0
+    ok = np.flatnonzero(ok)
+    if ok.size < 2:
+        raise ValueError(f"k={k}, promote_every={promote_every}: no room for an exact-accumulation family")
+    return ok
+
+
 def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) -> st.SearchStrategy[tuple]:
     """(a_vals, a_meta, b_fp8) for the sparse workload whose every fp32 partial sum is exact in any order: B bytes
     are E4M3FN integers (|b| <= bmax) and A values lie on 2^-1 Z, so all partial sums lie on 2^-1 Z with magnitude
@@ -295,17 +310,12 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
         _check_int(nm, v, 1)
     if k % 4:
         raise InvalidArgument(f"k={k} must be a multiple of 4")
-    all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    bmax = min(448.0, 2.0**23 / (3 * k))
     if promote_every is not None:
         _check_int("promote_every", promote_every, 1)
-        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
-    ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
-    if positive:
-        ok &= all_vals > 0
-    ok = np.flatnonzero(ok)
-    if ok.size < 2:
-        raise InvalidArgument(f"k={k}, promote_every={promote_every}: no room for an exact-accumulation family")
+    try:
+        _exact_sparse_b_bytes(k, promote_every, positive)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
 
     @st.composite
     def _draw(draw):
@@ -319,16 +329,7 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
 def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positive=False, canonical=True) -> tuple:
     """The construction of :func:`exact_accumulation_sparse` with a numpy Generator (deterministic for a seed);
     ``canonical=False`` draws any meta byte."""
-    all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-    bmax = min(448.0, 2.0**23 / (3 * k))
-    if promote_every is not None:
-        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
-    ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
-    if positive:
-        ok &= all_vals > 0
-    ok = np.flatnonzero(ok)
-    if ok.size < 2:
-        raise ValueError(f"k={k}, promote_every={promote_every}: no room for an exact-accumulation family")
+    ok = _exact_sparse_b_bytes(k, promote_every, positive)
     val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
     pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
     vals = pair[rng.integers(0, pair.size, (m, k // 4))]
