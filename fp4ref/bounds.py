@@ -553,6 +553,10 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     else:
         worst, max_err_over_bound, wt = None, 0.0, {}
 
+    if np.any(nan_mm | inf_mm | unwritten_mask):
+        # A NaN/inf where the exact value is finite (or an unwritten element) is an unbounded error: the summary
+        # numbers must not read as perfect when only the finite elements were measured.
+        max_err_over_bound, sqnr = math.inf, -math.inf
     bad = viol | nan_mm | inf_mm | unwritten_mask | not_exact
     examples = []
     for idx in np.argwhere(bad)[:10]:

@@ -70,8 +70,15 @@ def _cmd_verify(args) -> int:
             workloads = [name]
         if args.kernel and not workloads:
             raise ValueError("--kernel needs --workload NAME (or --definition FILE.json)")
-        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-            raise ValueError(f"--json {args.json!r}: its directory does not exist")
+        if args.kernel:
+            if args.kernel.count(":") != 1 or not all(args.kernel.split(":")):
+                raise ValueError(f"--kernel {args.kernel!r} must look like 'package.module:function'")
+        if args.json:
+            try:  # fail now, not after the run: the report is written over this file at the end
+                with open(args.json, "w"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"--json {args.json!r}: cannot write it ({exc.strerror})") from None
         if args.max_check_rows is not None and args.max_check_rows < 0:
             raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
     except ValueError as exc:

@@ -225,15 +225,15 @@ def _eligibility(name: str, arr: np.ndarray, dt: str, block: int, pattern) -> st
     return ""
 
 
-def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str = "te", mode: str = "floor",
+def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None = None, mode: str | None = None,
                   include: str | None = None, progress: bool = False) -> list[TensorReport]:
     """Quantize the eligible tensors of ``in_path`` into ``out_path`` (see the module docstring).
 
     Args:
         in_path, out_path: file paths (must differ).
         fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``.
-        recipe: NVFP4 recipe (:class:`fp4ref.blockscale.NVFP4Recipe`), used for nvfp4.
-        mode: MX scale mode (:class:`fp4ref.blockscale.MXMode`), used for mxfp4/mxfp8.
+        recipe: NVFP4 recipe (:class:`fp4ref.blockscale.NVFP4Recipe`); nvfp4 only (None: "te").
+        mode: MX scale mode (:class:`fp4ref.blockscale.MXMode`); mxfp4/mxfp8 only (None: "floor").
         include: regular expression; only tensors whose name matches (``re.search``) are quantized.
         progress: show a rich progress bar on stderr.
 
@@ -247,9 +247,13 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str = "te", 
     if fmt not in FORMATS:
         raise QuantizeFileError(f"--format {fmt!r} is not one of {list(FORMATS)}")
     block, elem = FORMATS[fmt]
+    if fmt == "nvfp4" and mode is not None:
+        raise QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
+    if fmt != "nvfp4" and recipe is not None:
+        raise QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
     try:
-        rec = NVFP4Recipe(recipe)
-        md = MXMode(mode)
+        rec = NVFP4Recipe(recipe or "te")
+        md = MXMode(mode or "floor")
     except ValueError as e:
         raise QuantizeFileError(str(e)) from None
     src, dst = _check_paths(in_path, out_path)
@@ -485,23 +489,20 @@ def run(args) -> int:
     """Run the subcommand from parsed ``args``; returns the exit status (0 ok, 2 bad input)."""
     show = not args.quiet
     given = [f"--{k}" for k in ("format", "recipe", "mode", "include") if getattr(args, k) is not None]
-    fmt = args.format or "nvfp4"
-    misuse = (f"{', '.join(given)} do(es) not apply to --dequantize" if args.dequantize and given else
-              "--mode applies to mxfp4/mxfp8, not nvfp4" if fmt == "nvfp4" and args.mode else
-              f"--recipe applies to nvfp4, not {fmt}" if fmt != "nvfp4" and args.recipe else "")
-    if misuse:
-        print(f"fp4ref quantize: error: {misuse}", file=sys.stderr)
+    if args.dequantize and given:
+        print(f"fp4ref quantize: error: {', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to "
+              "--dequantize", file=sys.stderr)
         return 2
-    args.format, args.recipe, args.mode = fmt, args.recipe or "te", args.mode or "floor"
+    fmt = args.format or "nvfp4"
     try:
         if args.dequantize:
             reports = dequantize_file(args.input, args.output, progress=show)
             title = f"fp4ref quantize --dequantize {args.input} -> {args.output}"
         else:
-            reports = quantize_file(args.input, args.output, fmt=args.format, recipe=args.recipe, mode=args.mode,
+            reports = quantize_file(args.input, args.output, fmt=fmt, recipe=args.recipe, mode=args.mode,
                                     include=args.include, progress=show)
-            what = f"recipe {args.recipe}" if args.format == "nvfp4" else f"mode {args.mode}"
-            title = f"fp4ref quantize {args.input} -> {args.output} ({args.format}, {what})"
+            what = f"recipe {args.recipe or 'te'}" if fmt == "nvfp4" else f"mode {args.mode or 'floor'}"
+            title = f"fp4ref quantize {args.input} -> {args.output} ({fmt}, {what})"
     except QuantizeFileError as e:
         print(f"fp4ref quantize: error: {e}", file=sys.stderr)
         return 2

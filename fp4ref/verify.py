@@ -221,7 +221,8 @@ def verify(
     if families is not None:
         for f in families:
             if not any(f in get_workload(n).families for n in names):
-                raise ValueError(f"family={f!r} is not a family of {names}")
+                known = sorted({g for n in names for g in get_workload(n).families})
+                raise ValueError(f"family={f!r} is not a family of {names}; their families are {known}")
     from . import bounds
 
     if model is not None:
@@ -290,8 +291,13 @@ def verify(
                 row.fp4ref_ok = row.fib_ok = row.sol_ok = False
                 row.note = f"kernel raised {type(exc).__name__}: {exc}"[:200]
                 break
-            out = to_numpy(out_t, "output")
             try:
+                out = to_numpy(out_t, "output")  # e.g. a meta tensor cannot be copied out: a failing row
+            except Exception as exc:
+                out = exc
+            try:
+                if isinstance(out, Exception):
+                    raise ValueError(f"the kernel's output cannot be read ({type(out).__name__}: {out})")
                 changed = _inputs_changed(args, ops, w.args)
                 if changed:
                     raise ValueError(f"the kernel modified its input(s) {changed}")

@@ -251,3 +251,22 @@ def test_faithful_output_may_saturate_beyond_max():
     assert not bounds.check(sat, ref, "fp32_rn", output_rounding="rne").ok
     assert not bounds.check(np.array([[-65504.0]], np.float16), ref, "fp32_rn", output_rounding="faithful").ok
     assert not bounds.check(np.array([[65472.0]], np.float16), ref, "fp32_rn", output_rounding="faithful").ok
+
+
+def test_nonfinite_outputs_do_not_read_as_perfect():
+    # From a fresh-user review: an all-inf output reported "max err/bound 0, SQNR inf dB" (verdict FAIL).
+    from fp4ref import bounds as _b
+    from fp4ref.gemm import gemm_fp16 as _ref
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((3, 32)).astype(np.float16)
+    B = rng.standard_normal((4, 32)).astype(np.float16)
+    ref = _ref(A, B)
+    for fill in (np.inf, np.nan):
+        rep = _b.check(np.full_like(ref.out, fill), ref, "hopper_fp16_wgmma")
+        assert not rep.ok and rep.max_err_over_bound == np.inf and rep.sqnr_db == -np.inf
+    half = ref.out.copy()
+    half[0] = np.nan
+    rep = _b.check(half, ref, "hopper_fp16_wgmma")
+    assert not rep.ok and rep.nan_mismatch == 4 and rep.max_err_over_bound == np.inf
+    assert _b.check(ref.out, ref, "hopper_fp16_wgmma").ok  # the correctly rounded output passes

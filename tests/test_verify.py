@@ -71,6 +71,10 @@ def test_bad_arguments():
         V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], model="bogus")
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--sizes", "0"]) == 2
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", "/no/such/dir/r.json"]) == 2
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", "/"]) == 2  # a directory
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--kernel", "no_colon"]) == 2
+    with pytest.raises(ValueError, match=r"their families are \['exact_acc', 'extreme', 'public'\]"):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], families=["nan_b"])
 
 
 def test_definition_file_selects_workload(tmp_path):
@@ -94,7 +98,8 @@ def test_definition_file_selects_workload(tmp_path):
 
 
 @pytest.mark.parametrize("bad, why", [("wrong_shape", "returned"), ("returns_none", "returned"),
-                                      ("mutator", "modified its input"), ("exits", "SystemExit")])
+                                      ("mutator", "modified its input"), ("exits", "SystemExit"),
+                                      ("meta_output", "cannot be read")])
 def test_misbehaving_kernels_are_failing_rows(tmp_path, bad, why):
     status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", f"tests._verify_kernels:{bad}",
                        "--device", "cpu", "--sizes", "2", "--families", "public")
