@@ -213,16 +213,19 @@ def test_random_float32_bit_patterns_rne_vs_ml_dtypes(name):
         assert_codes(out_d, exp, x, f"encode({name}, rne, default saturate) vs exact reference")
 
 
-def _directed_case(name, mode, n, seed):
+def _patterns_case(name, mode, x, nan, what):
+    """encode(x) under every saturate option of ``name`` against the exact reference."""
     s = SPECS[name]
-    x = _random_f32_patterns(name, n, seed)
     if not s.signed:
         x = np.abs(x)
-    nan = "max"
     for sat in SATURATE_OPTIONS[name]:
         out = encode(x, FORMATS[name], rounding=mode, saturate=sat, nan=nan)
         assert_codes(out, ref_encode_array(x, s, mode, saturate=sat, nan=nan), x,
-                     f"encode(float32 patterns, {name}, {mode}, saturate={sat})")
+                     f"encode({what}, {name}, {mode}, saturate={sat})")
+
+
+def _directed_case(name, mode, n, seed):
+    _patterns_case(name, mode, _random_f32_patterns(name, n, seed), "max", "float32 patterns")
 
 
 @pytest.mark.parametrize("mode", DIRECTED)
@@ -239,15 +242,8 @@ def test_random_float32_bit_patterns_all_modes_thorough(name, mode):
 
 
 def _f64_case(name, mode, n, seed):
-    s = SPECS[name]
-    x = _random_f64_patterns(name, n, seed)
-    if not s.signed:
-        x = np.abs(x)
-    nan = "zero"
-    for sat in SATURATE_OPTIONS[name]:
-        out = encode(x, FORMATS[name], rounding=mode, saturate=sat, nan=nan)
-        assert_codes(out, ref_encode_array(x, s, mode, saturate=sat, nan=nan), x,
-                     f"encode(float64 patterns, {name}, {mode}, saturate={sat}) (one rounding, no float32 step)")
+    _patterns_case(name, mode, _random_f64_patterns(name, n, seed), "zero",
+                   "float64 patterns (one rounding, no float32 step)")
 
 
 @pytest.mark.parametrize("mode", DIRECTED)
