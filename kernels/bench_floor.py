@@ -1,0 +1,125 @@
+"""Memory floor under the public benchmarks' L2 flush: ``python -m fp4ref.kernels.bench floor``.
+
+The public benchmarks (facts/seeds.md) flush L2 before every timed call by WRITING a buffer of twice the L2 size.
+That leaves L2 full of dirty lines, so a kernel that then reads its operands may also pay for writing those lines
+back to HBM. This benchmark measures what reading an operand costs after such a flush, i.e. the floor any kernel
+(ours or cuBLAS) meets at small M, where the GEMMs only stream their weight operand:
+
+* ``read``: a Triton kernel that reads the bytes once (16-byte vector loads, one fp32 partial sum per program, so
+  nothing is optimised away) — after the write flush (``flush.zero_()``, the public method) and after a read-only
+  flush (a max-reduction over the buffer, which leaves clean lines);
+* the peer the small-M rows are compared with (``torch.matmul`` at M = 1 for gemm_fp16's B), under both flushes.
+
+Columns are GPU time from CUDA-graph replays (``_bench.gpu_time_graph`` method: graph of reps x (flush, call) minus
+graph of reps x flush) and the event time of ``_bench.time_cuda`` (write flush only, the reported method).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import triton
+import triton.language as tl
+
+__all__ = ["main"]
+
+
+@triton.jit
+def _read_kernel(src, partial, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK * STEPS + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.int32)
+    for s in range(STEPS):
+        o = offs + s * BLOCK
+        acc ^= tl.load(src + o, mask=o < n_words, other=0)
+    tl.store(partial + pid, tl.sum(acc, axis=0))
+
+
+def _graph_time(call, flush_fn, reps=20, replays=5):
+    import torch
+
+    call()
+    flush_fn()
+    torch.cuda.synchronize()
+    g_both, g_flush = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_both):
+        for _ in range(reps):
+            flush_fn()
+            call()
+    with torch.cuda.graph(g_flush):
+        for _ in range(reps):
+            flush_fn()
+
+    def med(g):
+        ts = []
+        for _ in range(replays):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e) * 1e3)
+        return statistics.median(ts)
+
+    g_both.replay()
+    g_flush.replay()
+    torch.cuda.synchronize()
+    return (med(g_both) - med(g_flush)) / reps
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench floor", description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from fp4ref.kernels._bench import l2_flush_buffer, print_table, time_cuda
+
+    if not torch.cuda.is_available():
+        print("floor benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    flush = l2_flush_buffer()
+    write_flush = flush.zero_
+    flush_words = flush.view(torch.int32)
+
+    def read_flush():
+        flush_words.max()  # reads every byte, writes one word: L2 is left full of clean lines
+
+    operands = {  # name -> bytes read at small M
+        "gemm_fp16 B (3072x2048 fp16)": 3072 * 2048 * 2,
+        "sparse b (2048x2048 e4m3)": 2048 * 2048,
+        "nvfp4 W codes + scales (8192x8192)": 8192 * 4096 + 8192 * 512,
+    }
+    rows, rec = [], []
+    for name, nbytes in operands.items():
+        src = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
+        block, steps = 1024, 16
+        grid = (triton.cdiv(src.numel(), block * steps),)
+        partial = torch.empty(grid[0], dtype=torch.int32, device="cuda")
+        call = lambda: _read_kernel[grid](src, partial, src.numel(), BLOCK=block, STEPS=steps)  # noqa: E731
+        tw = _graph_time(call, write_flush)
+        tr = _graph_time(call, read_flush)
+        te = time_cuda(call)
+        rows.append([name, nbytes / 1e6, tw, tr, te, nbytes / tw / 1e6, nbytes / tr / 1e6])
+        rec.append(dict(operand=name, bytes=nbytes, gpu_us_write_flush=tw, gpu_us_read_flush=tr, event_us=te))
+    a = torch.randn(1, 2048, dtype=torch.float16, device="cuda")
+    b = torch.randn(3072, 2048, dtype=torch.float16, device="cuda")
+    call = lambda: torch.matmul(a, b.T)  # noqa: E731
+    tw, tr, te = _graph_time(call, write_flush), _graph_time(call, read_flush), time_cuda(call)
+    rows.append(["torch.matmul M=1 N=3072 K=2048 fp16", 3072 * 2048 * 2 / 1e6, tw, tr, te,
+                 3072 * 2048 * 2 / tw / 1e6, 3072 * 2048 * 2 / tr / 1e6])
+    rec.append(dict(operand="torch.matmul M=1", bytes=3072 * 2048 * 2, gpu_us_write_flush=tw,
+                    gpu_us_read_flush=tr, event_us=te))
+    print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes/GPU time)",
+                ["what", "MB read", "GPU us, write flush", "GPU us, read flush", "event us, write flush",
+                 "GB/s write flush", "GB/s read flush"], rows, markdown=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rec, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
