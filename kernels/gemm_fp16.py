@@ -15,6 +15,11 @@ Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune a
   walking (K slice, C tile) work units in grouped order; SPLIT_K = 1 in the table (one fp32 chain over all of K),
   SPLIT_K > 1 supported with the same deterministic reduction.
 
+Reusable entry point ``gemm_tma(A, B, C, scale=None, config=None)``: the TMA kernel on fp16 or bf16 operands with
+an optional fp32 epilogue scale read from device memory (constexpr HAS_SCALE: one fp32 multiply acc * scale, then
+ONE rounding to C's dtype); default configs in ``TMA_CONFIGS``. The split-K last-arrival reduction is one jitted
+helper (``_splitk_reduce``) used by both kernels.
+
 Host side: a launch plan per (dtypes, shapes, strides, devices, config) keeps the CompiledKernel of the first call
 and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs).
 
@@ -45,9 +50,13 @@ __all__ = [
     "CONFIG_TABLE",
     "NUMERIC_CONTRACT",
     "ALIGN",
+    "TMA_CONFIGS",
     "pick_config",
+    "pick_tma_config",
     "accumulation_model",
+    "clear_plans",
     "gemm_fp16",
+    "gemm_tma",
     "gemm_fp16_splitk_kernel",
     "gemm_fp16_tma_kernel",
 ]
@@ -124,7 +133,7 @@ def pick_config(M: int, N: int, K: int) -> GemmConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # Numeric contract (data; fp4ref's checker reads it)
 # ---------------------------------------------------------------------------------------------------------------
-def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False) -> str:
+def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, inputs="float16") -> str:
     """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
 
     Per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K):
@@ -138,7 +147,13 @@ def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False) -> st
 
     SPLIT_K > 1 wraps it as ``splitk(<model>, L)``: the partial sums are added in fp32 with RNE in the fixed order
     s = 0, 1, ..., SPLIT_K - 1 (fp4ref.bounds adds gamma_{ceil(K/L)-1}(2^-24)).
+
+    ``inputs``: "float16" (default) or "bfloat16" (a dtype name or torch dtype; gemm_tma's bf16 operands): bf16
+    wgmma is named ``hopper_bf16_wgmma``, the same fp4ref.bounds model as fp16 (facts/numerics.md).
     """
+    inputs = str(inputs).replace("torch.", "")
+    if inputs not in ("float16", "bfloat16"):
+        raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
     if K < 1:
         raise ValueError(f"K={K}: expected >= 1")
     k_tiles = -(-K // cfg.BLOCK_K)
@@ -146,7 +161,8 @@ def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False) -> st
     if interpreter:
         inner = "fp32_rn"
     else:
-        inner = "hopper_fp16_wgmma" if cfg.uses_wgmma else "tc_fp32_universal"
+        wgmma = "hopper_bf16_wgmma" if inputs == "bfloat16" else "hopper_fp16_wgmma"
+        inner = wgmma if cfg.uses_wgmma else "tc_fp32_universal"
     return f"splitk({inner}, {L})" if L < K else inner
 
 
@@ -171,6 +187,35 @@ NUMERIC_CONTRACT = {
 # ---------------------------------------------------------------------------------------------------------------
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _splitk_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, num_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT_K: tl.constexpr):  # fmt: skip
+    """Deterministic split-K reduction shared by both kernels; returns (is_last, total).
+
+    This program's fp32 partial tile ``acc`` (K slice ``pid_k`` of C tile ``tile``) goes to the workspace
+    (bypassing L1: another SM reads it), then the tile's arrival counter is incremented (acq_rel atomic). The LAST
+    program to arrive gets is_last True and total = the fixed-order fp32 (RNE) sum of the SPLIT_K partials,
+    s = 0, 1, ..., SPLIT_K - 1, and resets the counter to 0 for the next launch; the caller stores total. Which
+    program arrives last varies run to run, the summation order does not: bitwise deterministic. No program
+    waits for another (no deadlock whatever the scheduling order). Other programs get (False, acc), unused.
+    """
+    tile_elems = BLOCK_M * BLOCK_N
+    offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
+    ws_stride_s = num_tiles.to(tl.int64) * tile_elems
+    tl.store(ws_tile + pid_k * ws_stride_s + offs_t, acc, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's partial stores precede the release below
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    is_last = arrived == SPLIT_K - 1
+    total = acc
+    if is_last:
+        total = tl.load(ws_tile + offs_t, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            total += tl.load(ws_tile + s * ws_stride_s + offs_t, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    return is_last, total
+
+
 @triton.jit(do_not_specialize=["M"])
 def gemm_fp16_splitk_kernel(
     # pointers
@@ -240,32 +285,21 @@ def gemm_fp16_splitk_kernel(
     if SPLIT_K == 1:
         tl.store(c_ptrs, acc.to(tl.float16), mask=c_mask)  # one RNE fp32 -> fp16
     else:
-        # Partial tile -> workspace (bypass L1: another SM reads it), then count arrivals for this C tile.
-        tile_elems = BLOCK_M * BLOCK_N
-        offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
-        ws_stride_s = num_tiles.to(tl.int64) * tile_elems
-        tl.store(ws_tile + pid_k * ws_stride_s + offs_t, acc, cache_modifier=".cg")
-        tl.debug_barrier()  # every thread's partial stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            # Last arrival: fixed-order fp32 (RNE) sum of the SPLIT_K partials, then one RNE to fp16.
-            total = tl.load(ws_tile + offs_t, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(ws_tile + s * ws_stride_s + offs_t, cache_modifier=".cg")
-            tl.store(c_ptrs, total.to(tl.float16), mask=c_mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+        is_last, total = _splitk_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, num_tiles, BLOCK_M, BLOCK_N, SPLIT_K)
+        if is_last:
+            tl.store(c_ptrs, total.to(tl.float16), mask=c_mask)  # one RNE fp32 -> fp16
 
 
 @triton.jit(do_not_specialize=["M"])
 def gemm_fp16_tma_kernel(
     # tensor descriptors (TMA on sm_90); out-of-range rows/columns load as 0 and are not stored
-    a_desc,  # fp16 [M, K], block [BLOCK_M, BLOCK_K]
-    b_desc,  # fp16 [N, K], block [BLOCK_N, BLOCK_K]
-    c_desc,  # fp16 [M, N], block [BLOCK_M, BLOCK_N] (written)
+    a_desc,  # fp16 or bf16 [M, K], block [BLOCK_M, BLOCK_K]
+    b_desc,  # same dtype as A, [N, K], block [BLOCK_N, BLOCK_K]
+    c_desc,  # fp16 or bf16 [M, N], block [BLOCK_M, BLOCK_N] (written)
     # split-K scratch (SPLIT_K > 1 only), as in gemm_fp16_splitk_kernel
     ws_ptr,  # *fp32 [SPLIT_K, num_tiles, BLOCK_M * BLOCK_N]
     cnt_ptr,  # *i32 [num_tiles], all 0 between launches
+    scale_ptr,  # *fp32, one element: the epilogue scale (HAS_SCALE only; never read otherwise)
     # sizes
     M,
     N,
@@ -277,6 +311,7 @@ def gemm_fp16_tma_kernel(
     SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # persistent grid size; program p handles work units p, p + NUM_PROGRAMS, ...
+    HAS_SCALE: tl.constexpr,  # epilogue C = round(acc * scale): one fp32 RN multiply, then one rounding to C
 ):
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -285,6 +320,8 @@ def gemm_fp16_tma_kernel(
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     group_size = GROUP_M * num_pid_n
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr)
     # Work unit u = (K slice s, C tile t) with u = s * num_tiles + t: every tile's slice 0 is issued first.
     for unit in tl.range(start, num_tiles * SPLIT_K, NUM_PROGRAMS, flatten=True):
         tile = unit % num_tiles
@@ -295,30 +332,23 @@ def gemm_fp16_tma_kernel(
         pid_n = (tile % group_size) // rows_in_group
         kt0 = pid_k * tiles_per_split
         kt1 = tl.minimum(kt0 + tiles_per_split, k_tiles)
-        # One fp32 chain over this K slice per C element (tensor cores); fp16 products exact. K columns past K
-        # load as 0 (TMA zero padding), adding exact zeros.
+        # One fp32 chain over this K slice per C element (tensor cores); fp16 and bf16 products are exact. K
+        # columns past K load as 0 (TMA zero padding), adding exact zeros.
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(kt0, kt1):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
         if SPLIT_K == 1:
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(tl.float16))  # one RNE fp32 -> fp16
+            if HAS_SCALE:
+                acc = acc * scale  # fp32, RN
+            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))  # one RNE fp32 -> C's dtype
         else:
-            # Same deterministic last-arrival reduction as gemm_fp16_splitk_kernel.
-            tile_elems = BLOCK_M * BLOCK_N
-            offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-            ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
-            ws_stride_s = num_tiles.to(tl.int64) * tile_elems
-            tl.store(ws_tile + pid_k * ws_stride_s + offs_t, acc, cache_modifier=".cg")
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
-                total = tl.load(ws_tile + offs_t, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT_K):
-                    total += tl.load(ws_tile + s * ws_stride_s + offs_t, cache_modifier=".cg")
-                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], total.to(tl.float16))
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+            is_last, total = _splitk_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, num_tiles, BLOCK_M, BLOCK_N, SPLIT_K)
+            if is_last:
+                if HAS_SCALE:
+                    total = total * scale  # fp32, RN, after the full fixed-order sum
+                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], total.to(c_desc.dtype))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -356,11 +386,11 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
-def _check_operand(name: str, t, dim_name: str) -> None:
+def _check_operand(name: str, t, dim_name: str, dtypes=(torch.float16,)) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float16:
-        raise TypeError(f"{name}.dtype={t.dtype}: expected torch.float16")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}.dtype={t.dtype}: expected " + " or ".join(f"torch.{str(d)[6:]}" for d in dtypes))
     if t.dim() != 2:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2-D [{dim_name}, K]")
     rows, cols = t.shape
@@ -400,8 +430,8 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def _make_plan(A, B, M: int, N: int, K: int, config) -> _Plan:
-    cfg = pick_config(M, N, K) if config is None else config
+def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, table=None) -> _Plan:
+    cfg = (pick_config(M, N, K) if table is None else pick_tma_config(M, N, K)) if config is None else config
     if not isinstance(cfg, GemmConfig):
         raise TypeError(f"config: expected a GemmConfig or None, got {type(cfg).__name__}")
     BM, BN, BK, S = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K
@@ -409,8 +439,11 @@ def _make_plan(A, B, M: int, N: int, K: int, config) -> _Plan:
     ws_elems = S * num_tiles * BM * BN if S > 1 else 0
     if cfg.kernel == "tma":
         nprog = min(num_tiles * S, _num_sms(A.device) * cfg.PROGRAMS_PER_SM)
-        constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog)
+        constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
+                          HAS_SCALE=has_scale)  # fmt: skip  (kernel parameter order)
         return _Plan(cfg, gemm_fp16_tma_kernel, (nprog, 1, 1), constexprs, ws_elems, num_tiles)
+    if has_scale:
+        raise ValueError(f"config={cfg}: a scale needs a 'tma' config")
     constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, EVEN_K=(K % (BK * S) == 0))
     return _Plan(cfg, gemm_fp16_splitk_kernel, (num_tiles, S, 1), constexprs, ws_elems, num_tiles)
 
@@ -426,7 +459,7 @@ def _tensor_desc(base, shape, strides, block_shape, validate: bool):
     return d
 
 
-def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int) -> None:
+def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, scale=None) -> None:
     device = A.device
     is_cuda = device.type == "cuda"
     stream = triton.runtime.driver.active.get_current_stream(device.index) if is_cuda else 0
@@ -442,7 +475,7 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int) ->
             _tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
             _tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
             _tensor_desc(C, [M, N], [N, 1], [BM, BN], first),
-            ws, cnt, M, N, K,
+            ws, cnt, ws if scale is None else scale, M, N, K,
         )  # fmt: skip
     else:
         args = (A, B, C, ws, cnt, M, N, K, sa, sb, N)
@@ -539,4 +572,131 @@ def gemm_fp16(
     sa = A.stride(0) if M > 1 else K
     sb = B.stride(0) if N > 1 else K
     _run_plan(plan, A, B, C, M, N, K, sa, sb)
+    return C
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reusable entry point of the persistent TMA kernel (fp16 or bf16, optional fp32 epilogue scale)
+# ---------------------------------------------------------------------------------------------------------------
+# Default TMA configs by M (upper bound inclusive) for gemm_tma when the caller passes no config. NOT tuned for any
+# workload except that the last row is the fp16 N=3072/K=2048 large-M pick; callers with a known shape (e.g. the
+# NVFP4 linear's bf16 N = K = 8192) should pass their own GemmConfig("tma", ...) per call, or replace this tuple
+# (module attribute; plans made from it are keyed by the tuple's identity, so a replacement takes effect).
+TMA_CONFIGS: tuple[tuple[int, GemmConfig], ...] = (
+    (64, GemmConfig("tma", 64, 128, 128, SPLIT_K=4, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2)),
+    (256, GemmConfig("tma", 64, 128, 64, SPLIT_K=2, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2)),
+    (2**62, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=8)),
+)
+
+
+def pick_tma_config(M: int, N: int, K: int) -> GemmConfig:
+    """The TMA_CONFIGS entry for ``M`` (first row whose bound is >= M); gemm_tma's default."""
+    for bound, cfg in TMA_CONFIGS:
+        if M <= bound:
+            return cfg
+    raise ValueError(f"M={M}: larger than every TMA_CONFIGS bound")
+
+
+def clear_plans() -> None:
+    """Forget every cached launch plan (after changing CONFIG_TABLE or TMA_CONFIGS)."""
+    _PLANS.clear()
+
+
+_TMA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def gemm_tma(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """C = round(scale * (A @ B.T)) with the persistent TMA kernel; fp16 or bf16 operands, fp32 accumulation.
+
+    Numerics: products exact (fp16 and bf16 have <= 11 significant bits); per K slice one fp32 tensor-core chain
+    (``accumulation_model(cfg, K, inputs=A.dtype)``: ``hopper_fp16_wgmma`` / ``hopper_bf16_wgmma``, the same
+    model); SPLIT_K > 1: fixed-order fp32 RNE sum of the partials (bitwise deterministic); with ``scale``: ONE
+    fp32 multiply acc * scale (RN), then ONE rounding to C's dtype (RNE on the GPU: cvt.rn.f16.f32 /
+    cvt.rn.bf16.f32; overflow -> +-inf). Without ``scale`` the path is exactly gemm_fp16's TMA path. In the CPU
+    interpreter fp32 -> bf16 truncates (facts/triton.md): check interpreted bf16 outputs with faithful rounding.
+
+    Args:
+        A: [M, K] torch.float16 or torch.bfloat16, unit stride along K, row stride a multiple of 8 elements,
+            16-byte aligned; any M >= 0.
+        B: [N, K], same dtype and layout rules as A, same device; N >= 1 and K >= 1 multiples of 8.
+        C: [M, N] preallocated output, torch.float16 or torch.bfloat16 (usually A's dtype), contiguous, 16-byte
+            aligned, same device; every element is written.
+        scale: None, or a 1-element torch.float32 tensor on A's device (read by the kernel; no host sync, so it
+            may be produced by an earlier kernel on the same stream).
+        config: a ``GemmConfig("tma", ...)`` (BLOCK_M a multiple of 64 with num_warps % 4 == 0 for wgmma);
+            None picks ``pick_tma_config(M, N, K)`` from TMA_CONFIGS. Launch plans (validated arguments, grid,
+            compiled kernel) are cached per (dtypes, shapes, strides, devices, config, scale or not), as for
+            gemm_fp16; tensor descriptors are rebuilt per call without re-validation.
+
+    Returns:
+        C.
+
+    Raises:
+        TypeError: A, B, C or scale is not a torch.Tensor of an accepted dtype; A and B dtypes differ; config is
+            not a GemmConfig.
+        ValueError: shapes, strides, alignment or devices as for gemm_fp16; C of the wrong shape/device or not
+            contiguous; scale not a 1-element tensor on A's device; config.kernel != "tma".
+    """
+    for name, t in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if scale is not None:
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+            raise TypeError(f"scale: expected None or a torch.float32 tensor, got "
+                            f"{getattr(scale, 'dtype', type(scale).__name__)}")  # fmt: skip
+        if scale.numel() != 1 or scale.device != A.device:
+            raise ValueError(f"scale: expected 1 element on {A.device}, got shape {tuple(scale.shape)} on "
+                             f"{scale.device}")  # fmt: skip
+    if config is not None and (not isinstance(config, GemmConfig)):
+        raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
+    if config is not None and config.kernel != "tma":
+        raise ValueError(f"config.kernel={config.kernel!r}: gemm_tma needs a 'tma' config")
+    has_scale = scale is not None
+    key = ("tma", A.dtype, B.dtype, C.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config,
+           has_scale, has_scale and scale.data_ptr() % 16 == 0, id(TMA_CONFIGS) if config is None else None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_operand("A", A, "M", _TMA_DTYPES)
+        _check_operand("B", B, "N", _TMA_DTYPES)
+        if B.dtype != A.dtype:
+            raise TypeError(f"A.dtype={A.dtype}, B.dtype={B.dtype}: expected the same dtype")
+        if C.dtype not in _TMA_DTYPES:
+            raise TypeError(f"C.dtype={C.dtype}: expected torch.float16 or torch.bfloat16")
+        M, K = A.shape
+        N, Kb = B.shape
+        if Kb != K:
+            raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
+        if B.device != A.device:
+            raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
+        if K < 1 or K % ALIGN:
+            raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} (16-byte rows)")
+        if N < 1 or N % ALIGN:
+            raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} (16-byte rows)")
+        plan = _make_plan(A, B, M, N, K, config, has_scale, table=TMA_CONFIGS) if M > 0 else None
+        if plan is not None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    else:
+        if A.data_ptr() % 16 or B.data_ptr() % 16:
+            bad = "A" if A.data_ptr() % 16 else "B"
+            raise ValueError(f"{bad}.data_ptr()={(A if bad == 'A' else B).data_ptr():#x}: expected 16-byte alignment")
+    M, K = A.shape
+    N = B.shape[0]
+    if tuple(C.shape) != (M, N) or C.device != A.device or not C.is_contiguous():
+        raise ValueError(f"C.shape={tuple(C.shape)} on {C.device} (contiguous={C.is_contiguous()}): expected a "
+                         f"contiguous [{M}, {N}] tensor on {A.device}")  # fmt: skip
+    if C.data_ptr() % 16:
+        raise ValueError(f"C.data_ptr()={C.data_ptr():#x}: expected 16-byte alignment")
+    if M == 0:
+        return C
+    sa = A.stride(0) if M > 1 else K
+    sb = B.stride(0) if N > 1 else K
+    _run_plan(plan, A, B, C, M, N, K, sa, sb, scale)
     return C
