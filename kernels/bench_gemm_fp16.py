@@ -3,6 +3,10 @@
     python -m fp4ref.kernels.bench gemm_fp16                 # all 43 workload sizes, table
     python -m fp4ref.kernels.bench gemm_fp16 --check         # first: correctness on every size, then the table
     python -m fp4ref.kernels.bench gemm_fp16 --sweep         # time candidate configs per M (tuning; not a result)
+    python -m fp4ref.kernels.bench gemm_fp16 --tune --check --m 1 16 ... 8192 --tune-budget-s 125
+        # time tune_buckets()' candidates at their sample Ms by GPU-only time (graphs, L2 flushed), print the best
+        # per M next to torch.matmul's GPU time, choose a table per M bucket (printed as CONFIG_TABLE source),
+        # then check and benchmark the --m sizes with it. Nothing is re-tuned at import: paste the table.
 
 Timing: fp4ref.kernels._bench.time_cuda (CUDA events, 10 warm-up + 50 timed iterations, L2 flushed before each
 iteration by writing 2 x L2 bytes, no CUDA graphs, median), kernel and torch.matmul in the same run on the same
@@ -225,48 +229,85 @@ def sweep_candidates(M: int):
     return out
 
 
+TUNE_M = (1, 16, 32, 64, 72, 128, 136, 200, 256, 972, 2053, 2379, 8192)  # --tune's sample sizes (a subset of 43)
+
+
 def tune_buckets():
-    """(upper bound of M, Ms timed, candidate configs) for --tune; the result becomes CONFIG_TABLE."""
+    """(upper bound of M, Ms timed, candidate configs) for --tune; the result becomes CONFIG_TABLE.
+
+    Candidates (why each is there):
+
+    * M <= 64, pointer split-K (memory-bound on B, 12.6 MB): BLOCK_M = the smallest power of two >= the bucket's
+      M (16/32/64; mma.sync below 64), BLOCK_N 64/128, BLOCK_K 128/256, SPLIT_K 2-16: more programs in flight
+      (N/BLOCK_N x SPLIT_K = 96-768) to saturate HBM, fewer K steps each. Plus three TMA split-K configs.
+    * 64 < M <= 256 (between memory- and compute-bound): the pointer configs of the old table's neighbourhood,
+      and TMA configs with BLOCK_M = 64 (one wgmma warpgroup, 4 warps) or 128 and SPLIT_K 2-4 so that 150-400 work
+      units keep 132 SMs busy; BLOCK_K 128 halves the K-loop trip count.
+    * M >= 972 (compute-bound): TMA 128x256x64 (current) with GROUP_M 4/8/16, 256x128x64 w8, 128x128x64 w4/w8
+      3-5 stages, 128x128x128, 64x256x64, and for M = 972 (8 x 12 = 96 tiles of 128x256 fill only 96 of 132 SMs)
+      128x128 tiles (192), 64x256 tiles (192), split-K 2 (192/384 units, the deterministic last-arrival sum) and
+      PROGRAMS_PER_SM 4 (grid = all units: the hardware scheduler balances the tail).
+    """
     from .gemm_fp16 import GemmConfig as G
 
     def ptr(bm, combos):
         return [G("splitk", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st) for bn, bk, s, w, st in combos]
 
-    small = [(64, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 64, 8, 4, 4), (64, 128, 4, 4, 4), (128, 64, 4, 4, 4),
-             (32, 64, 8, 4, 4), (64, 128, 1, 4, 4), (128, 128, 2, 4, 3)]  # fmt: skip
-    mid64 = [(64, 128, 2, 4, 4), (128, 64, 2, 4, 4), (64, 64, 4, 4, 4), (128, 64, 1, 4, 4), (64, 128, 4, 4, 4)]
-    mid128 = [(128, 64, 1, 8, 4), (64, 128, 2, 8, 4), (128, 64, 2, 8, 4), (128, 128, 2, 8, 3), (64, 64, 4, 8, 4)]
-    tma_small = [
-        G("tma", 64, 128, 128, SPLIT_K=4, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2),
-        G("tma", 64, 64, 128, SPLIT_K=8, num_warps=4, num_stages=4, PROGRAMS_PER_SM=4),
-        G("tma", 64, 128, 64, SPLIT_K=4, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2),
-    ]
-    tma_mid = [
-        G("tma", 64, 128, 128, SPLIT_K=2, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2),
-        G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2),
-        G("tma", 64, 128, 64, SPLIT_K=4, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2),
-    ]
-    large = [
-        G("tma", 128, 128, 64, num_warps=8, num_stages=4),
-        G("tma", 128, 128, 64, num_warps=4, num_stages=5),
-        G("tma", 128, 256, 64, num_warps=8, num_stages=3),
-        G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4),
-        G("tma", 64, 256, 64, num_warps=4, num_stages=4),
-        G("tma", 64, 128, 64, num_warps=4, num_stages=5, PROGRAMS_PER_SM=2),
-        G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8, num_stages=4),
-        G("tma", 128, 256, 64, SPLIT_K=2, num_warps=8, num_stages=3),
-    ]
+    def tma(combos):
+        return [G("tma", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st, GROUP_M=g, PROGRAMS_PER_SM=p)
+                for bm, bn, bk, s, w, st, g, p in combos]  # fmt: skip
+
+    # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
+    small = [(32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 128, 8, 4, 4), (64, 128, 16, 4, 3),
+             (64, 256, 4, 4, 3), (64, 256, 8, 4, 3), (128, 128, 4, 4, 3), (128, 128, 8, 4, 3), (128, 256, 4, 8, 2),
+             (32, 256, 8, 4, 3), (64, 64, 8, 4, 4)]  # fmt: skip
+    tma_small = tma([(64, 128, 128, 4, 4, 4, 8, 2), (64, 64, 128, 8, 4, 4, 8, 4), (64, 128, 64, 4, 4, 6, 8, 2)])
+    mid64 = [(64, 128, 2, 4, 4), (128, 64, 1, 4, 4), (128, 64, 2, 4, 4), (64, 128, 4, 4, 4), (128, 128, 2, 4, 3)]
+    mid128 = [(64, 128, 2, 8, 4), (128, 64, 2, 8, 4), (128, 128, 2, 8, 3)]
+    # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, GROUP_M, PROGRAMS_PER_SM)
+    tma_mid = tma([
+        (64, 128, 64, 2, 4, 6, 8, 2), (64, 128, 64, 4, 4, 6, 8, 2), (64, 128, 128, 2, 4, 4, 8, 2),
+        (64, 128, 128, 4, 4, 4, 8, 2), (64, 64, 128, 4, 4, 4, 8, 4), (64, 256, 64, 2, 4, 4, 8, 1),
+        (128, 128, 64, 2, 8, 4, 8, 2), (128, 128, 64, 4, 8, 4, 8, 2), (128, 64, 64, 2, 4, 5, 8, 2),
+        (128, 128, 64, 1, 8, 4, 8, 1),
+    ])  # fmt: skip
+    large = tma([
+        (128, 256, 64, 1, 8, 3, 8, 1), (128, 256, 64, 1, 8, 3, 4, 1), (128, 256, 64, 1, 8, 3, 16, 1),
+        (256, 128, 64, 1, 8, 3, 8, 1), (256, 128, 64, 1, 8, 3, 4, 1),
+        (128, 128, 64, 1, 8, 4, 8, 1), (128, 128, 64, 1, 4, 4, 8, 1), (128, 128, 64, 1, 8, 5, 8, 1),
+        (128, 128, 128, 1, 8, 3, 8, 1), (64, 256, 64, 1, 4, 4, 8, 1),
+    ])  # fmt: skip
+    fill_972 = tma([
+        (128, 128, 64, 2, 8, 4, 8, 1), (128, 256, 64, 2, 8, 3, 8, 1), (128, 128, 64, 1, 8, 4, 8, 4),
+        (64, 256, 64, 1, 4, 4, 8, 2), (128, 256, 64, 1, 8, 3, 8, 4),
+    ])  # fmt: skip
+    mid = ptr(64, mid64) + ptr(128, mid128) + tma_mid
     return [
-        (16, (1, 8, 16), ptr(16, small) + tma_small),
-        (32, (24, 32), ptr(32, small) + tma_small),
-        (64, (48, 64), ptr(64, small) + tma_small),
-        (128, (96, 128), ptr(64, mid64) + ptr(128, mid128) + tma_mid),
-        (192, (160, 192), ptr(64, mid64) + ptr(128, mid128) + tma_mid),
-        (256, (224, 256), ptr(64, mid64) + ptr(128, mid128) + tma_mid + large[:2]),
-        (1536, (972,), large),
+        (16, (1, 16), ptr(16, small) + tma_small),
+        (32, (32,), ptr(32, small) + tma_small),
+        (64, (64,), ptr(64, small) + tma_small),
+        (128, (72, 128), mid),
+        (192, (136,), mid),
+        (256, (200, 256), mid + large[:1]),
+        (1536, (972,), large + fill_972),
         (4096, (2053, 2379), large),
         (2**62, (8192,), large),
     ]
+
+
+def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD) -> list:
+    """(config, M) pairs reduced to one per distinct compiled kernel: TMA kernels specialise on NUM_PROGRAMS
+    = min(work units, PROGRAMS_PER_SM x SMs), which depends on M; pointer kernels do not depend on M."""
+    seen, out = set(), []
+    for cfg, M in cfgs_and_ms:
+        key = (cfg, None)
+        if cfg.kernel == "tma":
+            units = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N) * cfg.SPLIT_K
+            key = (cfg, min(units, num_sms * cfg.PROGRAMS_PER_SM))
+        if key not in seen:
+            seen.add(key)
+            out.append((cfg, M))
+    return out
 
 
 # A TMA config needs ~3 host TensorDescriptor objects per call, several microseconds of CPU that the public
@@ -275,27 +316,51 @@ def tune_buckets():
 TMA_HOST_PENALTY_US = 3.0
 
 
-def tune(N, K, log):
-    """Time every bucket's candidates (GPU time, L2 flushed, graphs), verify them, return the chosen table."""
+def tune(N, K, log, deadline: float | None = None, results: dict | None = None):
+    """Time every bucket's candidates (GPU time, L2 flushed, graphs), verify them, return the chosen table.
+
+    Per M it also prints the fastest verified candidate next to torch.matmul's GPU time (same method). After
+    ``deadline`` (a time.time() value) no new candidate is timed: each remaining bucket chooses among what was
+    timed (the file's CONFIG_TABLE entry when nothing was). ``results`` (dict) receives "tune" rows
+    [M, config, gpu us, torch gpu us] and "chosen" rows [bound, config, geomean gpu us].
+    """
     import torch
 
     from ._bench import gpu_time_graph
-    from .gemm_fp16 import gemm_fp16
+    from .gemm_fp16 import gemm_fp16, pick_config
+
+    results = {} if results is None else results
+    results.setdefault("tune", [])
+    results.setdefault("chosen", [])
+
+    def emit(line):
+        print(line, flush=True)
+        log.write(line + "\n")
 
     gen = torch.Generator(device=DEVICE).manual_seed(7)
     B = torch.randn(N, K, device=DEVICE, dtype=torch.float16, generator=gen)
     table = []
-    for bound, Ms, cands in tune_buckets():
+    # Large M first, then 65-256, then <= 64: if the deadline cuts the tune short, the buckets furthest from
+    # their goals have been timed.
+    buckets = sorted(tune_buckets(), key=lambda b: (b[0] <= 256, b[0] <= 64, -b[0]))
+    for bound, Ms, cands in buckets:
+        old_cfg = pick_config(max(Ms), N, K)
         score = {c: 0.0 for c in cands}
+        timed = {c: 0 for c in cands}
         for M in Ms:
             A = torch.randn(M, K, device=DEVICE, dtype=torch.float16, generator=gen)
             Ad, Bd = A.double(), B.double()
             S = Ad @ Bd.T
             absprod = Ad.abs() @ Bd.abs().T
             e64 = (K + 4) * 2.0**-52 * absprod
+            t_torch = gpu_time_graph(lambda: torch.matmul(A, B.T))
+            per_m = []
             for c in cands:
                 if c not in score:
                     continue
+                if deadline is not None and time.time() > deadline:
+                    emit(f"tune M={M}: deadline reached, {cfg_name(c)} and later candidates not timed")
+                    break
                 try:
                     outs = []
                     for _ in range(2):
@@ -309,28 +374,34 @@ def tune(N, K, log):
                         raise RuntimeError(f"verification failed (bound ok={good}, deterministic={det})")
                     t = gpu_time_graph(lambda: gemm_fp16(A, B, c))
                 except Exception as e:  # shared memory too large, failed check: drop the candidate
-                    line = f"tune M={M} {cfg_name(c)}: dropped: {type(e).__name__}: {str(e)[:120]}"
-                    print(line, flush=True)
-                    log.write(line + "\n")
+                    emit(f"tune M={M} {cfg_name(c)}: dropped: {type(e).__name__}: {str(e)[:120]}")
                     del score[c]
                     continue
-                score[c] += math.log(t) / len(Ms)
-                line = f"tune M={M:5d} {cfg_name(c):34s} gpu {t:8.2f} us"
-                print(line, flush=True)
-                log.write(line + "\n")
-        if not score:
-            raise RuntimeError(f"no candidate survived for M <= {bound}")
-        ranked = sorted(score, key=score.get)
+                score[c] += math.log(t)
+                timed[c] += 1
+                per_m.append((t, c))
+                results["tune"].append([M, cfg_name(c), t, t_torch])
+                emit(f"tune M={M:5d} {cfg_name(c):40s} gpu {t:8.2f} us  (torch.matmul gpu {t_torch:.2f} us)")
+            if per_m:
+                t, c = min(per_m, key=lambda x: x[0])
+                emit(f"tune BEST M={M:5d}: {cfg_name(c)} gpu {t:.2f} us vs torch.matmul gpu {t_torch:.2f} us "
+                     f"({t_torch / t:.3f}x)")  # fmt: skip
+        # Only candidates timed at every sample M of the bucket compete (the deadline may cut a bucket short).
+        full = {c: score[c] / timed[c] for c in score if timed[c] == len(Ms)}
+        if not full:
+            emit(f"tune bucket M<={bound:.3g}: nothing timed at every sample M; keeping {cfg_name(old_cfg)}")
+            table.append((bound, old_cfg))
+            continue
+        ranked = sorted(full, key=full.get)
         best = ranked[0]
         if bound <= 256 and best.kernel == "tma":
             ptrs = [c for c in ranked if c.kernel == "splitk"]
-            if ptrs and math.exp(score[ptrs[0]]) - math.exp(score[best]) <= TMA_HOST_PENALTY_US:
+            if ptrs and math.exp(full[ptrs[0]]) - math.exp(full[best]) <= TMA_HOST_PENALTY_US:
                 best = ptrs[0]
-        line = f"tune bucket M<={bound}: chose {cfg_name(best)} (geomean gpu {math.exp(score[best]):.2f} us)"
-        print(line, flush=True)
-        log.write(line + "\n")
+        emit(f"tune bucket M<={bound:.3g}: chose {cfg_name(best)} (geomean gpu {math.exp(full[best]):.2f} us)")
+        results["chosen"].append([bound, cfg_name(best), math.exp(full[best])])
         table.append((bound, best))
-    return tuple(table)
+    return tuple(sorted(table, key=lambda r: r[0]))
 
 
 def table_source(table) -> str:
@@ -349,15 +420,16 @@ def table_source(table) -> str:
     return "\n".join(lines)
 
 
-def _compile_worker(cfg_json: str) -> str:
-    """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
+def _compile_worker(job_json: str) -> str:
+    """Compile one (config, M) by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
     from fp4ref.kernels.gemm_fp16 import GemmConfig, gemm_fp16
 
-    cfg = GemmConfig(**json.loads(cfg_json))
-    A = torch.randn(300, K_WORKLOAD, device=DEVICE, dtype=torch.float16)
-    B = torch.randn(N_WORKLOAD, K_WORKLOAD, device=DEVICE, dtype=torch.float16)
+    job = json.loads(job_json)
+    cfg = GemmConfig(**job["cfg"])
+    A = torch.randn(job["M"], job["K"], device=DEVICE, dtype=torch.float16)
+    B = torch.randn(job["N"], job["K"], device=DEVICE, dtype=torch.float16)
     try:
         gemm_fp16(A, B, cfg)
         torch.cuda.synchronize()
@@ -366,17 +438,25 @@ def _compile_worker(cfg_json: str) -> str:
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 
-def precompile(cfgs, workers: int) -> None:
-    """Compile configs in parallel processes (triton compiles on the CPU; the cache is shared on disk)."""
+def precompile(cfgs, workers: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> None:
+    """Compile configs in parallel processes (triton compiles on the CPU; the cache is shared on disk).
+
+    ``cfgs``: GemmConfigs (compiled at M = 300) or (GemmConfig, M) pairs (the TMA kernel's NUM_PROGRAMS depends
+    on M, so each distinct build is compiled once)."""
     import dataclasses
     import multiprocessing as mp
 
-    uniq = sorted({json.dumps(dataclasses.asdict(c), sort_keys=True) for c in cfgs})
+    import torch
+
+    pairs = [c if isinstance(c, tuple) else (c, 300) for c in cfgs]
+    pairs = _distinct_builds(pairs, torch.cuda.get_device_properties(0).multi_processor_count, N)
+    uniq = sorted({json.dumps({"cfg": dataclasses.asdict(c), "M": M, "N": N, "K": K}, sort_keys=True)
+                   for c, M in pairs})  # fmt: skip
     t0 = time.time()
-    with mp.get_context("spawn").Pool(min(workers, len(uniq))) as pool:
-        res = pool.map(_compile_worker, uniq)
+    with mp.get_context("spawn").Pool(max(1, min(workers, len(uniq)))) as pool:
+        res = pool.map(_compile_worker, uniq, chunksize=1)
     bad = [(u, r) for u, r in zip(uniq, res) if r != "ok"]
-    print(f"precompiled {len(uniq)} configs in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
+    print(f"precompiled {len(uniq)} builds in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
     for u, r in bad:
         print("  compile failure", u, r, flush=True)
 
@@ -390,8 +470,13 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
     p.add_argument("--tune", action="store_true",
                    help="choose CONFIG_TABLE from GPU times of candidates (prints it), then check/benchmark with it")
+    p.add_argument("--tune-budget-s", type=float, default=None,
+                   help="--tune: stop timing new candidates this many seconds after the tune starts (precompile "
+                        "included); each bucket then chooses among what was timed")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for logs / json results")
+    p.add_argument("--no-log-file", action="store_true",
+                   help="with --out: write only the json there (everything logged is also printed to stdout)")
     args = p.parse_args(argv)
 
     import torch
@@ -406,7 +491,8 @@ def main(argv=None) -> int:
     out_dir = args.out
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    log = open(os.path.join(out_dir, "gemm_fp16_log.txt"), "a") if out_dir else open(os.devnull, "w")
+    log_path = os.path.join(out_dir, "gemm_fp16_log.txt") if out_dir and not args.no_log_file else os.devnull
+    log = open(log_path, "a")
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}; torch {torch.__version__}; triton {__import__('triton').__version__}; N={N} K={K}")
 
@@ -444,12 +530,22 @@ def main(argv=None) -> int:
                     [best[m] for m in sorted(best)], markdown=True)  # fmt: skip
         return 0
 
+    results: dict = {"device": dev, "N": N, "K": K}
+
+    def save():
+        if out_dir:
+            with open(os.path.join(out_dir, "gemm_fp16.json"), "w") as f:
+                json.dump(results, f)
+
     if args.tune:
         from . import gemm_fp16 as g
 
-        precompile([c for _b, _ms, cands in tune_buckets() for c in cands], args.workers)
+        t0 = time.time()
+        precompile([(c, M) for _b, ms, cands in tune_buckets() for c in cands for M in ms]
+                   + [(pick_config(M, N, K), M) for M in Ms], args.workers)  # fmt: skip
+        deadline = None if args.tune_budget_s is None else t0 + args.tune_budget_s
         try:
-            table = tune(N, K, log)
+            table = tune(N, K, log, deadline=deadline, results=results)
         except Exception:  # keep the file's table and go on to the check and benchmark
             import traceback
 
@@ -457,22 +553,23 @@ def main(argv=None) -> int:
             table = g.CONFIG_TABLE
             print("tune FAILED: keeping the CONFIG_TABLE in gemm_fp16.py", flush=True)
         g.CONFIG_TABLE = table
-        g._PLANS.clear()
+        g.clear_plans()
         src = table_source(table)
         print(src, flush=True)
         log.write(src + "\n")
-        if out_dir:
-            with open(os.path.join(out_dir, "gemm_fp16_table.py"), "w") as f:
-                f.write(src + "\n")
-    precompile([pick_config(M, N, K) for M in Ms], args.workers)
+        log.flush()
+        results["table_source"] = src
+        save()
+    precompile([(pick_config(M, N, K), M) for M in Ms], args.workers)
     ok = True
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
+    results["check_ok"] = ok if args.check else None
+    save()
     rows = [r[:6] + r[7:] for r in bench_sizes(Ms, N, K, gpu_time=True)]
-    if out_dir:
-        with open(os.path.join(out_dir, "gemm_fp16_bench.json"), "w") as f:
-            json.dump(rows, f)
+    results["bench"] = rows
+    save()
     title = f"gemm_fp16 vs torch.matmul, N={N} K={K}, {dev}, L2 flushed, median of 50 (CUDA events)"
     cols = ["M", "config", "kernel us", "torch us", "speedup", "% of bytes floor", "kernel GPU us*", "torch GPU us*"]
     md = print_table(title, cols, rows, markdown=True)
@@ -499,6 +596,8 @@ def main(argv=None) -> int:
     for s in summary:
         print(s)
         log.write(s + "\n")
+    results["summary"] = summary
+    save()
     log.close()
     return 0 if ok else 1
 

@@ -269,7 +269,7 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
                             divisible_by_16=ptrs + ints16)  # fmt: skip
 
 
-@pytest.mark.parametrize("cfg", sorted({c for _, c in mod.CONFIG_TABLE}, key=repr), ids=repr)
+@pytest.mark.parametrize("cfg", sorted({c for _, c in mod.CONFIG_TABLE + mod.TMA_CONFIGS}, key=repr), ids=repr)
 def test_table_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
