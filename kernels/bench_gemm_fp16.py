@@ -119,6 +119,8 @@ def cfg_name(cfg) -> str:
         s += f"/g{cfg.GROUP_M}"
     if cfg.kernel == "tma" and cfg.PROGRAMS_PER_SM != 1:
         s += f"/p{cfg.PROGRAMS_PER_SM}"
+    if cfg.EPILOGUE_SUBTILE != 1:
+        s += f"/e{cfg.EPILOGUE_SUBTILE}"
     return s
 
 
@@ -253,9 +255,9 @@ def tune_buckets():
     def ptr(bm, combos):
         return [G("splitk", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st) for bn, bk, s, w, st in combos]
 
-    def tma(combos):
-        return [G("tma", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st, GROUP_M=g, PROGRAMS_PER_SM=p)
-                for bm, bn, bk, s, w, st, g, p in combos]  # fmt: skip
+    def tma(combos, sub=1):
+        return [G("tma", bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st, GROUP_M=g, PROGRAMS_PER_SM=p,
+                  EPILOGUE_SUBTILE=sub) for bm, bn, bk, s, w, st, g, p in combos]  # fmt: skip
 
     # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
     small = [(32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 128, 8, 4, 4), (64, 128, 16, 4, 3),
@@ -276,7 +278,10 @@ def tune_buckets():
         (256, 128, 64, 1, 8, 3, 8, 1), (256, 128, 64, 1, 8, 3, 4, 1),
         (128, 128, 64, 1, 8, 4, 8, 1), (128, 128, 64, 1, 4, 4, 8, 1), (128, 128, 64, 1, 8, 5, 8, 1),
         (128, 128, 128, 1, 8, 3, 8, 1), (64, 256, 64, 1, 4, 4, 8, 1),
-    ])  # fmt: skip
+    ]) + tma([  # C stored in two halves: the staging buffer shrinks, room for a 4th/6th stage
+        (128, 256, 64, 1, 8, 4, 8, 1), (128, 256, 64, 1, 8, 4, 4, 1), (256, 128, 64, 1, 8, 4, 8, 1),
+        (128, 128, 64, 1, 8, 6, 8, 1),
+    ], sub=2)  # fmt: skip
     fill_972 = tma([
         (128, 128, 64, 2, 8, 4, 8, 1), (128, 256, 64, 2, 8, 3, 8, 1), (128, 128, 64, 1, 8, 4, 8, 4),
         (64, 256, 64, 1, 4, 4, 8, 2), (128, 256, 64, 1, 8, 3, 8, 4),
@@ -413,6 +418,8 @@ def table_source(table) -> str:
             extra += f", GROUP_M={c.GROUP_M}"
         if c.PROGRAMS_PER_SM != 1:
             extra += f", PROGRAMS_PER_SM={c.PROGRAMS_PER_SM}"
+        if c.EPILOGUE_SUBTILE != 1:
+            extra += f", EPILOGUE_SUBTILE={c.EPILOGUE_SUBTILE}"
         b = "2**62" if bound == 2**62 else str(bound)
         lines.append(f'    ({b}, GemmConfig("{c.kernel}", {c.BLOCK_M}, {c.BLOCK_N}, {c.BLOCK_K}, SPLIT_K={c.SPLIT_K}, '
                      f"num_warps={c.num_warps}, num_stages={c.num_stages}{extra})),")  # fmt: skip

@@ -76,6 +76,9 @@ class GemmConfig:
     GROUP_M: tile-order grouping along M (L2 reuse). num_warps/num_stages: Triton launch options.
     PROGRAMS_PER_SM: "tma" only: grid = min(work units, PROGRAMS_PER_SM * SM count); 1 is fully persistent,
     larger values let several programs share an SM (one work unit each when the grid covers all units).
+    EPILOGUE_SUBTILE: "tma" only: the C tile is stored as this many [BLOCK_M, BLOCK_N / EPILOGUE_SUBTILE] pieces
+    (1 or 2), which shrinks the shared-memory staging buffer of the TMA store (room for one more pipeline stage);
+    every element is still rounded once, so the numerics do not depend on it.
     """
 
     kernel: str
@@ -87,10 +90,13 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     PROGRAMS_PER_SM: int = 1
+    EPILOGUE_SUBTILE: int = 1
 
     def __post_init__(self):
         if self.kernel not in ("splitk", "tma"):
             raise ValueError(f"kernel={self.kernel!r}: expected 'splitk' or 'tma'")
+        if self.EPILOGUE_SUBTILE not in (1, 2) or (self.EPILOGUE_SUBTILE != 1 and self.kernel != "tma"):
+            raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1, or 2 with kernel='tma'")
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps", "PROGRAMS_PER_SM"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
@@ -290,6 +296,19 @@ def gemm_fp16_splitk_kernel(
             tl.store(c_ptrs, total.to(tl.float16), mask=c_mask)  # one RNE fp32 -> fp16
 
 
+@triton.jit
+def _store_c(c_desc, acc, m0, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+    """Store the fp32 tile ``acc`` at C[m0:, n0:] with ONE rounding per element to C's dtype (RNE on the GPU),
+    whole (EPILOGUE_SUBTILE = 1) or as two [BLOCK_M, BLOCK_N / 2] column halves (2; c_desc's block is a half)."""
+    if EPILOGUE_SUBTILE == 1:
+        c_desc.store([m0, n0], acc.to(c_desc.dtype))
+    else:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        c_desc.store([m0, n0], left.to(c_desc.dtype))
+        c_desc.store([m0, n0 + BLOCK_N // 2], right.to(c_desc.dtype))
+
+
 @triton.jit(do_not_specialize=["M"])
 def gemm_fp16_tma_kernel(
     # tensor descriptors (TMA on sm_90); out-of-range rows/columns load as 0 and are not stored
@@ -312,6 +331,7 @@ def gemm_fp16_tma_kernel(
     GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,  # persistent grid size; program p handles work units p, p + NUM_PROGRAMS, ...
     HAS_SCALE: tl.constexpr,  # epilogue C = round(acc * scale): one fp32 RN multiply, then one rounding to C
+    EPILOGUE_SUBTILE: tl.constexpr,  # 1 or 2: C stored in that many column pieces (c_desc block [BM, BN / it])
 ):
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -342,13 +362,13 @@ def gemm_fp16_tma_kernel(
         if SPLIT_K == 1:
             if HAS_SCALE:
                 acc = acc * scale  # fp32, RN
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))  # one RNE fp32 -> C's dtype
+            _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
         else:
             is_last, total = _splitk_reduce(acc, ws_ptr, cnt_ptr, tile, pid_k, num_tiles, BLOCK_M, BLOCK_N, SPLIT_K)
             if is_last:
                 if HAS_SCALE:
                     total = total * scale  # fp32, RN, after the full fixed-order sum
-                c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], total.to(c_desc.dtype))
+                _store_c(c_desc, total, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,7 +460,7 @@ def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, ta
     if cfg.kernel == "tma":
         nprog = min(num_tiles * S, _num_sms(A.device) * cfg.PROGRAMS_PER_SM)
         constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
-                          HAS_SCALE=has_scale)  # fmt: skip  (kernel parameter order)
+                          HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip  (kernel order)
         return _Plan(cfg, gemm_fp16_tma_kernel, (nprog, 1, 1), constexprs, ws_elems, num_tiles)
     if has_scale:
         raise ValueError(f"config={cfg}: a scale needs a 'tma' config")
@@ -474,7 +494,7 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
         args = (
             _tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
             _tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
-            _tensor_desc(C, [M, N], [N, 1], [BM, BN], first),
+            _tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], first),
             ws, cnt, ws if scale is None else scale, M, N, K,
         )  # fmt: skip
     else:

@@ -34,6 +34,7 @@ TEST_CONFIGS = (
     G("tma", 64, 64, 64, SPLIT_K=1),
     G("tma", 64, 64, 64, SPLIT_K=8),
     G("tma", 128, 128, 64, SPLIT_K=2, PROGRAMS_PER_SM=2),
+    G("tma", 64, 128, 32, SPLIT_K=1, EPILOGUE_SUBTILE=2),  # C stored as two column halves
 )
 
 
@@ -251,10 +252,10 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
     ints16 = ["N", "K"]
     if cfg.kernel == "tma":
         sig = {"a_desc": f"tensordesc<{dtype}[{BM}, {BK}]>", "b_desc": f"tensordesc<{dtype}[{BN}, {BK}]>",
-               "c_desc": f"tensordesc<{dtype}[{BM}, {BN}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+               "c_desc": f"tensordesc<{dtype}[{BM}, {BN // cfg.EPILOGUE_SUBTILE}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
         ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=132,
-                  HAS_SCALE=has_scale)  # fmt: skip
+                  HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip
         kernel = mod.gemm_fp16_tma_kernel
         ptrs = ["ws_ptr", "cnt_ptr", "scale_ptr"]
     else:
