@@ -252,7 +252,8 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
     ints16 = ["N", "K"]
     if cfg.kernel == "tma":
         sig = {"a_desc": f"tensordesc<{dtype}[{BM}, {BK}]>", "b_desc": f"tensordesc<{dtype}[{BN}, {BK}]>",
-               "c_desc": f"tensordesc<{dtype}[{BM}, {BN // cfg.EPILOGUE_SUBTILE}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+               "c_desc": f"tensordesc<{dtype}[{BM}, {BN // cfg.EPILOGUE_SUBTILE}]>", "ws_ptr": "*fp32",
+               "cnt_ptr": "*i32",
                "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
         ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=132,
                   HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip
