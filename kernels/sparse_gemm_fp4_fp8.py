@@ -43,6 +43,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 # ----------------------------------------------------------------------------------------------------------
 # Numeric contract (data; tests/test_kernel_sparse_gemm.py checks it through fp4ref.bounds)
@@ -81,24 +82,38 @@ class SparseGemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     mma: str = "fp8"  # "fp8" (wgmma, block_m % 64 == 0), "fp16" (tensor core), "fma" (CUDA cores)
+    # "fused": decode A inside the GEMM's K loop (one launch). "expand" (large M): a decode pre-pass writes the
+    # dense E4M3FN A to a cached workspace, then a persistent TMA fp8 GEMM (mma "fp8", split_k 1 only)
+    kernel: str = "fused"
+    programs_per_sm: int = 1  # expand: persistent programs per SM
 
     def __post_init__(self):
         if self.mma not in MMA_KINDS:
             raise ValueError(f"mma={self.mma!r}: expected one of {tuple(MMA_KINDS)}")
+        if self.kernel not in ("fused", "expand"):
+            raise ValueError(f"kernel={self.kernel!r}: expected 'fused' or 'expand'")
+        if self.kernel == "expand" and (self.mma != "fp8" or self.split_k != 1):
+            raise ValueError(f"kernel='expand' needs mma='fp8' and split_k=1, got mma={self.mma!r}, "
+                             f"split_k={self.split_k}")
 
 
 # Picked per M by the GPU sweep on the H200 (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check,
-# docs/benchmarks.md), then checked there against fp4ref with these exact configs. The small-M picks were made with
-# timings dominated by host launch overhead (see docs/benchmarks.md), so they are weakly determined.
+# docs/benchmarks.md) by GPU-only time (CUDA graphs, host launch overhead excluded), then checked there against
+# fp4ref with these exact configs. M <= 256: the 2026-11-30 GPU-time picks (run1). M >= 512: the expand path
+# (decode pre-pass + persistent TMA fp8 GEMM); its tiles are a first choice pending the sweep.
 # Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
 CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
-    (7, SparseGemmConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=2, mma="fp16")),
-    (64, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
-    (100, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4)),
-    (256, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
-    (1024, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4)),
-    (1 << 62, SparseGemmConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)),
+    (1, SparseGemmConfig(1, 32, 128, split_k=16, num_warps=2, num_stages=3, mma="fma")),
+    (16, SparseGemmConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3, mma="fp16")),
+    (64, SparseGemmConfig(64, 64, 128, split_k=8, num_warps=4, num_stages=3)),
+    (100, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
+    (256, SparseGemmConfig(64, 128, 128, split_k=4, num_warps=4, num_stages=3)),
+    (1024, SparseGemmConfig(128, 128, 128, num_warps=8, num_stages=4, kernel="expand")),
+    (1 << 62, SparseGemmConfig(128, 256, 128, num_warps=8, num_stages=3, kernel="expand")),
 )
+
+# Large M when b_fp8 cannot feed TMA descriptors (see tma_eligible): the fused kernel's large-M pick.
+FALLBACK_CONFIG = SparseGemmConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)
 
 # Small tiles for the CPU interpreter (cost ~ programs x K-steps there). Not used on a GPU.
 INTERPRETER_CONFIG = SparseGemmConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1)
@@ -292,39 +307,10 @@ def sparse_gemm_fp4_fp8_kernel(
     ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N) + local
 
     if has_nan:
-        # ---- slow path (b had a NaN byte in this program's range): recompute with NaN bytes -> 0, store, then
-        # count with a second MMA the selected NaNs and overwrite those elements with NaN. Two loops, one
-        # accumulator live at a time (registers).
-        acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
-        for kt in range(kt_begin, kt_end):
-            k0 = kt * BLOCK_K
-            a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
-                        BLOCK_M, BLOCK_K, False)
-            if EVEN_K:
-                b_mask = n_ok
-            else:
-                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
-            b_clean = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
-            acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, MMA)
-        acc = _acc_final(acc, MMA)
-        _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
-        hits = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
-        for kt in range(kt_begin, kt_end):
-            k0 = kt * BLOCK_K
-            sel = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
-                          BLOCK_M, BLOCK_K, True)
-            if EVEN_K:
-                b_mask = n_ok
-            else:
-                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
-            b_flag = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
-            # non-negative terms: the count is > 0 iff a selected position holds a NaN (under any rounding)
-            hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, MMA)
-        hits = _acc_final(hits, MMA)
-        tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
-        _store_nan(hits > 0, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
+        # ---- slow path (b had a NaN byte in this program's range): exact recompute, selected NaNs only ----
+        _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                  kt_begin, kt_end, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask,
+                  BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, SPLIT_K)
     else:
         _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
 
@@ -359,18 +345,145 @@ def _store_nan(where_nan, ws_ptrs, c_ptrs, c_mask, SPLIT_K: tl.constexpr):
         tl.store(ws_ptrs, tl.full(where_nan.shape, float("nan"), tl.float32), mask=where_nan)
 
 
+@triton.jit
+def _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+              kt_begin, kt_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              MMA: tl.constexpr, EVEN_K: tl.constexpr, SELECTOR: tl.constexpr):
+    """One K-loop of the NaN slow path over K-tiles [kt_begin, kt_end), b read through pointers (b_rows).
+
+    SELECTOR=False: the values times b with its NaN bytes replaced by 0 (the sum without the NaN terms).
+    SELECTOR=True: the selector (1.0 at each selected position) times 1.0 where b is NaN, 0 elsewhere: a count of
+    non-negative terms, > 0 (under any rounding) iff a selected position holds a NaN.
+    """
+    acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
+    for kt in range(kt_begin, kt_end):
+        k0 = kt * BLOCK_K
+        a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
+                    BLOCK_M, BLOCK_K, SELECTOR)
+        if EVEN_K:
+            b_mask = n_ok
+        else:
+            b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
+        b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
+        if SELECTOR:
+            b_use = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
+        else:
+            b_use = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
+        acc = _mma(a, b_use.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, MMA)
+    return _acc_final(acc, MMA)
+
+
+@triton.jit
+def _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+              kt_begin, kt_end, ws_ptrs, c_ptrs, c_mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, MMA: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The NaN slow path of one [BLOCK_M, BLOCK_N] tile: recompute with NaN bytes of b -> 0 and store, then count
+    with a second pass the selected NaNs and overwrite those elements with NaN. Two passes of one loop
+    (_nan_pass), one accumulator live at a time (registers)."""
+    acc = _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                    kt_begin, kt_end, BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, False)
+    _store_result(acc, ws_ptrs, c_ptrs, c_mask, SPLIT_K)
+    hits = _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                     kt_begin, kt_end, BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, True)
+    tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
+    _store_nan(hits > 0, ws_ptrs, c_ptrs, c_mask, SPLIT_K)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Large M: decode pre-pass + persistent TMA fp8 GEMM (SparseGemmConfig.kernel == "expand")
+# ----------------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["M"])
+def sparse_expand_a_kernel(
+    vals_ptr, meta_ptr,            # int8 [M, G]
+    a8_ptr,                        # float8_e4m3fn [M, 4G] (written): the dense A, row stride stride_a8m
+    M, G,
+    stride_am, stride_ag, stride_a8m,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Dense E4M3FN A from (vals, meta): the fused kernel's own decode (_a_tile), exact, duplicate indices add."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, pid_k * (BLOCK_K // 4),
+                BLOCK_M, BLOCK_K, False)
+    mask = (offs_m[:, None] < M) & (offs_k[None, :] < 4 * G)
+    tl.store(a8_ptr + offs_m[:, None] * stride_a8m + offs_k[None, :], a, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "num_programs"])
+def sparse_gemm_expanded_kernel(
+    a_desc,                        # float8_e4m3fn [M, K] dense A (the pre-pass output), block [BLOCK_M, BLOCK_K]
+    b_desc,                        # float8_e4m3fn [N, K], block [BLOCK_N, BLOCK_K]
+    vals_ptr, meta_ptr,            # int8 [M, G]: read only by the NaN slow path
+    b_ptr,                         # b_fp8 again, through pointers (NaN slow path)
+    c_ptr,                         # bfloat16 [M, N]
+    M, N, K, num_programs,
+    stride_am, stride_ag,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NAN_CHECK_BYTES: tl.constexpr,  # True: detect NaN bytes of b directly; False: from the raw accumulator
+    EVEN_K: tl.constexpr,           # K % BLOCK_K == 0 (masks of the slow path)
+):
+    """Persistent fp8 GEMM over C tiles (grouped order), both operands through TMA into shared memory.
+
+    Accumulation as the fused fp8 path: per K-tile (BLOCK_K <= 128) a fresh wgmma accumulator, added into fp32.
+    A dense MMA spreads a NaN byte of b through 0 * NaN at pruned positions, so a tile whose raw accumulator
+    holds a NaN is recomputed by the fused kernel's exact slow path (_nan_tile: A decoded from vals/meta), which
+    gives NaN exactly where row m's metadata selects a NaN byte.
+    """
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    G = K // 4
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in tl.range(start, num_tiles, num_programs):
+        first_m = (tile // num_in_group) * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % num_in_group) % group_size
+        pid_n = (tile % num_in_group) // group_size
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        nan_rows = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])   # rows >= M, columns >= K: zeros (TMA padding)
+            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            if NAN_CHECK_BYTES:
+                b_bits = b.to(tl.uint8, bitcast=True)
+                nan_rows = tl.maximum(nan_rows, tl.max(((b_bits & 0x7F) == 0x7F).to(tl.int32), axis=1))
+            acc = _mma(a, b, acc, BLOCK_K, 1)  # fp8 wgmma, promoted into fp32 every K-tile
+        if NAN_CHECK_BYTES:
+            has_nan = tl.max(nan_rows, axis=0) > 0
+        else:
+            has_nan = tl.max(tl.where(acc != acc, 1, 0)) > 0
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if has_nan:
+            b_rows = b_ptr + offs_n[:, None] * stride_bn
+            n_ok = offs_n[:, None] < N
+            _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                      0, k_tiles, c_ptrs, c_ptrs, c_mask, BLOCK_M, BLOCK_N, BLOCK_K, 1, EVEN_K, 1)
+        else:
+            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)  # one RNE fp32 -> bf16
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Host wrapper
 # ----------------------------------------------------------------------------------------------------------
 _WORKSPACES: dict = {}  # (device, stream) -> (fp32 split-K workspace, int32 counters); counters 0 between launches
+_A8_WORKSPACES: dict = {}  # (device, stream) -> float8_e4m3fn buffer for the dense A of the "expand" path
 
 
-def _workspace(device: torch.device, ws_elems: int, n_counters: int):
-    """Cached split-K workspace and zeroed arrival counters for (device, current stream); grown, never shrunk.
+def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int):
+    """Cached split-K workspace and zeroed arrival counters for (device, stream); grown, never shrunk.
 
     One per stream: launches on one stream run in order, so the counters are back at zero for the next launch.
     """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     ws, cnt = _WORKSPACES.get(key, (None, None))
     if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
@@ -382,8 +495,33 @@ def _workspace(device: torch.device, ws_elems: int, n_counters: int):
     return ws, cnt
 
 
+def _a8_workspace(device: torch.device, stream: int, elems: int) -> torch.Tensor:
+    """Cached flat E4M3FN buffer (>= elems) for the dense A of the expand path, per (device, stream); grown."""
+    key = (str(device), stream)
+    buf = _A8_WORKSPACES.get(key)
+    if buf is None or buf.numel() < elems:
+        buf = torch.empty(elems, dtype=torch.float8_e4m3fn, device=device)
+        _A8_WORKSPACES[key] = buf
+    return buf
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton reads it when the kernels are decorated
+
+
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRET
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # CPU interpreter: few persistent programs, so the persistent loop runs several tiles each
+    n = _NUM_SMS.get(device.index)
+    if n is None:
+        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def _check(name: str, t, dtype: torch.dtype) -> None:
@@ -395,35 +533,82 @@ def _check(name: str, t, dtype: torch.dtype) -> None:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
 
 
-def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: SparseGemmConfig | None = None, *, out: torch.Tensor | None = None,
-                        nan_check_bytes: bool | None = None) -> torch.Tensor:
-    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (design.md "2:4 sparse A").
+def tma_eligible(b_fp8: torch.Tensor) -> bool:
+    """Whether b_fp8 [N, K] can feed the expand path's TMA descriptors: unit stride along K, 16-byte row stride
+    and base, K % 16 == 0 (the dense-A workspace rows)."""
+    n, k = b_fp8.shape
+    return (k % 16 == 0 and b_fp8.stride(1) == 1 and (n == 1 or b_fp8.stride(0) % 16 == 0)
+            and b_fp8.data_ptr() % 16 == 0)
 
-    Args:
-        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
-            as unsigned.
-        a_meta: int8 [M, K/4]; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the group); bits 7:4
-            ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
-        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment.
-        config: a SparseGemmConfig overriding the CONFIGS entry picked by M (benchmarks, tests).
-        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
-        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
-            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
-            +-480 (facts/triton.md).
 
-    Returns:
-        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
-        position the metadata selects gives NaN; one at a pruned position does not (module docstring).
+# ----------------------------------------------------------------------------------------------------------
+# Launch plans. The first call for a key (dtypes, shapes, strides, devices, 16-byte alignment of every pointer,
+# out's strides, config, nan_check_bytes) validates everything, picks the config and the grid and goes through
+# Triton's JIT (compiling if needed); it keeps the CompiledKernel the JIT returns. Later calls with the same key
+# check only ``out`` and launch the kept kernels directly. Why: the JIT re-binds and re-specializes every argument
+# on each call, ~20 us of Python on the H200 machine's CPU, which an L2-flushed CUDA-event timing of a ~8 us
+# kernel measures as kernel time (the GPU idles waiting for the launch). The kept kernel is valid for the key:
+# Triton specializes on integer arguments being 1 or multiples of 16 (N, K and the strides are in the key; M and
+# num_programs are do_not_specialize) and on 16-byte pointer alignment (in the key; workspaces are torch
+# allocations). Bounded: past _MAX_PLANS keys the cache starts over.
+# ----------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Launch:
+    kernel: object
+    grid: tuple
+    constexprs: dict  # in the kernel's parameter order (they follow its runtime parameters)
+    num_warps: int
+    num_stages: int
+    ck: object = None  # CompiledKernel after the first launch (GPU only)
 
-    Raises:
-        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor.
-        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4]; ``out`` not [M, N];
-            operands on different devices; an fp8 config with block_k > 128.
 
-    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench; facts/seeds.md §1), layout and
-    semantics fixed by design.md ("2:4 sparse A"); reference fp4ref.gemm.sparse_gemm_fp4_fp8.
-    """
+@dataclasses.dataclass
+class _Plan:
+    cfg: SparseGemmConfig
+    main: _Launch
+    prep: _Launch | None  # expand path: the decode pre-pass
+    ws_elems: int
+    n_counters: int
+    a8_elems: int
+
+
+_PLANS: dict = {}
+_MAX_PLANS = 1024
+PREP_BLOCK_M, PREP_BLOCK_K, PREP_WARPS = 64, 128, 4  # decode pre-pass tile (~0.5 B read, 1 B written per element)
+
+
+def _launch(launch: _Launch, stream, args: tuple, is_cuda: bool) -> None:
+    """Launch through the JIT the first time (compiles, validates, keeps the CompiledKernel), directly after."""
+    ck = launch.ck
+    if ck is None:
+        ck = launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps,
+                                        num_stages=launch.num_stages)
+        if is_cuda and ck is not None:
+            launch.ck = ck
+        return
+    all_args = (*args, *launch.constexprs.values())
+    g0, g1, g2 = launch.grid
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
+        meta = ck.launch_metadata(launch.grid, stream, *all_args)
+    else:
+        meta, enter, exit_ = None, None, None
+    ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
+
+
+def _tensor_desc(base, shape, strides, block_shape, validate: bool):
+    """A host TensorDescriptor; validate=False skips the dataclass checks (done on this plan's first call)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if validate:
+        return TensorDescriptor(base, shape, strides, block_shape)
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block_shape, "zero"
+    return d
+
+
+def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
+    """Validate a new key's operands and build its launch plan (raises as sparse_gemm_fp4_fp8 documents)."""
     _check("a_vals", a_vals, torch.int8)
     _check("a_meta", a_meta, torch.int8)
     _check("b_fp8", b_fp8, torch.float8_e4m3fn)
@@ -443,7 +628,11 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if not (a_vals.device == a_meta.device == b_fp8.device):
         raise ValueError(f"operands on different devices: a_vals {a_vals.device}, a_meta {a_meta.device}, "
                          f"b_fp8 {b_fp8.device}")
+    if a_vals.stride() != a_meta.stride():
+        raise ValueError(f"a_meta.stride()={a_meta.stride()}: expected a_vals' strides {a_vals.stride()} "
+                         "(the kernels index both with one set)")
     interp = _interpreting()
+    explicit = config is not None
     if config is None:
         config = INTERPRETER_CONFIG if interp else pick_config(m)
     if not isinstance(config, SparseGemmConfig):
@@ -451,36 +640,126 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if config.mma == "fp8" and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
                          "(the promotion interval of the numeric contract)")
-    if nan_check_bytes is None:
-        nan_check_bytes = interp
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=b_fp8.device)
-    else:
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
-            raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
-        if tuple(out.shape) != (m, n) or out.device != b_fp8.device:
-            raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {b_fp8.device}")
-
+    if config.kernel == "expand" and not tma_eligible(b_fp8):
+        if explicit:
+            raise ValueError(f"config.kernel='expand' needs b_fp8 with unit stride along K, 16-byte row stride and "
+                             f"base and K % 16 == 0; got shape {tuple(b_fp8.shape)}, strides {b_fp8.stride()}")
+        config = FALLBACK_CONFIG
+    ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
+    even_k = k % config.block_k == 0
     tiles_m = triton.cdiv(m, config.block_m)
     tiles_n = triton.cdiv(n, config.block_n)
+    if config.kernel == "expand":
+        nprog = min(tiles_m * tiles_n, _num_sms(b_fp8.device) * config.programs_per_sm)
+        main = _Launch(sparse_gemm_expanded_kernel, (nprog, 1, 1),
+                       dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                            GROUP_M=config.group_m, NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                       config.num_warps, config.num_stages)
+        prep = _Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(k, PREP_BLOCK_K), 1),
+                       dict(BLOCK_M=PREP_BLOCK_M, BLOCK_K=PREP_BLOCK_K), PREP_WARPS, 1)
+        return _Plan(config, main, prep, 0, 0, m * k)
     k_tiles = triton.cdiv(k, config.block_k)
     split_k = max(1, min(config.split_k, k_tiles))
-    if split_k > 1:
-        ws, locks = _workspace(out.device, tiles_m * tiles_n * split_k * config.block_m * config.block_n,
-                               tiles_m * tiles_n)
+    main = _Launch(sparse_gemm_fp4_fp8_kernel, (tiles_m * tiles_n, split_k, 1),
+                   dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k,
+                        GROUP_M=config.group_m, MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                   config.num_warps, config.num_stages)
+    ws_elems = tiles_m * tiles_n * split_k * config.block_m * config.block_n if split_k > 1 else 0
+    return _Plan(config, main, None, ws_elems, tiles_m * tiles_n, 0)
+
+
+def plan_config(a_vals, a_meta, b_fp8, config=None, nan_check_bytes=None) -> SparseGemmConfig:
+    """The config a call with these operands runs (pick_config(M), or FALLBACK_CONFIG where the expand path's TMA
+    needs do not hold), validating the operands like sparse_gemm_fp4_fp8."""
+    return _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes).cfg
+
+
+def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
+                        config: SparseGemmConfig | None = None, *, out: torch.Tensor | None = None,
+                        nan_check_bytes: bool | None = None) -> torch.Tensor:
+    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (design.md "2:4 sparse A").
+
+    Args:
+        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
+            as unsigned.
+        a_meta: int8 [M, K/4], same strides as a_vals; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the
+            group); bits 7:4 ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
+        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
+            (the large-M "expand" configs also need unit stride along K, 16-byte rows and K % 16 == 0, and fall
+            back to FALLBACK_CONFIG otherwise).
+        config: a SparseGemmConfig overriding the CONFIGS entry picked by M (benchmarks, tests).
+        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
+        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
+            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
+            +-480 (facts/triton.md).
+
+    Returns:
+        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
+        position the metadata selects gives NaN; one at a pruned position does not (module docstring).
+
+    Raises:
+        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor.
+        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
+            strides; ``out`` not [M, N]; operands on different devices; an fp8 config with block_k > 128; an
+            explicit expand config with a b_fp8 its TMA descriptors cannot read.
+
+    Host cost: the first call per (shapes, strides, dtypes, devices, alignment, config) key validates and goes
+    through Triton's JIT; later calls launch the kept kernels directly (see "Launch plans" in the source).
+    Workspaces (split-K partials, the expand path's dense A) are cached per (device, stream): concurrent calls
+    on one stream are ordered; on different streams they use different workspaces.
+
+    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench; facts/seeds.md §1), layout and
+    semantics fixed by design.md ("2:4 sparse A"); reference fp4ref.gemm.sparse_gemm_fp4_fp8.
+    """
+    if not isinstance(a_vals, torch.Tensor) or not isinstance(a_meta, torch.Tensor) or \
+            not isinstance(b_fp8, torch.Tensor):
+        for name, t in (("a_vals", a_vals), ("a_meta", a_meta), ("b_fp8", b_fp8)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
+        raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    pv, pm, pb = a_vals.data_ptr(), a_meta.data_ptr(), b_fp8.data_ptr()
+    key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
+           a_vals.stride(), a_meta.stride(), b_fp8.stride(), a_vals.device, a_meta.device, b_fp8.device,
+           pv % 16 == 0, pm % 16 == 0, pb % 16 == 0,
+           None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes)
+        if len(_PLANS) >= _MAX_PLANS:  # many distinct keys: start over rather than grow without bound
+            _PLANS.clear()
+        new = True
+    else:
+        new = False
+    m = a_vals.shape[0]
+    n, k = b_fp8.shape
+    device = b_fp8.device
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    elif tuple(out.shape) != (m, n) or out.device != device:
+        raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {device}")
+    if new:
+        _PLANS[key] = plan  # only once the whole call validated
+
+    is_cuda = device.type == "cuda"
+    stream = triton.runtime.driver.active.get_current_stream(device.index) if is_cuda else 0
+    sam, sag = a_vals.stride()
+    sbn, sbk = b_fp8.stride()
+    scm, scn = out.stride()
+    if plan.prep is not None:
+        cfg = plan.cfg
+        a8 = _a8_workspace(device, stream, plan.a8_elems)
+        _launch(plan.prep, stream, (a_vals, a_meta, a8, m, k // 4, sam, sag, k), is_cuda)
+        first = plan.main.ck is None
+        args = (_tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),
+                _tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n, cfg.block_k], first),
+                a_vals, a_meta, b_fp8, out, m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, scm, scn)
+        _launch(plan.main, stream, args, is_cuda)
+        return out
+    if plan.ws_elems:
+        ws, locks = _workspace(device, stream, plan.ws_elems, plan.n_counters)
     else:
         ws, locks = out, out  # not read by the kernel
-    grid = (tiles_m * tiles_n, split_k)
-    sparse_gemm_fp4_fp8_kernel[grid](
-        a_vals, a_meta, b_fp8, out, ws, locks,
-        m, n, k,
-        a_vals.stride(0), a_vals.stride(1),
-        b_fp8.stride(0), b_fp8.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split_k, GROUP_M=config.group_m,
-        MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=bool(nan_check_bytes),
-        EVEN_K=(k % config.block_k == 0),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, m, n, k, sam, sag, sbn, sbk, scm, scn),
+            is_cuda)
     return out

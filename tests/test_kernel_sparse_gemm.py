@@ -179,6 +179,98 @@ def test_deterministic_and_inputs_untouched():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Large-M "expand" path: decode pre-pass + persistent TMA fp8 GEMM; NaN tiles recomputed by the exact slow path
+# ---------------------------------------------------------------------------------------------------------------
+EXPAND_CFG = mod.SparseGemmConfig(64, 32, 64, num_warps=4, num_stages=2, kernel="expand")
+
+
+def test_expand_path_ragged_with_nan_selected_and_pruned():
+    """Ragged M and N (TMA zero padding), several tiles per persistent program, any bytes; NaN bytes of b at
+    positions some rows select and others prune: NaN exactly where the reference has it."""
+    rng = np.random.default_rng(21)
+    M, N, G = 67, 40, 48  # K = 192: 3 K-tiles of 64; 2 x 2 tiles on 2 persistent programs (interpreter)
+    vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    vals[0], meta[0] = 0x77, 0x0F  # 6 + 6 at index 3 of every group: the pre-pass must write 12 exactly
+    b = _b_bytes(rng, N, 4 * G)
+    b[5, 7] = 0x7F  # group 1, position 3: row 0 selects it (NaN in c[0, 5])
+    b[33, 4 * 10 + 1] = 0xFF  # group 10, position 1
+    meta[:, 10] = 0x08  # every row selects {0, 2} of group 10: the NaN at position 1 is pruned for all rows...
+    meta[3, 10] = 0x04  # ...but row 3, which selects {0, 1}
+    c = _run(vals, meta, b, EXPAND_CFG)
+    ref = _assert_matches(c, vals, meta, b)
+    nan_ref = np.isnan(ref.exact)
+    assert nan_ref[0, 5] and nan_ref[3, 33] and not nan_ref[4, 33]
+    np.testing.assert_array_equal(np.isnan(c.float().numpy()), nan_ref)
+    _assert_matches(c, vals, meta, b, model=mod.numeric_model(EXPAND_CFG, 4 * G))
+
+
+@settings(max_examples=8)
+@given(sparse_operands(max_m=100, max_n=70, max_groups=40, nan_rate=0.003))
+def test_expand_path_any_bytes(ops):
+    vals, meta, b = ops
+    if (4 * vals.shape[1]) % 16:  # the expand path's TMA rows need K % 16 == 0 (explicit config: ValueError)
+        with pytest.raises(ValueError, match="expand"):
+            _run(vals, meta, b, EXPAND_CFG)
+        return
+    _assert_matches(_run(vals, meta, b, EXPAND_CFG), vals, meta, b)
+
+
+@settings(max_examples=6)
+@given(sparse_operands(max_m=100, max_n=70, max_groups=40, canonical=True))
+def test_expand_path_canonical_bytes(ops):
+    vals, meta, b = ops
+    if (4 * vals.shape[1]) % 16 == 0:
+        _assert_matches(_run(vals, meta, b, EXPAND_CFG), vals, meta, b)
+
+
+def test_expand_config_fallback_and_errors():
+    """A b the TMA descriptors cannot read: an explicit expand config raises, the default pick falls back."""
+    b = torch.zeros(8, 24, dtype=torch.float8_e4m3fn)  # K = 24: rows of 24 bytes, not 16-byte multiples
+    v = torch.zeros(4, 6, dtype=torch.int8)
+    assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="config.kernel='expand'"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
+    with pytest.raises(ValueError, match="kernel='expand' needs"):
+        mod.SparseGemmConfig(64, 64, 64, split_k=2, kernel="expand")
+    with pytest.raises(ValueError, match="kernel="):
+        mod.SparseGemmConfig(64, 64, 64, kernel="nope")
+    big = mod.pick_config(1 << 20)
+    assert big.kernel == "expand"
+    assert mod.FALLBACK_CONFIG.kernel == "fused"
+
+
+def test_launch_plan_cache():
+    """One plan per key; a cached key still checks out; new keys (other strides, dtypes) are validated anew."""
+    rng = np.random.default_rng(5)
+    vals = rng.integers(0, 256, (9, 16), dtype=np.uint8)
+    meta = rng.integers(0, 256, (9, 16), dtype=np.uint8)
+    b = _b_bytes(rng, 12, 64)
+    c1 = _run(vals, meta, b)
+    n_plans = len(mod._PLANS)
+    c2 = _run(vals, meta, b)
+    assert len(mod._PLANS) == n_plans  # reused
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    _assert_matches(c2, vals, meta, b)
+    v = torch.from_numpy(vals.view(np.int8))
+    m = torch.from_numpy(meta.view(np.int8))
+    bt = torch.from_numpy(b).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out.shape"):
+        mod.sparse_gemm_fp4_fp8(v, m, bt, out=torch.zeros(12, 9, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="out"):
+        mod.sparse_gemm_fp4_fp8(v, m, bt, out=torch.zeros(9, 12, dtype=torch.float32))
+    with pytest.raises(ValueError, match="a_meta.stride"):  # both are indexed with a_vals' strides
+        mod.sparse_gemm_fp4_fp8(v, m.t().contiguous().t(), bt)
+    # a strided b (new key): validated and correct
+    wide = np.zeros((12, 128), np.uint8)
+    wide[:, ::2] = b
+    bs = torch.from_numpy(wide).view(torch.float8_e4m3fn)[:, ::2]
+    c3 = mod.sparse_gemm_fp4_fp8(v, m, bs)
+    assert torch.equal(c3.view(torch.int16), c1.view(torch.int16))
+    mod._PLANS.clear()  # bounded cache: clearing is always safe
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------------------------
 def _tensors(M=2, N=3, K=8):
