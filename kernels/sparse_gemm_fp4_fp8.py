@@ -33,6 +33,17 @@ Split-K partial tiles (fp32) are reduced in ONE launch and deterministically: ea
 partial to a workspace and bumps a per-tile counter; the last one to arrive sums the SPLIT_K partials in
 split order 0, 1, ..., rounds once to bf16, stores, and resets the counter.
 
+Large M (SparseGemmConfig.kernel="expand"): the in-loop decode (~1000 instructions per K-tile) cannot overlap the
+MMA, so two launches instead: sparse_expand_a_kernel decodes (vals, meta) with the same _a_tile into a dense
+E4M3FN A [M, K] in a cached per-stream workspace (reads 0.5 B, writes 1 B per element of A), then
+sparse_gemm_expanded_kernel, a persistent GEMM whose A and b tiles come through TMA into shared memory, runs
+fp8 wgmma with the same per-K-tile promotion and one RNE rounding. A dense MMA would spread a NaN byte of b at a
+pruned position through 0 * NaN, so a tile whose raw accumulator has a NaN is recomputed inside the same launch
+by the fused kernel's exact slow path (_nan_tile, decoding from vals/meta): same NaN policy, same bounds.
+
+Host: a launch plan per key (dtypes, shapes, strides, devices, pointer alignment, config) keeps the compiled
+kernels after the first call, which validates; later calls launch them directly (see "Launch plans").
+
 Numeric contract: see NUMERIC_CONTRACT (the fp4ref accumulation model that bounds every config here).
 """
 from __future__ import annotations

@@ -335,12 +335,66 @@ def _build(cfg, nan_check_bytes=False, even_k=True):
                             num_stages=cfg.num_stages, divisible_by_16=div16)
 
 
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+def _build_expand(cfg, nan_check_bytes=False, even_k=True):
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}]>", "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}]>",
+           "vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "M": "i32", "N": "i32",
+           "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+           "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
+    consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK,
+              "GROUP_M": cfg.group_m, "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
+    div16 = ["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
+    return compile_for_sm90(mod.sparse_gemm_expanded_kernel, sig, consts, num_warps=cfg.num_warps,
+                            num_stages=cfg.num_stages, divisible_by_16=div16)
+
+
+def _cfg_id(c):
+    return f"{c.block_m}x{c.block_n}x{c.block_k}{'-expand' if c.kernel == 'expand' else ''}"
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand"], ids=_cfg_id)
+def test_expand_configs_compile_for_sm90(cfg):
+    """The persistent GEMM: TMA loads, fp8 wgmma with both operands from shared memory, the promotion into fp32
+    every K-tile really in the build, within the shared-memory limit."""
+    from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES
+
+    ck = _build_expand(cfg)
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
+    # the fast loop is the first K loop inside the persistent loop: its fp8 dot reads A and B from shared memory
+    # (ttng.warp_group_dot on !ttg.memdesc operands) into a fresh zero accumulator, added into fp32 per K-tile
+    inner = ttgir.split("scf.for", 2)[2]
+    fast = inner.split("scf.yield", 1)[0]
+    dots = re.findall(r"ttng.warp_group_dot (.*)", fast)
+    assert dots, "no wgmma dot in the fast K loop"
+    assert all("!ttg.memdesc" in d.split("->")[0] and "f8E4M3FN" in d for d in dots), dots
+    assert re.search(rf"arith.addf .*: tensor<{cfg.block_m}x{cfg.block_n}xf32, #mma", fast)
+
+
+def test_expand_prepass_compiles_for_sm90():
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8_ptr": "*fp8e4nv", "M": "i32", "G": "i32", "stride_am": "i32",
+           "stride_ag": "constexpr", "stride_a8m": "i32"}
+    ck = compile_for_sm90(mod.sparse_expand_a_kernel, sig,
+                          {"stride_ag": 1, "BLOCK_M": mod.PREP_BLOCK_M, "BLOCK_K": mod.PREP_BLOCK_K},
+                          num_warps=mod.PREP_WARPS, num_stages=1,
+                          divisible_by_16=["vals_ptr", "meta_ptr", "a8_ptr", "G", "stride_am", "stride_a8m"])
+    assert ck.asm["cubin"]
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "fused"], ids=_cfg_id)
 def test_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
-    assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
+    if cfg.mma == "fma":  # no dot to pipeline for: 16-byte vector loads of b (a build without divisibility hints
+        assert "ld.global.v4.b32" in ptx  # would load bytes one at a time)
+    else:
+        assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
     if cfg.mma == "fp8":
         assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
         # the promotion the contract assumes: inside the K loop, each fp8 dot chain starts from a zero accumulator
@@ -350,9 +404,10 @@ def test_configs_compile_for_sm90(cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=_cfg_id)
 def test_configs_compile_for_sm90_other_variants(cfg):
-    assert _build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
+    build = _build_expand if cfg.kernel == "expand" else _build
+    assert build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -371,6 +426,8 @@ def test_gpu_workload_sizes(M, canonical):
     for _ in range(2):
         for ws, _cnt in mod._WORKSPACES.values():
             ws.fill_(NAN)
+        for a8 in mod._A8_WORKSPACES.values():
+            a8.fill_(NAN)
         out = torch.full((M, 2048), NAN, dtype=torch.bfloat16, device="cuda")
         outs.append(mod.sparse_gemm_fp4_fp8(v, m, b, out=out).cpu())
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # bitwise deterministic
