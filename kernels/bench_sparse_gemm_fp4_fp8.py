@@ -125,7 +125,7 @@ def _cfg_name(cfg) -> str:
     if cfg.group_m != 8:
         name += f"/g{cfg.group_m}"
     if cfg.kernel == "expand":
-        name += f"/expand/p{cfg.programs_per_sm}"
+        name += f"/expand/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
     return name
 
 
@@ -261,8 +261,9 @@ def sweep_candidates(M: int):
     (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
     from .sparse_gemm_fp4_fp8 import SparseGemmConfig as C
 
-    def X(bm, bn, w, s, g=8, p=1):
-        return C(bm, bn, 128, 1, group_m=g, num_warps=w, num_stages=s, kernel="expand", programs_per_sm=p)
+    def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
+        return C(bm, bn, 128, 1, group_m=g, num_warps=w, num_stages=s, kernel="expand", programs_per_sm=p,
+                 n_split=ns, nan_fixup=fix)
 
     out = []
     if M <= 2:
@@ -282,8 +283,10 @@ def sweep_candidates(M: int):
         out += [X(64, 128, 4, 4), X(128, 128, 8, 4)]
     if M >= 1024:
         out += [C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=4),
-                X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 128, 4, 4), X(128, 256, 8, 3), X(128, 256, 8, 4),
-                X(256, 128, 8, 3), X(128, 256, 8, 3, g=16), X(128, 128, 8, 4, g=16)]
+                # (the 128 x 256 / 256 x 128 tiles spill without n_split=2; inline NaN fix-up: 255 registers)
+                X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 4, ns=2),
+                X(256, 128, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2), X(128, 128, 8, 4, g=16),
+                X(128, 256, 8, 3, ns=2, fix="inline")]
     cands = [(c, None) for c in out]
     if M in (1, 8192):  # the cost of detecting NaN bytes by bits instead of from the accumulator
         cands.append((out[0], True))

@@ -97,6 +97,13 @@ class SparseGemmConfig:
     # dense E4M3FN A to a cached workspace, then a persistent TMA fp8 GEMM (mma "fp8", split_k 1 only)
     kernel: str = "fused"
     programs_per_sm: int = 1  # expand: persistent programs per SM
+    # expand: the C tile as n_split column blocks of block_n / n_split, each its own wgmma chain and fp32
+    # accumulator (the promotion's fresh accumulator is then [block_m, block_n / n_split]: fewer registers)
+    n_split: int = 1
+    # expand: where a tile whose accumulator holds a NaN is recomputed by the exact slow path: "inline" (in the
+    # GEMM program; its registers then count for the whole kernel: 255 and spills at 128 x 128) or "launch" (the
+    # GEMM flags the tile; a fix-up launch recomputes flagged tiles, ~2 us when none is flagged)
+    nan_fixup: str = "launch"
 
     def __post_init__(self):
         if self.mma not in MMA_KINDS:
@@ -106,6 +113,10 @@ class SparseGemmConfig:
         if self.kernel == "expand" and (self.mma != "fp8" or self.split_k != 1):
             raise ValueError(f"kernel='expand' needs mma='fp8' and split_k=1, got mma={self.mma!r}, "
                              f"split_k={self.split_k}")
+        if self.nan_fixup not in ("inline", "launch"):
+            raise ValueError(f"nan_fixup={self.nan_fixup!r}: expected 'inline' or 'launch'")
+        if self.n_split not in (1, 2) or (self.n_split == 2 and self.kernel != "expand"):
+            raise ValueError(f"n_split={self.n_split}: expected 1, or 2 with kernel='expand'")
 
 
 # Picked per M by the GPU sweep on the H200 (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check,
@@ -120,7 +131,7 @@ CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
     (100, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
     (256, SparseGemmConfig(64, 128, 128, split_k=4, num_warps=4, num_stages=3)),
     (1024, SparseGemmConfig(128, 128, 128, num_warps=8, num_stages=4, kernel="expand")),
-    (1 << 62, SparseGemmConfig(128, 256, 128, num_warps=8, num_stages=3, kernel="expand")),
+    (1 << 62, SparseGemmConfig(128, 256, 128, num_warps=8, num_stages=3, kernel="expand", n_split=2)),
 )
 
 # Large M when b_fp8 cannot feed TMA descriptors (see tma_eligible): the fused kernel's large-M pick.
@@ -425,15 +436,18 @@ def sparse_expand_a_kernel(
 @triton.jit(do_not_specialize=["M", "num_programs"])
 def sparse_gemm_expanded_kernel(
     a_desc,                        # float8_e4m3fn [M, K] dense A (the pre-pass output), block [BLOCK_M, BLOCK_K]
-    b_desc,                        # float8_e4m3fn [N, K], block [BLOCK_N, BLOCK_K]
+    b_desc,                        # float8_e4m3fn [N, K], block [BLOCK_N // N_SPLIT, BLOCK_K]
     vals_ptr, meta_ptr,            # int8 [M, G]: read only by the NaN slow path
     b_ptr,                         # b_fp8 again, through pointers (NaN slow path)
     c_ptr,                         # bfloat16 [M, N]
+    flag_ptr,                      # int32 [tiles]: set to 1 for a tile with a NaN (INLINE_FIXUP=False), else unused
     M, N, K, num_programs,
     stride_am, stride_ag,
     stride_bn, stride_bk,
     stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    N_SPLIT: tl.constexpr,          # 1 or 2 column blocks of BLOCK_N // N_SPLIT, one fp32 accumulator each
+    INLINE_FIXUP: tl.constexpr,     # True: recompute NaN tiles here; False: flag them for sparse_nan_fixup_kernel
     NAN_CHECK_BYTES: tl.constexpr,  # True: detect NaN bytes of b directly; False: from the raw accumulator
     EVEN_K: tl.constexpr,           # K % BLOCK_K == 0 (masks of the slow path)
 ):
@@ -444,6 +458,7 @@ def sparse_gemm_expanded_kernel(
     holds a NaN is recomputed by the fused kernel's exact slow path (_nan_tile: A decoded from vals/meta), which
     gives NaN exactly where row m's metadata selects a NaN byte.
     """
+    BN: tl.constexpr = BLOCK_N // N_SPLIT
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -457,30 +472,77 @@ def sparse_gemm_expanded_kernel(
         group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
         pid_m = first_m + (tile % num_in_group) % group_size
         pid_n = (tile % num_in_group) // group_size
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        nan_rows = tl.zeros((BLOCK_N,), dtype=tl.int32)
+        acc0 = tl.zeros((BLOCK_M, BN), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, BN), dtype=tl.float32)  # N_SPLIT == 2 only
+        nan_rows = tl.zeros((BN,), dtype=tl.int32)
         for kt in range(0, k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])   # rows >= M, columns >= K: zeros (TMA padding)
             b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             if NAN_CHECK_BYTES:
-                b_bits = b.to(tl.uint8, bitcast=True)
-                nan_rows = tl.maximum(nan_rows, tl.max(((b_bits & 0x7F) == 0x7F).to(tl.int32), axis=1))
-            acc = _mma(a, b, acc, BLOCK_K, 1)  # fp8 wgmma, promoted into fp32 every K-tile
+                nan_rows = tl.maximum(nan_rows, tl.max(((b.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+            acc0 = _mma(a, b, acc0, BLOCK_K, 1)  # fp8 wgmma, promoted into fp32 every K-tile
+            if N_SPLIT == 2:
+                b1 = b_desc.load([pid_n * BLOCK_N + BN, kt * BLOCK_K])
+                if NAN_CHECK_BYTES:
+                    nan_rows = tl.maximum(nan_rows, tl.max(((b1.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+                acc1 = _mma(a, b1, acc1, BLOCK_K, 1)
         if NAN_CHECK_BYTES:
             has_nan = tl.max(nan_rows, axis=0) > 0
         else:
-            has_nan = tl.max(tl.where(acc != acc, 1, 0)) > 0
+            has_nan = tl.max(tl.where(acc0 != acc0, 1, 0)) > 0
+            if N_SPLIT == 2:
+                has_nan = has_nan | (tl.max(tl.where(acc1 != acc1, 1, 0)) > 0)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if has_nan:
+            if INLINE_FIXUP:
+                _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ag,
+                              stride_bn, stride_bk, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, BN, EVEN_K)
+            else:
+                tl.store(flag_ptr + pid_m * num_pid_n + pid_n, 1)  # c of this tile: written by the fix-up launch
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BN)
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, acc0.to(tl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # one RNE
+            if N_SPLIT == 2:
+                offs_n = offs_n + BN
+                c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+                tl.store(c_ptrs, acc1.to(tl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ag, stride_bn,
+                  stride_bk, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr):
+    """Exact slow path (fp8 MMA, A decoded from vals/meta) for C tile (pid_m, pid_n), [BLOCK_M, BN] at a time."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    for h in tl.static_range(BLOCK_N // BN):
+        offs_n = pid_n * BLOCK_N + h * BN + tl.arange(0, BN)
         c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
         c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        if has_nan:
-            b_rows = b_ptr + offs_n[:, None] * stride_bn
-            n_ok = offs_n[:, None] < N
-            _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
-                      0, k_tiles, c_ptrs, c_ptrs, c_mask, BLOCK_M, BLOCK_N, BLOCK_K, 1, EVEN_K, 1)
-        else:
-            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=c_mask)  # one RNE fp32 -> bf16
+        _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, K // 4, b_ptr + offs_n[:, None] * stride_bn,
+                  offs_n[:, None] < N, offs_k, K, stride_bk, 0, tl.cdiv(K, BLOCK_K), c_ptrs, c_ptrs, c_mask,
+                  BLOCK_M, BN, BLOCK_K, 1, EVEN_K, 1)
+
+
+@triton.jit(do_not_specialize=["M"])
+def sparse_nan_fixup_kernel(
+    vals_ptr, meta_ptr, b_ptr, c_ptr,
+    flag_ptr,                      # int32 [tiles], set by sparse_gemm_expanded_kernel; reset to 0 here
+    M, N, K,
+    stride_am, stride_ag,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """One program per C tile of the expand GEMM: if the GEMM flagged it (NaN in its accumulator), recompute it
+    by the exact slow path and clear the flag (flags are 0 between launches); otherwise exit."""
+    tile = tl.program_id(0)
+    if tl.load(flag_ptr + tile) != 0:
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, tile // num_pid_n, tile % num_pid_n, M, N, K, stride_am,
+                      stride_ag, stride_bn, stride_bk, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, BN, EVEN_K)
+        tl.store(flag_ptr + tile, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -488,6 +550,7 @@ def sparse_gemm_expanded_kernel(
 # ----------------------------------------------------------------------------------------------------------
 _WORKSPACES: dict = {}  # (device, stream) -> (fp32 split-K workspace, int32 counters); counters 0 between launches
 _A8_WORKSPACES: dict = {}  # (device, stream) -> float8_e4m3fn buffer for the dense A of the "expand" path
+_FLAGS: dict = {}  # (device, stream) -> int32 NaN-tile flags of the expand path; 0 between launches
 
 
 def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int):
@@ -504,6 +567,16 @@ def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int
         cnt = torch.zeros(cnt_n, dtype=torch.int32, device=device)
         _WORKSPACES[key] = (ws, cnt)
     return ws, cnt
+
+
+def _flags(device: torch.device, stream: int, n: int) -> torch.Tensor:
+    """Cached zeroed int32 tile flags (>= n) for the expand path's NaN fix-up, per (device, stream); grown."""
+    key = (str(device), stream)
+    buf = _FLAGS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _FLAGS[key] = buf
+    return buf
 
 
 def _a8_workspace(device: torch.device, stream: int, elems: int) -> torch.Tensor:
@@ -578,6 +651,7 @@ class _Plan:
     cfg: SparseGemmConfig
     main: _Launch
     prep: _Launch | None  # expand path: the decode pre-pass
+    fix: _Launch | None  # expand path with nan_fixup="launch": the NaN fix-up
     ws_elems: int
     n_counters: int
     a8_elems: int
@@ -664,11 +738,17 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
         nprog = min(tiles_m * tiles_n, _num_sms(b_fp8.device) * config.programs_per_sm)
         main = _Launch(sparse_gemm_expanded_kernel, (nprog, 1, 1),
                        dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                            GROUP_M=config.group_m, NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                            GROUP_M=config.group_m, N_SPLIT=config.n_split,
+                            INLINE_FIXUP=config.nan_fixup == "inline", NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
                        config.num_warps, config.num_stages)
         prep = _Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(k, PREP_BLOCK_K), 1),
                        dict(BLOCK_M=PREP_BLOCK_M, BLOCK_K=PREP_BLOCK_K), PREP_WARPS, 1)
-        return _Plan(config, main, prep, 0, 0, m * k)
+        fix = None
+        if config.nan_fixup == "launch":
+            fix = _Launch(sparse_nan_fixup_kernel, (tiles_m * tiles_n, 1, 1),
+                          dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                               BN=config.block_n // config.n_split, EVEN_K=even_k), config.num_warps, 2)
+        return _Plan(config, main, prep, fix, 0, tiles_m * tiles_n, m * k)
     k_tiles = triton.cdiv(k, config.block_k)
     split_k = max(1, min(config.split_k, k_tiles))
     main = _Launch(sparse_gemm_fp4_fp8_kernel, (tiles_m * tiles_n, split_k, 1),
@@ -676,7 +756,7 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
                         GROUP_M=config.group_m, MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
                    config.num_warps, config.num_stages)
     ws_elems = tiles_m * tiles_n * split_k * config.block_m * config.block_n if split_k > 1 else 0
-    return _Plan(config, main, None, ws_elems, tiles_m * tiles_n, 0)
+    return _Plan(config, main, None, None, ws_elems, tiles_m * tiles_n, 0)
 
 
 def plan_config(a_vals, a_meta, b_fp8, config=None, nan_check_bytes=None) -> SparseGemmConfig:
@@ -761,11 +841,16 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         cfg = plan.cfg
         a8 = _a8_workspace(device, stream, plan.a8_elems)
         _launch(plan.prep, stream, (a_vals, a_meta, a8, m, k // 4, sam, sag, k), is_cuda)
+        flags = _flags(device, stream, plan.n_counters) if plan.fix is not None else out  # unused if inline
         first = plan.main.ck is None
         args = (_tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),
-                _tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n, cfg.block_k], first),
-                a_vals, a_meta, b_fp8, out, m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, scm, scn)
+                _tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n // cfg.n_split, cfg.block_k],
+                             first),
+                a_vals, a_meta, b_fp8, out, flags, m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, scm, scn)
         _launch(plan.main, stream, args, is_cuda)
+        if plan.fix is not None:
+            _launch(plan.fix, stream, (a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn),
+                    is_cuda)
         return out
     if plan.ws_elems:
         ws, locks = _workspace(device, stream, plan.ws_elems, plan.n_counters)

@@ -182,9 +182,12 @@ def test_deterministic_and_inputs_untouched():
 # Large-M "expand" path: decode pre-pass + persistent TMA fp8 GEMM; NaN tiles recomputed by the exact slow path
 # ---------------------------------------------------------------------------------------------------------------
 EXPAND_CFG = mod.SparseGemmConfig(64, 32, 64, num_warps=4, num_stages=2, kernel="expand")
+EXPAND_CFG_SPLIT = mod.SparseGemmConfig(64, 64, 64, num_warps=4, num_stages=2, kernel="expand", n_split=2,
+                                        nan_fixup="inline")
 
 
-def test_expand_path_ragged_with_nan_selected_and_pruned():
+@pytest.mark.parametrize("cfg", [EXPAND_CFG, EXPAND_CFG_SPLIT], ids=["n_split1-fixup_launch", "n_split2-inline"])
+def test_expand_path_ragged_with_nan_selected_and_pruned(cfg):
     """Ragged M and N (TMA zero padding), several tiles per persistent program, any bytes; NaN bytes of b at
     positions some rows select and others prune: NaN exactly where the reference has it."""
     rng = np.random.default_rng(21)
@@ -197,12 +200,15 @@ def test_expand_path_ragged_with_nan_selected_and_pruned():
     b[33, 4 * 10 + 1] = 0xFF  # group 10, position 1
     meta[:, 10] = 0x08  # every row selects {0, 2} of group 10: the NaN at position 1 is pruned for all rows...
     meta[3, 10] = 0x04  # ...but row 3, which selects {0, 1}
-    c = _run(vals, meta, b, EXPAND_CFG)
+    c = _run(vals, meta, b, cfg)
     ref = _assert_matches(c, vals, meta, b)
     nan_ref = np.isnan(ref.exact)
     assert nan_ref[0, 5] and nan_ref[3, 33] and not nan_ref[4, 33]
     np.testing.assert_array_equal(np.isnan(c.float().numpy()), nan_ref)
-    _assert_matches(c, vals, meta, b, model=mod.numeric_model(EXPAND_CFG, 4 * G))
+    assert all(int(f.abs().sum()) == 0 for f in mod._FLAGS.values())  # the fix-up leaves the flags at 0
+    if cfg.nan_fixup == "launch":
+        assert mod._FLAGS  # this config went through the flag + fix-up launch
+    _assert_matches(c, vals, meta, b, model=mod.numeric_model(cfg, 4 * G))
 
 
 @settings(max_examples=8)
@@ -235,6 +241,10 @@ def test_expand_config_fallback_and_errors():
         mod.SparseGemmConfig(64, 64, 64, split_k=2, kernel="expand")
     with pytest.raises(ValueError, match="kernel="):
         mod.SparseGemmConfig(64, 64, 64, kernel="nope")
+    with pytest.raises(ValueError, match="n_split"):
+        mod.SparseGemmConfig(64, 64, 64, n_split=2)
+    with pytest.raises(ValueError, match="nan_fixup"):
+        mod.SparseGemmConfig(64, 64, 64, kernel="expand", nan_fixup="later")
     big = mod.pick_config(1 << 20)
     assert big.kernel == "expand"
     assert mod.FALLBACK_CONFIG.kernel == "fused"
@@ -339,19 +349,20 @@ def _build_expand(cfg, nan_check_bytes=False, even_k=True):
     from fp4ref.kernels._sm90 import compile_for_sm90
 
     BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
-    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}]>", "b_desc": f"tensordesc<fp8e4nv[{BN}, {BK}]>",
-           "vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "M": "i32", "N": "i32",
-           "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}]>", "b_desc": f"tensordesc<fp8e4nv[{BN // cfg.n_split}, {BK}]>",
+           "vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "flag_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
            "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK,
-              "GROUP_M": cfg.group_m, "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
-    div16 = ["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
+              "GROUP_M": cfg.group_m, "N_SPLIT": cfg.n_split,
+              "INLINE_FIXUP": cfg.nan_fixup == "inline", "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
+    div16 = ["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
     return compile_for_sm90(mod.sparse_gemm_expanded_kernel, sig, consts, num_warps=cfg.num_warps,
                             num_stages=cfg.num_stages, divisible_by_16=div16)
 
 
 def _cfg_id(c):
-    return f"{c.block_m}x{c.block_n}x{c.block_k}{'-expand' if c.kernel == 'expand' else ''}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k}{f'-expand-n{c.n_split}' if c.kernel == 'expand' else ''}"
 
 
 @pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand"], ids=_cfg_id)
@@ -371,7 +382,25 @@ def test_expand_configs_compile_for_sm90(cfg):
     dots = re.findall(r"ttng.warp_group_dot (.*)", fast)
     assert dots, "no wgmma dot in the fast K loop"
     assert all("!ttg.memdesc" in d.split("->")[0] and "f8E4M3FN" in d for d in dots), dots
-    assert re.search(rf"arith.addf .*: tensor<{cfg.block_m}x{cfg.block_n}xf32, #mma", fast)
+    adds = re.findall(rf"arith.addf .*: tensor<{cfg.block_m}x{cfg.block_n // cfg.n_split}xf32, #mma", fast)
+    assert len(dots) == len(adds) == cfg.n_split  # one promotion add per wgmma chain per K-tile
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand" and c.nan_fixup == "launch"],
+                         ids=_cfg_id)
+def test_expand_nan_fixup_compiles_for_sm90(cfg):
+    from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90
+
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "flag_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+           "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
+    consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "BN": cfg.block_n // cfg.n_split, "EVEN_K": True}
+    ck = compile_for_sm90(mod.sparse_nan_fixup_kernel, sig, consts, num_warps=cfg.num_warps, num_stages=2,
+                          divisible_by_16=["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K",
+                                           "stride_am", "stride_bn", "stride_cm"])
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    assert "wgmma.mma_async" in ck.asm["ptx"]
 
 
 def test_expand_prepass_compiles_for_sm90():
