@@ -34,12 +34,14 @@ partial to a workspace and bumps a per-tile counter; the last one to arrive sums
 split order 0, 1, ..., rounds once to bf16, stores, and resets the counter.
 
 Large M (SparseGemmConfig.kernel="expand"): the in-loop decode (~1000 instructions per K-tile) cannot overlap the
-MMA, so two launches instead: sparse_expand_a_kernel decodes (vals, meta) with the same _a_tile into a dense
-E4M3FN A [M, K] in a cached per-stream workspace (reads 0.5 B, writes 1 B per element of A), then
+MMA, so two launches instead: sparse_expand_a_kernel decodes (vals, meta) with the same _a_words into a dense
+E4M3FN A [M, K] in a cached per-stream workspace (reads 0.5 B, writes 1 B per element of A; each group's 4
+bytes are one little-endian word, stored as an int32: no byte interleave), then
 sparse_gemm_expanded_kernel, a persistent GEMM whose A and b tiles come through TMA into shared memory, runs
 fp8 wgmma with the same per-K-tile promotion and one RNE rounding. A dense MMA would spread a NaN byte of b at a
-pruned position through 0 * NaN, so a tile whose raw accumulator has a NaN is recomputed inside the same launch
-by the fused kernel's exact slow path (_nan_tile, decoding from vals/meta): same NaN policy, same bounds.
+pruned position through 0 * NaN, so a tile whose raw accumulator has a NaN is recomputed by the fused kernel's
+exact slow path (_nan_tile, decoding from vals/meta): same NaN policy, same bounds; by default in a third launch
+(sparse_nan_fixup_kernel) over the tiles the GEMM flagged.
 
 Host: a launch plan per key (dtypes, shapes, strides, devices, pointer alignment, config) keeps the compiled
 kernels after the first call, which validates; later calls launch them directly (see "Launch plans").
@@ -181,17 +183,16 @@ def _e4m3_of_e2m1(code):
 
 
 @triton.jit
-def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SELECTOR: tl.constexpr):
-    """Dense E4M3FN tile [BLOCK_M, BLOCK_K] of A for K-columns 4*g0 ... 4*g0 + BLOCK_K - 1.
+def _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
+             BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, SELECTOR: tl.constexpr):
+    """uint32 [BLOCK_M, BLOCK_G]: for groups g0 ... g0 + BLOCK_G - 1 of A, the group's 4 E4M3FN bytes as one
+    little-endian word (byte j = column 4g + j).
 
     SELECTOR=False: the values (v0 at idx0 plus v1 at idx1; a duplicate index holds v0 + v1, exact).
     SELECTOR=True: 1.0 at each selected position (used to count selected NaNs of b).
     Rows >= M and groups >= G load zero bytes, which decode to an all-zero group.
-    Work is per group (byte pair), in the loaded [BLOCK_M, BLOCK_K/4] layout: each group becomes one 32-bit word
-    holding its 4 E4M3FN bytes, split into bytes and interleaved with tl.join + tl.reshape (no data movement).
     """
-    offs_g = g0 + tl.arange(0, BLOCK_K // 4)
+    offs_g = g0 + tl.arange(0, BLOCK_G)
     mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
     off = offs_m[:, None] * stride_am + offs_g[None, :] * stride_ag
     # int8 storage, read as unsigned bytes: bitcast to uint8 first, then zero-extend
@@ -210,6 +211,18 @@ def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
         f1 = e1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         es = (f0 + f1).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint32)
         word = tl.where(sh0 == sh1, es << sh0, (e0 << sh0) | (e1 << sh1))
+    return word
+
+
+@triton.jit
+def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SELECTOR: tl.constexpr):
+    """Dense E4M3FN tile [BLOCK_M, BLOCK_K] of A for K-columns 4*g0 ... 4*g0 + BLOCK_K - 1 (see _a_words).
+
+    Work is per group (byte pair), in the loaded [BLOCK_M, BLOCK_K/4] layout: each group becomes one 32-bit word
+    holding its 4 E4M3FN bytes, split into bytes and interleaved with tl.join + tl.reshape (no data movement).
+    """
+    word = _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0, BLOCK_M, BLOCK_K // 4, SELECTOR)
     # column 4g + j holds byte j of word g: interleave the 4 byte planes (join puts the new axis in-thread)
     c0 = (word & 0xFF).to(tl.uint8)
     c1 = ((word >> 8) & 0xFF).to(tl.uint8)
@@ -417,20 +430,19 @@ def _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_
 @triton.jit(do_not_specialize=["M"])
 def sparse_expand_a_kernel(
     vals_ptr, meta_ptr,            # int8 [M, G]
-    a8_ptr,                        # float8_e4m3fn [M, 4G] (written): the dense A, row stride stride_a8m
+    a8w_ptr,                       # int32 view of the dense E4M3FN A [M, 4G] (written): row stride stride_wm words
     M, G,
-    stride_am, stride_ag, stride_a8m,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    stride_am, stride_ag, stride_wm,
+    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
-    """Dense E4M3FN A from (vals, meta): the fused kernel's own decode (_a_tile), exact, duplicate indices add."""
-    pid_m = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, pid_k * (BLOCK_K // 4),
-                BLOCK_M, BLOCK_K, False)
-    mask = (offs_m[:, None] < M) & (offs_k[None, :] < 4 * G)
-    tl.store(a8_ptr + offs_m[:, None] * stride_a8m + offs_k[None, :], a, mask=mask)
+    """Dense E4M3FN A from (vals, meta) by the fused kernel's own decode (_a_words), exact, duplicate indices add:
+    each group's word holds its 4 bytes in column order (little-endian), so it is stored as one int32."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    word = _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, tl.program_id(1) * BLOCK_G,
+                    BLOCK_M, BLOCK_G, False)
+    mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
+    tl.store(a8w_ptr + offs_m[:, None] * stride_wm + offs_g[None, :], word.to(tl.int32, bitcast=True), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "num_programs"])
@@ -584,7 +596,7 @@ def _a8_workspace(device: torch.device, stream: int, elems: int) -> torch.Tensor
     key = (str(device), stream)
     buf = _A8_WORKSPACES.get(key)
     if buf is None or buf.numel() < elems:
-        buf = torch.empty(elems, dtype=torch.float8_e4m3fn, device=device)
+        buf = torch.empty(-(-elems // 16) * 16, dtype=torch.float8_e4m3fn, device=device)  # int32-viewable
         _A8_WORKSPACES[key] = buf
     return buf
 
@@ -659,7 +671,8 @@ class _Plan:
 
 _PLANS: dict = {}
 _MAX_PLANS = 1024
-PREP_BLOCK_M, PREP_BLOCK_K, PREP_WARPS = 64, 128, 4  # decode pre-pass tile (~0.5 B read, 1 B written per element)
+PREP_BLOCK_M, PREP_BLOCK_G, PREP_WARPS = 32, 128, 4  # decode pre-pass tile, in groups (0.5 B read, 1 B written
+# per element of A)
 
 
 def _launch(launch: _Launch, stream, args: tuple, is_cuda: bool) -> None:
@@ -741,8 +754,8 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
                             GROUP_M=config.group_m, N_SPLIT=config.n_split,
                             INLINE_FIXUP=config.nan_fixup == "inline", NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
                        config.num_warps, config.num_stages)
-        prep = _Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(k, PREP_BLOCK_K), 1),
-                       dict(BLOCK_M=PREP_BLOCK_M, BLOCK_K=PREP_BLOCK_K), PREP_WARPS, 1)
+        prep = _Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(k // 4, PREP_BLOCK_G), 1),
+                       dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G), PREP_WARPS, 1)
         fix = None
         if config.nan_fixup == "launch":
             fix = _Launch(sparse_nan_fixup_kernel, (tiles_m * tiles_n, 1, 1),
@@ -840,7 +853,7 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if plan.prep is not None:
         cfg = plan.cfg
         a8 = _a8_workspace(device, stream, plan.a8_elems)
-        _launch(plan.prep, stream, (a_vals, a_meta, a8, m, k // 4, sam, sag, k), is_cuda)
+        _launch(plan.prep, stream, (a_vals, a_meta, a8.view(torch.int32), m, k // 4, sam, sag, k // 4), is_cuda)
         flags = _flags(device, stream, plan.n_counters) if plan.fix is not None else out  # unused if inline
         first = plan.main.ck is None
         args = (_tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),

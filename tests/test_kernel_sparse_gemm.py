@@ -406,13 +406,15 @@ def test_expand_nan_fixup_compiles_for_sm90(cfg):
 def test_expand_prepass_compiles_for_sm90():
     from fp4ref.kernels._sm90 import compile_for_sm90
 
-    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8_ptr": "*fp8e4nv", "M": "i32", "G": "i32", "stride_am": "i32",
-           "stride_ag": "constexpr", "stride_a8m": "i32"}
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
+           "stride_ag": "constexpr", "stride_wm": "i32"}
     ck = compile_for_sm90(mod.sparse_expand_a_kernel, sig,
-                          {"stride_ag": 1, "BLOCK_M": mod.PREP_BLOCK_M, "BLOCK_K": mod.PREP_BLOCK_K},
+                          {"stride_ag": 1, "BLOCK_M": mod.PREP_BLOCK_M, "BLOCK_G": mod.PREP_BLOCK_G},
                           num_warps=mod.PREP_WARPS, num_stages=1,
-                          divisible_by_16=["vals_ptr", "meta_ptr", "a8_ptr", "G", "stride_am", "stride_a8m"])
+                          divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
     assert ck.asm["cubin"]
+    ptx = ck.asm["ptx"]
+    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx  # 16-byte loads of vals/meta, stores of A
 
 
 @pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "fused"], ids=_cfg_id)
