@@ -823,8 +823,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     pv, pm, pb = a_vals.data_ptr(), a_meta.data_ptr(), b_fp8.data_ptr()
+    sa, sb = a_vals.stride(), b_fp8.stride()
     key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
-           a_vals.stride(), a_meta.stride(), b_fp8.stride(), a_vals.device, a_meta.device, b_fp8.device,
+           sa, a_meta.stride(), sb, a_vals.device, a_meta.device, b_fp8.device,
            pv % 16 == 0, pm % 16 == 0, pb % 16 == 0,
            None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
     plan = _PLANS.get(key)
@@ -847,8 +848,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
 
     is_cuda = device.type == "cuda"
     stream = triton.runtime.driver.active.get_current_stream(device.index) if is_cuda else 0
-    sam, sag = a_vals.stride()
-    sbn, sbk = b_fp8.stride()
+    sam, sag = sa
+    sbn, sbk = sb
     scm, scn = out.stride()
     if plan.prep is not None:
         cfg = plan.cfg
