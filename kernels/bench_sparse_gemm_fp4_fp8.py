@@ -294,12 +294,14 @@ def sweep_candidates(M: int):
     if 16 <= M <= 256:
         out += [C(32, 64, 128, 8, mma="fp16"), C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4),
                 C(64, 128, 128, 2), C(64, 64, 128, 16), C(64, 128, 128, 8)]
+    if 64 <= M <= 256:  # small grids: the expand path's three launches against the fused kernel's decode
+        out += [X(64, 64, 4, 4), X(64, 64, 4, 4, fix="inline"), X(64, 128, 4, 4), X(64, 128, 4, 4, fix="inline")]
     if 100 <= M <= 256:
-        out += [X(64, 128, 4, 4), X(128, 128, 8, 4)]
+        out += [X(128, 128, 8, 4)]
     if M >= 1024:
         out += [C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=4),
                 # (the 128 x 256 / 256 x 128 tiles spill without n_split=2; inline NaN fix-up: 255 registers)
-                X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 4, ns=2),
+                X(64, 128, 4, 4), X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 4, ns=2),
                 X(256, 128, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2), X(128, 128, 8, 4, g=16),
                 X(128, 256, 8, 3, ns=2, fix="inline")]
     cands = [(c, None) for c in out]
