@@ -36,7 +36,7 @@ __all__ = ["main", "make_operands", "naive_sparse_gemm", "expand_a_e4m3", "check
 N_WORKLOAD = 2048
 K_WORKLOAD = 2048
 WORKLOAD_M = (1, 7, 16, 64, 100, 256, 1024, 4096, 8192)
-NAN_CHECK_M = (7, 256, 4096)
+NAN_CHECK_M = (7, 256, 1024, 4096)  # 1024 and 4096: both expand tiles (NaN fix-up launch)
 COPY_BW_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts/h200-anchors.md)
 
 # canonical metadata nibbles (idx0 < idx1): facts/numerics.md §10
@@ -110,17 +110,56 @@ def _poisoned_run(a_vals, a_meta, b, cfg=None):
     """The kernel into a NaN-filled output, with the cached split-K workspaces NaN-filled too."""
     import torch
 
-    from .sparse_gemm_fp4_fp8 import _WORKSPACES, sparse_gemm_fp4_fp8
+    from .sparse_gemm_fp4_fp8 import _A8_WORKSPACES, _WORKSPACES, sparse_gemm_fp4_fp8
 
     for ws, _cnt in _WORKSPACES.values():
         ws.fill_(float("nan"))
+    for a8 in _A8_WORKSPACES.values():  # the expand path's dense A: the pre-pass must write every element it reads
+        a8.view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
     out = torch.full((a_vals.shape[0], b.shape[0]), float("nan"), dtype=torch.bfloat16, device=b.device)
     return sparse_gemm_fp4_fp8(a_vals, a_meta, b, cfg, out=out)
 
 
 def _cfg_name(cfg) -> str:
-    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/"
-            f"{cfg.mma}")
+    name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/{cfg.mma}"
+    if cfg.group_m != 8:
+        name += f"/g{cfg.group_m}"
+    if cfg.kernel == "expand":
+        name += f"/expand/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
+    return name
+
+
+def graph_time_us(fn) -> float:
+    """``_bench.gpu_time_graph(fn)`` after one call of ``fn`` on torch's graph-capture stream: the kernel's
+    workspaces are cached per stream, so this keeps their first allocation (and the counters' zero fill) out of
+    the captured graph, where it would be timed as kernel work."""
+    import torch
+
+    from ._bench import gpu_time_graph
+
+    cls = torch.cuda.graph
+    if cls.default_capture_stream is None:
+        cls.default_capture_stream = torch.cuda.Stream()
+    cls.default_capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(cls.default_capture_stream):
+        fn()
+    torch.cuda.synchronize()
+    return gpu_time_graph(fn)
+
+
+def host_time_us(fn, calls: int = 200) -> float:
+    """Host (CPU) time per call of ``fn`` in MICROSECONDS (DIAGNOSTIC): ``calls`` back-to-back calls without
+    synchronising; the GPU work queues (no more than ~2 launches per call), so the wall time is the host's."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return t
 
 
 def check_sizes(Ms, N, K, log, configs=None) -> bool:
@@ -142,33 +181,50 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
         if M in NAN_CHECK_M:
             cases.append(("nan-in-b", False, True))
         for label, canonical, with_nan in cases:
-            vals, meta, b = make_operands(M, N, K, gen, canonical=canonical)
-            if with_nan:
-                bu = b.view(torch.uint8)
-                hit = torch.rand(bu.shape, device="cuda", generator=gen) < 2e-4  # ~0.4 NaN per row of b
-                bu[hit] = torch.where(torch.rand(bu.shape, device="cuda", generator=gen) < 0.5, 0x7F, 0xFF).to(
-                    torch.uint8)[hit]
-            sparse_gemm_fp4_fp8(vals, meta, b, cfg)  # creates the workspace, poisoned below
-            c1 = _poisoned_run(vals, meta, b, cfg)
-            c2 = _poisoned_run(vals, meta, b, cfg)
-            torch.cuda.synchronize()
-            det = torch.equal(c1.view(torch.int16), c2.view(torch.int16))
-            t0 = time.time()
-            ref = reference(vals.cpu().numpy(), meta.cpu().numpy(), b.view(torch.uint8).cpu().numpy())
-            out = c1.cpu().view(torch.int16).numpy().view(ref.out.dtype)
-            rep = check(out, ref, contract, output_rounding="rne", poison=float("nan"))
-            own = numeric_model(cfg, K)
-            rep_own = check(out, ref, own, output_rounding="rne", poison=float("nan"))
-            n_nan = int(np.isnan(ref.exact).sum())
-            ok = rep.ok and rep_own.ok and det
-            line = (f"check M={M:5d} {label:9s} cfg={_cfg_name(cfg)} det={det} | {contract}: {rep.summary()} | "
-                    f"own {own}: max err/bound {rep_own.max_err_over_bound:.3g}, ok={rep_own.ok} | "
-                    f"ref NaNs={n_nan} ({time.time() - t0:.1f}s)  {'OK' if ok else 'FAIL'}")
-            print(line, flush=True)
-            log.write(line + "\n")
-            if not ok:
-                log.write(rep.message() + "\n" + rep_own.message() + "\n")
-            ok_all &= ok
+            try:
+                vals, meta, b = make_operands(M, N, K, gen, canonical=canonical)
+                if with_nan:
+                    bu = b.view(torch.uint8)
+                    hit = torch.rand(bu.shape, device="cuda", generator=gen) < 2e-4  # ~0.4 NaN per row of b
+                    bu[hit] = torch.where(torch.rand(bu.shape, device="cuda", generator=gen) < 0.5, 0x7F, 0xFF).to(
+                        torch.uint8)[hit]
+                sparse_gemm_fp4_fp8(vals, meta, b, cfg)  # creates the workspace, poisoned below
+                c1 = _poisoned_run(vals, meta, b, cfg)
+                c2 = _poisoned_run(vals, meta, b, cfg)
+                torch.cuda.synchronize()
+                det = torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+                prep = ""
+                if cfg.kernel == "expand":  # the pre-pass output byte for byte (a NaN tile's fix-up would hide errors)
+                    from .sparse_gemm_fp4_fp8 import _A8_WORKSPACES
+
+                    a8 = _A8_WORKSPACES[(str(b.device), torch.cuda.current_stream().cuda_stream)][: M * K].view(M, K)
+                    prep_ok = torch.equal(a8.float(), expand_a_e4m3(vals, meta).float())  # values (-0 == +0)
+                    prep = f" prepass_exact={prep_ok}"
+                    det = det and prep_ok
+                t0 = time.time()
+                ref = reference(vals.cpu().numpy(), meta.cpu().numpy(), b.view(torch.uint8).cpu().numpy())
+                out = c1.cpu().view(torch.int16).numpy().view(ref.out.dtype)
+                rep = check(out, ref, contract, output_rounding="rne", poison=float("nan"))
+                own = numeric_model(cfg, K)
+                rep_own = check(out, ref, own, output_rounding="rne", poison=float("nan"))
+                n_nan = int(np.isnan(ref.exact).sum())
+                ok = rep.ok and rep_own.ok and det
+                line = (f"check M={M:5d} {label:9s} cfg={_cfg_name(cfg)} det={det}{prep} | {contract}: {rep.summary()} | "
+                        f"own {own}: max err/bound {rep_own.max_err_over_bound:.3g}, ok={rep_own.ok} | "
+                        f"ref NaNs={n_nan} ({time.time() - t0:.1f}s)  {'OK' if ok else 'FAIL'}")
+                print(line, flush=True)
+                log.write(line + "\n")
+                if not ok:
+                    msg = rep.message() + "\n" + rep_own.message()
+                    print(msg, flush=True)
+                    log.write(msg + "\n")
+                ok_all &= ok
+            except Exception as e:  # a crash of one case is a failing row, not the end of the run
+                line = f"check M={M:5d} {label:9s} cfg={_cfg_name(cfg)} FAIL: {type(e).__name__}: {str(e)[:300]}"
+                print(line, flush=True)
+                log.write(line + "\n")
+                ok_all = False
+
     return ok_all
 
 
@@ -176,7 +232,8 @@ def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
     """Rows [M, config, kernel us, cuBLAS fp8 us, naive us, x vs fp8, x vs naive, % bytes floor] and, per row, the
     (M, config, nan_check_bytes) it timed. ``configs(M)`` gives (config, nan_check_bytes) candidates (default:
     pick_config(M)). ``graph=True`` appends two DIAGNOSTIC columns: kernel and cuBLAS GPU time without host launch
-    overhead (``_bench.gpu_time_graph``; not the reported method)."""
+    overhead (``_bench.gpu_time_graph``; not the reported method) and two more: host time per call of each
+    (``host_time_us``)."""
     import torch
 
     from ._bench import time_cuda
@@ -200,14 +257,14 @@ def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
             name = _cfg_name(cfg) + ("/nanbytes" if ncb else "") + note
             row = [M, name, t_k, t_fp8, t_naive, t_fp8 / t_k, t_naive / t_k, 100.0 * bytes_floor_us(M, N, K) / t_k]
             if graph:
-                from ._bench import gpu_time_graph
-
                 for fn in (lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg), mm):
                     try:
-                        row.append(gpu_time_graph(fn))
+                        row.append(graph_time_us(fn))
                     except Exception as e:  # diagnostic only
                         print(f"M={M} graph timing failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                         row.append(float("nan"))
+                for fn in (lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg), mm):
+                    row.append(host_time_us(fn))
             rows.append(row)
             timed.append((M, cfg, ncb))
     return rows, timed
@@ -215,30 +272,38 @@ def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
 
 def sweep_candidates(M: int):
     """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
-    block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator)."""
+    block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator). M >= 100: the expand path
+    (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
     from .sparse_gemm_fp4_fp8 import SparseGemmConfig as C
+
+    def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
+        return C(bm, bn, 128, 1, group_m=g, num_warps=w, num_stages=s, kernel="expand", programs_per_sm=p,
+                 n_split=ns, nan_fixup=fix)
 
     out = []
     if M <= 2:
         out += [C(1, 64, 128, 8, mma="fma"), C(1, 64, 128, 16, mma="fma"), C(1, 128, 128, 8, num_warps=8, mma="fma"),
-                C(1, 64, 256, 4, num_warps=8, mma="fma"), C(1, 32, 128, 16, num_warps=2, mma="fma"),
-                C(2, 32, 128, 8, mma="fma")]
+                C(1, 32, 128, 16, num_warps=2, mma="fma"), C(2, 32, 128, 8, mma="fma"),
+                C(1, 32, 128, 8, num_warps=2, mma="fma")]
     if M <= 8:
-        out += [C(8, 16, 128, 8, num_warps=8, mma="fma"), C(8, 32, 64, 8, num_warps=8, mma="fma"),
-                C(4, 32, 128, 8, num_warps=8, mma="fma"), C(4, 16, 128, 16, mma="fma")]
+        out += [C(8, 16, 128, 8, num_warps=8, mma="fma"), C(4, 32, 128, 8, num_warps=8, mma="fma"),
+                C(4, 16, 128, 16, mma="fma")]
     if M <= 16:
         out += [C(16, 64, 128, 4, mma="fp16"), C(16, 64, 128, 8, mma="fp16"), C(16, 32, 128, 8, mma="fp16"),
-                C(16, 32, 128, 16, mma="fp16"), C(16, 64, 256, 4, num_stages=2, mma="fp16")]
+                C(16, 32, 128, 16, mma="fp16"), C(16, 64, 128, 16, mma="fp16")]
     if 16 <= M <= 256:
         out += [C(32, 64, 128, 8, mma="fp16"), C(64, 64, 128, 4), C(64, 64, 128, 8), C(64, 128, 128, 4),
-                C(64, 128, 128, 2), C(64, 64, 128, 4, mma="fp16")]
-    if 100 <= M <= 1024:
-        out += [C(128, 128, 128, 2, num_warps=8), C(128, 128, 128, 1, num_warps=8, num_stages=4),
-                C(64, 256, 64, 2, num_warps=8, mma="fp16")]
+                C(64, 128, 128, 2), C(64, 64, 128, 16), C(64, 128, 128, 8)]
+    if 64 <= M <= 256:  # small grids: the expand path's three launches against the fused kernel's decode
+        out += [X(64, 64, 4, 4), X(64, 64, 4, 4, fix="inline"), X(64, 128, 4, 4), X(64, 128, 4, 4, fix="inline")]
+    if 100 <= M <= 256:
+        out += [X(128, 128, 8, 4)]
     if M >= 1024:
-        out += [C(128, 128, 128, 1, num_warps=8, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=3),
-                C(128, 256, 64, 1, num_warps=8, num_stages=3, mma="fp16"), C(128, 128, 64, 1, num_warps=8, num_stages=4),
-                C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 64, 128, 1, num_warps=4, num_stages=4)]
+        out += [C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=4),
+                # (the 128 x 256 / 256 x 128 tiles spill without n_split=2; inline NaN fix-up: 255 registers)
+                X(64, 128, 4, 4), X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 4, ns=2),
+                X(256, 128, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2), X(128, 128, 8, 4, g=16),
+                X(128, 256, 8, 3, ns=2, fix="inline")]
     cands = [(c, None) for c in out]
     if M in (1, 8192):  # the cost of detecting NaN bytes by bits instead of from the accumulator
         cands.append((out[0], True))
@@ -278,7 +343,8 @@ def precompile(cands, workers: int) -> None:
 
 
 COLUMNS = ["M", "config", "kernel us", "cuBLAS fp8 us", "naive us", "x vs fp8", "x vs naive", "% bytes floor"]
-GRAPH_COLUMNS = ["kernel GPU us (graph, diag.)", "cuBLAS GPU us (graph, diag.)"]
+GRAPH_COLUMNS = ["kernel GPU us (graph, diag.)", "cuBLAS GPU us (graph, diag.)", "kernel host us/call (diag.)",
+                 "cuBLAS host us/call (diag.)"]
 
 
 def main(argv=None) -> int:
@@ -290,7 +356,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="check correctness on every M before timing")
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
-    p.add_argument("--out", default=None, help="directory for the log and json results")
+    p.add_argument("--out", default=None, help="directory for the results: sparse_gemm_log.txt, sparse_gemm.json")
     args = p.parse_args(argv)
 
     import torch
@@ -312,6 +378,7 @@ def main(argv=None) -> int:
     log.write(head + "\n")
 
     ok = True
+    results: dict = {"device": head}
     if args.sweep:
         # tuning: time every candidate, pick the fastest per M (the bits-based NaN check is not a GPU default), then
         # check and time the picked configs in this same run; CONFIGS in sparse_gemm_fp4_fp8.py is set from them.
@@ -319,8 +386,6 @@ def main(argv=None) -> int:
         rows, timed = bench_sizes(Ms, N, K, configs=sweep_candidates)
         # pick by GPU-only (graph) time: at small M the time_cuda figures are dominated by host launch overhead,
         # which is the same for every config and made the 2026-11-30 picks noise (docs/benchmarks.md)
-        from ._bench import gpu_time_graph
-
         best = {}
         ops = {M: make_operands(M, N, K, torch.Generator(device="cuda").manual_seed(7)) for M in Ms}
         for r, (M, cfg, ncb) in zip(rows, timed):
@@ -328,16 +393,14 @@ def main(argv=None) -> int:
                 r.append(float("nan"))  # not a GPU default: never picked
                 continue
             try:
-                g = gpu_time_graph(lambda: sparse_gemm_fp4_fp8(*ops[M], cfg))
+                g = graph_time_us(lambda: sparse_gemm_fp4_fp8(*ops[M], cfg))
             except Exception as e:  # diagnostic path failed: fall back to the time_cuda figure
                 print(f"M={M} graph timing failed ({type(e).__name__}); using time_cuda", flush=True)
                 g = r[2]
             r.append(g)
             if M not in best or g < best[M][0]:
                 best[M] = (g, cfg)
-        if args.out:
-            with open(os.path.join(args.out, "sparse_gemm_sweep.json"), "w") as f:
-                json.dump(rows, f)
+        results["sweep"] = rows
         md = print_table("sweep (all candidates; last column: GPU-only us, graph, used to pick)",
                          COLUMNS + GRAPH_COLUMNS[:1], rows, markdown=True)
         log.write(md + "\n")
@@ -345,28 +408,41 @@ def main(argv=None) -> int:
         table = ",\n".join(f"    ({M}, {picked[M]!r})" for M in sorted(picked))
         print(f"picked per M (CONFIGS bounds = these M):\n{table}", flush=True)
         log.write(f"picked per M:\n{table}\n")
+        results["picked"] = {M: repr(picked[M]) for M in sorted(picked)}
         if args.check:
             ok = check_sizes(Ms, N, K, log, configs=picked)
             print(f"check (picked configs): {'ALL OK' if ok else 'FAILURES'}", flush=True)
+            log.write(f"check (picked configs): {'ALL OK' if ok else 'FAILURES'}\n")
+            results["check_ok"] = ok
         rows, _ = bench_sizes(Ms, N, K, configs=lambda M: [(picked[M], None)], graph=True)
-        _final_table(rows, N, K, dev, args.out, log, "sparse_gemm_bench_picked.json")
+        results["final"] = rows
+        _final_table(rows, N, K, dev, log)
+        _write_json(args.out, results)
         return 0 if ok else 1
 
     precompile([(pick_config(M), None) for M in Ms], args.workers)
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
+        log.write(f"check: {'ALL OK' if ok else 'FAILURES'}\n")
+        results["check_ok"] = ok
     rows, _ = bench_sizes(Ms, N, K, graph=True)
-    _final_table(rows, N, K, dev, args.out, log, "sparse_gemm_bench.json")
+    results["final"] = rows
+    _final_table(rows, N, K, dev, log)
+    _write_json(args.out, results)
     return 0 if ok else 1
 
 
-def _final_table(rows, N, K, dev, out_dir, log, json_name) -> None:
+def _write_json(out_dir, results) -> None:
+    """All results of one run in ONE file (sparse_gemm.json): columns, sweep rows, picks, check, final rows."""
+    if out_dir:
+        with open(os.path.join(out_dir, "sparse_gemm.json"), "w") as f:
+            json.dump({"columns": COLUMNS + GRAPH_COLUMNS, **results}, f)
+
+
+def _final_table(rows, N, K, dev, log) -> None:
     from ._bench import geomean, print_table
 
-    if out_dir:
-        with open(os.path.join(out_dir, json_name), "w") as f:
-            json.dump(rows, f)
     title = (f"sparse_gemm_fp4_fp8 vs cuBLAS fp8 dense (torch._scaled_mm, A pre-expanded) and naive rebuild + fp32 "
              f"matmul, N={N} K={K}, {dev}, L2 flushed, median of 50 (CUDA events)")
     md = print_table(title, COLUMNS + GRAPH_COLUMNS[: len(rows[0]) - len(COLUMNS)], rows, markdown=True)

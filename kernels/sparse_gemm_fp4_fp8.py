@@ -33,6 +33,19 @@ Split-K partial tiles (fp32) are reduced in ONE launch and deterministically: ea
 partial to a workspace and bumps a per-tile counter; the last one to arrive sums the SPLIT_K partials in
 split order 0, 1, ..., rounds once to bf16, stores, and resets the counter.
 
+Large M (SparseGemmConfig.kernel="expand"): the in-loop decode (~1000 instructions per K-tile) cannot overlap the
+MMA, so two launches instead: sparse_expand_a_kernel decodes (vals, meta) with the same _a_words into a dense
+E4M3FN A [M, K] in a cached per-stream workspace (reads 0.5 B, writes 1 B per element of A; each group's 4
+bytes are one little-endian word, stored as an int32: no byte interleave), then
+sparse_gemm_expanded_kernel, a persistent GEMM whose A and b tiles come through TMA into shared memory, runs
+fp8 wgmma with the same per-K-tile promotion and one RNE rounding. A dense MMA would spread a NaN byte of b at a
+pruned position through 0 * NaN, so a tile whose raw accumulator has a NaN is recomputed by the fused kernel's
+exact slow path (_nan_tile, decoding from vals/meta): same NaN policy, same bounds; by default in a third launch
+(sparse_nan_fixup_kernel) over the tiles the GEMM flagged.
+
+Host: a launch plan per key (dtypes, shapes, strides, devices, pointer alignment, config) keeps the compiled
+kernels after the first call, which validates; later calls launch them directly (see "Launch plans").
+
 Numeric contract: see NUMERIC_CONTRACT (the fp4ref accumulation model that bounds every config here).
 """
 from __future__ import annotations
@@ -43,6 +56,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 # ----------------------------------------------------------------------------------------------------------
 # Numeric contract (data; tests/test_kernel_sparse_gemm.py checks it through fp4ref.bounds)
@@ -81,24 +95,49 @@ class SparseGemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     mma: str = "fp8"  # "fp8" (wgmma, block_m % 64 == 0), "fp16" (tensor core), "fma" (CUDA cores)
+    # "fused": decode A inside the GEMM's K loop (one launch). "expand" (large M): a decode pre-pass writes the
+    # dense E4M3FN A to a cached workspace, then a persistent TMA fp8 GEMM (mma "fp8", split_k 1 only)
+    kernel: str = "fused"
+    programs_per_sm: int = 1  # expand: persistent programs per SM
+    # expand: the C tile as n_split column blocks of block_n / n_split, each its own wgmma chain and fp32
+    # accumulator (the promotion's fresh accumulator is then [block_m, block_n / n_split]: fewer registers)
+    n_split: int = 1
+    # expand: where a tile whose accumulator holds a NaN is recomputed by the exact slow path: "inline" (in the
+    # GEMM program; its registers then count for the whole kernel: 255 and spills at 128 x 128) or "launch" (the
+    # GEMM flags the tile; a fix-up launch recomputes flagged tiles, ~2 us when none is flagged)
+    nan_fixup: str = "launch"
 
     def __post_init__(self):
         if self.mma not in MMA_KINDS:
             raise ValueError(f"mma={self.mma!r}: expected one of {tuple(MMA_KINDS)}")
+        if self.kernel not in ("fused", "expand"):
+            raise ValueError(f"kernel={self.kernel!r}: expected 'fused' or 'expand'")
+        if self.kernel == "expand" and (self.mma != "fp8" or self.split_k != 1):
+            raise ValueError(f"kernel='expand' needs mma='fp8' and split_k=1, got mma={self.mma!r}, "
+                             f"split_k={self.split_k}")
+        if self.nan_fixup not in ("inline", "launch"):
+            raise ValueError(f"nan_fixup={self.nan_fixup!r}: expected 'inline' or 'launch'")
+        if self.n_split not in (1, 2) or (self.n_split == 2 and self.kernel != "expand"):
+            raise ValueError(f"n_split={self.n_split}: expected 1, or 2 with kernel='expand'")
 
 
 # Picked per M by the GPU sweep on the H200 (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check,
-# docs/benchmarks.md), then checked there against fp4ref with these exact configs. The small-M picks were made with
-# timings dominated by host launch overhead (see docs/benchmarks.md), so they are weakly determined.
+# docs/benchmarks.md) by GPU-only time (CUDA graphs, host launch overhead excluded), then checked there against
+# fp4ref with these exact configs. M <= 256: the 2026-11-30 GPU-time picks (run1). M >= 512: the expand path
+# (decode pre-pass + persistent TMA fp8 GEMM); its tiles are a first choice pending the sweep.
 # Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
 CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
-    (7, SparseGemmConfig(16, 64, 256, split_k=4, num_warps=4, num_stages=2, mma="fp16")),
-    (64, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
-    (100, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4)),
-    (256, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
-    (1024, SparseGemmConfig(128, 128, 128, split_k=1, num_warps=8, num_stages=4)),
-    (1 << 62, SparseGemmConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)),
+    (1, SparseGemmConfig(1, 32, 128, split_k=16, num_warps=2, num_stages=3, mma="fma")),
+    (16, SparseGemmConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3, mma="fp16")),
+    (64, SparseGemmConfig(64, 64, 128, split_k=8, num_warps=4, num_stages=3)),
+    (100, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
+    (256, SparseGemmConfig(64, 128, 128, split_k=4, num_warps=4, num_stages=3)),
+    (1024, SparseGemmConfig(128, 128, 128, num_warps=8, num_stages=4, kernel="expand")),
+    (1 << 62, SparseGemmConfig(128, 256, 128, num_warps=8, num_stages=3, kernel="expand", n_split=2)),
 )
+
+# Large M when b_fp8 cannot feed TMA descriptors (see tma_eligible): the fused kernel's large-M pick.
+FALLBACK_CONFIG = SparseGemmConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)
 
 # Small tiles for the CPU interpreter (cost ~ programs x K-steps there). Not used on a GPU.
 INTERPRETER_CONFIG = SparseGemmConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1)
@@ -144,17 +183,16 @@ def _e4m3_of_e2m1(code):
 
 
 @triton.jit
-def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SELECTOR: tl.constexpr):
-    """Dense E4M3FN tile [BLOCK_M, BLOCK_K] of A for K-columns 4*g0 ... 4*g0 + BLOCK_K - 1.
+def _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
+             BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, SELECTOR: tl.constexpr):
+    """uint32 [BLOCK_M, BLOCK_G]: for groups g0 ... g0 + BLOCK_G - 1 of A, the group's 4 E4M3FN bytes as one
+    little-endian word (byte j = column 4g + j).
 
     SELECTOR=False: the values (v0 at idx0 plus v1 at idx1; a duplicate index holds v0 + v1, exact).
     SELECTOR=True: 1.0 at each selected position (used to count selected NaNs of b).
     Rows >= M and groups >= G load zero bytes, which decode to an all-zero group.
-    Work is per group (byte pair), in the loaded [BLOCK_M, BLOCK_K/4] layout: each group becomes one 32-bit word
-    holding its 4 E4M3FN bytes, split into bytes and interleaved with tl.join + tl.reshape (no data movement).
     """
-    offs_g = g0 + tl.arange(0, BLOCK_K // 4)
+    offs_g = g0 + tl.arange(0, BLOCK_G)
     mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
     off = offs_m[:, None] * stride_am + offs_g[None, :] * stride_ag
     # int8 storage, read as unsigned bytes: bitcast to uint8 first, then zero-extend
@@ -173,6 +211,18 @@ def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
         f1 = e1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         es = (f0 + f1).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint32)
         word = tl.where(sh0 == sh1, es << sh0, (e0 << sh0) | (e1 << sh1))
+    return word
+
+
+@triton.jit
+def _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SELECTOR: tl.constexpr):
+    """Dense E4M3FN tile [BLOCK_M, BLOCK_K] of A for K-columns 4*g0 ... 4*g0 + BLOCK_K - 1 (see _a_words).
+
+    Work is per group (byte pair), in the loaded [BLOCK_M, BLOCK_K/4] layout: each group becomes one 32-bit word
+    holding its 4 E4M3FN bytes, split into bytes and interleaved with tl.join + tl.reshape (no data movement).
+    """
+    word = _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0, BLOCK_M, BLOCK_K // 4, SELECTOR)
     # column 4g + j holds byte j of word g: interleave the 4 byte planes (join puts the new axis in-thread)
     c0 = (word & 0xFF).to(tl.uint8)
     c1 = ((word >> 8) & 0xFF).to(tl.uint8)
@@ -292,39 +342,10 @@ def sparse_gemm_fp4_fp8_kernel(
     ws_tile = ws_ptr + tile * (SPLIT_K * BLOCK_M * BLOCK_N) + local
 
     if has_nan:
-        # ---- slow path (b had a NaN byte in this program's range): recompute with NaN bytes -> 0, store, then
-        # count with a second MMA the selected NaNs and overwrite those elements with NaN. Two loops, one
-        # accumulator live at a time (registers).
-        acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
-        for kt in range(kt_begin, kt_end):
-            k0 = kt * BLOCK_K
-            a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
-                        BLOCK_M, BLOCK_K, False)
-            if EVEN_K:
-                b_mask = n_ok
-            else:
-                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
-            b_clean = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
-            acc = _mma(a, b_clean.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, MMA)
-        acc = _acc_final(acc, MMA)
-        _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
-        hits = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
-        for kt in range(kt_begin, kt_end):
-            k0 = kt * BLOCK_K
-            sel = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
-                          BLOCK_M, BLOCK_K, True)
-            if EVEN_K:
-                b_mask = n_ok
-            else:
-                b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
-            b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
-            b_flag = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
-            # non-negative terms: the count is > 0 iff a selected position holds a NaN (under any rounding)
-            hits = _mma(sel, b_flag.to(tl.float8e4nv, bitcast=True), hits, BLOCK_K, MMA)
-        hits = _acc_final(hits, MMA)
-        tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
-        _store_nan(hits > 0, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
+        # ---- slow path (b had a NaN byte in this program's range): exact recompute, selected NaNs only ----
+        _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                  kt_begin, kt_end, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask,
+                  BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, SPLIT_K)
     else:
         _store_result(acc, ws_tile + pid_k * (BLOCK_M * BLOCK_N), c_ptrs, c_mask, SPLIT_K)
 
@@ -359,18 +380,196 @@ def _store_nan(where_nan, ws_ptrs, c_ptrs, c_mask, SPLIT_K: tl.constexpr):
         tl.store(ws_ptrs, tl.full(where_nan.shape, float("nan"), tl.float32), mask=where_nan)
 
 
+@triton.jit
+def _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+              kt_begin, kt_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              MMA: tl.constexpr, EVEN_K: tl.constexpr, SELECTOR: tl.constexpr):
+    """One K-loop of the NaN slow path over K-tiles [kt_begin, kt_end), b read through pointers (b_rows).
+
+    SELECTOR=False: the values times b with its NaN bytes replaced by 0 (the sum without the NaN terms).
+    SELECTOR=True: the selector (1.0 at each selected position) times 1.0 where b is NaN, 0 elsewhere: a count of
+    non-negative terms, > 0 (under any rounding) iff a selected position holds a NaN.
+    """
+    acc = _acc_init(BLOCK_M, BLOCK_N, BLOCK_K, MMA)
+    for kt in range(kt_begin, kt_end):
+        k0 = kt * BLOCK_K
+        a = _a_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, k0 // 4,
+                    BLOCK_M, BLOCK_K, SELECTOR)
+        if EVEN_K:
+            b_mask = n_ok
+        else:
+            b_mask = n_ok & ((k0 + offs_k)[None, :] < K)
+        b = tl.load(b_rows + (k0 + offs_k)[None, :] * stride_bk, mask=b_mask, other=0.0).to(tl.uint8, bitcast=True)
+        if SELECTOR:
+            b_use = tl.where((b & 0x7F) == 0x7F, 0x38, 0).to(tl.uint8)  # E4M3FN 1.0 where b is NaN
+        else:
+            b_use = tl.where((b & 0x7F) == 0x7F, 0, b).to(tl.uint8)
+        acc = _mma(a, b_use.to(tl.float8e4nv, bitcast=True), acc, BLOCK_K, MMA)
+    return _acc_final(acc, MMA)
+
+
+@triton.jit
+def _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+              kt_begin, kt_end, ws_ptrs, c_ptrs, c_mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, MMA: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The NaN slow path of one [BLOCK_M, BLOCK_N] tile: recompute with NaN bytes of b -> 0 and store, then count
+    with a second pass the selected NaNs and overwrite those elements with NaN. Two passes of one loop
+    (_nan_pass), one accumulator live at a time (registers)."""
+    acc = _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                    kt_begin, kt_end, BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, False)
+    _store_result(acc, ws_ptrs, c_ptrs, c_mask, SPLIT_K)
+    hits = _nan_pass(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, b_rows, n_ok, offs_k, K, stride_bk,
+                     kt_begin, kt_end, BLOCK_M, BLOCK_N, BLOCK_K, MMA, EVEN_K, True)
+    tl.debug_barrier()  # the store above may map elements to other threads: order it before the overwrite
+    _store_nan(hits > 0, ws_ptrs, c_ptrs, c_mask, SPLIT_K)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Large M: decode pre-pass + persistent TMA fp8 GEMM (SparseGemmConfig.kernel == "expand")
+# ----------------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["M"])
+def sparse_expand_a_kernel(
+    vals_ptr, meta_ptr,            # int8 [M, G]
+    a8w_ptr,                       # int32 view of the dense E4M3FN A [M, 4G] (written): row stride stride_wm words
+    M, G,
+    stride_am, stride_ag, stride_wm,
+    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """Dense E4M3FN A from (vals, meta) by the fused kernel's own decode (_a_words), exact, duplicate indices add:
+    each group's word holds its 4 bytes in column order (little-endian), so it is stored as one int32."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    word = _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, tl.program_id(1) * BLOCK_G,
+                    BLOCK_M, BLOCK_G, False)
+    mask = (offs_m[:, None] < M) & (offs_g[None, :] < G)
+    tl.store(a8w_ptr + offs_m[:, None] * stride_wm + offs_g[None, :], word.to(tl.int32, bitcast=True), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "num_programs"])
+def sparse_gemm_expanded_kernel(
+    a_desc,                        # float8_e4m3fn [M, K] dense A (the pre-pass output), block [BLOCK_M, BLOCK_K]
+    b_desc,                        # float8_e4m3fn [N, K], block [BLOCK_N // N_SPLIT, BLOCK_K]
+    vals_ptr, meta_ptr,            # int8 [M, G]: read only by the NaN slow path
+    b_ptr,                         # b_fp8 again, through pointers (NaN slow path)
+    c_ptr,                         # bfloat16 [M, N]
+    flag_ptr,                      # int32 [tiles]: set to 1 for a tile with a NaN (INLINE_FIXUP=False), else unused
+    M, N, K, num_programs,
+    stride_am, stride_ag,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    N_SPLIT: tl.constexpr,          # 1 or 2 column blocks of BLOCK_N // N_SPLIT, one fp32 accumulator each
+    INLINE_FIXUP: tl.constexpr,     # True: recompute NaN tiles here; False: flag them for sparse_nan_fixup_kernel
+    NAN_CHECK_BYTES: tl.constexpr,  # True: detect NaN bytes of b directly; False: from the raw accumulator
+    EVEN_K: tl.constexpr,           # K % BLOCK_K == 0 (masks of the slow path)
+):
+    """Persistent fp8 GEMM over C tiles (grouped order), both operands through TMA into shared memory.
+
+    Accumulation as the fused fp8 path: per K-tile (BLOCK_K <= 128) a fresh wgmma accumulator, added into fp32.
+    A dense MMA spreads a NaN byte of b through 0 * NaN at pruned positions, so a tile whose raw accumulator
+    holds a NaN is recomputed by the fused kernel's exact slow path (_nan_tile: A decoded from vals/meta), which
+    gives NaN exactly where row m's metadata selects a NaN byte.
+    """
+    BN: tl.constexpr = BLOCK_N // N_SPLIT
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    G = K // 4
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in tl.range(start, num_tiles, num_programs):
+        first_m = (tile // num_in_group) * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % num_in_group) % group_size
+        pid_n = (tile % num_in_group) // group_size
+        acc0 = tl.zeros((BLOCK_M, BN), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, BN), dtype=tl.float32)  # N_SPLIT == 2 only
+        nan_rows = tl.zeros((BN,), dtype=tl.int32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])   # rows >= M, columns >= K: zeros (TMA padding)
+            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            if NAN_CHECK_BYTES:
+                nan_rows = tl.maximum(nan_rows, tl.max(((b.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+            acc0 = _mma(a, b, acc0, BLOCK_K, 1)  # fp8 wgmma, promoted into fp32 every K-tile
+            if N_SPLIT == 2:
+                b1 = b_desc.load([pid_n * BLOCK_N + BN, kt * BLOCK_K])
+                if NAN_CHECK_BYTES:
+                    nan_rows = tl.maximum(nan_rows, tl.max(((b1.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+                acc1 = _mma(a, b1, acc1, BLOCK_K, 1)
+        if NAN_CHECK_BYTES:
+            has_nan = tl.max(nan_rows, axis=0) > 0
+        else:
+            has_nan = tl.max(tl.where(acc0 != acc0, 1, 0)) > 0
+            if N_SPLIT == 2:
+                has_nan = has_nan | (tl.max(tl.where(acc1 != acc1, 1, 0)) > 0)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        if has_nan:
+            if INLINE_FIXUP:
+                _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ag,
+                              stride_bn, stride_bk, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, BN, EVEN_K)
+            else:
+                tl.store(flag_ptr + pid_m * num_pid_n + pid_n, 1)  # c of this tile: written by the fix-up launch
+        else:
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BN)
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, acc0.to(tl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # one RNE
+            if N_SPLIT == 2:
+                offs_n = offs_n + BN
+                c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+                tl.store(c_ptrs, acc1.to(tl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ag, stride_bn,
+                  stride_bk, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr):
+    """Exact slow path (fp8 MMA, A decoded from vals/meta) for C tile (pid_m, pid_n), [BLOCK_M, BN] at a time."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    for h in tl.static_range(BLOCK_N // BN):
+        offs_n = pid_n * BLOCK_N + h * BN + tl.arange(0, BN)
+        c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        _nan_tile(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, K // 4, b_ptr + offs_n[:, None] * stride_bn,
+                  offs_n[:, None] < N, offs_k, K, stride_bk, 0, tl.cdiv(K, BLOCK_K), c_ptrs, c_ptrs, c_mask,
+                  BLOCK_M, BN, BLOCK_K, 1, EVEN_K, 1)
+
+
+@triton.jit(do_not_specialize=["M"])
+def sparse_nan_fixup_kernel(
+    vals_ptr, meta_ptr, b_ptr, c_ptr,
+    flag_ptr,                      # int32 [tiles], set by sparse_gemm_expanded_kernel; reset to 0 here
+    M, N, K,
+    stride_am, stride_ag,
+    stride_bn, stride_bk,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BN: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """One program per C tile of the expand GEMM: if the GEMM flagged it (NaN in its accumulator), recompute it
+    by the exact slow path and clear the flag (flags are 0 between launches); otherwise exit."""
+    tile = tl.program_id(0)
+    if tl.load(flag_ptr + tile) != 0:
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        _nan_fix_tile(vals_ptr, meta_ptr, b_ptr, c_ptr, tile // num_pid_n, tile % num_pid_n, M, N, K, stride_am,
+                      stride_ag, stride_bn, stride_bk, stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, BN, EVEN_K)
+        tl.store(flag_ptr + tile, 0)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Host wrapper
 # ----------------------------------------------------------------------------------------------------------
 _WORKSPACES: dict = {}  # (device, stream) -> (fp32 split-K workspace, int32 counters); counters 0 between launches
+_A8_WORKSPACES: dict = {}  # (device, stream) -> float8_e4m3fn buffer for the dense A of the "expand" path
+_FLAGS: dict = {}  # (device, stream) -> int32 NaN-tile flags of the expand path; 0 between launches
 
 
-def _workspace(device: torch.device, ws_elems: int, n_counters: int):
-    """Cached split-K workspace and zeroed arrival counters for (device, current stream); grown, never shrunk.
+def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int):
+    """Cached split-K workspace and zeroed arrival counters for (device, stream); grown, never shrunk.
 
     One per stream: launches on one stream run in order, so the counters are back at zero for the next launch.
     """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     ws, cnt = _WORKSPACES.get(key, (None, None))
     if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
@@ -382,8 +581,43 @@ def _workspace(device: torch.device, ws_elems: int, n_counters: int):
     return ws, cnt
 
 
+def _flags(device: torch.device, stream: int, n: int) -> torch.Tensor:
+    """Cached zeroed int32 tile flags (>= n) for the expand path's NaN fix-up, per (device, stream); grown."""
+    key = (str(device), stream)
+    buf = _FLAGS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _FLAGS[key] = buf
+    return buf
+
+
+def _a8_workspace(device: torch.device, stream: int, elems: int) -> torch.Tensor:
+    """Cached flat E4M3FN buffer (>= elems) for the dense A of the expand path, per (device, stream); grown."""
+    key = (str(device), stream)
+    buf = _A8_WORKSPACES.get(key)
+    if buf is None or buf.numel() < elems:
+        buf = torch.empty(-(-elems // 16) * 16, dtype=torch.float8_e4m3fn, device=device)  # int32-viewable
+        _A8_WORKSPACES[key] = buf
+    return buf
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # triton reads it when the kernels are decorated
+
+
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRET
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # CPU interpreter: few persistent programs, so the persistent loop runs several tiles each
+    n = _NUM_SMS.get(device.index)
+    if n is None:
+        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def _check(name: str, t, dtype: torch.dtype) -> None:
@@ -395,35 +629,84 @@ def _check(name: str, t, dtype: torch.dtype) -> None:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
 
 
-def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: SparseGemmConfig | None = None, *, out: torch.Tensor | None = None,
-                        nan_check_bytes: bool | None = None) -> torch.Tensor:
-    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (design.md "2:4 sparse A").
+def tma_eligible(b_fp8: torch.Tensor) -> bool:
+    """Whether b_fp8 [N, K] can feed the expand path's TMA descriptors: unit stride along K, 16-byte row stride
+    and base, K % 16 == 0 (the dense-A workspace rows)."""
+    n, k = b_fp8.shape
+    return (k % 16 == 0 and b_fp8.stride(1) == 1 and (n == 1 or b_fp8.stride(0) % 16 == 0)
+            and b_fp8.data_ptr() % 16 == 0)
 
-    Args:
-        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
-            as unsigned.
-        a_meta: int8 [M, K/4]; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the group); bits 7:4
-            ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
-        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment.
-        config: a SparseGemmConfig overriding the CONFIGS entry picked by M (benchmarks, tests).
-        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
-        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
-            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
-            +-480 (facts/triton.md).
 
-    Returns:
-        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
-        position the metadata selects gives NaN; one at a pruned position does not (module docstring).
+# ----------------------------------------------------------------------------------------------------------
+# Launch plans. The first call for a key (dtypes, shapes, strides, devices, 16-byte alignment of every pointer,
+# out's strides, config, nan_check_bytes) validates everything, picks the config and the grid and goes through
+# Triton's JIT (compiling if needed); it keeps the CompiledKernel the JIT returns. Later calls with the same key
+# check only ``out`` and launch the kept kernels directly. Why: the JIT re-binds and re-specializes every argument
+# on each call, ~20 us of Python on the H200 machine's CPU, which an L2-flushed CUDA-event timing of a ~8 us
+# kernel measures as kernel time (the GPU idles waiting for the launch). The kept kernel is valid for the key:
+# Triton specializes on integer arguments being 1 or multiples of 16 (N, K and the strides are in the key; M and
+# num_programs are do_not_specialize) and on 16-byte pointer alignment (in the key; workspaces are torch
+# allocations). Bounded: past _MAX_PLANS keys the cache starts over.
+# ----------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Launch:
+    kernel: object
+    grid: tuple
+    constexprs: dict  # in the kernel's parameter order (they follow its runtime parameters)
+    num_warps: int
+    num_stages: int
+    ck: object = None  # CompiledKernel after the first launch (GPU only)
 
-    Raises:
-        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor.
-        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4]; ``out`` not [M, N];
-            operands on different devices; an fp8 config with block_k > 128.
 
-    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench; facts/seeds.md §1), layout and
-    semantics fixed by design.md ("2:4 sparse A"); reference fp4ref.gemm.sparse_gemm_fp4_fp8.
-    """
+@dataclasses.dataclass
+class _Plan:
+    cfg: SparseGemmConfig
+    main: _Launch
+    prep: _Launch | None  # expand path: the decode pre-pass
+    fix: _Launch | None  # expand path with nan_fixup="launch": the NaN fix-up
+    ws_elems: int
+    n_counters: int
+    a8_elems: int
+
+
+_PLANS: dict = {}
+_MAX_PLANS = 1024
+PREP_BLOCK_M, PREP_BLOCK_G, PREP_WARPS = 32, 128, 4  # decode pre-pass tile, in groups (0.5 B read, 1 B written
+# per element of A)
+
+
+def _launch(launch: _Launch, stream, args: tuple, is_cuda: bool) -> None:
+    """Launch through the JIT the first time (compiles, validates, keeps the CompiledKernel), directly after."""
+    ck = launch.ck
+    if ck is None:
+        ck = launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps,
+                                        num_stages=launch.num_stages)
+        if is_cuda and ck is not None:
+            launch.ck = ck
+        return
+    all_args = (*args, *launch.constexprs.values())
+    g0, g1, g2 = launch.grid
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
+        meta = ck.launch_metadata(launch.grid, stream, *all_args)
+    else:
+        meta, enter, exit_ = None, None, None
+    ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
+
+
+def _tensor_desc(base, shape, strides, block_shape, validate: bool):
+    """A host TensorDescriptor; validate=False skips the dataclass checks (done on this plan's first call)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if validate:
+        return TensorDescriptor(base, shape, strides, block_shape)
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block_shape, "zero"
+    return d
+
+
+def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
+    """Validate a new key's operands and build its launch plan (raises as sparse_gemm_fp4_fp8 documents)."""
     _check("a_vals", a_vals, torch.int8)
     _check("a_meta", a_meta, torch.int8)
     _check("b_fp8", b_fp8, torch.float8_e4m3fn)
@@ -443,7 +726,11 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if not (a_vals.device == a_meta.device == b_fp8.device):
         raise ValueError(f"operands on different devices: a_vals {a_vals.device}, a_meta {a_meta.device}, "
                          f"b_fp8 {b_fp8.device}")
+    if a_vals.stride() != a_meta.stride():
+        raise ValueError(f"a_meta.stride()={a_meta.stride()}: expected a_vals' strides {a_vals.stride()} "
+                         "(the kernels index both with one set)")
     interp = _interpreting()
+    explicit = config is not None
     if config is None:
         config = INTERPRETER_CONFIG if interp else pick_config(m)
     if not isinstance(config, SparseGemmConfig):
@@ -451,36 +738,138 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if config.mma == "fp8" and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
                          "(the promotion interval of the numeric contract)")
-    if nan_check_bytes is None:
-        nan_check_bytes = interp
-    if out is None:
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=b_fp8.device)
-    else:
-        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
-            raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
-        if tuple(out.shape) != (m, n) or out.device != b_fp8.device:
-            raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {b_fp8.device}")
-
+    if config.kernel == "expand" and not tma_eligible(b_fp8):
+        if explicit:
+            raise ValueError(f"config.kernel='expand' needs b_fp8 with unit stride along K, 16-byte row stride and "
+                             f"base and K % 16 == 0; got shape {tuple(b_fp8.shape)}, strides {b_fp8.stride()}")
+        config = FALLBACK_CONFIG
+    ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
+    even_k = k % config.block_k == 0
     tiles_m = triton.cdiv(m, config.block_m)
     tiles_n = triton.cdiv(n, config.block_n)
+    if config.kernel == "expand":
+        nprog = min(tiles_m * tiles_n, _num_sms(b_fp8.device) * config.programs_per_sm)
+        main = _Launch(sparse_gemm_expanded_kernel, (nprog, 1, 1),
+                       dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                            GROUP_M=config.group_m, N_SPLIT=config.n_split,
+                            INLINE_FIXUP=config.nan_fixup == "inline", NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                       config.num_warps, config.num_stages)
+        prep = _Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(k // 4, PREP_BLOCK_G), 1),
+                       dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G), PREP_WARPS, 1)
+        fix = None
+        if config.nan_fixup == "launch":
+            fix = _Launch(sparse_nan_fixup_kernel, (tiles_m * tiles_n, 1, 1),
+                          dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                               BN=config.block_n // config.n_split, EVEN_K=even_k), config.num_warps, 2)
+        return _Plan(config, main, prep, fix, 0, tiles_m * tiles_n, m * k)
     k_tiles = triton.cdiv(k, config.block_k)
     split_k = max(1, min(config.split_k, k_tiles))
-    if split_k > 1:
-        ws, locks = _workspace(out.device, tiles_m * tiles_n * split_k * config.block_m * config.block_n,
-                               tiles_m * tiles_n)
+    main = _Launch(sparse_gemm_fp4_fp8_kernel, (tiles_m * tiles_n, split_k, 1),
+                   dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k,
+                        GROUP_M=config.group_m, MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                   config.num_warps, config.num_stages)
+    ws_elems = tiles_m * tiles_n * split_k * config.block_m * config.block_n if split_k > 1 else 0
+    return _Plan(config, main, None, None, ws_elems, tiles_m * tiles_n, 0)
+
+
+def plan_config(a_vals, a_meta, b_fp8, config=None, nan_check_bytes=None) -> SparseGemmConfig:
+    """The config a call with these operands runs (pick_config(M), or FALLBACK_CONFIG where the expand path's TMA
+    needs do not hold), validating the operands like sparse_gemm_fp4_fp8."""
+    return _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes).cfg
+
+
+def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
+                        config: SparseGemmConfig | None = None, *, out: torch.Tensor | None = None,
+                        nan_check_bytes: bool | None = None) -> torch.Tensor:
+    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (design.md "2:4 sparse A").
+
+    Args:
+        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
+            as unsigned.
+        a_meta: int8 [M, K/4], same strides as a_vals; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the
+            group); bits 7:4 ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
+        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
+            (the large-M "expand" configs also need unit stride along K, 16-byte rows and K % 16 == 0, and fall
+            back to FALLBACK_CONFIG otherwise).
+        config: a SparseGemmConfig overriding the CONFIGS entry picked by M (benchmarks, tests).
+        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
+        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
+            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
+            +-480 (facts/triton.md).
+
+    Returns:
+        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
+        position the metadata selects gives NaN; one at a pruned position does not (module docstring).
+
+    Raises:
+        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor.
+        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
+            strides; ``out`` not [M, N]; operands on different devices; an fp8 config with block_k > 128; an
+            explicit expand config with a b_fp8 its TMA descriptors cannot read.
+
+    Host cost: the first call per (shapes, strides, dtypes, devices, alignment, config) key validates and goes
+    through Triton's JIT; later calls launch the kept kernels directly (see "Launch plans" in the source).
+    Workspaces (split-K partials, the expand path's dense A) are cached per (device, stream): concurrent calls
+    on one stream are ordered; on different streams they use different workspaces.
+
+    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench; facts/seeds.md §1), layout and
+    semantics fixed by design.md ("2:4 sparse A"); reference fp4ref.gemm.sparse_gemm_fp4_fp8.
+    """
+    if not isinstance(a_vals, torch.Tensor) or not isinstance(a_meta, torch.Tensor) or \
+            not isinstance(b_fp8, torch.Tensor):
+        for name, t in (("a_vals", a_vals), ("a_meta", a_meta), ("b_fp8", b_fp8)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
+        raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    pv, pm, pb = a_vals.data_ptr(), a_meta.data_ptr(), b_fp8.data_ptr()
+    sa, sb = a_vals.stride(), b_fp8.stride()
+    key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
+           sa, a_meta.stride(), sb, a_vals.device, a_meta.device, b_fp8.device,
+           pv % 16 == 0, pm % 16 == 0, pb % 16 == 0,
+           None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes)
+        if len(_PLANS) >= _MAX_PLANS:  # many distinct keys: start over rather than grow without bound
+            _PLANS.clear()
+        new = True
+    else:
+        new = False
+    m = a_vals.shape[0]
+    n, k = b_fp8.shape
+    device = b_fp8.device
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    elif tuple(out.shape) != (m, n) or out.device != device:
+        raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {device}")
+    if new:
+        _PLANS[key] = plan  # only once the whole call validated
+
+    is_cuda = device.type == "cuda"
+    stream = triton.runtime.driver.active.get_current_stream(device.index) if is_cuda else 0
+    sam, sag = sa
+    sbn, sbk = sb
+    scm, scn = out.stride()
+    if plan.prep is not None:
+        cfg = plan.cfg
+        a8 = _a8_workspace(device, stream, plan.a8_elems)
+        _launch(plan.prep, stream, (a_vals, a_meta, a8.view(torch.int32), m, k // 4, sam, sag, k // 4), is_cuda)
+        flags = _flags(device, stream, plan.n_counters) if plan.fix is not None else out  # unused if inline
+        first = plan.main.ck is None
+        args = (_tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),
+                _tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n // cfg.n_split, cfg.block_k],
+                             first),
+                a_vals, a_meta, b_fp8, out, flags, m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, scm, scn)
+        _launch(plan.main, stream, args, is_cuda)
+        if plan.fix is not None:
+            _launch(plan.fix, stream, (a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn),
+                    is_cuda)
+        return out
+    if plan.ws_elems:
+        ws, locks = _workspace(device, stream, plan.ws_elems, plan.n_counters)
     else:
         ws, locks = out, out  # not read by the kernel
-    grid = (tiles_m * tiles_n, split_k)
-    sparse_gemm_fp4_fp8_kernel[grid](
-        a_vals, a_meta, b_fp8, out, ws, locks,
-        m, n, k,
-        a_vals.stride(0), a_vals.stride(1),
-        b_fp8.stride(0), b_fp8.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=split_k, GROUP_M=config.group_m,
-        MMA=MMA_KINDS[config.mma], NAN_CHECK_BYTES=bool(nan_check_bytes),
-        EVEN_K=(k % config.block_k == 0),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, m, n, k, sam, sag, sbn, sbk, scm, scn),
+            is_cuda)
     return out

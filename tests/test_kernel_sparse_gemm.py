@@ -179,6 +179,118 @@ def test_deterministic_and_inputs_untouched():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Large-M "expand" path: decode pre-pass + persistent TMA fp8 GEMM; NaN tiles recomputed by the exact slow path
+# ---------------------------------------------------------------------------------------------------------------
+EXPAND_CFG = mod.SparseGemmConfig(64, 32, 64, num_warps=4, num_stages=2, kernel="expand")
+EXPAND_CFG_SPLIT = mod.SparseGemmConfig(64, 64, 64, num_warps=4, num_stages=2, kernel="expand", n_split=2,
+                                        nan_fixup="inline")
+
+
+@pytest.mark.parametrize("cfg", [EXPAND_CFG, EXPAND_CFG_SPLIT], ids=["n_split1-fixup_launch", "n_split2-inline"])
+def test_expand_path_ragged_with_nan_selected_and_pruned(cfg):
+    """Ragged M and N (TMA zero padding), several tiles per persistent program, any bytes; NaN bytes of b at
+    positions some rows select and others prune: NaN exactly where the reference has it."""
+    rng = np.random.default_rng(21)
+    M, N, G = 67, 40, 48  # K = 192: 3 K-tiles of 64; 2 x 2 tiles on 2 persistent programs (interpreter)
+    vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    vals[0], meta[0] = 0x77, 0x0F  # 6 + 6 at index 3 of every group: the pre-pass must write 12 exactly
+    b = _b_bytes(rng, N, 4 * G)
+    b[5, 7] = 0x7F  # group 1, position 3: row 0 selects it (NaN in c[0, 5])
+    b[33, 4 * 10 + 1] = 0xFF  # group 10, position 1
+    meta[:, 10] = 0x08  # every row selects {0, 2} of group 10: the NaN at position 1 is pruned for all rows...
+    meta[3, 10] = 0x04  # ...but row 3, which selects {0, 1}
+    c = _run(vals, meta, b, cfg)
+    ref = _assert_matches(c, vals, meta, b)
+    nan_ref = np.isnan(ref.exact)
+    assert nan_ref[0, 5] and nan_ref[3, 33] and not nan_ref[4, 33]
+    np.testing.assert_array_equal(np.isnan(c.float().numpy()), nan_ref)
+    assert all(int(f.abs().sum()) == 0 for f in mod._FLAGS.values())  # the fix-up leaves the flags at 0
+    # the pre-pass output itself, byte for byte, against a dense A built by torch ops (scatter-add, exact cast);
+    # NaN tiles would hide a pre-pass error (the fix-up recomputes them from vals/meta), so check it directly
+    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import expand_a_e4m3
+
+    v8 = torch.from_numpy(vals.view(np.int8))
+    m8 = torch.from_numpy(meta.view(np.int8))
+    a8 = mod._A8_WORKSPACES[(str(torch.device(DEVICE)), 0)][: M * 4 * G].view(M, 4 * G)
+    dense = expand_a_e4m3(v8, m8)
+    # values exact; compared as values because a -0 code decodes to -0 in the kernel, +0 in the scatter-add
+    assert torch.equal(a8.float(), dense.float())
+    if cfg.nan_fixup == "launch":
+        assert mod._FLAGS  # this config went through the flag + fix-up launch
+    _assert_matches(c, vals, meta, b, model=mod.numeric_model(cfg, 4 * G))
+
+
+@settings(max_examples=8)
+@given(sparse_operands(max_m=100, max_n=70, max_groups=40, nan_rate=0.003))
+def test_expand_path_any_bytes(ops):
+    vals, meta, b = ops
+    if (4 * vals.shape[1]) % 16:  # the expand path's TMA rows need K % 16 == 0 (explicit config: ValueError)
+        with pytest.raises(ValueError, match="expand"):
+            _run(vals, meta, b, EXPAND_CFG)
+        return
+    _assert_matches(_run(vals, meta, b, EXPAND_CFG), vals, meta, b)
+
+
+@settings(max_examples=6)
+@given(sparse_operands(max_m=100, max_n=70, max_groups=40, canonical=True))
+def test_expand_path_canonical_bytes(ops):
+    vals, meta, b = ops
+    if (4 * vals.shape[1]) % 16 == 0:
+        _assert_matches(_run(vals, meta, b, EXPAND_CFG), vals, meta, b)
+
+
+def test_expand_config_fallback_and_errors():
+    """A b the TMA descriptors cannot read: an explicit expand config raises, the default pick falls back."""
+    b = torch.zeros(8, 24, dtype=torch.float8_e4m3fn)  # K = 24: rows of 24 bytes, not 16-byte multiples
+    v = torch.zeros(4, 6, dtype=torch.int8)
+    assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="config.kernel='expand'"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
+    with pytest.raises(ValueError, match="kernel='expand' needs"):
+        mod.SparseGemmConfig(64, 64, 64, split_k=2, kernel="expand")
+    with pytest.raises(ValueError, match="kernel="):
+        mod.SparseGemmConfig(64, 64, 64, kernel="nope")
+    with pytest.raises(ValueError, match="n_split"):
+        mod.SparseGemmConfig(64, 64, 64, n_split=2)
+    with pytest.raises(ValueError, match="nan_fixup"):
+        mod.SparseGemmConfig(64, 64, 64, kernel="expand", nan_fixup="later")
+    big = mod.pick_config(1 << 20)
+    assert big.kernel == "expand"
+    assert mod.FALLBACK_CONFIG.kernel == "fused"
+
+
+def test_launch_plan_cache():
+    """One plan per key; a cached key still checks out; new keys (other strides, dtypes) are validated anew."""
+    rng = np.random.default_rng(5)
+    vals = rng.integers(0, 256, (9, 16), dtype=np.uint8)
+    meta = rng.integers(0, 256, (9, 16), dtype=np.uint8)
+    b = _b_bytes(rng, 12, 64)
+    c1 = _run(vals, meta, b)
+    n_plans = len(mod._PLANS)
+    c2 = _run(vals, meta, b)
+    assert len(mod._PLANS) == n_plans  # reused
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    _assert_matches(c2, vals, meta, b)
+    v = torch.from_numpy(vals.view(np.int8))
+    m = torch.from_numpy(meta.view(np.int8))
+    bt = torch.from_numpy(b).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="out.shape"):
+        mod.sparse_gemm_fp4_fp8(v, m, bt, out=torch.zeros(12, 9, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="out"):
+        mod.sparse_gemm_fp4_fp8(v, m, bt, out=torch.zeros(9, 12, dtype=torch.float32))
+    with pytest.raises(ValueError, match="a_meta.stride"):  # both are indexed with a_vals' strides
+        mod.sparse_gemm_fp4_fp8(v, m.t().contiguous().t(), bt)
+    # a strided b (new key): validated and correct
+    wide = np.zeros((12, 128), np.uint8)
+    wide[:, ::2] = b
+    bs = torch.from_numpy(wide).view(torch.float8_e4m3fn)[:, ::2]
+    c3 = mod.sparse_gemm_fp4_fp8(v, m, bs)
+    assert torch.equal(c3.view(torch.int16), c1.view(torch.int16))
+    mod._PLANS.clear()  # bounded cache: clearing is always safe
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------------------------
 def _tensors(M=2, N=3, K=8):
@@ -243,12 +355,87 @@ def _build(cfg, nan_check_bytes=False, even_k=True):
                             num_stages=cfg.num_stages, divisible_by_16=div16)
 
 
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+def _build_expand(cfg, nan_check_bytes=False, even_k=True):
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}]>", "b_desc": f"tensordesc<fp8e4nv[{BN // cfg.n_split}, {BK}]>",
+           "vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "flag_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+           "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
+    consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK,
+              "GROUP_M": cfg.group_m, "N_SPLIT": cfg.n_split,
+              "INLINE_FIXUP": cfg.nan_fixup == "inline", "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
+    div16 = ["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
+    return compile_for_sm90(mod.sparse_gemm_expanded_kernel, sig, consts, num_warps=cfg.num_warps,
+                            num_stages=cfg.num_stages, divisible_by_16=div16)
+
+
+def _cfg_id(c):
+    return f"{c.block_m}x{c.block_n}x{c.block_k}{f'-expand-n{c.n_split}' if c.kernel == 'expand' else ''}"
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand"], ids=_cfg_id)
+def test_expand_configs_compile_for_sm90(cfg):
+    """The persistent GEMM: TMA loads, fp8 wgmma with both operands from shared memory, the promotion into fp32
+    every K-tile really in the build, within the shared-memory limit."""
+    from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES
+
+    ck = _build_expand(cfg)
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
+    # the fast loop is the first K loop inside the persistent loop: its fp8 dot reads A and B from shared memory
+    # (ttng.warp_group_dot on !ttg.memdesc operands) into a fresh zero accumulator, added into fp32 per K-tile
+    inner = ttgir.split("scf.for", 2)[2]
+    fast = inner.split("scf.yield", 1)[0]
+    dots = re.findall(r"ttng.warp_group_dot (.*)", fast)
+    assert dots, "no wgmma dot in the fast K loop"
+    assert all("!ttg.memdesc" in d.split("->")[0] and "f8E4M3FN" in d for d in dots), dots
+    adds = re.findall(rf"arith.addf .*: tensor<{cfg.block_m}x{cfg.block_n // cfg.n_split}xf32, #mma", fast)
+    assert len(dots) == len(adds) == cfg.n_split  # one promotion add per wgmma chain per K-tile
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand" and c.nan_fixup == "launch"],
+                         ids=_cfg_id)
+def test_expand_nan_fixup_compiles_for_sm90(cfg):
+    from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90
+
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "flag_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+           "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
+    consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "BN": cfg.block_n // cfg.n_split, "EVEN_K": True}
+    ck = compile_for_sm90(mod.sparse_nan_fixup_kernel, sig, consts, num_warps=cfg.num_warps, num_stages=2,
+                          divisible_by_16=["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K",
+                                           "stride_am", "stride_bn", "stride_cm"])
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    assert "wgmma.mma_async" in ck.asm["ptx"]
+
+
+def test_expand_prepass_compiles_for_sm90():
+    from fp4ref.kernels._sm90 import compile_for_sm90
+
+    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
+           "stride_ag": "constexpr", "stride_wm": "i32"}
+    ck = compile_for_sm90(mod.sparse_expand_a_kernel, sig,
+                          {"stride_ag": 1, "BLOCK_M": mod.PREP_BLOCK_M, "BLOCK_G": mod.PREP_BLOCK_G},
+                          num_warps=mod.PREP_WARPS, num_stages=1,
+                          divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
+    assert ck.asm["cubin"]
+    ptx = ck.asm["ptx"]
+    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx  # 16-byte loads of vals/meta, stores of A
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "fused"], ids=_cfg_id)
 def test_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
-    assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
+    if cfg.mma == "fma":  # no dot to pipeline for: 16-byte vector loads of b (a build without divisibility hints
+        assert "ld.global.v4.b32" in ptx  # would load bytes one at a time)
+    else:
+        assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
     if cfg.mma == "fp8":
         assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
         # the promotion the contract assumes: inside the K loop, each fp8 dot chain starts from a zero accumulator
@@ -258,9 +445,10 @@ def test_configs_compile_for_sm90(cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=_cfg_id)
 def test_configs_compile_for_sm90_other_variants(cfg):
-    assert _build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
+    build = _build_expand if cfg.kernel == "expand" else _build
+    assert build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,6 +467,8 @@ def test_gpu_workload_sizes(M, canonical):
     for _ in range(2):
         for ws, _cnt in mod._WORKSPACES.values():
             ws.fill_(NAN)
+        for a8 in mod._A8_WORKSPACES.values():
+            a8.view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
         out = torch.full((M, 2048), NAN, dtype=torch.bfloat16, device="cuda")
         outs.append(mod.sparse_gemm_fp4_fp8(v, m, b, out=out).cpu())
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # bitwise deterministic
