@@ -352,6 +352,7 @@ TMA_SCALE_CONFIGS = (
     G("tma", 64, 64, 64, SPLIT_K=1),
     G("tma", 64, 64, 32, SPLIT_K=2),  # split-K: the scale is applied once, after the fixed-order sum
     G("tma", 128, 64, 32, SPLIT_K=4, PROGRAMS_PER_SM=2),
+    G("tma", 64, 64, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: 2 pieces per tile, scale after their sum
 )
 
 
