@@ -637,6 +637,15 @@ def main(argv=None) -> int:
         hk = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
         ht = host_us_per_call(lambda: torch.matmul(Ah, Bh.T))
         summary.append(f"host (CPU) us per call, M={M}: gemm_fp16 {hk:.1f}, torch.matmul {ht:.1f}")
+        if pick_config(M, N, K).kernel == "tma":  # the same without the cached descriptor encodings
+            from . import gemm_fp16 as g
+
+            g.FAST_TMA_LAUNCH = False
+            g.clear_plans()
+            hs = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
+            g.FAST_TMA_LAUNCH = True
+            g.clear_plans()
+            summary.append(f"host (CPU) us per call, M={M}: gemm_fp16 with per-call descriptor encoding {hs:.1f}")
     for s in summary:
         print(s)
         log.write(s + "\n")

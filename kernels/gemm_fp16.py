@@ -637,6 +637,8 @@ class _Plan:
     ws_elems: int
     n_counters: int
     ck: Any = None  # CompiledKernel after the first launch (GPU only)
+    fast: Any = None  # TMA kernels: (raw launch function, CudaLauncher) or False (see _raw_tma_launch)
+    desc_args: dict = dataclasses.field(default_factory=dict)  # (A, B, C data pointers) -> encoded descriptors
 
 
 _PLANS: dict = {}
@@ -687,6 +689,30 @@ def _tensor_desc(base, shape, strides, block_shape, validate: bool):
     return d
 
 
+# Launch TMA kernels with descriptors encoded once per (A, B, C) pointers (see _raw_tma_launch); False forces
+# Triton's launcher, which encodes them on every call (set before the first call of a shape, or clear_plans()).
+FAST_TMA_LAUNCH = True
+
+
+def _raw_tma_launch(ck):
+    """(C launch function, CudaLauncher) of a compiled TMA kernel, so that a launch can pass descriptors encoded
+    once per (A, B, C) pointers instead of Triton re-encoding three CUtensorMaps (cuTensorMapEncodeTiled) on every
+    call; False when this Triton's launcher does not have the expected shape (then the normal path is used)."""
+    try:
+        run = ck.run
+        inner = run.launch
+        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+        raw = cells.get("launcher")
+        tmeta = getattr(ck.metadata, "tensordesc_meta", None)
+        from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the Triton version
+        return False
+    if (raw is None or not tmeta or len(tmeta) != 3 or _BASE_ARGS_FORMAT_LEN != 13 or run.global_scratch_size
+            or run.profile_scratch_size or run.num_ctas != 1):  # fmt: skip
+        return False
+    return raw, run
+
+
 def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, scale=None) -> None:
     device = A.device
     is_cuda = device.type == "cuda"
@@ -719,6 +745,29 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
         meta = ck.launch_metadata(plan.grid, stream, *all_args)
     else:
         meta, enter, exit_ = None, None, None
+    if plan.kernel is not gemm_fp16_splitk_kernel:
+        if plan.fast is None:
+            plan.fast = _raw_tma_launch(ck) if FAST_TMA_LAUNCH else False
+        if plan.fast:
+            # The plan fixes shapes, strides, dtypes and block shapes, so an encoded descriptor depends only on
+            # the data pointer: cache the encodings per (A, B, C) pointers (a few entries; no tensor is kept).
+            raw, run = plan.fast
+            dkey = (A.data_ptr(), B.data_ptr(), C.data_ptr())
+            enc = plan.desc_args.get(dkey)
+            if enc is None:
+                from triton.backends.nvidia.driver import make_tensordesc_arg
+
+                tmeta = ck.metadata.tensordesc_meta
+                enc = tuple(x for d, m in zip(all_args[:3], tmeta) for x in make_tensordesc_arg(d, m))
+                if len(plan.desc_args) >= 16:
+                    plan.desc_args.clear()
+                plan.desc_args[dkey] = enc
+            try:
+                raw(g0, g1, g2, stream, ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                    ck.packed_metadata, meta, enter, exit_, *enc, *all_args[3:])  # fmt: skip
+                return
+            except (TypeError, ValueError, SystemError):  # argument packing rejected: use Triton's own path
+                plan.fast = False
     ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
 
 
