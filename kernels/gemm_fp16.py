@@ -14,6 +14,11 @@ Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune a
 * ``gemm_fp16_tma_kernel`` (large M, compute-bound): tensor descriptors (TMA on sm_90), persistent programs
   walking (K slice, C tile) work units in grouped order; SPLIT_K = 1 in the table (one fp32 chain over all of K),
   SPLIT_K > 1 supported with the same deterministic reduction.
+* ``gemm_fp16_tma_streamk_kernel`` (``GemmConfig(..., STREAM_K=1 or 2)``): the same tiles on a grid of one program
+  per SM, each program an equal contiguous range of (tile, K-iteration) pairs (1: all tiles; 2: data-parallel
+  full waves, stream-K only for the last partial wave), against wave quantization (e.g. 96 or 204 tiles on 132
+  SMs). A tile cut into several pieces is summed in K order (piece 0, 1, ...) by the last contributor to arrive,
+  with the same counter protocol: bitwise deterministic, no waits. ``stream_k_schedule`` mirrors the split points.
 
 Reusable entry point ``gemm_tma(A, B, C, scale=None, config=None)``: the TMA kernel on fp16 or bf16 operands with
 an optional fp32 epilogue scale read from device memory (constexpr HAS_SCALE: one fp32 multiply acc * scale, then
@@ -21,7 +26,8 @@ ONE rounding to C's dtype); default configs in ``TMA_CONFIGS``. The split-K last
 helper (``_splitk_reduce``) used by both kernels.
 
 Host side: a launch plan per (dtypes, shapes, strides, devices, config) keeps the CompiledKernel of the first call
-and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs).
+and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs);
+TMA plans also keep the encoded tensor maps per (A, B, C) data pointers (FAST_TMA_LAUNCH).
 
 Numeric contract (NUMERIC_CONTRACT and accumulation_model() below, as fp4ref.bounds model names; read by the
 tests and ``fp4ref verify``): products of fp16 values are exact; each K slice is accumulated in fp32 by the tensor
@@ -154,7 +160,8 @@ def stream_k_schedule(cfg: GemmConfig, M: int, N: int, K: int, num_programs: int
     """Host mirror of gemm_fp16_tma_streamk_kernel's split points (same integer arithmetic).
 
     Returns dict(sk_tiles=tiles in the stream-K phase, dp_tiles=whole tiles of the data-parallel phase,
-    max_pieces=most pieces of any one tile, max_piece_len=most products (K elements) in one piece of a split tile (K if none),
+    max_pieces=most pieces of any one tile, max_piece_len=most products (K elements) in one piece of a split tile
+    (K if none),
     split_tiles=stream-K tiles cut into >= 2 pieces, whole_tiles=tiles computed as one chain over all of K,
     pieces={tile: [(program, kt0, kt1), ...] in K order}) for the stream-K tiles.
     """

@@ -458,9 +458,12 @@ STREAM_K_CASES = (
 )
 
 
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 4  # _num_sms on the CPU
+
+
 def _schedule(cfg, M, N, K):
-    return mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, 4 if not ON_GPU else
-                                                                    torch.cuda.get_device_properties(0).multi_processor_count))  # fmt: skip
+    return mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _sms()))
 
 
 def test_stream_k_cases_split_tiles_one_to_four_ways():
@@ -487,8 +490,7 @@ def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case):
     rng = np.random.default_rng(M * 7 + K)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((N, K)).astype(np.float16)
-    sms = 4 if not ON_GPU else torch.cuda.get_device_properties(0).multi_processor_count
-    nprog = mod.launch_programs(cfg, M, N, K, sms)
+    nprog = mod.launch_programs(cfg, M, N, K, _sms())
     model = mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N, num_programs=nprog)
     c1 = _run(a, b, cfg)
     check(c1, reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
