@@ -560,3 +560,56 @@ def test_stream_k_configs_compile_for_sm90(cfg):
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "atom.global.gpu.acq_rel.add" in ptx  # the arrival counter (release of the partial, acquire of others)
     assert "cvt.rn.f16" in ptx  # one RNE output rounding
+
+
+def test_fast_tma_launch_passes_what_triton_passes(monkeypatch):
+    """The cached-descriptor launch (FAST_TMA_LAUNCH) hands Triton's C launcher exactly the arguments Triton's own
+    launcher wrapper would (checked with a recording stand-in for the C function and for the tensor-map encoder,
+    on Triton's real wrap_handle_tensordesc), re-encodes when a pointer changes, and reuses encodings otherwise."""
+    import types
+
+    drv = pytest.importorskip("triton.backends.nvidia.driver")
+    if not hasattr(drv, "wrap_handle_tensordesc") or not hasattr(drv, "make_tensordesc_arg"):
+        pytest.skip("this Triton's launcher has another shape (the fast path then turns itself off)")
+    encoded = []
+
+    def fake_encode(arg, meta):  # stands in for fill_tma_descriptor: a value that names pointer and block
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(arg.block_shape)), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
+    calls = []
+    sig = {"a": "tensordesc<fp16[64, 64]>", "b": "tensordesc<fp16[64, 64]>", "c": "tensordesc<fp16[64, 64]>",
+           "ws": "*fp32", "cnt": "*i32", "sc": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
+    inner = drv.wrap_handle_tensordesc(lambda *a: calls.append(a), sig, [{}, {}, {}])
+
+    class Run:  # the shape of triton's CudaLauncher that the fast path relies on
+        global_scratch_size = profile_scratch_size = 0
+        num_ctas = 1
+        launch_cooperative_grid = launch_pdl = False
+
+        def __init__(self):
+            self.launch = inner
+
+        def __call__(self, gx, gy, gz, stream, function, *args):
+            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+    ck = types.SimpleNamespace(run=Run(), metadata=types.SimpleNamespace(tensordesc_meta=[{}, {}, {}]), function=7,
+                               packed_metadata=(1,), launch_metadata=lambda *a: None)  # fmt: skip
+    A, B = torch.ones(40, 64, dtype=torch.float16), torch.ones(24, 64, dtype=torch.float16)
+    C1, C2 = torch.empty(40, 24, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16)
+    for stream_k in (0, 1):
+        plan = mod._make_plan(A, B, 40, 24, 64, G("tma", 64, 64, 64, STREAM_K=stream_k))
+        plan.ck = ck
+        calls.clear()
+        encoded.clear()
+        for C in (C1, C1, C2):  # fast path: encode, reuse, encode (new C pointer)
+            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
+        assert plan.fast and len(encoded) == 6
+        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", False)
+        plan.fast = None
+        for C in (C1, C2):  # Triton's path
+            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
+        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", True)
+        assert plan.fast is False
+        assert calls[0] == calls[1] == calls[3] and calls[2] == calls[4] and calls[0] != calls[2]
