@@ -37,13 +37,25 @@ EXACT_CHECK_M = (1, 7, 136, 256, 972)  # sizes also checked against the exact fp
 DEVICE = "cuda"  # tests of this script's logic set "cpu" (Triton interpreter, small sizes)
 
 
-def model_eps(cfg, K: int) -> float:
-    """eps_acc(K) of the config's declared accumulation model (fp4ref.bounds)."""
+def model_name(cfg, K: int, M: int, N: int) -> str:
+    """The config's declared accumulation model for this launch (stream-K: from its schedule at M, N and the
+    grid this device gets; the interpreter's model when DEVICE is "cpu")."""
+    from .gemm_fp16 import _num_sms, accumulation_model, launch_programs
+
+    import torch
+
+    interp = DEVICE != "cuda"
+    if not cfg.STREAM_K:
+        return accumulation_model(cfg, K, interpreter=interp)
+    nprog = launch_programs(cfg, M, N, K, _num_sms(torch.device(DEVICE)))
+    return accumulation_model(cfg, K, interpreter=interp, M=M, N=N, num_programs=nprog)
+
+
+def model_eps(cfg, K: int, M: int = 1, N: int = N_WORKLOAD) -> float:
+    """eps_acc(K) of the config's declared accumulation model (fp4ref.bounds) for an M x N launch."""
     from fp4ref.bounds import get_model
 
-    from .gemm_fp16 import accumulation_model
-
-    return get_model(accumulation_model(cfg, K)).eps(K)
+    return get_model(model_name(cfg, K, M, N)).eps(K)
 
 
 def bytes_floor_us(M: int, N: int, K: int) -> float:
@@ -84,7 +96,7 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
         S = Ad @ Bd.T
         absprod = Ad.abs() @ Bd.abs().T
         e64 = (K + 4) * 2.0**-52 * absprod  # float64 matmul error (Higham §3.1), products exact
-        eps = model_eps(cfg, K)
+        eps = model_eps(cfg, K, M, N)
         u, eta = 2.0**-11, 2.0**-25
         bound = u * (S.abs() + e64) + (1 + u) * (eps * absprod) + eta + e64
         err = (C1.double() - S).abs()
@@ -92,19 +104,17 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
         viol = int((err > bound).sum())
         ratio = float((err / bound).max())
         ok = det and nan == 0 and viol == 0
-        line = (f"check M={M:5d} cfg={cfg.kernel}:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/S{cfg.SPLIT_K} "
+        line = (f"check M={M:5d} cfg={cfg_name(cfg)} "
                 f"nan={nan} viol={viol} max_err/bound={ratio:.3f} deterministic={det}")  # fmt: skip
         if M in EXACT_CHECK_M:
             from fp4ref.bounds import check
             from fp4ref.gemm import gemm_fp16 as ref_gemm
 
-            from .gemm_fp16 import accumulation_model
-
             ref = ref_gemm(A.cpu().numpy(), B.cpu().numpy())
-            rep = check(C1.cpu().numpy(), ref, accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"))
+            rep = check(C1.cpu().numpy(), ref, model_name(cfg, K, M, N), output_rounding="rne", poison=float("nan"))
             same = float(np.mean(C1.cpu().numpy().view(np.int16) == ref.out.view(np.int16)))
             ok = ok and bool(rep.ok)
-            line += (f" | fp4ref exact ({accumulation_model(cfg, K)}): ok={rep.ok} "
+            line += (f" | fp4ref exact ({model_name(cfg, K, M, N)}): ok={rep.ok} "
                      f"max_err/bound={rep.max_err_over_bound:.3f} bitwise_equal_RNE={same:.4f}")
         line += "  OK" if ok else "  FAIL"
         print(line, flush=True)
@@ -121,6 +131,8 @@ def cfg_name(cfg) -> str:
         s += f"/p{cfg.PROGRAMS_PER_SM}"
     if cfg.EPILOGUE_SUBTILE != 1:
         s += f"/e{cfg.EPILOGUE_SUBTILE}"
+    if cfg.STREAM_K:
+        s += f"/sk{cfg.STREAM_K}"
     return s
 
 
@@ -173,7 +185,7 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False, gpu_time: bool = F
                         C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
                         outs.append(gemm_fp16(A, B, cfg, out=C))
                     u = 2.0**-11
-                    bound = u * (S.abs() + e64) + (1 + u) * model_eps(cfg, K) * absprod + 2.0**-25 + e64
+                    bound = u * (S.abs() + e64) + (1 + u) * model_eps(cfg, K, M, N) * absprod + 2.0**-25 + e64
                     good = bool(((outs[0].double() - S).abs() <= bound).all())
                     det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
                     status = "ok" if good and det else f"FAIL(bound={good},det={det})"
@@ -287,6 +299,16 @@ def tune_buckets():
         (64, 256, 64, 1, 4, 4, 8, 2), (128, 256, 64, 1, 8, 3, 8, 4),
     ])  # fmt: skip
     mid = ptr(64, mid64) + ptr(128, mid128) + tma_mid
+    # Deterministic stream-K (STREAM_K 1: all tiles; 2: full waves data-parallel + the last partial wave): at
+    # M = 972 (96 tiles of 128x256), 2053 (204), 2379 (228) the plain kernel loses a partial wave of 132 SMs;
+    # stream-K gives every SM the same number of K-iterations (+-1). Timed first in their buckets.
+    stream_k = [
+        G("tma", bm, bn, bk, num_warps=w, num_stages=st, GROUP_M=g, EPILOGUE_SUBTILE=e, STREAM_K=sk)
+        for sk in (1, 2)
+        for bm, bn, bk, w, st, g, e in ((128, 256, 64, 8, 3, 8, 1), (128, 256, 64, 8, 3, 4, 1),
+                                        (128, 256, 64, 8, 4, 8, 2), (128, 128, 64, 8, 4, 8, 1),
+                                        (128, 128, 64, 8, 3, 8, 1))
+    ]  # fmt: skip
     return [
         (16, (1, 16), ptr(16, small) + tma_small),
         (32, (32,), ptr(32, small) + tma_small),
@@ -294,21 +316,23 @@ def tune_buckets():
         (128, (72, 128), mid),
         (192, (136,), mid),
         (256, (200, 256), mid + large[:1]),
-        (1536, (972,), large + fill_972),
-        (4096, (2053, 2379), large),
-        (2**62, (8192,), large),
+        (1536, (972,), stream_k + large + fill_972),
+        (4096, (2053, 2379), stream_k + large),
+        (2**62, (8192,), stream_k + large),
     ]
 
 
-def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD) -> list:
+def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> list:
     """(config, M) pairs reduced to one per distinct compiled kernel: TMA kernels specialise on NUM_PROGRAMS
-    = min(work units, PROGRAMS_PER_SM x SMs), which depends on M; pointer kernels do not depend on M."""
+    = launch_programs(...) (min(work units, PROGRAMS_PER_SM x SMs)), which depends on M; pointer kernels do not
+    depend on M."""
+    from .gemm_fp16 import launch_programs
+
     seen, out = set(), []
     for cfg, M in cfgs_and_ms:
         key = (cfg, None)
         if cfg.kernel == "tma":
-            units = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N) * cfg.SPLIT_K
-            key = (cfg, min(units, num_sms * cfg.PROGRAMS_PER_SM))
+            key = (cfg, launch_programs(cfg, M, N, K, num_sms))
         if key not in seen:
             seen.add(key)
             out.append((cfg, M))
@@ -321,7 +345,12 @@ def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD) -> list:
 TMA_HOST_PENALTY_US = 3.0
 
 
-def tune(N, K, log, deadline: float | None = None, results: dict | None = None):
+def tuned_buckets(min_m: int = 0):
+    """tune_buckets() restricted to buckets with a sample M >= min_m (the others keep the file's table entry)."""
+    return [b for b in tune_buckets() if max(b[1]) >= min_m]
+
+
+def tune(N, K, log, deadline: float | None = None, results: dict | None = None, min_m: int = 0):
     """Time every bucket's candidates (GPU time, L2 flushed, graphs), verify them, return the chosen table.
 
     Per M it also prints the fastest verified candidate next to torch.matmul's GPU time (same method). After
@@ -349,6 +378,9 @@ def tune(N, K, log, deadline: float | None = None, results: dict | None = None):
     # their goals have been timed.
     buckets = sorted(tune_buckets(), key=lambda b: (b[0] <= 256, b[0] <= 64, -b[0]))
     for bound, Ms, cands in buckets:
+        if max(Ms) < min_m:  # not tuned this run (--tune-min-m): keep the file's entry
+            table.append((bound, pick_config(bound, N, K)))
+            continue
         old_cfg = pick_config(max(Ms), N, K)
         score = {c: 0.0 for c in cands}
         timed = {c: 0 for c in cands}
@@ -372,7 +404,7 @@ def tune(N, K, log, deadline: float | None = None, results: dict | None = None):
                         C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
                         outs.append(gemm_fp16(A, B, c, out=C))
                     u = 2.0**-11
-                    bnd = u * (S.abs() + e64) + (1 + u) * model_eps(c, K) * absprod + 2.0**-25 + e64
+                    bnd = u * (S.abs() + e64) + (1 + u) * model_eps(c, K, M, N) * absprod + 2.0**-25 + e64
                     good = bool(((outs[0].double() - S).abs() <= bnd).all())
                     det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
                     if not (good and det):
@@ -420,6 +452,8 @@ def table_source(table) -> str:
             extra += f", PROGRAMS_PER_SM={c.PROGRAMS_PER_SM}"
         if c.EPILOGUE_SUBTILE != 1:
             extra += f", EPILOGUE_SUBTILE={c.EPILOGUE_SUBTILE}"
+        if c.STREAM_K:
+            extra += f", STREAM_K={c.STREAM_K}"
         b = "2**62" if bound == 2**62 else str(bound)
         lines.append(f'    ({b}, GemmConfig("{c.kernel}", {c.BLOCK_M}, {c.BLOCK_N}, {c.BLOCK_K}, SPLIT_K={c.SPLIT_K}, '
                      f"num_warps={c.num_warps}, num_stages={c.num_stages}{extra})),")  # fmt: skip
@@ -456,7 +490,7 @@ def precompile(cfgs, workers: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> 
     import torch
 
     pairs = [c if isinstance(c, tuple) else (c, 300) for c in cfgs]
-    pairs = _distinct_builds(pairs, torch.cuda.get_device_properties(0).multi_processor_count, N)
+    pairs = _distinct_builds(pairs, torch.cuda.get_device_properties(0).multi_processor_count, N, K)
     uniq = sorted({json.dumps({"cfg": dataclasses.asdict(c), "M": M, "N": N, "K": K}, sort_keys=True)
                    for c, M in pairs})  # fmt: skip
     t0 = time.time()
@@ -480,6 +514,9 @@ def main(argv=None) -> int:
     p.add_argument("--tune-budget-s", type=float, default=None,
                    help="--tune: stop timing new candidates this many seconds after the tune starts (precompile "
                         "included); each bucket then chooses among what was timed")
+    p.add_argument("--tune-min-m", type=int, default=0,
+                   help="--tune: only the buckets with a sample M >= this (e.g. 512: the large-M buckets); the "
+                        "others keep their CONFIG_TABLE entries")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for logs / json results")
     p.add_argument("--no-log-file", action="store_true",
@@ -548,11 +585,11 @@ def main(argv=None) -> int:
         from . import gemm_fp16 as g
 
         t0 = time.time()
-        precompile([(c, M) for _b, ms, cands in tune_buckets() for c in cands for M in ms]
+        precompile([(c, M) for _b, ms, cands in tuned_buckets(args.tune_min_m) for c in cands for M in ms]
                    + [(pick_config(M, N, K), M) for M in Ms], args.workers)  # fmt: skip
         deadline = None if args.tune_budget_s is None else t0 + args.tune_budget_s
         try:
-            table = tune(N, K, log, deadline=deadline, results=results)
+            table = tune(N, K, log, deadline=deadline, results=results, min_m=args.tune_min_m)
         except Exception:  # keep the file's table and go on to the check and benchmark
             import traceback
 
@@ -600,6 +637,15 @@ def main(argv=None) -> int:
         hk = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
         ht = host_us_per_call(lambda: torch.matmul(Ah, Bh.T))
         summary.append(f"host (CPU) us per call, M={M}: gemm_fp16 {hk:.1f}, torch.matmul {ht:.1f}")
+        if pick_config(M, N, K).kernel == "tma":  # the same without the cached descriptor encodings
+            from . import gemm_fp16 as g
+
+            g.FAST_TMA_LAUNCH = False
+            g.clear_plans()
+            hs = host_us_per_call(lambda: gemm_fp16(Ah, Bh))
+            g.FAST_TMA_LAUNCH = True
+            g.clear_plans()
+            summary.append(f"host (CPU) us per call, M={M}: gemm_fp16 with per-call descriptor encoding {hs:.1f}")
     for s in summary:
         print(s)
         log.write(s + "\n")

@@ -14,6 +14,11 @@ Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune a
 * ``gemm_fp16_tma_kernel`` (large M, compute-bound): tensor descriptors (TMA on sm_90), persistent programs
   walking (K slice, C tile) work units in grouped order; SPLIT_K = 1 in the table (one fp32 chain over all of K),
   SPLIT_K > 1 supported with the same deterministic reduction.
+* ``gemm_fp16_tma_streamk_kernel`` (``GemmConfig(..., STREAM_K=1 or 2)``): the same tiles on a grid of one program
+  per SM, each program an equal contiguous range of (tile, K-iteration) pairs (1: all tiles; 2: data-parallel
+  full waves, stream-K only for the last partial wave), against wave quantization (e.g. 96 or 204 tiles on 132
+  SMs). A tile cut into several pieces is summed in K order (piece 0, 1, ...) by the last contributor to arrive,
+  with the same counter protocol: bitwise deterministic, no waits. ``stream_k_schedule`` mirrors the split points.
 
 Reusable entry point ``gemm_tma(A, B, C, scale=None, config=None)``: the TMA kernel on fp16 or bf16 operands with
 an optional fp32 epilogue scale read from device memory (constexpr HAS_SCALE: one fp32 multiply acc * scale, then
@@ -21,7 +26,8 @@ ONE rounding to C's dtype); default configs in ``TMA_CONFIGS``. The split-K last
 helper (``_splitk_reduce``) used by both kernels.
 
 Host side: a launch plan per (dtypes, shapes, strides, devices, config) keeps the CompiledKernel of the first call
-and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs).
+and launches it directly afterwards (Triton's per-call JIT binding costs more CPU time than a small-M kernel runs);
+TMA plans also keep the encoded tensor maps per (A, B, C) data pointers (FAST_TMA_LAUNCH).
 
 Numeric contract (NUMERIC_CONTRACT and accumulation_model() below, as fp4ref.bounds model names; read by the
 tests and ``fp4ref verify``): products of fp16 values are exact; each K slice is accumulated in fp32 by the tensor
@@ -59,6 +65,9 @@ __all__ = [
     "gemm_tma",
     "gemm_fp16_splitk_kernel",
     "gemm_fp16_tma_kernel",
+    "gemm_fp16_tma_streamk_kernel",
+    "stream_k_schedule",
+    "launch_programs",
 ]
 
 ALIGN = 8  # elements: N and K must be multiples of 8 (16-byte fp16 rows for TMA and vector loads)
@@ -79,6 +88,11 @@ class GemmConfig:
     EPILOGUE_SUBTILE: "tma" only: the C tile is stored as this many [BLOCK_M, BLOCK_N / EPILOGUE_SUBTILE] pieces
     (1 or 2), which shrinks the shared-memory staging buffer of the TMA store (room for one more pipeline stage);
     every element is still rounded once, so the numerics do not depend on it.
+    STREAM_K: "tma" with SPLIT_K = 1 only: 0 = the persistent tile kernel; 1 = deterministic stream-K over every
+    tile (gemm_fp16_tma_streamk_kernel, grid = PROGRAMS_PER_SM x SMs, each program an equal contiguous range of
+    the tiles x K-iterations); 2 = hybrid: the num_tiles // grid full waves data-parallel (whole tiles), stream-K
+    only for the num_tiles % grid tiles of the last partial wave (all tiles when num_tiles < grid). Split tiles
+    are summed in K order by the last contributor (``stream_k_schedule``, ``accumulation_model``).
     """
 
     kernel: str
@@ -91,12 +105,15 @@ class GemmConfig:
     num_stages: int = 4
     PROGRAMS_PER_SM: int = 1
     EPILOGUE_SUBTILE: int = 1
+    STREAM_K: int = 0
 
     def __post_init__(self):
         if self.kernel not in ("splitk", "tma"):
             raise ValueError(f"kernel={self.kernel!r}: expected 'splitk' or 'tma'")
         if self.EPILOGUE_SUBTILE not in (1, 2) or (self.EPILOGUE_SUBTILE != 1 and self.kernel != "tma"):
             raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1, or 2 with kernel='tma'")
+        if self.STREAM_K not in (0, 1, 2) or (self.STREAM_K and (self.kernel != "tma" or self.SPLIT_K != 1)):
+            raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2 with kernel='tma' and SPLIT_K=1")
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps", "PROGRAMS_PER_SM"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
@@ -139,7 +156,60 @@ def pick_config(M: int, N: int, K: int) -> GemmConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # Numeric contract (data; fp4ref's checker reads it)
 # ---------------------------------------------------------------------------------------------------------------
-def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, inputs="float16") -> str:
+def stream_k_schedule(cfg: GemmConfig, M: int, N: int, K: int, num_programs: int) -> dict:
+    """Host mirror of gemm_fp16_tma_streamk_kernel's split points (same integer arithmetic).
+
+    Returns dict(sk_tiles=tiles in the stream-K phase, dp_tiles=whole tiles of the data-parallel phase,
+    max_pieces=most pieces of any one tile, max_piece_len=most products (K elements) in one piece of a split tile
+    (K if none),
+    split_tiles=stream-K tiles cut into >= 2 pieces, whole_tiles=tiles computed as one chain over all of K,
+    pieces={tile: [(program, kt0, kt1), ...] in K order}) for the stream-K tiles.
+    """
+    if not cfg.STREAM_K:
+        raise ValueError(f"config={cfg}: not a stream-K config")
+    if min(M, N, K, num_programs) < 1:
+        raise ValueError(f"M={M}, N={N}, K={K}, num_programs={num_programs}: expected all >= 1")
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    k_tiles = -(-K // cfg.BLOCK_K)
+    G = num_programs
+    sk_tiles = tiles if cfg.STREAM_K == 1 or tiles <= G else tiles % G
+    base, extra = divmod(sk_tiles * k_tiles, G)
+    pieces: dict = {}
+    for p in range(G):
+        it = p * base + min(p, extra)
+        end = it + base + (p < extra)
+        while it < end:
+            t, kt0 = divmod(it, k_tiles)
+            kt1 = min(k_tiles, kt0 + end - it)
+            pieces.setdefault(t, []).append((p, kt0, kt1))
+            it += kt1 - kt0
+    lens = [min(k1 * cfg.BLOCK_K, K) - k0 * cfg.BLOCK_K for ps in pieces.values() if len(ps) > 1 for _, k0, k1 in ps]
+    split = sum(len(ps) > 1 for ps in pieces.values())
+    return dict(sk_tiles=sk_tiles, dp_tiles=tiles - sk_tiles, max_pieces=max((len(ps) for ps in pieces.values()),
+                default=1), max_piece_len=max(lens, default=K), split_tiles=split,
+                whole_tiles=tiles - split, pieces=pieces)  # fmt: skip
+
+
+def _dominating_model(inner: str, K: int, BK: int, max_len: int, pieces: int, whole: bool, fallback: str) -> str:
+    """The tightest ``splitk(inner, C)`` (C a multiple of BK, or ``inner`` itself for C >= K) whose eps(K)
+    bounds every tile of a stream-K launch: a split tile (<= ``pieces`` chains of <= ``max_len`` products, each
+    bounded by inner, summed in fp32 RN: eps_in(max_len) + gamma_{pieces-1}(2^-24) (1 + eps_in(max_len)),
+    Higham §3.1) and, when ``whole``, an unsplit tile (eps_in(K)). ``fallback`` when none does."""
+    from fp4ref.bounds import U32, gamma, get_model
+
+    e_max = get_model(inner).eps(max_len)
+    need = e_max + gamma(pieces - 1, U32) * (1 + e_max) if pieces > 1 else e_max
+    if whole:
+        need = max(need, get_model(inner).eps(K))
+    for C in range(-(-max_len // BK) * BK, K, BK):
+        name = f"splitk({inner}, {C})"
+        if get_model(name).eps(K) >= need:
+            return name
+    return inner if get_model(inner).eps(K) >= need else fallback
+
+
+def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, inputs="float16", *, M: int | None = None,
+                       N: int | None = None, num_programs: int | None = None) -> str:  # fmt: skip
     """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
 
     Per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K):
@@ -156,6 +226,12 @@ def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, input
 
     ``inputs``: "float16" (default) or "bfloat16" (a dtype name or torch dtype; gemm_tma's bf16 operands): bf16
     wgmma is named ``hopper_bf16_wgmma``, the same fp4ref.bounds model as fp16 (facts/numerics.md).
+
+    Stream-K configs (cfg.STREAM_K): the pieces depend on M, N and the grid, so pass ``M``, ``N`` and
+    ``num_programs`` (the launch grid: PROGRAMS_PER_SM x SMs; ``launch_grid``) to get the tightest
+    ``splitk(<model>, C)`` (or ``<model>``) bounding both the split tiles (<= P pieces of <= L products,
+    stream_k_schedule) and the whole ones. Without them the answer bounds every schedule: ``fp32_rn`` in the
+    interpreter, ``tc_fp32_universal`` on the GPU (K * 2^-22 covers any split of a linear bound plus the sums).
     """
     inputs = str(inputs).replace("torch.", "")
     if inputs not in ("float16", "bfloat16"):
@@ -164,6 +240,16 @@ def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, input
         raise ValueError(f"K={K}: expected >= 1")
     k_tiles = -(-K // cfg.BLOCK_K)
     L = min(K, -(-k_tiles // cfg.SPLIT_K) * cfg.BLOCK_K)
+    if cfg.STREAM_K:
+        inner = "fp32_rn" if interpreter else (
+            ("hopper_bf16_wgmma" if inputs == "bfloat16" else "hopper_fp16_wgmma") if cfg.uses_wgmma
+            else "tc_fp32_universal")  # fmt: skip
+        fallback = "fp32_rn" if interpreter else "tc_fp32_universal"
+        if M is None or N is None or num_programs is None:
+            return fallback
+        sch = stream_k_schedule(cfg, M, N, K, num_programs)
+        return _dominating_model(inner, K, cfg.BLOCK_K, sch["max_piece_len"], sch["max_pieces"],
+                                 sch["whole_tiles"] > 0, fallback)  # fmt: skip
     if interpreter:
         inner = "fp32_rn"
     else:
@@ -371,6 +457,120 @@ def gemm_fp16_tma_kernel(
                 _store_c(c_desc, total, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
 
 
+@triton.jit
+def _tile_coords(tile, num_pid_m, group_size, GROUP_M: tl.constexpr):
+    """Grouped tile order (tutorial 03), as in both kernels: tile index -> (pid_m, pid_n)."""
+    first_m = (tile // group_size) * GROUP_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % group_size) % rows_in_group
+    pid_n = (tile % group_size) // rows_in_group
+    return pid_m, pid_n
+
+
+@triton.jit
+def _streamk_owner(i, base, extra):
+    """The program whose stream-K range holds K-iteration ``i``: programs 0..extra-1 own base + 1 iterations,
+    the others base (ranges contiguous, in program order)."""
+    big = extra * (base + 1)
+    return tl.where(i < big, i // (base + 1), extra + (i - big) // tl.maximum(base, 1))
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_fp16_tma_streamk_kernel(
+    a_desc,  # fp16 or bf16 [M, K], block [BLOCK_M, BLOCK_K]
+    b_desc,  # same dtype as A, [N, K], block [BLOCK_N, BLOCK_K]
+    c_desc,  # fp16 or bf16 [M, N], block [BLOCK_M, BLOCK_N / EPILOGUE_SUBTILE] (written)
+    ws_ptr,  # *fp32 [max pieces per tile, stream-K tiles, BLOCK_M * BLOCK_N] partial tiles
+    cnt_ptr,  # *i32 [stream-K tiles] arrival counters, all 0 between launches
+    scale_ptr,  # *fp32, one element (HAS_SCALE only)
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # always 1 (kept so that the launch plan passes the same constexprs)
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,  # grid size G
+    HAS_SCALE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    STREAM_K: tl.constexpr,  # 1: every tile in the stream-K phase; 2: only num_tiles % G (hybrid)
+):
+    """Deterministic stream-K (see GemmConfig.STREAM_K and stream_k_schedule, its host mirror).
+
+    Phase 1 (stream-K): tiles 0..sk_tiles-1 x their k_tiles K-iterations, linearised as tile * k_tiles + kt,
+    are cut into NUM_PROGRAMS contiguous ranges of equal length (+-1); the split points depend only on M, N, K,
+    BLOCK_* and NUM_PROGRAMS. A program walks its range tile by tile, one fp32 wgmma chain per piece (the part of
+    a tile inside its range). A piece that is a whole tile is stored directly. Otherwise the piece's fp32 partial
+    goes to workspace slot (piece position in K order, tile), the tile's counter is bumped (acq_rel); the LAST
+    arrival sums the slots 0, 1, ..., P-1 in that order in fp32 (RNE), scales, rounds once, stores and resets
+    the counter. The order is fixed by K position, never by arrival: bitwise deterministic; nobody waits.
+    Phase 2 (data-parallel, hybrid only): tiles sk_tiles..num_tiles-1, whole K each, round robin.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    group_size = GROUP_M * num_pid_n
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr)
+    if STREAM_K == 1:
+        sk_tiles = num_tiles
+    else:
+        sk_tiles = tl.where(num_tiles > NUM_PROGRAMS, num_tiles % NUM_PROGRAMS, num_tiles)
+    total = sk_tiles * k_tiles
+    base = total // NUM_PROGRAMS
+    extra = total % NUM_PROGRAMS
+    it = pid * base + tl.minimum(pid, extra)
+    it_end = it + base + (pid < extra).to(tl.int32)
+    tile_elems = BLOCK_M * BLOCK_N
+    offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    ws_stride_piece = sk_tiles.to(tl.int64) * tile_elems
+    while it < it_end:
+        tile = it // k_tiles
+        kt0 = it % k_tiles
+        kt1 = tl.minimum(k_tiles, kt0 + (it_end - it))
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(kt0, kt1):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        if (kt0 == 0) & (kt1 == k_tiles):  # the whole tile: no partial
+            if HAS_SCALE:
+                acc = acc * scale
+            _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+        else:
+            first = _streamk_owner(tile * k_tiles, base, extra)
+            n_pieces = _streamk_owner(tile * k_tiles + k_tiles - 1, base, extra) - first + 1
+            piece = pid - first  # position in K order
+            ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
+            tl.store(ws_tile + piece * ws_stride_piece + offs_t, acc, cache_modifier=".cg")
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == n_pieces - 1:  # last to arrive: fixed-order sum of the pieces, s = 0, 1, ...
+                tot = tl.load(ws_tile + offs_t, cache_modifier=".cg")
+                for s in range(1, n_pieces):
+                    tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                if HAS_SCALE:
+                    tot = tot * scale
+                _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+        it += kt1 - kt0
+    if STREAM_K == 2:
+        for tile in tl.range(sk_tiles + pid, num_tiles, NUM_PROGRAMS, flatten=True):
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(0, k_tiles):
+                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                acc = tl.dot(a, b.T, acc)
+            if HAS_SCALE:
+                acc = acc * scale
+            _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Host wrapper
 # ---------------------------------------------------------------------------------------------------------------
@@ -444,6 +644,8 @@ class _Plan:
     ws_elems: int
     n_counters: int
     ck: Any = None  # CompiledKernel after the first launch (GPU only)
+    fast: Any = None  # TMA kernels: (raw launch function, CudaLauncher) or False (see _raw_tma_launch)
+    desc_args: dict = dataclasses.field(default_factory=dict)  # (A, B, C data pointers) -> encoded descriptors
 
 
 _PLANS: dict = {}
@@ -457,8 +659,15 @@ def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, ta
     BM, BN, BK, S = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K
     num_tiles = -(-M // BM) * -(-N // BN)
     ws_elems = S * num_tiles * BM * BN if S > 1 else 0
+    if cfg.STREAM_K:
+        nprog = launch_programs(cfg, M, N, K, _num_sms(A.device))
+        sch = stream_k_schedule(cfg, M, N, K, nprog)
+        ws_elems = sch["max_pieces"] * sch["sk_tiles"] * BM * BN if sch["split_tiles"] else 0
+        constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=1, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
+                          HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE, STREAM_K=cfg.STREAM_K)
+        return _Plan(cfg, gemm_fp16_tma_streamk_kernel, (nprog, 1, 1), constexprs, ws_elems, sch["sk_tiles"])
     if cfg.kernel == "tma":
-        nprog = min(num_tiles * S, _num_sms(A.device) * cfg.PROGRAMS_PER_SM)
+        nprog = launch_programs(cfg, M, N, K, _num_sms(A.device))
         constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
                           HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip  (kernel order)
         return _Plan(cfg, gemm_fp16_tma_kernel, (nprog, 1, 1), constexprs, ws_elems, num_tiles)
@@ -466,6 +675,14 @@ def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, ta
         raise ValueError(f"config={cfg}: a scale needs a 'tma' config")
     constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=S, GROUP_M=cfg.GROUP_M, EVEN_K=(K % (BK * S) == 0))
     return _Plan(cfg, gemm_fp16_splitk_kernel, (num_tiles, S, 1), constexprs, ws_elems, num_tiles)
+
+
+def launch_programs(cfg: GemmConfig, M: int, N: int, K: int, num_sms: int) -> int:
+    """Grid size of a "tma" launch: min(work units, PROGRAMS_PER_SM x num_sms); work units are (tile, K slice)
+    pairs, or for stream-K configs (tile, K-iteration) pairs (so every program gets >= 1 iteration)."""
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    units = tiles * (-(-K // cfg.BLOCK_K) if cfg.STREAM_K else cfg.SPLIT_K)
+    return min(units, num_sms * cfg.PROGRAMS_PER_SM)
 
 
 def _tensor_desc(base, shape, strides, block_shape, validate: bool):
@@ -479,6 +696,30 @@ def _tensor_desc(base, shape, strides, block_shape, validate: bool):
     return d
 
 
+# Launch TMA kernels with descriptors encoded once per (A, B, C) pointers (see _raw_tma_launch); False forces
+# Triton's launcher, which encodes them on every call (set before the first call of a shape, or clear_plans()).
+FAST_TMA_LAUNCH = True
+
+
+def _raw_tma_launch(ck):
+    """(C launch function, CudaLauncher) of a compiled TMA kernel, so that a launch can pass descriptors encoded
+    once per (A, B, C) pointers instead of Triton re-encoding three CUtensorMaps (cuTensorMapEncodeTiled) on every
+    call; False when this Triton's launcher does not have the expected shape (then the normal path is used)."""
+    try:
+        run = ck.run
+        inner = run.launch
+        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+        raw = cells.get("launcher")
+        tmeta = getattr(ck.metadata, "tensordesc_meta", None)
+        from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the Triton version
+        return False
+    if (raw is None or not tmeta or len(tmeta) != 3 or _BASE_ARGS_FORMAT_LEN != 13 or run.global_scratch_size
+            or run.profile_scratch_size or run.num_ctas != 1):  # fmt: skip
+        return False
+    return raw, run
+
+
 def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, scale=None) -> None:
     device = A.device
     is_cuda = device.type == "cuda"
@@ -488,15 +729,13 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
     else:
         ws, cnt = C, C  # never read when SPLIT_K == 1
     first = plan.ck is None
-    if plan.kernel is gemm_fp16_tma_kernel:
+    if plan.kernel is not gemm_fp16_splitk_kernel:
         ce = plan.constexprs
         BM, BN, BK = ce["BLOCK_M"], ce["BLOCK_N"], ce["BLOCK_K"]
-        args = (
-            _tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
-            _tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
-            _tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], first),
-            ws, cnt, ws if scale is None else scale, M, N, K,
-        )  # fmt: skip
+        descs = (_tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
+                 _tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
+                 _tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], first))  # fmt: skip
+        args = (*descs, ws, cnt, ws if scale is None else scale, M, N, K)
     else:
         args = (A, B, C, ws, cnt, M, N, K, sa, sb, N)
     if first:
@@ -513,6 +752,29 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
         meta = ck.launch_metadata(plan.grid, stream, *all_args)
     else:
         meta, enter, exit_ = None, None, None
+    if plan.kernel is not gemm_fp16_splitk_kernel:
+        if plan.fast is None:
+            plan.fast = _raw_tma_launch(ck) if FAST_TMA_LAUNCH else False
+        if plan.fast:
+            # The plan fixes shapes, strides, dtypes and block shapes, so an encoded descriptor depends only on
+            # the data pointer: cache the encodings per (A, B, C) pointers (a few entries; no tensor is kept).
+            raw, run = plan.fast
+            dkey = (A.data_ptr(), B.data_ptr(), C.data_ptr())
+            enc = plan.desc_args.get(dkey)
+            if enc is None:
+                from triton.backends.nvidia.driver import make_tensordesc_arg
+
+                tmeta = ck.metadata.tensordesc_meta
+                enc = tuple(x for d, m in zip(all_args[:3], tmeta) for x in make_tensordesc_arg(d, m))
+                if len(plan.desc_args) >= 16:
+                    plan.desc_args.clear()
+                plan.desc_args[dkey] = enc
+            try:
+                raw(g0, g1, g2, stream, ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                    ck.packed_metadata, meta, enter, exit_, *enc, *all_args[3:])  # fmt: skip
+                return
+            except (TypeError, ValueError, SystemError):  # argument packing rejected: use Triton's own path
+                plan.fast = False
     ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
 
 

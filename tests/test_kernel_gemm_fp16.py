@@ -35,6 +35,7 @@ TEST_CONFIGS = (
     G("tma", 64, 64, 64, SPLIT_K=8),
     G("tma", 128, 128, 64, SPLIT_K=2, PROGRAMS_PER_SM=2),
     G("tma", 64, 128, 32, SPLIT_K=1, EPILOGUE_SUBTILE=2),  # C stored as two column halves
+    G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: tiles split across programs
 )
 
 
@@ -258,6 +259,9 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
         ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=132,
                   HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip
         kernel = mod.gemm_fp16_tma_kernel
+        if cfg.STREAM_K:
+            ce["STREAM_K"] = cfg.STREAM_K
+            kernel = mod.gemm_fp16_tma_streamk_kernel
         ptrs = ["ws_ptr", "cnt_ptr", "scale_ptr"]
     else:
         sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
@@ -348,6 +352,7 @@ TMA_SCALE_CONFIGS = (
     G("tma", 64, 64, 64, SPLIT_K=1),
     G("tma", 64, 64, 32, SPLIT_K=2),  # split-K: the scale is applied once, after the fixed-order sum
     G("tma", 128, 64, 32, SPLIT_K=4, PROGRAMS_PER_SM=2),
+    G("tma", 64, 64, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: 2 pieces per tile, scale after their sum
 )
 
 
@@ -436,3 +441,175 @@ def test_tma_bf16_scale_compiles_for_sm90(cfg):
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx and ".bf16" in ptx and "cp.async.bulk.tensor" in ptx
     assert "cvt.rn.bf16" in ptx  # the one output rounding is RNE (incl. the packed cvt.rn.bf16x2.f32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stream-K (GemmConfig.STREAM_K): deterministic split of (tile, K-iteration) ranges over a fixed grid
+# ---------------------------------------------------------------------------------------------------------------
+# (config, M, N, K): 4/8/16 programs on the CPU (PROGRAMS_PER_SM x 4 "SMs"); tiles split 1..4 ways, a K tail,
+# all-stream-K and hybrid (data-parallel full waves + stream-K for the last partial wave).
+STREAM_K_CASES = (
+    (G("tma", 32, 32, 32, STREAM_K=1), 70, 64, 320),  # 6 tiles x 10 iterations over 4 programs: 15 each
+    (G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2), 70, 64, 296),  # 8 programs, K tail (296 = 9 x 32 + 8)
+    (G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=4), 40, 64, 320),  # 16 programs over 4 tiles: 3-4 pieces
+    (G("tma", 32, 32, 32, STREAM_K=2), 70, 64, 320),  # hybrid: 4 whole tiles + 2 stream-K tiles
+    (G("tma", 32, 64, 32, STREAM_K=2, PROGRAMS_PER_SM=2, GROUP_M=2), 100, 192, 192),  # hybrid, 12 tiles, 8 progs
+    (G("tma", 32, 32, 32, STREAM_K=2), 64, 256, 64),  # 16 tiles = 4 full waves: no stream-K phase, no workspace
+)
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 4  # _num_sms on the CPU
+
+
+def _schedule(cfg, M, N, K):
+    return mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _sms()))
+
+
+def test_stream_k_cases_split_tiles_one_to_four_ways():
+    """The cases below really exercise what they claim: whole tiles, and tiles cut into 2, 3 and 4 pieces."""
+    if ON_GPU:
+        pytest.skip("piece counts are those of the 4-program CPU grid")
+    seen = set()
+    for cfg, M, N, K in STREAM_K_CASES:
+        sch = _schedule(cfg, M, N, K)
+        seen |= {len(p) for p in sch["pieces"].values()}
+        if sch["dp_tiles"]:
+            seen.add(1)
+    assert {1, 2, 3, 4} <= seen, seen
+    sch = _schedule(*STREAM_K_CASES[3])
+    assert sch["dp_tiles"] == 4 and sch["sk_tiles"] == 2
+
+
+@pytest.mark.parametrize("case", STREAM_K_CASES, ids=lambda c: repr(c))
+def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case):
+    """NaN-poisoned output within the bound of the launch's own model (accumulation_model with M, N, grid),
+    identical over two runs (the workspace and counters are reused), and bit-for-bit equal to the plain TMA
+    kernel (SPLIT_K = 1: one chain over all of K) on every tile that no program split."""
+    cfg, M, N, K = case
+    rng = np.random.default_rng(M * 7 + K)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((N, K)).astype(np.float16)
+    nprog = mod.launch_programs(cfg, M, N, K, _sms())
+    model = mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N, num_programs=nprog)
+    c1 = _run(a, b, cfg)
+    check(c1, reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
+    c2 = _run(a, b, cfg)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    plain = G("tma", cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)
+    c0 = _run(a, b, plain)
+    sch = mod.stream_k_schedule(cfg, M, N, K, nprog)
+    tiles_n = -(-N // cfg.BLOCK_N)
+    tiles_m = -(-M // cfg.BLOCK_M)
+    group = cfg.GROUP_M * tiles_n
+    n_split = 0
+    for t in range(tiles_m * tiles_n):  # same grouped tile order as the kernel
+        first_m = (t // group) * cfg.GROUP_M
+        rows = min(tiles_m - first_m, cfg.GROUP_M)
+        pm, pn = first_m + (t % group) % rows, (t % group) // rows
+        sl = (slice(pm * cfg.BLOCK_M, (pm + 1) * cfg.BLOCK_M), slice(pn * cfg.BLOCK_N, (pn + 1) * cfg.BLOCK_N))
+        if len(sch["pieces"].get(t, [None])) == 1:
+            assert torch.equal(c1[sl].view(torch.int16), c0[sl].view(torch.int16)), t
+        else:
+            n_split += 1
+    assert n_split == sch["split_tiles"]
+    assert (n_split == 0) == (sch["sk_tiles"] == 0)  # only the 4-full-waves case has no split tile
+
+
+def test_stream_k_model_and_schedule_contract():
+    """The declared model bounds every tile: at the workload's M the tight answer; without M/N the universal
+    one; splitting never leaves a K-iteration uncovered or covered twice, and ranges differ by <= 1."""
+    cfg = G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1)
+    assert mod.accumulation_model(cfg, 2048, M=972, N=3072, num_programs=132) == "splitk(hopper_fp16_wgmma, 1600)"
+    assert mod.accumulation_model(cfg, 2048) == "tc_fp32_universal"
+    assert mod.accumulation_model(cfg, 2048, interpreter=True) == "fp32_rn"
+    declared = get_model(mod.NUMERIC_CONTRACT["accumulation_model"]).eps(2048)
+    for M in (1, 100, 972, 2053, 2379, 8192):
+        for sk in (1, 2):
+            c = G("tma", 128, 256, 64, num_warps=8, STREAM_K=sk)
+            sch = mod.stream_k_schedule(c, M, 3072, 2048, 132)
+            covered = sorted((t, k) for t, ps in sch["pieces"].items() for _, k0, k1 in ps for k in range(k0, k1))
+            assert covered == [(t, k) for t in range(sch["sk_tiles"]) for k in range(32)]
+            per_prog = {}
+            for ps in sch["pieces"].values():
+                for p, k0, k1 in ps:
+                    per_prog[p] = per_prog.get(p, 0) + k1 - k0
+            assert max(per_prog.values()) - min(per_prog.values()) <= 1
+            name = mod.accumulation_model(c, 2048, M=M, N=3072, num_programs=132)
+            assert get_model(name).eps(2048) <= declared
+    with pytest.raises(ValueError, match="STREAM_K"):
+        G("tma", 128, 256, 64, SPLIT_K=2, STREAM_K=1)
+    with pytest.raises(ValueError, match="STREAM_K"):
+        G("splitk", 64, 64, 64, STREAM_K=1)
+
+
+STREAM_K_BUILDS = (
+    G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=2),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=4, STREAM_K=2, EPILOGUE_SUBTILE=2),
+    G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=1),
+    G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=2),
+)
+
+
+@pytest.mark.parametrize("cfg", STREAM_K_BUILDS, ids=repr)
+def test_stream_k_configs_compile_for_sm90(cfg):
+    ck = _build(cfg)
+    assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    ptx = ck.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the arrival counter (release of the partial, acquire of others)
+    assert "cvt.rn.f16" in ptx  # one RNE output rounding
+
+
+def test_fast_tma_launch_passes_what_triton_passes(monkeypatch):
+    """The cached-descriptor launch (FAST_TMA_LAUNCH) hands Triton's C launcher exactly the arguments Triton's own
+    launcher wrapper would (checked with a recording stand-in for the C function and for the tensor-map encoder,
+    on Triton's real wrap_handle_tensordesc), re-encodes when a pointer changes, and reuses encodings otherwise."""
+    import types
+
+    drv = pytest.importorskip("triton.backends.nvidia.driver")
+    if not hasattr(drv, "wrap_handle_tensordesc") or not hasattr(drv, "make_tensordesc_arg"):
+        pytest.skip("this Triton's launcher has another shape (the fast path then turns itself off)")
+    encoded = []
+
+    def fake_encode(arg, meta):  # stands in for fill_tma_descriptor: a value that names pointer and block
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), tuple(arg.block_shape)), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
+    calls = []
+    sig = {"a": "tensordesc<fp16[64, 64]>", "b": "tensordesc<fp16[64, 64]>", "c": "tensordesc<fp16[64, 64]>",
+           "ws": "*fp32", "cnt": "*i32", "sc": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
+    inner = drv.wrap_handle_tensordesc(lambda *a: calls.append(a), sig, [{}, {}, {}])
+
+    class Run:  # the shape of triton's CudaLauncher that the fast path relies on
+        global_scratch_size = profile_scratch_size = 0
+        num_ctas = 1
+        launch_cooperative_grid = launch_pdl = False
+
+        def __init__(self):
+            self.launch = inner
+
+        def __call__(self, gx, gy, gz, stream, function, *args):
+            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+    ck = types.SimpleNamespace(run=Run(), metadata=types.SimpleNamespace(tensordesc_meta=[{}, {}, {}]), function=7,
+                               packed_metadata=(1,), launch_metadata=lambda *a: None)  # fmt: skip
+    A, B = torch.ones(40, 64, dtype=torch.float16), torch.ones(24, 64, dtype=torch.float16)
+    C1, C2 = torch.empty(40, 24, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16)
+    for stream_k in (0, 1):
+        plan = mod._make_plan(A, B, 40, 24, 64, G("tma", 64, 64, 64, STREAM_K=stream_k))
+        plan.ck = ck
+        calls.clear()
+        encoded.clear()
+        for C in (C1, C1, C2):  # fast path: encode, reuse, encode (new C pointer)
+            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
+        assert plan.fast and len(encoded) == 6
+        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", False)
+        plan.fast = None
+        for C in (C1, C2):  # Triton's path
+            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
+        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", True)
+        assert plan.fast is False
+        assert calls[0] == calls[1] == calls[3] and calls[2] == calls[4] and calls[0] != calls[2]
