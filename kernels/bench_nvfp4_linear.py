@@ -29,6 +29,7 @@ import os
 __all__ = ["main", "torch_dequant_linear", "WORKLOAD_M"]
 
 N = K = 8192
+DEVICE = "cuda"  # the CPU smoke test sets "cpu" (and small N, K) to run the check logic under the interpreter
 # M -> how many of the 16 public workloads have it (facts/seeds.md §2)
 WORKLOAD_M = {128: 1, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 1, 8192: 3, 16384: 1}
 DECODE_M = (1, 16, 64)
@@ -234,9 +235,10 @@ def _profile(ms, w_u8, w_scales, w_gdec):
         print(f"profile M={m}: GPU {total:.1f} us per call: " + "; ".join(parts))
 
 
-def _setup(device="cuda"):
+def _setup(device=None):
     import torch
 
+    device = DEVICE if device is None else device
     from fp4ref.kernels.nvfp4_linear import nvfp4_quantize
 
     g = torch.Generator(device=device).manual_seed(1234)
@@ -246,9 +248,10 @@ def _setup(device="cuda"):
     return w_u8, w_scales, float(w_gdec.item())
 
 
-def _x(m: int, device="cuda"):
+def _x(m: int, device=None):
     import torch
 
+    device = DEVICE if device is None else device
     g = torch.Generator(device=device).manual_seed(m)
     return torch.randn((1, m, K), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
 
@@ -332,7 +335,7 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
     from fp4ref.kernels import nvfp4_linear as nvl
 
     rng = np.random.default_rng(0)
-    cols = np.unique(np.concatenate([np.arange(32), np.arange(N - 32, N), rng.choice(N, 192, replace=False)]))
+    cols = np.unique(np.concatenate([np.arange(32), np.arange(N - 32, N), rng.choice(N, min(N, 192), replace=False)]))
     wq = dataclasses.replace(ref_quantize(np.zeros((len(cols), K), np.float32), recipe="sol"),
                              codes=w_u8.cpu().numpy()[cols], scales=w_scales.view(torch.uint8).cpu().numpy()[cols],
                              global_decode_scale=np.float32(w_gdec), shape=(len(cols), K))
@@ -340,7 +343,7 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
     for m in ms:
         x = _x(m)
         x_np = x.reshape(m, K).cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        out = torch.full((1, m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = torch.full((1, m, N), float("nan"), dtype=torch.bfloat16, device=x.device)
         y = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, out=out)
         y2 = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec)
         det = bool(torch.equal(y.view(torch.int16), y2.view(torch.int16)))
@@ -349,9 +352,11 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
         amax = float(np.abs(x_np.astype(np.float32)).max())
         xs = ref_quantize(x_np[rows], recipe="sol", global_amax=amax)  # x's global scale, these rows
         ref = gemm.nvfp4_gemm(xs, wq)
-        got = y.reshape(m, N)[torch.from_numpy(rows).cuda()][:, torch.from_numpy(cols).cuda()]
+        got = y.reshape(m, N)[torch.from_numpy(rows).to(y.device)][:, torch.from_numpy(cols).to(y.device)]
         got = got.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        rep = bounds.check(got, ref, nvl.NUMERIC_CONTRACT["accumulation_model"], output_rounding="rne",
+        interp = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU smoke test
+        rep = bounds.check(got, ref, nvl.NUMERIC_CONTRACT["accumulation_model" + ("_interpreter" if interp else "")],
+                           output_rounding=nvl.NUMERIC_CONTRACT["output_rounding" + ("_interpreter" if interp else "")],
                            poison=float("nan"))
         qok = None
         if m in quant_ms:
@@ -420,6 +425,9 @@ def main(argv=None) -> int:
         t0 = time.time()
         result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)
         print(f"checks {'PASSED' if result['checks_ok'] else 'FAILED'} in {time.time() - t0:.1f} s", flush=True)
+        if args.json:  # written now too, in case the table does not finish in time
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
 
     bw, flops = _ceilings()
     w_bf16 = _decode_weight(w_u8, w_scales)
@@ -465,6 +473,8 @@ def main(argv=None) -> int:
     if diag:
         print_table("diagnostic: ours GPU-only (CUDA graph) vs event-timed (includes host launch time)",
                     ["M", "ours (events)", "ours GPU-only", "(b) (events)"], diag, markdown=args.markdown)
+    if args.sweep:  # where the GPU time of the picks goes, per kernel
+        _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "bf16_flops": flops,

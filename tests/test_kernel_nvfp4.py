@@ -312,6 +312,29 @@ def test_contract_names_fp4ref_models():
     assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
 
 
+def test_bench_picks_install_and_check(monkeypatch):
+    """The GPU benchmark's tune path without a GPU: picks (an in-kernel config, a pre-pass config) installed as
+    the defaults, then the benchmark's own correctness check (fp4ref bound, NaN poison, determinism, quantizer
+    bytes) passes on them, at N = K = 64. Guards the one-command GPU run against logic errors."""
+    from fp4ref.kernels import bench_nvfp4_linear as b
+
+    monkeypatch.setattr(b, "DEVICE", DEVICE)
+    monkeypatch.setattr(b, "N", 64)
+    monkeypatch.setattr(b, "K", 64)
+    monkeypatch.setattr(nvl, "LINEAR_CONFIGS", dict(nvl.LINEAR_CONFIGS))
+    monkeypatch.setattr(nvl, "QUANT_CONFIGS", dict(nvl.QUANT_CONFIGS))
+    w = b._setup()
+    best = {1: (nvl.LinearConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
+            32: (nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4,
+                                                                           num_stages=2)), 1.0)}
+    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)})
+    assert nvl.pick_linear_config(1) == best[1][0] and nvl.pick_linear_config(33) == best[32][0]
+    assert nvl._quant_tile(1, 64) == (1, 64, 4) and nvl._quant_tile(32, 64) == (32, 64, 4)
+    assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
+    assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
+    nvl.clear_workspaces()
+
+
 # ----------------------------------------------------------------------------------------- sm_90 compilation
 
 
