@@ -121,7 +121,7 @@ def all_linear_candidates():
 
 
 # quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
-QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 8), (16, 512, 8), (2, 2048, 8), (32, 512, 8)]
+QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
 SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 

@@ -3,32 +3,36 @@
 Workload: SOL-ExecBench "nvfp4_linear_layer" (/work/shared/facts/seeds.md §2): y = x @ W^T with x quantized per call
 to NVFP4 by the recipe fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode).
 
-Pipeline (3 launches, no host synchronisation):
+Pipeline (no host synchronisation):
 
 1. ``_amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
-   sign-cleared bits: exact), then one atomic max into a per-(device, stream) sync word (max is order-free:
-   deterministic).
-2. ``nvfp4_quantize_kernel``: every program reads the global amax, derives the global encode/decode scales and
-   quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol" recipe bit for bit (RECIPE):
-   IEEE divisions (div.rn, no FTZ), E4M3 and E2M1 roundings in integer / exact fp32 arithmetic. Writes packed E2M1
-   codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or, for the linear layer, the dequantized values
-   code * block scale as fp16 (exact). The last program to leave resets the sync words to 0.
-3. ``nvfp4_linear_kernel``: C^T tile = W_tile @ X_tile^T ("swap AB": weight rows are the MMA M dimension, so
-   M = 1..64 wastes no tensor-core work beyond BLOCK_M = 16). W is decoded in registers from 32-bit words of packed
-   codes: E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4, whose value is exactly E2M1(c) * 2^-6 (E4M3
-   subnormals included), cvt.rn.f16x2.e4m3x2 (two values per instruction), times fp16(block scale) * 2^6.
-   Every E2M1 x E4M3 product has <= 6 significant bits and lies in [2^-10, 2688] (or is 0): exact in fp16, so
-   the tensor-core products are exact. fp16 rather than bf16 operands: equally exact here, and the fp8 -> fp16
-   conversion is one instruction per two values. fp32 accumulation (Hopper wgmma). Epilogue:
-   acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to bf16.
-   Split-K (small M): each program stores an fp32 partial; the last program to arrive at an output tile (atomic
-   counter) sums the SPLIT_K partials in the fixed order s = 0, 1, ... and writes the tile.
+   sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
+2. ``nvfp4_quantize_kernel``: every program reduces the partials to the global amax, derives the global
+   encode/decode scales and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol" recipe
+   bit for bit (RECIPE): IEEE divisions (div.rn, no FTZ), the E4M3 rounding in integer arithmetic, the E2M1
+   rounding by an exact magic add. Writes packed E2M1 codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or,
+   for the linear layer, the dequantized values code * block scale as fp16 (exact) and the epilogue scale.
+3. The GEMM, one of two paths (``LinearConfig.GEMM``):
+   * ``nvfp4_linear_kernel`` (small M): C^T tile = W_tile @ X_tile^T ("swap AB": weight rows are the MMA M
+     dimension, so M = 1..64 wastes no tensor-core work beyond BLOCK_M = 16). W is decoded in registers from
+     32-bit words of packed codes, either by E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4 (exactly
+     E2M1(c) * 2^-6) and cvt.rn.f16x2.e4m3x2, or (DECODE_BITS) by placing c's bits as the fp16 E2M1(c) * 2^-14
+     (no conversion instruction); then times fp16(block scale) * 2^6. Every E2M1 x E4M3 product has <= 6
+     significant bits and lies in [2^-10, 2688] (or is 0): exact in fp16 (DECODE_BITS: times 2^-8, still exact;
+     the accumulator is multiplied back by 2^8, exactly), so the tensor-core products are exact. fp32
+     accumulation (Hopper wgmma). Split-K (small M): each program stores an fp32 partial; the last program to
+     arrive at an output tile (atomic counter) sums the SPLIT_K partials in the fixed order s = 0, 1, ... .
+   * pre-pass (large M): ``nvfp4_decode_weight_kernel`` decodes W to a cached fp16 workspace [N, K] (2 N K
+     bytes, exact), then gemm_fp16.gemm_tma (persistent TMA GEMM) on the fp16 x and W with the device-side
+     epilogue scale.
+   Epilogue: acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to
+   bf16.
 
 Bitwise deterministic: no floating-point atomics (the amax atomic is an integer max), fixed reduction orders.
 Limits: any M >= 1; N and K multiples of 16; x contiguous; finite x (NaN / inf are outside the contract: the recipe
-has no NaN policy and the op does not synchronise to check). The sync words (and, after two identical calls, a
-cached launch plan with its scratch buffers) are kept per (device, stream): calls on one stream are ordered;
-concurrent calls from several host threads are not supported.
+has no NaN policy and the op does not synchronise to check). The amax partials, split-K counters and weight
+workspaces (and, after two identical calls, a cached launch plan with its scratch buffers) are kept per (device,
+stream): calls on one stream are ordered; concurrent calls from several host threads are not supported.
 Nothing runs at import.
 """
 from __future__ import annotations
@@ -147,7 +151,8 @@ def _widen_to_fp32(x):
     """Exact fp32 value of x (fp32 / bf16 / fp16). bf16 by its bits (<< 16): exact for every input, also where
     the CPU interpreter's bf16 -> fp32 conversion is wrong (it maps bf16 subnormals to 2^-127)."""
     if x.dtype == tl.bfloat16:
-        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        # zero-extended (uint16 -> uint32), not sign-extended: one instruction on sm_90 instead of three
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
 
@@ -254,17 +259,20 @@ def nvfp4_quantize_kernel(
     enc = tl.minimum(tl.math.div_rn(tl.full([BLOCK_R, NB], 1.0, tl.float32), sval * gdec), 3.4028234663852886e38)
     y = x * enc[:, :, None]
 
-    # E2M1 RNE of clamp(y, -6, 6), on |y| (exact arithmetic; every rounding below is the intended RNE):
-    #   |y| >= 1: keep 1 mantissa bit of the fp32 bits, ties to even (5 -> 4, 3.5 -> 4, 2.5 -> 2, 1.25 -> 1);
-    #             code = 2 * (exponent - 126) + mantissa bit = (bits >> 22) - 252  (1 -> 2, 1.5 -> 3, ..., 6 -> 7)
-    #   |y| <  1: grid 0.5: code = RNE(2 |y|) by the fp32 add 2|y| + 2^23 (0.25 -> 0, 0.75 -> 2)
+    # E2M1 RNE of clamp(y, -6, 6), on a = |y| clamped (8 instructions per element on sm_90):
+    #   the E2M1 grid step in a's binade is 2^(e-1), e = max(exponent of a, 0) (0.5 below 2, 1 in [2, 4), 2 in
+    #   [4, 6]); C = 2^(e+22) has that ulp, so r = (a + C) - C is a rounded to the grid, ties to even (an even
+    #   multiple of the step is an even code: 2.5 -> 2, 3.5 -> 4, 5 -> 4, 0.25 -> 0, 0.75 -> 1, 1.25 -> 1), and
+    #   the subtraction is exact. r in {0, 0.5, 1, 1.5, 2, 3, 4, 6}; r * 2^-126 is exactly the fp32 whose bits
+    #   >> 22 are the E2M1 magnitude code (0.5 -> the subnormal 2^-127 = 0x00400000 -> 1; 1 -> 2^-126 -> 2; ...;
+    #   6 -> 1.5 * 2^-124 -> 7). Needs IEEE adds (no reassociation: no fast-math in Triton) and no FTZ on the
+    #   multiply (the kernel is built with enable_reflect_ftz=False; the sm_90 compile test checks the PTX).
     # Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0 (the recipe's comparison cast). NaN: outside the contract.
     a = tl.minimum(tl.abs(y), 6.0)
-    ab = a.to(tl.int32, bitcast=True)
-    rb = (ab + 0x1FFFFF + ((ab >> 22) & 1)) & 0x7FC00000  # |y| >= 1 rounded to 1 mantissa bit (RNE)
-    sub = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # RNE(2|y|) in {0, 1, 2} for |y| < 1
-    big = a >= 1.0
-    mag = tl.where(big, (rb >> 22) - 252, sub)
+    cb = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000) + (22 << 23)
+    c = cb.to(tl.float32, bitcast=True)
+    r = (a + c) - c
+    mag = (r * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22  # r * 2^-126
     neg = y < 0.0
     code = mag | tl.where(neg, 8, 0)
 
@@ -280,8 +288,7 @@ def nvfp4_quantize_kernel(
         tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
     if WRITE_DEQUANT:
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
-        v = tl.where(big, rb.to(tl.float32, bitcast=True), sub.to(tl.float32) * 0.5)
-        v = tl.where(neg, -v, v) * sval[:, :, None]
+        v = tl.where(neg, -r, r) * sval[:, :, None]
         tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                  v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
 
@@ -846,7 +853,11 @@ def nvfp4_quantize(x: torch.Tensor):
 def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch.Tensor,
                  weight_global_decode_scale: float, *, config: LinearConfig | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (decode to fp16 in-kernel).
+    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (exact decode to fp16).
+
+    Small M decodes W in the GEMM kernel; large M (configs with ``GEMM`` set) decodes W per call into a cached
+    fp16 workspace of 2 N K bytes (128 MiB at N = K = 8192; one per device, stream and shape; freed by
+    ``clear_workspaces()``) and runs gemm_fp16.gemm_tma on it.
 
     Args:
         x: bfloat16 (or float16 / float32) [..., K], contiguous; quantized per call with the "sol" recipe.
@@ -854,7 +865,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
             ignored: UE4M3).
         weight_global_decode_scale: python float (rounded to fp32 once, RNE).
-        config: a LinearConfig to force (default: pick_linear_config(M)).
+        config: a LinearConfig to force (default: pick_linear_config(M)); TypeError if not a LinearConfig.
         out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
 
     Returns:
