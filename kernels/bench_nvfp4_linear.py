@@ -54,6 +54,8 @@ def torch_dequant_linear(x, w_u8, w_scales, w_gdec: float):
     v = (0.5 * ((a > 0.25).float() + (a >= 0.75).float() + (a > 1.25).float() + (a >= 1.75).float())
          + (a > 2.5).float() + (a >= 3.5).float() + 2.0 * (a > 5.0).float())
     xd = (torch.where(y < 0, -v, v) * s[..., None]).view(x2.shape[0], k).to(torch.bfloat16)
+    if w_u8 is None:  # the sweep's sanity reference only needs x dequantized
+        return xd, gdec
     wd = _decode_weight(w_u8, w_scales)
     out = (xd @ wd.T).float() * (gdec * w_gdec)
     return out.to(torch.bfloat16).view(*x.shape[:-1], wd.shape[0])
@@ -279,11 +281,29 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
     from fp4ref.kernels import nvfp4_linear as nvl
     from fp4ref.kernels._bench import gpu_time_graph
 
+    import torch
+
     rows, best, best_q = [], {}, {}
+    w_f32 = _decode_weight(w_u8, w_scales).float()  # exact
     for m in ms:
         x = _x(m)
+        # sanity reference (fp32 matmul of the exactly dequantized operands, no TF32): a candidate whose output
+        # is off by more than 2^-7 of the largest |y| is broken (a wrong decode gives garbage) and cannot be picked
+        xd, gdec = torch_dequant_linear(x, None, None, w_gdec)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ref = (xd.float() @ w_f32.T) * (gdec * w_gdec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        tol = float(ref.abs().max()) * 2.0**-7
+        del xd
         for cfg in linear_candidates(m):
             try:
+                y = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg).reshape(m, N).float()
+                err = float((y - ref).abs().max())
+                if not err <= tol:
+                    rows.append([m, _cfg_label(cfg), f"WRONG: max |y - ref| {err:.3g} > {tol:.3g}"])
+                    continue
+                del y
                 t = gpu_time_graph(lambda: nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg), reps=reps,
                                    replays=3)
             except Exception as exc:  # noqa: BLE001 - a config the GPU rejects: report, keep going
@@ -302,7 +322,8 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
             rows.append([m, f"quantize tile {tile}", t])
             if m not in best_q or t < best_q[m][1]:
                 best_q[m] = (tile, t)
-        del x, x2
+        del x, x2, ref
+    del w_f32
     return rows, best, best_q
 
 
