@@ -930,7 +930,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         _LAST_QUANT.pop("recs", None)
         wdq = _weight_workspace(x.device, N, K, _PREPASS_DTYPE)
         _decode_weight(weight_fp4.view(torch.uint8), weight_scales.view(torch.uint8), wdq)
-        _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, out.view(M, N))
+        if out.data_ptr() % 16 == 0:
+            _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, out.view(M, N))
+        else:  # TMA stores need a 16-byte aligned base: a caller's unaligned out gets a copy
+            tmp = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+            _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, tmp)
+            out.view(M, N).copy_(tmp)
         return out
 
     _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)

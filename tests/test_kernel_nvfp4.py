@@ -244,6 +244,23 @@ def test_linear_decode_bits_equals_cvt_decode(split_k):
     assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
 
 
+def test_linear_prepass_into_unaligned_out():
+    """The pre-pass path writes a caller's ``out`` whose data pointer is not 16-byte aligned (TMA cannot store
+    there directly): same bytes as an aligned output."""
+    rng = np.random.default_rng(29)
+    wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 3, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    cfg = nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2))
+    args = (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
+            float(wq.global_decode_scale))
+    y = nvl.nvfp4_linear(*args, config=cfg)
+    buf = torch.full((3 * 32 + 1,), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out = buf[1:].view(1, 3, 32)  # 2-byte offset
+    assert out.data_ptr() % 16
+    nvl.nvfp4_linear(*args, config=cfg, out=out)
+    assert torch.equal(out.view(torch.int16), y.view(torch.int16))
+
+
 def test_linear_rejects():
     x = torch.zeros(1, 4, 64, dtype=torch.bfloat16, device=DEVICE)
     w = torch.zeros(32, 32, dtype=torch.uint8, device=DEVICE)
