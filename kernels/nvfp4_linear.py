@@ -139,7 +139,7 @@ def pick_linear_config(M: int) -> LinearConfig:
     raise AssertionError("unreachable")
 
 
-_AMAX_BLOCK = 4096  # elements per program per step of the amax reduction
+_AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 _AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
 
 
