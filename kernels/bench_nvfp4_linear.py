@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 __all__ = ["main", "torch_dequant_linear", "WORKLOAD_M"]
 
 N = K = 8192
+DEVICE = "cuda"  # the CPU smoke test sets "cpu" (and small N, K) to run the check logic under the interpreter
 # M -> how many of the 16 public workloads have it (facts/seeds.md §2)
 WORKLOAD_M = {128: 1, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 1, 8192: 3, 16384: 1}
 DECODE_M = (1, 16, 64)
@@ -52,6 +54,8 @@ def torch_dequant_linear(x, w_u8, w_scales, w_gdec: float):
     v = (0.5 * ((a > 0.25).float() + (a >= 0.75).float() + (a > 1.25).float() + (a >= 1.75).float())
          + (a > 2.5).float() + (a >= 3.5).float() + 2.0 * (a > 5.0).float())
     xd = (torch.where(y < 0, -v, v) * s[..., None]).view(x2.shape[0], k).to(torch.bfloat16)
+    if w_u8 is None:  # the sweep's sanity reference only needs x dequantized
+        return xd, gdec
     wd = _decode_weight(w_u8, w_scales)
     out = (xd @ wd.T).float() * (gdec * w_gdec)
     return out.to(torch.bfloat16).view(*x.shape[:-1], wd.shape[0])
@@ -69,28 +73,140 @@ def _decode_weight(w_u8, w_scales):
     return vals.view(n, -1).to(torch.bfloat16)
 
 
-def _candidates_bytes(m: int):
+def _gemm_candidates():
+    from fp4ref.kernels.gemm_fp16 import GemmConfig as G
+
+    return [G("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+            G("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=4, num_warps=8, num_stages=3),
+            G("tma", 128, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4),
+            G("tma", 256, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+            G("tma", 128, 128, 64, SPLIT_K=2, GROUP_M=8, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2)]
+
+
+def _candidates_in_kernel(m: int):
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     if m <= 16:
-        return [C(64, 16, 256, 1, 4, 4), C(64, 16, 256, 2, 4, 4), C(64, 16, 256, 4, 4, 4), C(64, 16, 512, 4, 4, 3),
-                C(128, 16, 256, 4, 4, 4), C(64, 16, 128, 8, 4, 6), C(64, 16, 256, 8, 4, 4)]
+        return [C(64, 16, 256, 4, 4, 4), C(64, 16, 256, 2, 4, 4), C(64, 16, 256, 8, 4, 4), C(64, 16, 512, 4, 4, 3),
+                C(128, 16, 256, 4, 4, 4), C(64, 16, 128, 8, 4, 6), C(64, 16, 128, 16, 4, 4)]
     if m <= 64:
         return [C(64, 64, 128, 2, 4, 4), C(64, 64, 128, 4, 4, 4), C(64, 32, 256, 4, 4, 4), C(64, 64, 256, 2, 4, 3),
-                C(128, 64, 128, 2, 8, 4)]
+                C(64, 64, 128, 8, 4, 4)]
     if m <= 256:
         return [C(64, 128, 128, 2, 4, 3), C(128, 128, 128, 1, 8, 3), C(128, 128, 128, 2, 8, 3),
-                C(64, 128, 128, 1, 4, 3), C(128, 64, 128, 2, 8, 4), C(64, 64, 128, 2, 4, 4)]
-    return [C(128, 256, 64, 1, 8, 3), C(128, 256, 64, 1, 8, 4), C(128, 128, 64, 1, 8, 4), C(256, 128, 64, 1, 8, 3),
-            C(128, 256, 128, 1, 8, 2)]
+                C(64, 128, 128, 1, 4, 3), C(128, 64, 128, 2, 8, 4), C(64, 64, 128, 4, 4, 4)]
+    return [C(128, 256, 64, 1, 8, 3), C(128, 128, 64, 1, 8, 4)]
 
 
-def _candidates(m: int):
-    """Byte-scale candidates plus the SCALE_WORDS variant of each (block scales loaded as int32 words)."""
+def linear_candidates(m: int):
+    """nvfp4_linear candidates at M = m: the in-kernel decode configs (cvt decode and DECODE_BITS twins) and,
+    for m >= 128, the large-M pre-pass path with each TMA GEMM tile candidate."""
     import dataclasses
 
-    base = _candidates_bytes(m)
-    return base + [dataclasses.replace(c, SCALE_WORDS=True) for c in base]
+    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
+
+    base = _candidates_in_kernel(m)
+    out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
+    if m >= 128:
+        out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
+    return out
+
+
+def all_linear_candidates():
+    """Every candidate any sweep M may time (the sm_90 compile test builds them all)."""
+    seen = []
+    for m in SWEEP_M:
+        for c in linear_candidates(m):
+            if c not in seen:
+                seen.append(c)
+    return seen
+
+
+# quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
+QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
+SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _cfg_label(cfg) -> str:
+    if cfg.GEMM is not None:
+        g = cfg.GEMM
+        return (f"prepass+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
+                f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
+    return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
+            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
+
+
+def _cfg_json(cfg):
+    import dataclasses
+
+    d = dataclasses.asdict(cfg)
+    return d
+
+
+def _cfg_from_json(d):
+    from fp4ref.kernels.gemm_fp16 import GemmConfig
+    from fp4ref.kernels.nvfp4_linear import LinearConfig
+
+    d = dict(d)
+    if d.get("GEMM") is not None:
+        d["GEMM"] = GemmConfig(**d["GEMM"])
+    return LinearConfig(**d)
+
+
+def _compile_worker(job: str) -> str:
+    """Run one (config, M) once so triton's on-disk cache holds its build for the main process."""
+    import torch
+
+    from fp4ref.kernels import nvfp4_linear as nvl
+
+    d = json.loads(job)
+    m = d["m"]
+    try:
+        x = torch.randn((m, K), device="cuda", dtype=torch.float32).to(torch.bfloat16)
+        if "tile" in d:
+            nvl._quantize_launch(x, True, False, tile=tuple(d["tile"]))
+            nvl._quantize_launch(x, False, True, tile=tuple(d["tile"]))
+        else:
+            w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
+            s = torch.randint(0, 0x70, (N, K // 16), dtype=torch.uint8, device="cuda")
+            nvl.nvfp4_linear(x, w, s, 1.0, config=_cfg_from_json(d["cfg"]))
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(jobs, workers: int) -> None:
+    """Compile jobs (dicts: {"m", "cfg"} or {"m", "tile"}) in parallel spawned processes (shared on-disk cache)."""
+    import multiprocessing as mp
+    import time
+
+    uniq = sorted({json.dumps(j, sort_keys=True) for j in jobs})
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(max(1, min(workers, len(uniq)))) as pool:
+        res = pool.map(_compile_worker, uniq, chunksize=1)
+    bad = [(u, r) for u, r in zip(uniq, res) if r != "ok"]
+    print(f"precompiled {len(uniq)} jobs in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
+    for u, r in bad:
+        print("  compile failure", u, r, flush=True)
+
+
+def _spec_m(m: int) -> int:
+    """A small M compiling the same kernels as m for the sweep's M values (M = 1 is a constant to Triton; the
+    quantize tile's rows are capped by M up to 32)."""
+    return m if m in (1, 16) else 64
+
+
+def _precompile_jobs(ms):
+    jobs = [{"m": _spec_m(m), "cfg": _cfg_json(c)} for m in ms for c in linear_candidates(m)]
+    jobs += [{"m": _spec_m(m), "tile": list(t)} for m in ms for t in QUANT_TILES]
+    return jobs
+
+
+def nvl_mod():
+    from fp4ref.kernels import nvfp4_linear
+
+    return nvfp4_linear
 
 
 def _profile(ms, w_u8, w_scales, w_gdec):
@@ -121,9 +237,10 @@ def _profile(ms, w_u8, w_scales, w_gdec):
         print(f"profile M={m}: GPU {total:.1f} us per call: " + "; ".join(parts))
 
 
-def _setup(device="cuda"):
+def _setup(device=None):
     import torch
 
+    device = DEVICE if device is None else device
     from fp4ref.kernels.nvfp4_linear import nvfp4_quantize
 
     g = torch.Generator(device=device).manual_seed(1234)
@@ -133,9 +250,10 @@ def _setup(device="cuda"):
     return w_u8, w_scales, float(w_gdec.item())
 
 
-def _x(m: int, device="cuda"):
+def _x(m: int, device=None):
     import torch
 
+    device = DEVICE if device is None else device
     g = torch.Generator(device=device).manual_seed(m)
     return torch.randn((1, m, K), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
 
@@ -157,43 +275,135 @@ def _ceilings():
     return bw, 2 * 8192**3 / (t_mm * 1e-6)
 
 
-def _sweep(ms, w_u8, w_scales, w_gdec, iters):
-    from fp4ref.kernels._bench import print_table, time_cuda
-    from fp4ref.kernels.nvfp4_linear import nvfp4_linear, pick_linear_config
+def _sweep(ms, w_u8, w_scales, w_gdec, reps):
+    """Time every candidate per M on the GPU alone (gpu_time_graph: L2 flushed, CUDA graphs); returns
+    (rows, best linear config per M, best quantize tile per M)."""
+    from fp4ref.kernels import nvfp4_linear as nvl
+    from fp4ref.kernels._bench import gpu_time_graph
 
-    rows, best = [], {}
+    import torch
+
+    rows, best, best_q = [], {}, {}
+    w_f32 = _decode_weight(w_u8, w_scales).float()  # exact
     for m in ms:
         x = _x(m)
-        default = pick_linear_config(m)
-        for cfg in [default] + [c for c in _candidates(m) if c != default]:
+        # sanity reference (fp32 matmul of the exactly dequantized operands, no TF32): a candidate whose output
+        # is off by more than 2^-7 of the largest |y| is broken (a wrong decode gives garbage) and cannot be picked
+        xd, gdec = torch_dequant_linear(x, None, None, w_gdec)
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ref = (xd.float() @ w_f32.T) * (gdec * w_gdec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        tol = float(ref.abs().max()) * 2.0**-7
+        del xd
+        for cfg in linear_candidates(m):
             try:
-                t = time_cuda(lambda: nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg), warmup=3, iters=iters)
-            except Exception as exc:  # a config the GPU rejects (shared memory, registers): report, keep going
-                rows.append([m, str(cfg), f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+                y = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg).reshape(m, N).float()
+                err = float((y - ref).abs().max())
+                if not err <= tol:
+                    rows.append([m, _cfg_label(cfg), f"WRONG: max |y - ref| {err:.3g} > {tol:.3g}"])
+                    continue
+                del y
+                t = gpu_time_graph(lambda: nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg), reps=reps,
+                                   replays=3)
+            except Exception as exc:  # noqa: BLE001 - a config the GPU rejects: report, keep going
+                rows.append([m, _cfg_label(cfg), f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
                 continue
-            rows.append([m, f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
-                         + (",words" if cfg.SCALE_WORDS else "") + (" (default)" if cfg == default else ""), t])
+            rows.append([m, _cfg_label(cfg), t])
             if m not in best or t < best[m][1]:
                 best[m] = (cfg, t)
+        x2 = x.reshape(m, K)
+        for tile in QUANT_TILES:  # packed output (nvfp4_quantize)
+            try:
+                t = gpu_time_graph(lambda: nvl._quantize_launch(x2, True, False, tile=tile), reps=reps, replays=3)
+            except Exception as exc:  # noqa: BLE001
+                rows.append([m, f"quantize tile {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+                continue
+            rows.append([m, f"quantize tile {tile}", t])
+            if m not in best_q or t < best_q[m][1]:
+                best_q[m] = (tile, t)
+        del x, x2, ref
+    del w_f32
+    return rows, best, best_q
+
+
+def _install_picks(best, best_q):
+    """Make the picks the defaults of this process (LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M)."""
     from fp4ref.kernels import nvfp4_linear as nvl
 
-    for m in ms:  # quantizer tiles (BLOCK_R, BLOCK_C, num_warps), packed output (nvfp4_quantize)
-        x2 = _x(m).reshape(m, K)
-        for tile in [None, (4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 512, 8), (2, 2048, 8), (1, 4096, 8)]:
-            t = time_cuda(lambda: nvl._quantize_launch(x2, True, False, tile=tile), warmup=3, iters=iters)
-            rows.append([m, f"quantize tile {tile or 'default'}", t])
-    print_table("nvfp4_linear config sweep (us; BLOCK_N,BLOCK_M,BLOCK_K,SPLIT_K,warps,stages)",
-                ["M", "config", "us"], rows)
-    for m, (cfg, t) in best.items():
-        print(f"best M={m}: {cfg} {t:.1f} us")
-    return {"sweep": rows, "best": {m: [list(c.__dict__.values()), t] for m, (c, t) in best.items()}}
+    ms = sorted(best)
+    nvl.LINEAR_CONFIGS.clear()
+    nvl.LINEAR_CONFIGS.update({m: best[m][0] for m in ms[:-1]})
+    nvl.LINEAR_CONFIGS[1 << 62] = best[ms[-1]][0]
+    qs = sorted(best_q)
+    nvl.QUANT_CONFIGS.clear()
+    nvl.QUANT_CONFIGS.update({m: best_q[m][0] for m in qs[:-1]})
+    nvl.QUANT_CONFIGS[1 << 62] = best_q[qs[-1]][0]
+    nvl.clear_workspaces()
+
+
+def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
+    """Correctness of the installed defaults on the GPU: NaN-poisoned output, fp4ref's exact reference and
+    bound on a row subset, two calls bitwise equal; the quantizer's bytes equal fp4ref's (whole x) at quant_ms."""
+    import dataclasses
+
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    from fp4ref import bounds, gemm
+    from fp4ref.blockscale import nvfp4_quantize as ref_quantize
+    from fp4ref.kernels import nvfp4_linear as nvl
+
+    rng = np.random.default_rng(0)
+    cols = np.unique(np.concatenate([np.arange(32), np.arange(N - 32, N), rng.choice(N, min(N, 192), replace=False)]))
+    wq = dataclasses.replace(ref_quantize(np.zeros((len(cols), K), np.float32), recipe="sol"),
+                             codes=w_u8.cpu().numpy()[cols], scales=w_scales.view(torch.uint8).cpu().numpy()[cols],
+                             global_decode_scale=np.float32(w_gdec), shape=(len(cols), K))
+    ok_all = True
+    for m in ms:
+        x = _x(m)
+        x_np = x.reshape(m, K).cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        out = torch.full((1, m, N), float("nan"), dtype=torch.bfloat16, device=x.device)
+        y = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, out=out)
+        y2 = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec)
+        det = bool(torch.equal(y.view(torch.int16), y2.view(torch.int16)))
+        nan = int(torch.isnan(y).sum().item())
+        rows = np.unique(np.array([0, 1, m // 2, m - 2, m - 1]).clip(0, m - 1))
+        amax = float(np.abs(x_np.astype(np.float32)).max())
+        xs = ref_quantize(x_np[rows], recipe="sol", global_amax=amax)  # x's global scale, these rows
+        ref = gemm.nvfp4_gemm(xs, wq)
+        got = y.reshape(m, N)[torch.from_numpy(rows).to(y.device)][:, torch.from_numpy(cols).to(y.device)]
+        got = got.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        interp = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU smoke test
+        rep = bounds.check(got, ref, nvl.NUMERIC_CONTRACT["accumulation_model" + ("_interpreter" if interp else "")],
+                           output_rounding=nvl.NUMERIC_CONTRACT["output_rounding" + ("_interpreter" if interp else "")],
+                           poison=float("nan"))
+        qok = None
+        if m in quant_ms:
+            xq = ref_quantize(x_np, recipe="sol")
+            q, sc, g = nvl.nvfp4_quantize(x)
+            qok = bool(np.array_equal(q.cpu().numpy(), xq.codes.reshape(m, K // 2))
+                       and np.array_equal(sc.view(torch.uint8).cpu().numpy(), xq.scales.reshape(m, K // 16))
+                       and np.float32(g.item()).view(np.uint32) == np.float32(xq.global_decode_scale).view(np.uint32))
+        ok = rep.ok and det and nan == 0 and qok is not False
+        ok_all &= ok
+        print(f"check M={m} ({_cfg_label(nvl.pick_linear_config(m))}): {'OK' if ok else 'FAIL'}; bound "
+              f"{'ok' if rep.ok else 'VIOLATED'} (max err/bound {rep.max_err_over_bound:.3g}, bitwise-equal "
+              f"{100 * rep.bitwise_equal_fraction:.1f}%), NaN left {nan}, deterministic {det}, quantizer bytes "
+              f"{'-' if qok is None else qok}", flush=True)
+    return ok_all
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench nvfp4_linear", description=__doc__.split("\n")[0])
     p.add_argument("--m", type=int, nargs="*", help="rows of x (default: 1 16 64 and the public sizes)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for docs/benchmarks.md)")
-    p.add_argument("--sweep", action="store_true", help="time the candidate configs per M instead")
+    p.add_argument("--sweep", action="store_true",
+                   help="tune: precompile and time every candidate per M (GPU time), install the picks, check them "
+                        "(fp4ref, NaN-poisoned), then print the table with the picks")
+    p.add_argument("--sweep-reps", type=int, default=5, help="reps per CUDA graph in the sweep (default 5)")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--iters", type=int, default=50, help="timed iterations (default 50, as the public benchmarks)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--profile", action="store_true", help="print GPU time per kernel (torch.profiler) instead")
@@ -207,17 +417,38 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("nvfp4_linear benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
-    ms = args.m or list(DECODE_M) + sorted(WORKLOAD_M)
+    ms = args.m or list(SWEEP_M)
+    result = {}
+    if args.sweep:
+        precompile(_precompile_jobs(ms), args.workers)
     w_u8, w_scales, w_gdec = _setup()
     if args.profile:
         _profile(ms, w_u8, w_scales, w_gdec)
         return 0
     if args.sweep:
-        res = _sweep(ms, w_u8, w_scales, w_gdec, min(args.iters, 20))
-        if args.json:
+        import time
+
+        t0 = time.time()
+        rows, best, best_q = _sweep(ms, w_u8, w_scales, w_gdec, args.sweep_reps)
+        print_table("nvfp4_linear sweep, GPU-only us (CUDA graphs, L2 flushed; BLOCK_N,BLOCK_M,BLOCK_K,SPLIT_K,"
+                    "warps,stages[,bits] or prepass+tma GEMM tile)", ["M", "config", "GPU us"], rows,
+                    markdown=args.markdown)
+        print(f"sweep took {time.time() - t0:.1f} s", flush=True)
+        for m in ms:
+            print(f"pick M={m}: {_cfg_label(best[m][0])} {best[m][1]:.1f} us; quantize tile {best_q[m][0]} "
+                  f"{best_q[m][1]:.1f} us", flush=True)
+        _install_picks(best, best_q)
+        print("LINEAR_CONFIGS = {\n" + "".join(f"    {k}: {v!r},\n" for k, v in
+                                                 sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
+        print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)
+        result["sweep"] = rows
+        result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in ms}
+        t0 = time.time()
+        result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)
+        print(f"checks {'PASSED' if result['checks_ok'] else 'FAILED'} in {time.time() - t0:.1f} s", flush=True)
+        if args.json:  # written now too, in case the table does not finish in time
             with open(args.json, "w") as f:
-                json.dump(res, f, indent=1, default=str)
-        return 0
+                json.dump(result, f, indent=1, default=str)
 
     bw, flops = _ceilings()
     w_bf16 = _decode_weight(w_u8, w_scales)
@@ -263,10 +494,12 @@ def main(argv=None) -> int:
     if diag:
         print_table("diagnostic: ours GPU-only (CUDA graph) vs event-timed (includes host launch time)",
                     ["M", "ours (events)", "ours GPU-only", "(b) (events)"], diag, markdown=args.markdown)
+    if args.sweep:  # where the GPU time of the picks goes, per kernel
+        _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "bf16_flops": flops,
-                       "rows": records}, f, indent=1)
+                       "rows": records, **result}, f, indent=1, default=str)
     return 0
 
 

@@ -3,32 +3,36 @@
 Workload: SOL-ExecBench "nvfp4_linear_layer" (/work/shared/facts/seeds.md §2): y = x @ W^T with x quantized per call
 to NVFP4 by the recipe fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode).
 
-Pipeline (3 launches, no host synchronisation):
+Pipeline (no host synchronisation):
 
 1. ``_amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
-   sign-cleared bits: exact), then one atomic max into a per-(device, stream) sync word (max is order-free:
-   deterministic).
-2. ``nvfp4_quantize_kernel``: every program reads the global amax, derives the global encode/decode scales and
-   quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol" recipe bit for bit (RECIPE):
-   IEEE divisions (div.rn, no FTZ), E4M3 and E2M1 roundings in integer / exact fp32 arithmetic. Writes packed E2M1
-   codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or, for the linear layer, the dequantized values
-   code * block scale as fp16 (exact). The last program to leave resets the sync words to 0.
-3. ``nvfp4_linear_kernel``: C^T tile = W_tile @ X_tile^T ("swap AB": weight rows are the MMA M dimension, so
-   M = 1..64 wastes no tensor-core work beyond BLOCK_M = 16). W is decoded in registers from 32-bit words of packed
-   codes: E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4, whose value is exactly E2M1(c) * 2^-6 (E4M3
-   subnormals included), cvt.rn.f16x2.e4m3x2 (two values per instruction), times fp16(block scale) * 2^6.
-   Every E2M1 x E4M3 product has <= 6 significant bits and lies in [2^-10, 2688] (or is 0): exact in fp16, so
-   the tensor-core products are exact. fp16 rather than bf16 operands: equally exact here, and the fp8 -> fp16
-   conversion is one instruction per two values. fp32 accumulation (Hopper wgmma). Epilogue:
-   acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to bf16.
-   Split-K (small M): each program stores an fp32 partial; the last program to arrive at an output tile (atomic
-   counter) sums the SPLIT_K partials in the fixed order s = 0, 1, ... and writes the tile.
+   sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
+2. ``nvfp4_quantize_kernel``: every program reduces the partials to the global amax, derives the global
+   encode/decode scales and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol" recipe
+   bit for bit (RECIPE): IEEE divisions (div.rn, no FTZ), the E4M3 rounding in integer arithmetic, the E2M1
+   rounding by an exact magic add. Writes packed E2M1 codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or,
+   for the linear layer, the dequantized values code * block scale as fp16 (exact) and the epilogue scale.
+3. The GEMM, one of two paths (``LinearConfig.GEMM``):
+   * ``nvfp4_linear_kernel`` (small M): C^T tile = W_tile @ X_tile^T ("swap AB": weight rows are the MMA M
+     dimension, so M = 1..64 wastes no tensor-core work beyond BLOCK_M = 16). W is decoded in registers from
+     32-bit words of packed codes, either by E2M1 code c -> E4M3FN byte (c & 7) << 2 | (c & 8) << 4 (exactly
+     E2M1(c) * 2^-6) and cvt.rn.f16x2.e4m3x2, or (DECODE_BITS) by placing c's bits as the fp16 E2M1(c) * 2^-14
+     (no conversion instruction); then times fp16(block scale) * 2^6. Every E2M1 x E4M3 product has <= 6
+     significant bits and lies in [2^-10, 2688] (or is 0): exact in fp16 (DECODE_BITS: times 2^-8, still exact;
+     the accumulator is multiplied back by 2^8, exactly), so the tensor-core products are exact. fp32
+     accumulation (Hopper wgmma). Split-K (small M): each program stores an fp32 partial; the last program to
+     arrive at an output tile (atomic counter) sums the SPLIT_K partials in the fixed order s = 0, 1, ... .
+   * pre-pass (large M): ``nvfp4_decode_weight_kernel`` decodes W to a cached fp16 workspace [N, K] (2 N K
+     bytes, exact), then gemm_fp16.gemm_tma (persistent TMA GEMM) on the fp16 x and W with the device-side
+     epilogue scale.
+   Epilogue: acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to
+   bf16.
 
 Bitwise deterministic: no floating-point atomics (the amax atomic is an integer max), fixed reduction orders.
 Limits: any M >= 1; N and K multiples of 16; x contiguous; finite x (NaN / inf are outside the contract: the recipe
-has no NaN policy and the op does not synchronise to check). The sync words (and, after two identical calls, a
-cached launch plan with its scratch buffers) are kept per (device, stream): calls on one stream are ordered;
-concurrent calls from several host threads are not supported.
+has no NaN policy and the op does not synchronise to check). The amax partials, split-K counters and weight
+workspaces (and, after two identical calls, a cached launch plan with its scratch buffers) are kept per (device,
+stream): calls on one stream are ordered; concurrent calls from several host threads are not supported.
 Nothing runs at import.
 """
 from __future__ import annotations
@@ -40,11 +44,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .gemm_fp16 import GemmConfig, gemm_tma
+
 __all__ = [
     "NUMERIC_CONTRACT",
     "RECIPE",
     "LinearConfig",
     "LINEAR_CONFIGS",
+    "QUANT_CONFIGS",
+    "clear_workspaces",
     "pick_linear_config",
     "nvfp4_quantize",
     "nvfp4_linear",
@@ -95,6 +103,11 @@ class LinearConfig:
     num_warps: int
     num_stages: int
     SCALE_WORDS: bool = False  # block scales as int32 words: bitwise equal on the H200, but 0.77-1.02x (docs/kernels.md)
+    DECODE_BITS: bool = False  # decode by bit placement + f16x2 multiply instead of cvt e4m3x2 (_DECODE_BITS_PTX)
+    # Large-M path when set (a gemm_fp16.GemmConfig, "tma" kernel): W decoded to a cached fp16 workspace
+    # (2 N K bytes), x dequantized to fp16, the TMA GEMM (gemm_tma) with the fp32 epilogue scale, bf16 out. The
+    # fields above are then unused.
+    GEMM: object = None
 
 
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
@@ -104,7 +117,9 @@ LINEAR_CONFIGS = {
     64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
     128: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
     256: LinearConfig(BLOCK_N=128, BLOCK_M=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
-    1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3),
+    # large M: W decoded once per call to a bf16 workspace, then the TMA GEMM (see LinearConfig.GEMM)
+    1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3,
+                          GEMM=GemmConfig("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3)),
 }
 
 
@@ -124,9 +139,8 @@ def pick_linear_config(M: int) -> LinearConfig:
     raise AssertionError("unreachable")
 
 
-_AMAX_BLOCK = 4096  # elements per program per step of the amax reduction
+_AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 _AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
-_QUANT_TILE = 4096  # elements per quantize program (BLOCK_R * BLOCK_C)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -137,7 +151,8 @@ def _widen_to_fp32(x):
     """Exact fp32 value of x (fp32 / bf16 / fp16). bf16 by its bits (<< 16): exact for every input, also where
     the CPU interpreter's bf16 -> fp32 conversion is wrong (it maps bf16 subnormals to 2^-127)."""
     if x.dtype == tl.bfloat16:
-        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        # zero-extended (uint16 -> uint32), not sign-extended: one instruction on sm_90 instead of three
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
 
@@ -145,7 +160,7 @@ def _widen_to_fp32(x):
 @triton.jit
 def _amax_kernel(
     x_ptr,  # *fp32|bf16|fp16, numel contiguous elements
-    sync_ptr,  # *i32 [2]: [0] fp32 bits of max |x| (atomic max; must be 0 on entry), [1] departure counter
+    part_ptr,  # *i32 [>= num_programs]: this program's max |x| as fp32 bits, at part_ptr[program id]
     numel,
     ITERS,  # grid-stride steps per program
     BLOCK: tl.constexpr,
@@ -157,10 +172,11 @@ def _amax_kernel(
     for it in range(0, ITERS):
         idx = (it * nprog + pid).to(tl.int64) * BLOCK + offs
         x = _widen_to_fp32(tl.load(x_ptr + idx, mask=idx < numel, other=0.0))
-        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf);
-        # max is order-free, so the atomic result is deterministic
+        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf)
         best = tl.maximum(best, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-    tl.atomic_max(sync_ptr, tl.max(best, axis=0))
+    # one partial per program, no atomics and nothing to reset: the quantize kernel takes the max of all partials
+    # (max is order-free: deterministic)
+    tl.store(part_ptr + pid, tl.max(best, axis=0))
 
 
 @triton.jit
@@ -194,37 +210,35 @@ def _e4m3_byte_to_fp32(b):
 @triton.jit
 def nvfp4_quantize_kernel(
     x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
-    sync_ptr,  # *i32 [2] from _amax_kernel: [0] amax bits, [1] departure counter (the last program resets both)
+    amax_ptr,  # *i32 [n_amax] per-program max |x| (fp32 bits) from _amax_kernel
     q_ptr,  # *u8 [M, K/2] packed E2M1 codes (element 2i in bits 3:0)         (WRITE_PACKED)
     s_ptr,  # *u8 [M, K/16] E4M3FN block-scale bytes                          (WRITE_PACKED)
-    deq_ptr,  # *fp16 [M, K] code value * block scale (exact in fp16)          (WRITE_DEQUANT)
-    gdec_ptr,  # *fp32 [1] global decode scale
+    deq_ptr,  # *fp16|bf16 [M, K] code value * block scale (exact in both)     (WRITE_DEQUANT)
+    gdec_ptr,  # *fp32 [2]: [0] global decode scale, [1] fp32(global decode * w_gdec) (the GEMM epilogue scale)
+    w_gdec,  # fp32 weight global decode scale (for gdec_ptr[1]; 1.0 for nvfp4_quantize)
     M,
     K,
     stride_xm,
-    num_programs,  # grid size (for the departure count)
+    n_amax,  # number of amax partials (<= AMAX_PARTS)
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,  # multiple of 16
     WRITE_PACKED: tl.constexpr,
     WRITE_DEQUANT: tl.constexpr,
+    AMAX_PARTS: tl.constexpr = 512,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
 
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
-    amax = tl.load(sync_ptr).to(tl.float32, bitcast=True)
+    parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
+    amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
     genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
     genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
     genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
     gdec = tl.math.div_rn(tl.full([], 1.0, tl.float32), genc)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(gdec_ptr, gdec)
-    # every program has read amax (gdec depends on it); the last one to leave zeroes the sync words for the next
-    # call on this stream
-    tl.debug_barrier()
-    if tl.atomic_add(sync_ptr + 1, 1) == num_programs - 1:
-        tl.store(sync_ptr, 0)
-        tl.store(sync_ptr + 1, 0)
+        tl.store(gdec_ptr + 1, gdec * w_gdec)  # fp32 RNE (no FMA contraction: enable_fp_fusion=False)
 
     # --- the tile ----------------------------------------------------------------------------------------------
     NB: tl.constexpr = BLOCK_C // 16
@@ -245,17 +259,20 @@ def nvfp4_quantize_kernel(
     enc = tl.minimum(tl.math.div_rn(tl.full([BLOCK_R, NB], 1.0, tl.float32), sval * gdec), 3.4028234663852886e38)
     y = x * enc[:, :, None]
 
-    # E2M1 RNE of clamp(y, -6, 6), on |y| (exact arithmetic; every rounding below is the intended RNE):
-    #   |y| >= 1: keep 1 mantissa bit of the fp32 bits, ties to even (5 -> 4, 3.5 -> 4, 2.5 -> 2, 1.25 -> 1);
-    #             code = 2 * (exponent - 126) + mantissa bit = (bits >> 22) - 252  (1 -> 2, 1.5 -> 3, ..., 6 -> 7)
-    #   |y| <  1: grid 0.5: code = RNE(2 |y|) by the fp32 add 2|y| + 2^23 (0.25 -> 0, 0.75 -> 2)
+    # E2M1 RNE of clamp(y, -6, 6), on a = |y| clamped (8 instructions per element on sm_90):
+    #   the E2M1 grid step in a's binade is 2^(e-1), e = max(exponent of a, 0) (0.5 below 2, 1 in [2, 4), 2 in
+    #   [4, 6]); C = 2^(e+22) has that ulp, so r = (a + C) - C is a rounded to the grid, ties to even (an even
+    #   multiple of the step is an even code: 2.5 -> 2, 3.5 -> 4, 5 -> 4, 0.25 -> 0, 0.75 -> 1, 1.25 -> 1), and
+    #   the subtraction is exact. r in {0, 0.5, 1, 1.5, 2, 3, 4, 6}; r * 2^-126 is exactly the fp32 whose bits
+    #   >> 22 are the E2M1 magnitude code (0.5 -> the subnormal 2^-127 = 0x00400000 -> 1; 1 -> 2^-126 -> 2; ...;
+    #   6 -> 1.5 * 2^-124 -> 7). Needs IEEE adds (no reassociation: no fast-math in Triton) and no FTZ on the
+    #   multiply (the kernel is built with enable_reflect_ftz=False; the sm_90 compile test checks the PTX).
     # Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0 (the recipe's comparison cast). NaN: outside the contract.
     a = tl.minimum(tl.abs(y), 6.0)
-    ab = a.to(tl.int32, bitcast=True)
-    rb = (ab + 0x1FFFFF + ((ab >> 22) & 1)) & 0x7FC00000  # |y| >= 1 rounded to 1 mantissa bit (RNE)
-    sub = (a * 2.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # RNE(2|y|) in {0, 1, 2} for |y| < 1
-    big = a >= 1.0
-    mag = tl.where(big, (rb >> 22) - 252, sub)
+    cb = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000) + (22 << 23)
+    c = cb.to(tl.float32, bitcast=True)
+    r = (a + c) - c
+    mag = (r * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22  # r * 2^-126
     neg = y < 0.0
     code = mag | tl.where(neg, 8, 0)
 
@@ -271,10 +288,9 @@ def nvfp4_quantize_kernel(
         tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
     if WRITE_DEQUANT:
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
-        v = tl.where(big, rb.to(tl.float32, bitcast=True), sub.to(tl.float32) * 0.5)
-        v = tl.where(neg, -v, v) * sval[:, :, None]
+        v = tl.where(neg, -r, r) * sval[:, :, None]
         tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
-                 v.reshape(BLOCK_R, BLOCK_C).to(tl.float16), mask=mask)
+                 v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
 
 
 # PTX for one 32-bit word of packed weights (8 E2M1 codes, element 8j+i in bits 4i+3:4i) and its block scale
@@ -317,6 +333,70 @@ mov.b32 {$6, $7}, f3;
 """)
 
 
+# The cheaper decode (DECODE_BITS): no conversion instruction. E2M1 code c = s e1 e0 m placed as the fp16 bits
+# s << 15 | (e1 e0 m) << 9 is exactly E2M1(c) * 2^-14 (e1 e0 = 0: the fp16 subnormal m * 2^-15 = 0.5 m * 2^-14).
+# Elements 2i, 2i+1 (byte i of the word) go to one f16x2 register, in element order (the order the tile is
+# joined in, so no repacking follows): prmt puts byte i of (w << 4) (its high nibble = element 2i) in byte 1 and
+# byte i of w (high nibble = element 2i+1) in byte 3, so both codes sit at bits 12..15 of their half; then
+# ((t >> 3) & 0x0E000E00) | (t & 0x80008000). Times fp16(block scale) * 2^6 (mul.rn.f16x2, subnormals kept):
+# E2M1(c) * scale * 2^-8, a multiple of 2^-18 with <= 6 significant bits and magnitude <= 10.5: exact in fp16.
+# The kernel multiplies the fp32 accumulator by 2^8 before the epilogue scale: exact, because every product is
+# scaled by the same power of two and stays >= 2^-28 in magnitude (far above fp32's subnormals), so the
+# accumulator (hardware or interpreter) is exactly 2^-8 times the unscaled one, and 2^8 times it is the unscaled
+# accumulator itself (finite whenever that is).
+_DECODE_BITS_PTX = tl.constexpr("""
+{
+.reg .b32 w, u, t, f0, f1, f2, f3, s2;
+mov.b32 w, $8;
+mov.b32 s2, {$9, $9};
+shl.b32 u, w, 4;
+prmt.b32 t, w, u, 0x0044;
+shr.u32 f0, t, 3;
+and.b32 f0, f0, 0x0E000E00;
+and.b32 t, t, 0x80008000;
+or.b32 f0, f0, t;
+prmt.b32 t, w, u, 0x1155;
+shr.u32 f1, t, 3;
+and.b32 f1, f1, 0x0E000E00;
+and.b32 t, t, 0x80008000;
+or.b32 f1, f1, t;
+prmt.b32 t, w, u, 0x2266;
+shr.u32 f2, t, 3;
+and.b32 f2, f2, 0x0E000E00;
+and.b32 t, t, 0x80008000;
+or.b32 f2, f2, t;
+prmt.b32 t, w, u, 0x3377;
+shr.u32 f3, t, 3;
+and.b32 f3, f3, 0x0E000E00;
+and.b32 t, t, 0x80008000;
+or.b32 f3, f3, t;
+mul.rn.f16x2 f0, f0, s2;
+mul.rn.f16x2 f1, f1, s2;
+mul.rn.f16x2 f2, f2, s2;
+mul.rn.f16x2 f3, f3, s2;
+mov.b32 {$0, $1}, f0;
+mov.b32 {$2, $3}, f1;
+mov.b32 {$4, $5}, f2;
+mov.b32 {$6, $7}, f3;
+}
+""")
+
+
+@triton.jit
+def _bits_to_fp16(w, j: tl.constexpr):
+    """Code j (bits 4j..4j+3 of each uint32 of w) as the fp16 E2M1(c) * 2^-14 (see _DECODE_BITS_PTX)."""
+    c = (w >> (4 * j)) & 0xF
+    return (((c & 7) << 9) | ((c & 8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _decode_bits_portable(w, s16):
+    w = w.to(tl.uint32, bitcast=True)
+    return (_bits_to_fp16(w, 0) * s16, _bits_to_fp16(w, 1) * s16, _bits_to_fp16(w, 2) * s16,
+            _bits_to_fp16(w, 3) * s16, _bits_to_fp16(w, 4) * s16, _bits_to_fp16(w, 5) * s16,
+            _bits_to_fp16(w, 6) * s16, _bits_to_fp16(w, 7) * s16)
+
+
 @triton.jit
 def _byte_to_fp16(bits, t: tl.constexpr):
     """Byte t of each int32 of ``bits`` read as an E4M3FN value, widened to fp16 (exact)."""
@@ -351,6 +431,7 @@ def nvfp4_linear_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DECODE_PTX: tl.constexpr,  # True on the GPU; False in the CPU interpreter (no inline PTX there)
+    DECODE_BITS: tl.constexpr = False,  # decode by bit placement + one f16x2 multiply (_DECODE_BITS_PTX)
     SCALE_WORDS: tl.constexpr = False,  # load block scales as int32 words (4 per word; cp.async-eligible).
     # Needs K % 64 == 0 and BLOCK_K % 64 == 0. Byte loads (False) are not pipelined by Triton (cp.async needs
     # >= 4 bytes), so each K step waits for them. PREPARED, NOT YET GPU-VERIFIED: no default config uses it.
@@ -397,7 +478,14 @@ def nvfp4_linear_kernel(
         a = tl.load(a_rows + (step * BLOCK_K + offs_k)[None, :])  # [BLOCK_M, BLOCK_K] fp16
         s16 = (sb & 0x7F).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 64.0  # block scale * 2^6, exact
         s16 = tl.join(s16, s16).reshape(BLOCK_N, BLOCK_K // 8)  # one scale per word (2 words per block)
-        if DECODE_PTX:
+        if DECODE_BITS:
+            if DECODE_PTX:
+                v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+                    _DECODE_BITS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16],
+                    dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+            else:
+                v0, v1, v2, v3, v4, v5, v6, v7 = _decode_bits_portable(w, s16)
+        elif DECODE_PTX:
             v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
                 _DECODE_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16],
                 dtype=(tl.float16,) * 8, is_pure=True, pack=1)
@@ -412,6 +500,8 @@ def nvfp4_linear_kernel(
     out_mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
     out_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
     g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
+    if DECODE_BITS:
+        acc = acc * 256.0  # undo the decode's 2^-8: exact (see _DECODE_BITS_PTX)
     if SPLIT_K == 1:
         tl.store(out_ptr + out_offs, (acc * g).to(tl.bfloat16), mask=out_mask)  # fp32 RNE, one RNE to bf16
     else:
@@ -427,6 +517,42 @@ def nvfp4_linear_kernel(
                 tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + out_offs, (tot * g).to(tl.bfloat16), mask=out_mask)
             tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
+
+
+@triton.jit
+def nvfp4_decode_weight_kernel(
+    w_ptr,  # *u8 [N, K/2] packed E2M1 codes (element 2i in bits 3:0)
+    ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3)
+    out_ptr,  # *bf16|fp16 [N, K]: E2M1 value * block scale (exact)
+    N,
+    K,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # multiple of 32
+):
+    """The large-M pre-pass: the NVFP4 weight decoded to a 16-bit workspace for a plain TMA GEMM.
+
+    fp32 value of the code (E2M1 c = s e1 e0 m: |v| = m / 2 when e1 e0 = 0, else the fp32 bits
+    (e1 e0 m + 252) << 22), times the exact fp32 block scale, converted to the workspace dtype: every product has
+    <= 6 significant bits and lies in [2^-10, 2688] (or is 0), so each step is exact (bf16 and fp16 alike).
+    """
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows[:, None] < N
+    pcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+    packed = tl.load(w_ptr + rows[:, None].to(tl.int64) * (K // 2) + pcols[None, :],
+                     mask=rmask & (pcols[None, :] < K // 2), other=0).to(tl.int32)
+    bcols = pid_c * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
+    sb = tl.load(ws_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :],
+                 mask=rmask & (bcols[None, :] < K // 16), other=0).to(tl.int32) & 0x7F
+    sval = _e4m3_byte_to_fp32(sb)  # [BLOCK_R, BLOCK_C/16]
+    c = tl.join(packed & 0xF, packed >> 4).reshape(BLOCK_R, BLOCK_C // 16, 16)  # element 2i: low nibble
+    m3 = c & 7
+    mag = tl.where(m3 >= 2, ((m3 + 252) << 22).to(tl.float32, bitcast=True), m3.to(tl.float32) * 0.5)
+    v = tl.where((c & 8) != 0, -mag, mag) * sval[:, :, None]  # -0.0 for code 8 (value 0 either way)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+             v.reshape(BLOCK_R, BLOCK_C).to(out_ptr.dtype.element_ty), mask=rmask & (cols[None, :] < K))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -498,56 +624,122 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_SYNC: dict = {}  # (device, stream) -> int32 zeros [2 + tiles]: amax bits, departures, split-K tile counters
+_SYNC: dict = {}  # (device, stream) -> int32 zeros [tiles]: split-K arrival counters per output tile
+_AMAX_PARTS: dict = {}  # (device, stream) -> int32 [_AMAX_MAX_PROGRAMS]: the amax kernel's per-program partials
+_WORKSPACE: dict = {}  # (device, stream, N, K, dtype) -> the large-M path's decoded weight [N, K] (2 N K bytes)
+
+
+def _stream_key(dev):
+    return (dev, _raw_stream(dev) if dev.type == "cuda" else 0)
 
 
 def _sync_words(dev, tiles: int = 0):
-    """Per-(device, stream) int32 words that every kernel leaves at 0: [0] amax bits, [1] quantize departures,
-    [2:] split-K arrivals per output tile. Grown (fresh zeros) when more tiles are needed."""
-    key = (dev, torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0)
+    """Per-(device, stream) int32 split-K arrival counters that every kernel leaves at 0. Grown (fresh zeros)
+    when more tiles are needed."""
+    key = _stream_key(dev)
     buf = _SYNC.get(key)
-    if buf is None or buf.numel() < 2 + tiles:
-        buf = torch.zeros(max(2 + tiles, 4096), dtype=torch.int32, device=dev)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=dev)
         _SYNC[key] = buf
     return buf
+
+
+def _amax_parts(dev):
+    key = _stream_key(dev)
+    buf = _AMAX_PARTS.get(key)
+    if buf is None:
+        buf = torch.zeros(_AMAX_MAX_PROGRAMS, dtype=torch.int32, device=dev)
+        _AMAX_PARTS[key] = buf
+    return buf
+
+
+def _weight_workspace(dev, N: int, K: int, dtype):
+    """The large-M path's decoded-weight buffer [N, K] (2 N K bytes: 128 MiB for N = K = 8192), one per
+    (device, stream, shape, dtype), kept between calls (stream-ordered reuse). ``clear_workspaces()`` frees them."""
+    key = (*_stream_key(dev), N, K, dtype)
+    buf = _WORKSPACE.get(key)
+    if buf is None:
+        buf = torch.empty((N, K), dtype=dtype, device=dev)
+        _WORKSPACE[key] = buf
+    return buf
+
+
+def clear_workspaces() -> None:
+    """Free the cached decoded-weight workspaces, launch plans and scratch buffers of this module."""
+    _WORKSPACE.clear()
+    _PLANS.clear()
+    _QPLANS.clear()
 
 
 _amax_launch = _Launcher(_amax_kernel)
 _quantize_kernel_launch = _Launcher(nvfp4_quantize_kernel)
 _linear_launch = _Launcher(nvfp4_linear_kernel)
+_decode_weight_launch = _Launcher(nvfp4_decode_weight_kernel)
+
+_DECODE_TILE = (16, 512, 4)  # (BLOCK_R, BLOCK_C, num_warps) of the weight pre-pass
+# Operand dtype of the large-M path. fp16, not bf16: every E2M1 x E4M3 product (<= 6 significant bits, in
+# [2^-10, 2688]) is exact in either, wgmma runs both at the same rate, and gemm_tma with bf16 operands computes
+# garbage under triton 3.6's CPU interpreter (its TMA loads of bf16), so CPU CI could not check a bf16 path.
+_PREPASS_DTYPE = torch.float16
 
 
-def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | None = None):
-    """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq fp16 | None, gdec).
-    ``tile``: (BLOCK_R, BLOCK_C, num_warps) to force (benchmark sweeps); default from _QUANT_TILE."""
+# Quantize tiles (BLOCK_R, BLOCK_C, num_warps) keyed on M (first key >= M), as LINEAR_CONFIGS. BLOCK_C is capped
+# at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's.
+QUANT_CONFIGS = {
+    1 << 62: (4, 1024, 4),
+}
+
+
+def _quant_tile(M: int, K: int):
+    """The quantize tile (BLOCK_R, BLOCK_C, num_warps) for x [M, K], from QUANT_CONFIGS."""
+    tile_r, tile_c, warps = QUANT_CONFIGS[min(k for k in QUANT_CONFIGS if k >= M)]
+    block_c = min(triton.next_power_of_2(K), tile_c)
+    block_r = max(1, min(tile_r * tile_c // block_c, triton.next_power_of_2(M)))
+    return block_r, block_c, warps
+
+
+def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | None = None,
+                     deq_dtype=torch.float16, w_gdec: float = 1.0):
+    """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq | None, gdec fp32 [2]).
+    gdec = [x global decode, fp32(x global decode * w_gdec)]. ``tile``: (BLOCK_R, BLOCK_C, num_warps) to force
+    (benchmark sweeps); default _quant_tile(M, K). Records the compiled launches in _LAST_QUANT["recs"]."""
     M, K = x2.shape
     dev = x2.device
-    sync = _sync_words(dev)
+    parts = _amax_parts(dev)
     numel = M * K
     nprog = min(triton.cdiv(numel, _AMAX_BLOCK), _AMAX_MAX_PROGRAMS)
     iters = triton.cdiv(numel, nprog * _AMAX_BLOCK)
-    rec_amax = _amax_launch((nprog,), x2, sync, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
+    rec_amax = _amax_launch((nprog,), x2, parts, numel, iters, BLOCK=_AMAX_BLOCK, num_warps=8)
 
-    block_c = min(triton.next_power_of_2(K), 1024)
-    block_r = max(1, min(_QUANT_TILE // block_c, triton.next_power_of_2(M)))
-    quant_warps = 4
-    if tile is not None:
-        block_r, block_c, quant_warps = tile
+    block_r, block_c, quant_warps = _quant_tile(M, K) if tile is None else tile
     packed = torch.empty((M, K // 2), dtype=torch.uint8, device=dev) if write_packed else None
     scales = torch.empty((M, K // 16), dtype=torch.uint8, device=dev) if write_packed else None
-    deq = torch.empty((M, K), dtype=torch.float16, device=dev) if write_dequant else None
-    gdec = torch.empty((1,), dtype=torch.float32, device=dev)
+    deq = torch.empty((M, K), dtype=deq_dtype, device=dev) if write_dequant else None
+    gdec = torch.empty((2,), dtype=torch.float32, device=dev)
     dummy = gdec  # unused pointer arguments
     grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
     rec_quant = _quantize_kernel_launch(
-        grid, x2, sync,
+        grid, x2, parts,
         packed if write_packed else dummy, scales if write_packed else dummy, deq if write_dequant else dummy,
-        gdec, M, K, x2.stride(0), grid[0] * grid[1],
+        gdec, float(w_gdec), M, K, x2.stride(0), nprog,
         BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-        num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
+        AMAX_PARTS=_AMAX_MAX_PROGRAMS, num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
-    _LAST_QUANT["recs"] = (rec_amax, rec_quant, sync, numel, iters, grid[0] * grid[1])
+    _LAST_QUANT["recs"] = (rec_amax, rec_quant, parts, numel, iters, nprog)
     return packed, scales, deq, gdec
+
+
+def _gemm_scaled(a, b, scale, gemm_config, out):
+    """out [M, N] bf16 = RNE_bf16(fp32(a @ b^T accumulated in fp32) * scale[0]) on the gemm_fp16 TMA kernel."""
+    gemm_tma(a, b, out, scale=scale, config=gemm_config)
+
+
+def _decode_weight(w_u8, ws_u8, out):
+    """Launch the weight pre-pass: out [N, K] (bf16 / fp16) = decoded NVFP4 weight, exact."""
+    N, K = out.shape
+    br, bc, nw = _DECODE_TILE
+    _decode_weight_launch((triton.cdiv(N, br), triton.cdiv(K, bc)), w_u8, ws_u8, out, N, K,
+                          BLOCK_R=br, BLOCK_C=bc, num_warps=nw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -558,8 +750,10 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
 # cached compiled kernels directly, reusing its scratch buffers (dequantized x, x's global decode scale, split-K
 # partials: stream-ordered, so reuse is safe on the plan's stream). Plans whose scratch exceeds _PLAN_MAX_SCRATCH
 # bytes are not kept (at large M the host time is negligible); at most _MAX_PLANS are kept (oldest dropped).
+# nvfp4_quantize has its own plans (_QPLANS): the two cached kernels, fresh outputs per call.
 _LAST_QUANT: dict = {}
 _PLANS: dict = {}
+_QPLANS: dict = {}
 _PLANS_ENABLED = os.environ.get("FP4REF_NVFP4_PLANS", "1") != "0"  # debugging switch: 0 disables the fast path
 _MAX_PLANS = 4
 _PLAN_MAX_SCRATCH = 64 << 20
@@ -577,20 +771,36 @@ def _plan_key(x, weight_fp4, weight_scales, w_gdec):
             _raw_stream(x.device))
 
 
+def _run(rec, st, *args):
+    ck, g, c = rec
+    ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, *args, *c)
+
+
 class _LinearPlan:
     __slots__ = ("amax", "quant", "lin", "amax_args", "quant_args", "lin_args", "out_shape", "device", "stream")
 
     def run(self, x):
         out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
         st = self.stream
-        ck, g, c = self.amax
-        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, x, *self.amax_args, *c)
-        ck, g, c = self.quant
-        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, x, *self.quant_args, *c)
-        ck, g, c = self.lin
+        _run(self.amax, st, x, *self.amax_args)
+        _run(self.quant, st, x, *self.quant_args)
         a = self.lin_args
-        ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, *a[:4], out, *a[4:], *c)
+        _run(self.lin, st, *a[:4], out, *a[4:])
         return out
+
+
+class _QuantPlan:
+    __slots__ = ("amax", "quant", "amax_args", "tail", "M", "K", "device", "stream")
+
+    def run(self, x):
+        dev = self.device
+        packed = torch.empty((self.M, self.K // 2), dtype=torch.uint8, device=dev)
+        scales = torch.empty((self.M, self.K // 16), dtype=torch.uint8, device=dev)
+        gdec = torch.empty((2,), dtype=torch.float32, device=dev)
+        st = self.stream
+        _run(self.amax, st, x, *self.amax_args)
+        _run(self.quant, st, x, self.amax_args[0], packed, scales, gdec, gdec, *self.tail)
+        return packed, scales.view(torch.float8_e4m3fn), gdec[0]
 
 
 def nvfp4_quantize(x: torch.Tensor):
@@ -617,15 +827,37 @@ def nvfp4_quantize(x: torch.Tensor):
         TypeError: x is not a tensor of a supported dtype.
         ValueError: K not a positive multiple of 16, no rows, or x not contiguous.
     """
+    use_plan = _PLANS_ENABLED and isinstance(x, torch.Tensor) and x.is_cuda and not _interpreting()
+    if use_plan:
+        key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), _raw_stream(x.device))
+        plan = _QPLANS.get(key)
+        if plan is not None:
+            return plan.run(x)
     x2 = _check_x(x)
     packed, scales, _, gdec = _quantize_launch(x2, write_packed=True, write_dequant=False)
-    return packed, scales.view(torch.float8_e4m3fn), gdec.reshape(())
+    rec_amax, rec_quant, parts, numel, iters, nprog = _LAST_QUANT.pop("recs", (None,) * 6)
+    if use_plan and rec_amax and rec_quant:
+        plan = _QuantPlan()
+        plan.amax, plan.quant = rec_amax, rec_quant
+        plan.amax_args = (parts, numel, iters)
+        plan.tail = (1.0, x2.shape[0], x2.shape[1], x2.stride(0), nprog)
+        plan.M, plan.K = x2.shape
+        plan.device = x.device
+        plan.stream = _raw_stream(x.device)
+        if len(_QPLANS) >= _MAX_PLANS:
+            _QPLANS.pop(next(iter(_QPLANS)))
+        _QPLANS[key] = plan
+    return packed, scales.view(torch.float8_e4m3fn), gdec[0]
 
 
 def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch.Tensor,
                  weight_global_decode_scale: float, *, config: LinearConfig | None = None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (decode to fp16 in-kernel).
+    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (exact decode to fp16).
+
+    Small M decodes W in the GEMM kernel; large M (configs with ``GEMM`` set) decodes W per call into a cached
+    fp16 workspace of 2 N K bytes (128 MiB at N = K = 8192; one per device, stream and shape; freed by
+    ``clear_workspaces()``) and runs gemm_fp16.gemm_tma on it.
 
     Args:
         x: bfloat16 (or float16 / float32) [..., K], contiguous; quantized per call with the "sol" recipe.
@@ -633,7 +865,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
             ignored: UE4M3).
         weight_global_decode_scale: python float (rounded to fp32 once, RNE).
-        config: a LinearConfig to force (default: pick_linear_config(M)).
+        config: a LinearConfig to force (default: pick_linear_config(M)); TypeError if not a LinearConfig.
         out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
 
     Returns:
@@ -679,10 +911,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         raise TypeError(f"weight_global_decode_scale: expected a python float, got "
                         f"{type(weight_global_decode_scale).__name__}")
     cfg = pick_linear_config(M) if config is None else config
-
-    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)
-    w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
-    ws = weight_scales.view(torch.uint8)
+    if not isinstance(cfg, LinearConfig):
+        raise TypeError(f"config: expected a LinearConfig or None, got {type(cfg).__name__}")
     if out is None:
         out = torch.empty((*x.shape[:-1], N), dtype=torch.bfloat16, device=x.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or tuple(out.shape) != (*x.shape[:-1], N)
@@ -690,28 +920,48 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         raise ValueError(f"out: expected a contiguous bfloat16 tensor of shape {(*x.shape[:-1], N)} on {x.device}, "
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
     w_gdec = float(weight_global_decode_scale)
+
+    if cfg.GEMM is not None:
+        # Large-M path: x dequantized by the quantizer, W decoded to the cached workspace (both exact, in
+        # _PREPASS_DTYPE), then the persistent TMA GEMM whose epilogue is acc * fp32(x_gdec * w_gdec), one RNE
+        # to bf16.
+        _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True, deq_dtype=_PREPASS_DTYPE,
+                                            w_gdec=w_gdec)
+        _LAST_QUANT.pop("recs", None)
+        wdq = _weight_workspace(x.device, N, K, _PREPASS_DTYPE)
+        _decode_weight(weight_fp4.view(torch.uint8), weight_scales.view(torch.uint8), wdq)
+        if out.data_ptr() % 16 == 0:
+            _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, out.view(M, N))
+        else:  # TMA stores need a 16-byte aligned base: a caller's unaligned out gets a copy
+            tmp = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+            _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, tmp)
+            out.view(M, N).copy_(tmp)
+        return out
+
+    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)
+    w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
+    ws = weight_scales.view(torch.uint8)
     block_k = _block_k_for(K, cfg.BLOCK_K)
     scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
     if scale_words:
         ws = ws.view(torch.int32)  # [N, K/64]
     grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
     if cfg.SPLIT_K > 1:
-        sync = _sync_words(x.device, grid[0] * grid[1])
-        counts = sync[2:]
+        counts = _sync_words(x.device, grid[0] * grid[1])
         part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
     else:
         counts = part = out  # unused
     rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
                              BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                             DECODE_PTX=not _interpreting(), SCALE_WORDS=scale_words, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages)
-    rec_amax, rec_quant, sync, numel, iters, nq = _LAST_QUANT.pop("recs", (None,) * 6)
+                             DECODE_PTX=not _interpreting(), DECODE_BITS=bool(cfg.DECODE_BITS),
+                             SCALE_WORDS=scale_words, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    rec_amax, rec_quant, parts, numel, iters, nprog = _LAST_QUANT.pop("recs", (None,) * 6)
     scratch = deq.numel() * 2 + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
     if use_plan and rec_amax and rec_quant and rec_lin and scratch <= _PLAN_MAX_SCRATCH:
         plan = _LinearPlan()
         plan.amax, plan.quant, plan.lin = rec_amax, rec_quant, rec_lin
-        plan.amax_args = (sync, numel, iters)
-        plan.quant_args = (sync, xgdec, xgdec, deq, xgdec, M, K, x2.stride(0), nq)
+        plan.amax_args = (parts, numel, iters)
+        plan.quant_args = (parts, xgdec, xgdec, deq, xgdec, 1.0, M, K, x2.stride(0), nprog)
         plan.lin_args = (w, ws, deq, xgdec, part, counts, w_gdec, M, N, K)
         plan.out_shape = tuple(out.shape)
         plan.device = x.device

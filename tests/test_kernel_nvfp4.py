@@ -169,6 +169,13 @@ _SMALL_CONFIGS = [
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2),
     # block scales as int32 words (used when K % 64 == 0; K = 16, 48 fall back to bytes)
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2, SCALE_WORDS=True),
+    # decode by bit placement (fp16 E2M1 * 2^-14 times scale * 2^6, accumulator times 2^8), unsplit and split-K
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, DECODE_BITS=True),
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, DECODE_BITS=True),
+    # the large-M path: W pre-decoded to fp16, x dequantized to fp16, the TMA GEMM with the fp32 epilogue scale
+    nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2)),
+    nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 64, 64, SPLIT_K=2, num_warps=4,
+                                                              num_stages=2)),
 ]
 
 
@@ -217,6 +224,43 @@ def test_linear_scale_words_equal_scale_bytes():
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_linear_decode_bits_equals_cvt_decode(split_k):
+    """DECODE_BITS (fp16 subnormal-range weights times 2^-8, accumulator times 2^8) gives bitwise the output of
+    the cvt decode, over every code and the extreme scale bytes (0x01 = 2^-9: fp16 subnormal decoded weights;
+    0x7E = 448), and matches fp4ref's bound."""
+    rng = np.random.default_rng(23)
+    n, k = 64, 128
+    codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
+    scales = rng.choice(np.array([0x01, 0x02, 0x07, 0x08, 0x30, 0x55, 0x7E, 0x00], np.uint8), size=(n, k // 16))
+    x_np = (rng.standard_normal((1, 9, k)) * np.exp2(rng.integers(-8, 8, (1, 9, 1)))).astype(np.float32)
+    x_np = x_np.astype(ml_dtypes.bfloat16)
+    outs = [_check_linear(x_np, codes, scales, np.float32(0.75),
+                          nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits)) for bits in (False, True)]
+    del outs
+    args = (_to_torch(x_np), torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), 0.75)
+    y = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits))
+         for bits in (False, True)]
+    assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
+
+
+def test_linear_prepass_into_unaligned_out():
+    """The pre-pass path writes a caller's ``out`` whose data pointer is not 16-byte aligned (TMA cannot store
+    there directly): same bytes as an aligned output."""
+    rng = np.random.default_rng(29)
+    wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 3, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    cfg = nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2))
+    args = (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
+            float(wq.global_decode_scale))
+    y = nvl.nvfp4_linear(*args, config=cfg)
+    buf = torch.full((3 * 32 + 1,), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out = buf[1:].view(1, 3, 32)  # 2-byte offset
+    assert out.data_ptr() % 16
+    nvl.nvfp4_linear(*args, config=cfg, out=out)
+    assert torch.equal(out.view(torch.int16), y.view(torch.int16))
+
+
 def test_linear_rejects():
     x = torch.zeros(1, 4, 64, dtype=torch.bfloat16, device=DEVICE)
     w = torch.zeros(32, 32, dtype=torch.uint8, device=DEVICE)
@@ -236,8 +280,37 @@ def test_linear_rejects():
         nvl.nvfp4_linear(x, w, s, 1.0, out=torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
 
 
+def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Exact float64 decode of packed E2M1 codes [N, K/2] and E4M3FN block-scale bytes [N, K/16] (sign ignored),
+    by tables (independent of the kernels' bit tricks)."""
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    n = codes.shape[0]
+    c = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(n, -1)
+    s = (scales.view(np.uint8) & 0x7F).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    return e2m1[c] * np.repeat(s, 16, axis=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_weight_prepass_is_exact(dtype):
+    """The large-M pre-pass writes E2M1 value * block scale exactly, for every code and every scale byte (zero,
+    subnormal, 448, sign bit set), at a shape with row and column tails (N = 20, K = 80: partial tiles)."""
+    rng = np.random.default_rng(17)
+    n, k = 20, 80
+    codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
+    codes[0, :8] = np.arange(0, 256, 17, dtype=np.uint8)[:8]  # all 16 nibbles appear
+    scales = rng.integers(0, 256, size=(n, k // 16), dtype=np.uint8)
+    scales[scales & 0x7F == 0x7F] = 0x7E  # NaN bytes are not valid block scales
+    scales[1, :5] = [0x00, 0x01, 0x07, 0x08, 0x7E]  # zero, subnormals 2^-9 and 7 * 2^-9, 2^-6, 448
+    out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
+    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out)
+    want = _e2m1_e4m3_values(codes, scales)
+    got = out.float().cpu().numpy().astype(np.float64)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_sync_words_are_left_at_zero():
-    """The amax word, the departure counter and the split-K tile counters are reset by the kernels themselves."""
+    """The split-K tile counters are reset by the kernels themselves."""
     rng = np.random.default_rng(11)
     x = _to_torch(rng.standard_normal((1, 3, 128)).astype(np.float32).astype(ml_dtypes.bfloat16))
     wq = ref_quantize(rng.standard_normal((64, 128), dtype=np.float32), recipe="sol")
@@ -256,7 +329,40 @@ def test_contract_names_fp4ref_models():
     assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
 
 
+def test_bench_picks_install_and_check(monkeypatch):
+    """The GPU benchmark's tune path without a GPU: picks (an in-kernel config, a pre-pass config) installed as
+    the defaults, then the benchmark's own correctness check (fp4ref bound, NaN poison, determinism, quantizer
+    bytes) passes on them, at N = K = 64. Guards the one-command GPU run against logic errors."""
+    from fp4ref.kernels import bench_nvfp4_linear as b
+
+    monkeypatch.setattr(b, "DEVICE", DEVICE)
+    monkeypatch.setattr(b, "N", 64)
+    monkeypatch.setattr(b, "K", 64)
+    monkeypatch.setattr(nvl, "LINEAR_CONFIGS", dict(nvl.LINEAR_CONFIGS))
+    monkeypatch.setattr(nvl, "QUANT_CONFIGS", dict(nvl.QUANT_CONFIGS))
+    w = b._setup()
+    best = {1: (nvl.LinearConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
+            32: (nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4,
+                                                                           num_stages=2)), 1.0)}
+    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)})
+    assert nvl.pick_linear_config(1) == best[1][0] and nvl.pick_linear_config(33) == best[32][0]
+    assert nvl._quant_tile(1, 64) == (1, 64, 4) and nvl._quant_tile(32, 64) == (32, 64, 4)
+    assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
+    assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
+    nvl.clear_workspaces()
+
+
 # ----------------------------------------------------------------------------------------- sm_90 compilation
+
+
+# what the GPU benchmark may pick: every candidate must build for sm_90 (kernels/bench_nvfp4_linear.py)
+def _bench_candidates():
+    from fp4ref.kernels import bench_nvfp4_linear as b
+
+    return b.all_linear_candidates(), b.QUANT_TILES
+
+
+LINEAR_CANDIDATES, QUANT_TILE_CANDIDATES = _bench_candidates()
 
 
 def _compile_all():
@@ -266,13 +372,15 @@ def _compile_all():
     lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
     cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
+    cfgs = [c for c in cfgs if c.GEMM is None]
     variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
+    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and c not in cfgs]
     variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values()]  # scales as words (prepared)
     for cfg, block_k, words in variants:
         built.append(compile_for_sm90(
             nvl.nvfp4_linear_kernel, dict(lin_sig, ws_ptr="*i32" if words else "*u8"),
             dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
-                 SCALE_WORDS=words),
+                 SCALE_WORDS=words, DECODE_BITS=cfg.DECODE_BITS),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
                              "K"]))  # as at run time
@@ -281,20 +389,44 @@ def _compile_all():
     built.append(compile_for_sm90(
         nvl.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
         dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
-             SCALE_WORDS=False),
+             SCALE_WORDS=False, DECODE_BITS=cfg.DECODE_BITS),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"]))
-    built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "sync_ptr": "*i32", "numel": "i32",
+    built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
                                                      "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
-    for write_packed, write_dequant in ((True, False), (False, True)):
+    br, bc, nw = nvl._DECODE_TILE
+    built.append(compile_for_sm90(nvl.nvfp4_decode_weight_kernel,
+                                  {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
+                                  dict(BLOCK_R=br, BLOCK_C=bc), num_warps=nw,
+                                  divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
+    defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
+    modes = ((True, False, "*fp16"), (False, True, "*fp16"))
+    jobs = [(mode, t) for mode in modes for t in defaults]
+    jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
+    for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
         built.append(compile_for_sm90(
             nvl.nvfp4_quantize_kernel,
-            {"x_ptr": "*bf16", "sync_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": "*fp16",
-             "gdec_ptr": "*fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "num_programs": "i32"},
-            dict(BLOCK_R=4, BLOCK_C=1024, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant),
-            num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False,
-            divisible_by_16=["x_ptr", "sync_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
+            {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
+             "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
+            dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
+                 AMAX_PARTS=nvl._AMAX_MAX_PROGRAMS),
+            num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
+            divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
+    # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
+    gemms = {c.GEMM for c in list(nvl.LINEAR_CONFIGS.values()) + list(LINEAR_CANDIDATES) if c.GEMM is not None}
+    from fp4ref.kernels import gemm_fp16
+
+    for g in sorted(gemms, key=repr):
+        bm, bn, bk = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K
+        built.append(compile_for_sm90(
+            gemm_fp16.gemm_fp16_tma_kernel,
+            {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
+             "c_desc": f"tensordesc<bf16[{bm}, {bn}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "scale_ptr": "*fp32",
+             "M": "i32", "N": "i32", "K": "i32"},
+            dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=g.SPLIT_K, GROUP_M=g.GROUP_M, NUM_PROGRAMS=132,
+                 HAS_SCALE=True),
+            num_warps=g.num_warps, num_stages=g.num_stages, divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"]))
     return built
 
 
@@ -305,11 +437,17 @@ def test_every_config_compiles_for_sm90():
     for ck in built:
         assert ck.asm["cubin"]
         assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
-    ptx = built[0].asm["ptx"]
-    assert "cvt.rn.f16x2.e4m3x2" in ptx  # the PTX decode path is the one compiled
+    for ck in built:
+        ptx = ck.asm["ptx"]
+        if "nvfp4_linear_kernel" in ck.metadata.name:  # the PTX decode path is the one compiled
+            assert ("prmt.b32 p0, lo, hi, 0x5140" in ptx) != ("prmt.b32 t, w, u, 0x3377" in ptx)
     # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
-    qptx = built[-1].asm["ptx"]
-    assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx and "div.approx" not in qptx
+    qbuilds = [ck for ck in built if ck.metadata.name == "nvfp4_quantize_kernel"]
+    assert qbuilds
+    for ck in qbuilds:
+        qptx = ck.asm["ptx"]
+        assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx
+        assert "div.approx" not in qptx
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload
