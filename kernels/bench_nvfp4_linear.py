@@ -446,7 +446,11 @@ def main(argv=None) -> int:
         result["sweep"] = rows
         result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in ms}
         t0 = time.time()
-        result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)
+        try:
+            result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)
+        except Exception as exc:  # noqa: BLE001 - report it; the table below must still run
+            print(f"checks crashed: {type(exc).__name__}: {exc}", flush=True)
+            result["checks_ok"] = False
         print(f"checks {'PASSED' if result['checks_ok'] else 'FAILED'} in {time.time() - t0:.1f} s", flush=True)
         if args.json:  # written now too, in case the table does not finish in time
             with open(args.json, "w") as f:
@@ -497,7 +501,10 @@ def main(argv=None) -> int:
         print_table("diagnostic: ours GPU-only (CUDA graph) vs event-timed (includes host launch time)",
                     ["M", "ours (events)", "ours GPU-only", "(b) (events)"], diag, markdown=args.markdown)
     if args.sweep:  # where the GPU time of the picks goes, per kernel
-        _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
+        try:
+            _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic
+            print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "bf16_flops": flops,
