@@ -437,6 +437,10 @@ def main(argv=None) -> int:
                     markdown=args.markdown)
         print(f"sweep took {time.time() - t0:.1f} s", flush=True)
         for m in ms:
+            if m not in best or m not in best_q:
+                print(f"pick M={m}: NONE (every candidate failed; the next sweep M's pick covers it)", flush=True)
+                best.pop(m, None), best_q.pop(m, None)
+                continue
             print(f"pick M={m}: {_cfg_label(best[m][0])} {best[m][1]:.1f} us; quantize tile {best_q[m][0]} "
                   f"{best_q[m][1]:.1f} us", flush=True)
         _install_picks(best, best_q)
@@ -444,7 +448,7 @@ def main(argv=None) -> int:
                                                  sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
         print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)
         result["sweep"] = rows
-        result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in ms}
+        result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in best}
         t0 = time.time()
         try:
             result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)
