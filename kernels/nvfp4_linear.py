@@ -678,8 +678,8 @@ _decode_weight_launch = _Launcher(nvfp4_decode_weight_kernel)
 
 _DECODE_TILE = (16, 512, 4)  # (BLOCK_R, BLOCK_C, num_warps) of the weight pre-pass
 # Operand dtype of the large-M path. fp16, not bf16: every E2M1 x E4M3 product (<= 6 significant bits, in
-# [2^-10, 2688]) is exact in either, wgmma runs both at the same rate, and gemm_tma with bf16 operands computes
-# garbage under triton 3.6's CPU interpreter (its TMA loads of bf16), so CPU CI could not check a bf16 path.
+# [2^-10, 2688]) is exact in either, wgmma runs both at the same rate, and triton 3.6's CPU interpreter computes
+# tl.dot of bf16 operands wrongly (errors ~1e10 on randn data), so CPU CI could not check a bf16 path.
 _PREPASS_DTYPE = torch.float16
 
 
