@@ -183,6 +183,28 @@ def _e4m3_of_e2m1(code):
 
 
 @triton.jit
+def _twice_e2m1(code):
+    """2 x the value of E2M1 code (uint32, 0..15) as int32 in [-12, 12]: magnitudes 0, 1, 2, 3, 4, 6, 8, 12."""
+    mag = code & 7
+    tw = tl.where(mag < 4, mag, (4 + 2 * (mag & 1)) << ((mag >> 1) - 2)).to(tl.int32)
+    return tl.where((code & 8) != 0, -tw, tw)
+
+
+@triton.jit
+def _e4m3_of_e2m1_sum(code0, code1):
+    """E4M3FN byte (uint32) of e2m1(code0) + e2m1(code1), exact, with integer operations and one exact int -> fp32
+    conversion (no fp8 conversion instruction). s = 2 x the sum is an integer, |s| <= 24 with <= 4 significant
+    bits; |sum| = |s| / 2 >= 0.5 is an E4M3FN normal: exponent field = e32(|s|) - 127 - 1 + 7, mantissa = the top 3
+    fraction bits of fp32(|s|); sign bit 7. A zero sum gives +0 (byte 0x00)."""
+    s = _twice_e2m1(code0) + _twice_e2m1(code1)
+    a = tl.abs(s)
+    bits = a.to(tl.float32).to(tl.uint32, bitcast=True)
+    byte = ((((bits >> 23) & 0xFF) - 121) << 3) | ((bits >> 20) & 7)
+    byte = tl.where(s < 0, byte | 0x80, byte)
+    return tl.where(a == 0, 0, byte).to(tl.uint32)
+
+
+@triton.jit
 def _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
              BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, SELECTOR: tl.constexpr):
     """uint32 [BLOCK_M, BLOCK_G]: for groups g0 ... g0 + BLOCK_G - 1 of A, the group's 4 E4M3FN bytes as one
@@ -205,11 +227,10 @@ def _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, g0,
         vals = tl.load(vals_ptr + off, mask=mask, other=0).to(tl.uint8, bitcast=True).to(tl.uint32)
         e0 = _e4m3_of_e2m1(vals & 15)
         e1 = _e4m3_of_e2m1(vals >> 4)
-        # duplicate index: one byte holds v0 + v1. A sum of two E2M1 values lies on 2^-1 Z with |.| <= 12 and
-        # <= 4 significant bits, so it is an E4M3FN value: the fp16 add and the RNE conversion back are exact.
-        f0 = e0.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        f1 = e1.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        es = (f0 + f1).to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.uint32)
+        # duplicate index: one byte holds v0 + v1, built with integer arithmetic only (_e4m3_of_e2m1_sum). (An
+        # fp16 add + .to(tl.float8e4nv) was exact in the interpreter but gave wrong bytes (0xFC) on the H200 for
+        # tiles of >= 64 groups: triton 3.6's packed cvt.rn.satfinite.e4m3x2.f16x2 path; docs/kernels.md.)
+        es = _e4m3_of_e2m1_sum(vals & 15, vals >> 4)
         word = tl.where(sh0 == sh1, es << sh0, (e0 << sh0) | (e1 << sh1))
     return word
 

@@ -90,6 +90,31 @@ def test_every_vals_byte_with_every_meta_nibble():
     np.testing.assert_array_equal(c.float().numpy(), ref.out.astype(np.float32))  # exact: no rounding happens
 
 
+def test_prepass_every_vals_byte_with_every_meta_nibble():
+    """The large-M decode pre-pass (sparse_expand_a_kernel) bytes, exhaustive over one group: all 256 vals bytes x
+    all 16 meta nibbles (meta bits 7:4 set at random), in tiles of PREP_BLOCK_G groups, against the dense A of
+    fp4ref.packing.decompress_2to4 cast to E4M3FN by ml_dtypes (exact: every entry has <= 4 significant bits)."""
+    import ml_dtypes
+    import triton
+
+    from fp4ref.packing import decompress_2to4
+
+    G = mod.PREP_BLOCK_G
+    M = 256 * 16 // G
+    vals = np.repeat(np.arange(256, dtype=np.uint8), 16).reshape(M, G)
+    meta = (np.tile(np.arange(16, dtype=np.uint8), 256)
+            | (np.random.default_rng(5).integers(0, 16, 4096).astype(np.uint8) << 4)).reshape(M, G)
+    want = decompress_2to4(vals, meta).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    v, m = torch.from_numpy(vals.view(np.int8)), torch.from_numpy(meta.view(np.int8))
+    w = torch.full((M, G), -1, dtype=torch.int32)
+    mod.sparse_expand_a_kernel[(triton.cdiv(M, mod.PREP_BLOCK_M), 1)](
+        v, m, w, M, G, v.stride(0), v.stride(1), w.stride(0), BLOCK_M=mod.PREP_BLOCK_M, BLOCK_G=G)
+    got = w.numpy().view(np.uint8).reshape(M, 4 * G)
+    np.testing.assert_array_equal(got.view(ml_dtypes.float8_e4m3fn).astype(np.float32),
+                                  want.view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    assert not (got[want == 0] & 0x7F).any()
+
+
 def test_nan_selected_vs_pruned():
     """A NaN byte of b counts iff the metadata selects its position (even times a zero value)."""
     b = np.array([[0x38, 0x7F, 0x48, 0x50]], dtype=np.uint8)  # NaN at position 1
@@ -425,6 +450,9 @@ def test_expand_prepass_compiles_for_sm90():
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx  # 16-byte loads of vals/meta, stores of A
+    # the duplicate-index sum is built with integer operations: on the H200, triton 3.6's packed fp16 -> E4M3FN
+    # conversion gave wrong bytes (0xFC) for this kernel's tiles of >= 64 groups (docs/kernels.md)
+    assert "e4m3x2.f16x2" not in ptx
 
 
 @pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "fused"], ids=_cfg_id)
@@ -436,6 +464,7 @@ def test_configs_compile_for_sm90(cfg):
         assert "ld.global.v4.b32" in ptx  # would load bytes one at a time)
     else:
         assert "cp.async" in ptx  # pipelined loads (a build without divisibility hints would not be the GPU's)
+    assert "e4m3x2.f16x2" not in ptx  # no packed fp16 -> E4M3FN conversion in the decode (see the pre-pass test)
     if cfg.mma == "fp8":
         assert "wgmma.mma_async" in ptx and "e4m3.e4m3" in ptx
         # the promotion the contract assumes: inside the K loop, each fp8 dot chain starts from a zero accumulator
