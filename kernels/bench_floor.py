@@ -8,7 +8,8 @@ back to HBM. This benchmark measures what reading an operand costs after such a 
 * ``read``: a Triton kernel (the fastest of several launch shapes) that reads the bytes once (16-byte vector loads, one fp32 partial sum per program, so
   nothing is optimised away) — after the write flush (``flush.zero_()``, the public method) and after a read-only
   flush (a max-reduction over the buffer, which leaves clean lines);
-* the peer the small-M rows are compared with (``torch.matmul`` at M = 1 for gemm_fp16's B), under both flushes.
+* the peers the small-M rows are compared with (cuBLAS at M = 1, or 16 where _scaled_mm needs it), under both
+  flushes.
 
 Columns are GPU time from CUDA-graph replays (``_bench.gpu_time_graph`` method: graph of reps x (flush, call) minus
 graph of reps x flush) and the event time of ``_bench.time_cuda`` (write flush only, the reported method).
@@ -114,14 +115,24 @@ def main(argv=None) -> int:
         rows.append([f"{name} [read {shape}]", nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, read_kernel=shape, gpu_us_write_flush=tw,
                         gpu_us_read_flush=tr, event_us=te))
-    a = torch.randn(1, 2048, dtype=torch.float16, device="cuda")
-    b = torch.randn(3072, 2048, dtype=torch.float16, device="cuda")
-    call = lambda: torch.matmul(a, b.T)  # noqa: E731
-    tw, tr, te = _graph_time(call, write_flush), _graph_time(call, read_flush), time_cuda(call)
-    rows.append(["torch.matmul M=1 N=3072 K=2048 fp16", 3072 * 2048 * 2 / 1e6, tw, tr, te,
-                 3072 * 2048 * 2 / tw / 1e3, 3072 * 2048 * 2 / tr / 1e3])
-    rec.append(dict(operand="torch.matmul M=1", bytes=3072 * 2048 * 2, gpu_us_write_flush=tw,
-                    gpu_us_read_flush=tr, event_us=te))
+    # the peers the small-M rows are compared with, M = 1, same flushes
+    a16 = torch.randn(1, 2048, dtype=torch.float16, device="cuda")
+    b16 = torch.randn(3072, 2048, dtype=torch.float16, device="cuda")
+    a8 = torch.randn(16, 2048, device="cuda").to(torch.float8_e4m3fn)  # _scaled_mm wants M % 16 == 0
+    b8 = torch.randn(2048, 2048, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+    xbf = torch.randn(1, 8192, dtype=torch.bfloat16, device="cuda")
+    wbf = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    peers = [
+        ("torch.matmul fp16 M=1 N=3072 K=2048 (gemm_fp16 peer)", 3072 * 2048 * 2, lambda: torch.matmul(a16, b16.T)),
+        ("torch._scaled_mm fp8 M=16 N=K=2048 (sparse peer)", 2048 * 2048,
+         lambda: torch._scaled_mm(a8, b8.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)),
+        ("torch.matmul bf16 M=1 N=K=8192 (nvfp4 peer b)", 8192 * 8192 * 2, lambda: torch.matmul(xbf, wbf.T)),
+    ]
+    for name, nbytes, call in peers:
+        tw, tr, te = _graph_time(call, write_flush), _graph_time(call, read_flush), time_cuda(call)
+        rows.append([name, nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
+        rec.append(dict(operand=name, bytes=nbytes, gpu_us_write_flush=tw, gpu_us_read_flush=tr, event_us=te))
     print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes / GPU time; the read kernel's best launch shape of several)",
                 ["what", "MB read", "GPU us, write flush", "GPU us, read flush", "event us, write flush",
                  "GB/s write flush", "GB/s read flush"], rows, markdown=True)
