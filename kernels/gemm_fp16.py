@@ -139,8 +139,8 @@ CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
     (128, GemmConfig("splitk", 128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
     (192, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
     (256, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
-    (1536, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3)),
-    (4096, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
+    (1536, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
+    (4096, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2)),
     (2**62, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
 )
 
