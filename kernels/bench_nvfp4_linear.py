@@ -40,15 +40,19 @@ def torch_dequant_linear(x, w_u8, w_scales, w_gdec: float):
     """Peer (a): the workload's recipe in plain torch ops, W decoded every call, bf16 matmul."""
     import torch
 
+    # Every division is tensor / tensor: torch computes ``c / t`` as reciprocal(t) * c and, on CUDA, ``t / c`` as
+    # t * fp32(1 / c), each two roundings, not the recipe's one IEEE division (the first GPU sweep's "WRONG" at
+    # M = 64 was this reference's genc one ulp off; tests/test_kernel_nvfp4.py checks it against fp4ref).
     k = x.shape[-1]
     x2 = x.reshape(-1, k).float()
     amax = x2.abs().amax()
-    genc = torch.clamp(2688.0 / amax, max=_FLT_MAX)
+    genc = torch.clamp(torch.full_like(amax, 2688.0) / amax, max=_FLT_MAX)
     genc = torch.where(genc == 0, torch.ones_like(genc), genc)
-    gdec = 1.0 / genc
+    gdec = torch.ones_like(genc) / genc
     xb = x2.view(x2.shape[0], k // 16, 16)
-    s = torch.clamp((xb.abs().amax(-1) / 6.0) * genc, -448.0, 448.0).to(torch.float8_e4m3fn).float()
-    enc = torch.clamp(1.0 / (s * gdec), max=_FLT_MAX)
+    bamax = xb.abs().amax(-1)
+    s = torch.clamp((bamax / torch.full_like(bamax, 6.0)) * genc, -448.0, 448.0).to(torch.float8_e4m3fn).float()
+    enc = torch.clamp(torch.ones_like(s) / (s * gdec), max=_FLT_MAX)
     y = torch.clamp(xb * enc[..., None], -6.0, 6.0)
     a = y.abs()
     v = (0.5 * ((a > 0.25).float() + (a >= 0.75).float() + (a > 1.25).float() + (a >= 1.75).float())
@@ -329,18 +333,24 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
     return rows, best, best_q
 
 
-def _install_picks(best, best_q):
-    """Make the picks the defaults of this process (LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M)."""
+def _install_picks(best, best_q, ms=()):
+    """Make the picks the defaults of this process: LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M values
+    (each key covers the M values above the previous key; the last is open-ended). An M of ``ms`` without a pick
+    (every candidate failed its check) keeps what the in-file defaults give it."""
     from fp4ref.kernels import nvfp4_linear as nvl
 
-    ms = sorted(best)
+    ms = sorted(set(best) | set(best_q) | set(ms))
+    if not ms:
+        return
+    lin = {m: best[m][0] if m in best else nvl.pick_linear_config(m) for m in ms}
+    qt = {m: best_q[m][0] if m in best_q else nvl.QUANT_CONFIGS[min(k for k in nvl.QUANT_CONFIGS if k >= m)]
+          for m in ms}
     nvl.LINEAR_CONFIGS.clear()
-    nvl.LINEAR_CONFIGS.update({m: best[m][0] for m in ms[:-1]})
-    nvl.LINEAR_CONFIGS[1 << 62] = best[ms[-1]][0]
-    qs = sorted(best_q)
+    nvl.LINEAR_CONFIGS.update({m: lin[m] for m in ms[:-1]})
+    nvl.LINEAR_CONFIGS[1 << 62] = lin[ms[-1]]
     nvl.QUANT_CONFIGS.clear()
-    nvl.QUANT_CONFIGS.update({m: best_q[m][0] for m in qs[:-1]})
-    nvl.QUANT_CONFIGS[1 << 62] = best_q[qs[-1]][0]
+    nvl.QUANT_CONFIGS.update({m: qt[m] for m in ms[:-1]})
+    nvl.QUANT_CONFIGS[1 << 62] = qt[ms[-1]]
     nvl.clear_workspaces()
 
 
@@ -437,18 +447,18 @@ def main(argv=None) -> int:
                     markdown=args.markdown)
         print(f"sweep took {time.time() - t0:.1f} s", flush=True)
         for m in ms:
-            if m not in best or m not in best_q:
-                print(f"pick M={m}: NONE (every candidate failed; the next sweep M's pick covers it)", flush=True)
-                best.pop(m, None), best_q.pop(m, None)
-                continue
-            print(f"pick M={m}: {_cfg_label(best[m][0])} {best[m][1]:.1f} us; quantize tile {best_q[m][0]} "
-                  f"{best_q[m][1]:.1f} us", flush=True)
-        _install_picks(best, best_q)
+            lin = (f"{_cfg_label(best[m][0])} {best[m][1]:.1f} us" if m in best else "NONE valid (every candidate "
+                   f"failed; keeps the in-file default {_cfg_label(nvl_mod().pick_linear_config(m))})")
+            qt = f"{best_q[m][0]} {best_q[m][1]:.1f} us" if m in best_q else "NONE valid (keeps the in-file default)"
+            print(f"pick M={m}: {lin}; quantize tile {qt}", flush=True)
+        _install_picks(best, best_q, ms)
         print("LINEAR_CONFIGS = {\n" + "".join(f"    {k}: {v!r},\n" for k, v in
                                                  sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
         print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)
         result["sweep"] = rows
-        result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in best}
+        result["picks"] = {m: [_cfg_json(best[m][0]) if m in best else None, best[m][1] if m in best else None,
+                               list(best_q[m][0]) if m in best_q else None, best_q[m][1] if m in best_q else None]
+                           for m in ms}
         t0 = time.time()
         try:
             result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)

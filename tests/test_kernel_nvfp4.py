@@ -329,6 +329,35 @@ def test_contract_names_fp4ref_models():
     assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
 
 
+def test_bench_sanity_reference_equals_fp4ref_quantization():
+    """The benchmark sweep's reference (bench_nvfp4_linear.torch_dequant_linear with w_u8=None: x's recipe in torch
+    ops) equals fp4ref's "sol" quantization bit for bit, on an x whose amax makes torch's ``2688.0 / amax``
+    (computed by torch as reciprocal(amax) * 2688, two roundings) differ from the recipe's IEEE division. That
+    ulp in the global encode scale made every M = 64 candidate of the first GPU sweep "WRONG" (max |y - ref| 9.01
+    against 3.53 allowed) while the kernel matched fp4ref (fp4ref verify, M = 64: 100% bitwise-equal)."""
+    from fp4ref.kernels import bench_nvfp4_linear as b
+
+    def f32(v):
+        return np.float32(v)
+
+    # a bf16 amax in [4, 8) for which reciprocal-then-multiply is not the IEEE quotient
+    cands = np.arange(0x4080, 0x4100, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    amax = next(a for a in cands if f32(2688.0) / a != f32(f32(1.0) / a) * f32(2688.0))
+    at = torch.tensor(amax)
+    assert not torch.equal(2688.0 / at, torch.full_like(at, 2688.0) / at)  # the torch behaviour guarded against
+    rng = np.random.default_rng(64)
+    x_np = (rng.standard_normal((8, 256)) * (amax / 5)).clip(-amax * 0.99, amax * 0.99).astype(ml_dtypes.bfloat16)
+    x_np[3, 17] = ml_dtypes.bfloat16(-amax)
+    xq = ref_quantize(x_np, recipe="sol")
+    lut = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+    codes = np.stack([xq.codes & 0xF, xq.codes >> 4], -1).reshape(8, 256)
+    want = (lut[codes].reshape(8, 16, 16) * xq.scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32)[..., None])
+    xd, gdec = b.torch_dequant_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16), None, None, 1.0)
+    assert np.float32(gdec.item()).view(np.uint32) == np.float32(xq.global_decode_scale).view(np.uint32)
+    got = xd.float().numpy().reshape(8, 16, 16)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_bench_picks_install_and_check(monkeypatch):
     """The GPU benchmark's tune path without a GPU: picks (an in-kernel config, a pre-pass config) installed as
     the defaults, then the benchmark's own correctness check (fp4ref bound, NaN poison, determinism, quantizer
@@ -344,8 +373,10 @@ def test_bench_picks_install_and_check(monkeypatch):
     best = {1: (nvl.LinearConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
             32: (nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4,
                                                                            num_stages=2)), 1.0)}
-    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)})
+    default_16 = nvl.pick_linear_config(16)  # M = 16: no valid candidate in this "sweep": keeps the in-file default
+    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)}, ms=(1, 16, 32))
     assert nvl.pick_linear_config(1) == best[1][0] and nvl.pick_linear_config(33) == best[32][0]
+    assert nvl.pick_linear_config(2) == nvl.pick_linear_config(16) == default_16
     assert nvl._quant_tile(1, 64) == (1, 64, 4) and nvl._quant_tile(32, 64) == (32, 64, 4)
     assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
     assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
