@@ -115,6 +115,8 @@ def linear_candidates(m: int):
     out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
+    if m >= 512:  # the word-decode pre-pass tiles with the fastest GEMM tile of the first GPU sweep
+        out += [C(128, 256, 64, 1, 8, 3, GEMM=_gemm_candidates()[0], PREPASS=t) for t in PREPASS_TILES]
     return out
 
 
@@ -128,6 +130,10 @@ def all_linear_candidates():
     return seen
 
 
+# weight pre-pass tiles (BLOCK_R, BLOCK_C, num_warps, mode) swept at M >= 512 (LinearConfig.PREPASS): "cvt" word
+# decode, ~5.1 SASS instructions per element on sm_90 against ~14.6 for the "fp32" default (all 16-byte stores)
+PREPASS_TILES = [(16, 512, 4, "cvt"), (8, 1024, 4, "cvt"), (32, 512, 4, "cvt"), (16, 1024, 4, "cvt"),
+                 (32, 512, 8, "cvt"), (64, 256, 8, "cvt")]
 # quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
 QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
 SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -136,7 +142,8 @@ SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 def _cfg_label(cfg) -> str:
     if cfg.GEMM is not None:
         g = cfg.GEMM
-        return (f"prepass+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
+        pre = "" if cfg.PREPASS is None else "[{},{},w{},{}]".format(*cfg.PREPASS)
+        return (f"prepass{pre}+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
                 f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
@@ -156,6 +163,8 @@ def _cfg_from_json(d):
     d = dict(d)
     if d.get("GEMM") is not None:
         d["GEMM"] = GemmConfig(**d["GEMM"])
+    if d.get("PREPASS") is not None:
+        d["PREPASS"] = tuple(d["PREPASS"])
     return LinearConfig(**d)
 
 
@@ -291,6 +300,24 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
 
     rows, best, best_q = [], {}, {}
     w_f32 = _decode_weight(w_u8, w_scales).float()  # exact
+    # the large-M path's weight pre-pass alone (M-independent; shown as M = 0): exact? GPU us, and the bandwidth
+    # of its bytes (read N K / 2 + N K / 16, write 2 N K)
+    wdq = torch.empty((N, K), dtype=torch.float16, device=w_u8.device)
+    ws_u8 = w_scales.view(torch.uint8)
+    pre_bytes = N * K // 2 + N * K // 16 + 2 * N * K
+    for tile in [nvl._DECODE_TILE] + PREPASS_TILES:
+        try:
+            wdq.fill_(float("nan"))
+            nvl._decode_weight(w_u8, ws_u8, wdq, tile)
+            if not torch.equal(wdq.float(), w_f32):
+                rows.append([0, f"W pre-pass {tile}", "WRONG: not the exact decode"])
+                continue
+            t = gpu_time_graph(lambda: nvl._decode_weight(w_u8, ws_u8, wdq, tile), reps=reps, replays=3)
+        except Exception as exc:  # noqa: BLE001 - report, keep going
+            rows.append([0, f"W pre-pass {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+            continue
+        rows.append([0, f"W pre-pass {tile} ({pre_bytes / (t * 1e-6) / 1e12:.2f} TB/s)", t])
+    del wdq
     for m in ms:
         x = _x(m)
         # sanity reference (fp32 matmul of the exactly dequantized operands, no TF32): a candidate whose output

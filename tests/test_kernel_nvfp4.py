@@ -290,19 +290,22 @@ def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return e2m1[c] * np.repeat(s, 16, axis=1)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_decode_weight_prepass_is_exact(dtype):
-    """The large-M pre-pass writes E2M1 value * block scale exactly, for every code and every scale byte (zero,
-    subnormal, 448, sign bit set), at a shape with row and column tails (N = 20, K = 80: partial tiles)."""
+@pytest.mark.parametrize("dtype,tile,k", [(torch.bfloat16, None, 80), (torch.float16, None, 80),
+                                          (torch.float16, (16, 512, 4, "cvt"), 80),
+                                          (torch.float16, (8, 128, 4, "cvt"), 256)])
+def test_decode_weight_prepass_is_exact(dtype, tile, k):
+    """The large-M pre-pass (both modes) writes E2M1 value * block scale exactly, for every code and every scale
+    byte (zero, subnormal, 448, sign bit set), at shapes with row and column tails (N = 20, K = 80: partial
+    tiles; the "cvt" mode narrows BLOCK_C to a divisor of K and clamps rows)."""
     rng = np.random.default_rng(17)
-    n, k = 20, 80
+    n = 20
     codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
     codes[0, :8] = np.arange(0, 256, 17, dtype=np.uint8)[:8]  # all 16 nibbles appear
     scales = rng.integers(0, 256, size=(n, k // 16), dtype=np.uint8)
     scales[scales & 0x7F == 0x7F] = 0x7E  # NaN bytes are not valid block scales
     scales[1, :5] = [0x00, 0x01, 0x07, 0x08, 0x7E]  # zero, subnormals 2^-9 and 7 * 2^-9, 2^-6, 448
     out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
-    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out)
+    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out, tile)
     want = _e2m1_e4m3_values(codes, scales)
     got = out.float().cpu().numpy().astype(np.float64)
     assert not np.isnan(got).any()
@@ -426,11 +429,15 @@ def _compile_all():
     built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
                                                      "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
-    br, bc, nw = nvl._DECODE_TILE
-    built.append(compile_for_sm90(nvl.nvfp4_decode_weight_kernel,
-                                  {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
-                                  dict(BLOCK_R=br, BLOCK_C=bc), num_warps=nw,
-                                  divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
+    # the weight pre-pass: the default tile and every tile a config or the sweep may use, both modes
+    tiles = {nvl._DECODE_TILE} | {c.PREPASS for c in list(nvl.LINEAR_CONFIGS.values()) + list(LINEAR_CANDIDATES)
+                                  if c.PREPASS is not None}
+    for br, bc, nw, mode in sorted(tiles):
+        kern, wty, ce = ((nvl.nvfp4_decode_weight_kernel, "*u8", {}) if mode == "fp32" else
+                         (nvl.nvfp4_decode_weight_words_kernel, "*i32", {"DECODE_PTX": True}))
+        built.append(compile_for_sm90(kern, {"w_ptr": wty, "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
+                                      dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
+                                      divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
     defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"))
     jobs = [(mode, t) for mode in modes for t in defaults]
@@ -449,14 +456,14 @@ def _compile_all():
     from fp4ref.kernels import gemm_fp16
 
     for g in sorted(gemms, key=repr):
-        bm, bn, bk = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K
+        bm, bn, bk, sub = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K, g.EPILOGUE_SUBTILE
         built.append(compile_for_sm90(
             gemm_fp16.gemm_fp16_tma_kernel,
             {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
-             "c_desc": f"tensordesc<bf16[{bm}, {bn}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "scale_ptr": "*fp32",
-             "M": "i32", "N": "i32", "K": "i32"},
+             "c_desc": f"tensordesc<bf16[{bm}, {bn // sub}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+             "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"},
             dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=g.SPLIT_K, GROUP_M=g.GROUP_M, NUM_PROGRAMS=132,
-                 HAS_SCALE=True),
+                 HAS_SCALE=True, EPILOGUE_SUBTILE=sub),
             num_warps=g.num_warps, num_stages=g.num_stages, divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"]))
     return built
 
@@ -472,6 +479,8 @@ def test_every_config_compiles_for_sm90():
         ptx = ck.asm["ptx"]
         if "nvfp4_linear_kernel" in ck.metadata.name:  # the PTX decode path is the one compiled
             assert ("prmt.b32 p0, lo, hi, 0x5140" in ptx) != ("prmt.b32 t, w, u, 0x3377" in ptx)
+        if ck.metadata.name == "nvfp4_decode_weight_words_kernel":  # PTX decode, 16-byte stores
+            assert "cvt.rn.f16x2.e4m3x2" in ptx and "st.global.v4.b32" in ptx
     # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
     qbuilds = [ck for ck in built if ck.metadata.name == "nvfp4_quantize_kernel"]
     assert qbuilds
