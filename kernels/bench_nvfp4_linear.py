@@ -40,15 +40,19 @@ def torch_dequant_linear(x, w_u8, w_scales, w_gdec: float):
     """Peer (a): the workload's recipe in plain torch ops, W decoded every call, bf16 matmul."""
     import torch
 
+    # Every division is tensor / tensor: torch computes ``c / t`` as reciprocal(t) * c and, on CUDA, ``t / c`` as
+    # t * fp32(1 / c), each two roundings, not the recipe's one IEEE division (the first GPU sweep's "WRONG" at
+    # M = 64 was this reference's genc one ulp off; tests/test_kernel_nvfp4.py checks it against fp4ref).
     k = x.shape[-1]
     x2 = x.reshape(-1, k).float()
     amax = x2.abs().amax()
-    genc = torch.clamp(2688.0 / amax, max=_FLT_MAX)
+    genc = torch.clamp(torch.full_like(amax, 2688.0) / amax, max=_FLT_MAX)
     genc = torch.where(genc == 0, torch.ones_like(genc), genc)
-    gdec = 1.0 / genc
+    gdec = torch.ones_like(genc) / genc
     xb = x2.view(x2.shape[0], k // 16, 16)
-    s = torch.clamp((xb.abs().amax(-1) / 6.0) * genc, -448.0, 448.0).to(torch.float8_e4m3fn).float()
-    enc = torch.clamp(1.0 / (s * gdec), max=_FLT_MAX)
+    bamax = xb.abs().amax(-1)
+    s = torch.clamp((bamax / torch.full_like(bamax, 6.0)) * genc, -448.0, 448.0).to(torch.float8_e4m3fn).float()
+    enc = torch.clamp(torch.ones_like(s) / (s * gdec), max=_FLT_MAX)
     y = torch.clamp(xb * enc[..., None], -6.0, 6.0)
     a = y.abs()
     v = (0.5 * ((a > 0.25).float() + (a >= 0.75).float() + (a > 1.25).float() + (a >= 1.75).float())
@@ -111,6 +115,8 @@ def linear_candidates(m: int):
     out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
+    if m >= 512:  # the word-decode pre-pass tiles with the fastest GEMM tile of the first GPU sweep
+        out += [C(128, 256, 64, 1, 8, 3, GEMM=_gemm_candidates()[0], PREPASS=t) for t in PREPASS_TILES]
     return out
 
 
@@ -124,6 +130,10 @@ def all_linear_candidates():
     return seen
 
 
+# weight pre-pass tiles (BLOCK_R, BLOCK_C, num_warps, mode) swept at M >= 512 (LinearConfig.PREPASS): "cvt" word
+# decode, ~5.1 SASS instructions per element on sm_90 against ~14.6 for the "fp32" default (all 16-byte stores)
+PREPASS_TILES = [(16, 512, 4, "cvt"), (8, 1024, 4, "cvt"), (32, 512, 4, "cvt"), (16, 1024, 4, "cvt"),
+                 (32, 512, 8, "cvt"), (64, 256, 8, "cvt")]
 # quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
 QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
 SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -132,7 +142,8 @@ SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 def _cfg_label(cfg) -> str:
     if cfg.GEMM is not None:
         g = cfg.GEMM
-        return (f"prepass+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
+        pre = "" if cfg.PREPASS is None else "[{},{},w{},{}]".format(*cfg.PREPASS)
+        return (f"prepass{pre}+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
                 f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
@@ -152,6 +163,8 @@ def _cfg_from_json(d):
     d = dict(d)
     if d.get("GEMM") is not None:
         d["GEMM"] = GemmConfig(**d["GEMM"])
+    if d.get("PREPASS") is not None:
+        d["PREPASS"] = tuple(d["PREPASS"])
     return LinearConfig(**d)
 
 
@@ -287,6 +300,24 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
 
     rows, best, best_q = [], {}, {}
     w_f32 = _decode_weight(w_u8, w_scales).float()  # exact
+    # the large-M path's weight pre-pass alone (M-independent; shown as M = 0): exact? GPU us, and the bandwidth
+    # of its bytes (read N K / 2 + N K / 16, write 2 N K)
+    wdq = torch.empty((N, K), dtype=torch.float16, device=w_u8.device)
+    ws_u8 = w_scales.view(torch.uint8)
+    pre_bytes = N * K // 2 + N * K // 16 + 2 * N * K
+    for tile in [nvl._DECODE_TILE] + PREPASS_TILES:
+        try:
+            wdq.fill_(float("nan"))
+            nvl._decode_weight(w_u8, ws_u8, wdq, tile)
+            if not torch.equal(wdq.float(), w_f32):
+                rows.append([0, f"W pre-pass {tile}", "WRONG: not the exact decode"])
+                continue
+            t = gpu_time_graph(lambda: nvl._decode_weight(w_u8, ws_u8, wdq, tile), reps=reps, replays=3)
+        except Exception as exc:  # noqa: BLE001 - report, keep going
+            rows.append([0, f"W pre-pass {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+            continue
+        rows.append([0, f"W pre-pass {tile} ({pre_bytes / (t * 1e-6) / 1e12:.2f} TB/s)", t])
+    del wdq
     for m in ms:
         x = _x(m)
         # sanity reference (fp32 matmul of the exactly dequantized operands, no TF32): a candidate whose output
@@ -329,18 +360,24 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
     return rows, best, best_q
 
 
-def _install_picks(best, best_q):
-    """Make the picks the defaults of this process (LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M)."""
+def _install_picks(best, best_q, ms=()):
+    """Make the picks the defaults of this process: LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M values
+    (each key covers the M values above the previous key; the last is open-ended). An M of ``ms`` without a pick
+    (every candidate failed its check) keeps what the in-file defaults give it."""
     from fp4ref.kernels import nvfp4_linear as nvl
 
-    ms = sorted(best)
+    ms = sorted(set(best) | set(best_q) | set(ms))
+    if not ms:
+        return
+    lin = {m: best[m][0] if m in best else nvl.pick_linear_config(m) for m in ms}
+    qt = {m: best_q[m][0] if m in best_q else nvl.QUANT_CONFIGS[min(k for k in nvl.QUANT_CONFIGS if k >= m)]
+          for m in ms}
     nvl.LINEAR_CONFIGS.clear()
-    nvl.LINEAR_CONFIGS.update({m: best[m][0] for m in ms[:-1]})
-    nvl.LINEAR_CONFIGS[1 << 62] = best[ms[-1]][0]
-    qs = sorted(best_q)
+    nvl.LINEAR_CONFIGS.update({m: lin[m] for m in ms[:-1]})
+    nvl.LINEAR_CONFIGS[1 << 62] = lin[ms[-1]]
     nvl.QUANT_CONFIGS.clear()
-    nvl.QUANT_CONFIGS.update({m: best_q[m][0] for m in qs[:-1]})
-    nvl.QUANT_CONFIGS[1 << 62] = best_q[qs[-1]][0]
+    nvl.QUANT_CONFIGS.update({m: qt[m] for m in ms[:-1]})
+    nvl.QUANT_CONFIGS[1 << 62] = qt[ms[-1]]
     nvl.clear_workspaces()
 
 
@@ -437,18 +474,18 @@ def main(argv=None) -> int:
                     markdown=args.markdown)
         print(f"sweep took {time.time() - t0:.1f} s", flush=True)
         for m in ms:
-            if m not in best or m not in best_q:
-                print(f"pick M={m}: NONE (every candidate failed; the next sweep M's pick covers it)", flush=True)
-                best.pop(m, None), best_q.pop(m, None)
-                continue
-            print(f"pick M={m}: {_cfg_label(best[m][0])} {best[m][1]:.1f} us; quantize tile {best_q[m][0]} "
-                  f"{best_q[m][1]:.1f} us", flush=True)
-        _install_picks(best, best_q)
+            lin = (f"{_cfg_label(best[m][0])} {best[m][1]:.1f} us" if m in best else "NONE valid (every candidate "
+                   f"failed; keeps the in-file default {_cfg_label(nvl_mod().pick_linear_config(m))})")
+            qt = f"{best_q[m][0]} {best_q[m][1]:.1f} us" if m in best_q else "NONE valid (keeps the in-file default)"
+            print(f"pick M={m}: {lin}; quantize tile {qt}", flush=True)
+        _install_picks(best, best_q, ms)
         print("LINEAR_CONFIGS = {\n" + "".join(f"    {k}: {v!r},\n" for k, v in
                                                  sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
         print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)
         result["sweep"] = rows
-        result["picks"] = {m: [_cfg_json(best[m][0]), best[m][1], list(best_q[m][0]), best_q[m][1]] for m in best}
+        result["picks"] = {m: [_cfg_json(best[m][0]) if m in best else None, best[m][1] if m in best else None,
+                               list(best_q[m][0]) if m in best_q else None, best_q[m][1] if m in best_q else None]
+                           for m in ms}
         t0 = time.time()
         try:
             result["checks_ok"] = _check_picks(ms, w_u8, w_scales, w_gdec)

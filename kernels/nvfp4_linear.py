@@ -108,16 +108,24 @@ class LinearConfig:
     # (2 N K bytes), x dequantized to fp16, the TMA GEMM (gemm_tma) with the fp32 epilogue scale, bf16 out. The
     # fields above are then unused.
     GEMM: object = None
+    # Large-M path only: the weight pre-pass tile (BLOCK_R, BLOCK_C, num_warps, mode); None = _DECODE_TILE. mode
+    # "fp32": nvfp4_decode_weight_kernel (byte loads, fp32 value x fp32 scale, converted); "cvt":
+    # nvfp4_decode_weight_words_kernel (32-bit code words, the in-kernel path's cvt.rn.f16x2.e4m3x2 decode, 8
+    # consecutive fp16 per word: 16-byte stores).
+    PREPASS: tuple = None
 
 
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
 # Large M is bound by tensor-core throughput and the in-register decode of W (once per M tile): big M tiles.
 LINEAR_CONFIGS = {
-    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
-    64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
+    # the fastest valid candidate per M of the first GPU sweep (docs/kernels.md; M = 64's candidates were all
+    # rejected there by a wrong sanity reference: split-K 4 was 2x faster than 2 in the sweep before)
+    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
+    64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     128: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
-    256: LinearConfig(BLOCK_N=128, BLOCK_M=128, BLOCK_K=128, SPLIT_K=1, num_warps=8, num_stages=3),
-    # large M: W decoded once per call to a bf16 workspace, then the TMA GEMM (see LinearConfig.GEMM)
+    256: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
+    # large M (the pre-pass path won from M = 512): W decoded once per call to an fp16 workspace, then the TMA
+    # GEMM 128x256x64, GROUP_M 8, 8 warps, 3 stages (see LinearConfig.GEMM)
     1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3,
                           GEMM=GemmConfig("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3)),
 }
@@ -555,6 +563,44 @@ def nvfp4_decode_weight_kernel(
              v.reshape(BLOCK_R, BLOCK_C).to(out_ptr.dtype.element_ty), mask=rmask & (cols[None, :] < K))
 
 
+@triton.jit
+def nvfp4_decode_weight_words_kernel(
+    w_ptr,  # *i32 [N, K/8] packed E2M1 codes, 8 per word (element 8j + i in bits 4i+3:4i of word j)
+    ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3)
+    out_ptr,  # *fp16 [N, K]: E2M1 value * block scale (exact)
+    N,
+    K,  # multiple of BLOCK_C (the host picks BLOCK_C so)
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # power of two >= 16
+    DECODE_PTX: tl.constexpr,  # True on the GPU; False in the CPU interpreter (no inline PTX there)
+):
+    """The large-M pre-pass, word decode: the in-kernel path's decode (_DECODE_WORD_PTX: E2M1 code -> E4M3 byte
+    E2M1(c) * 2^-6, cvt.rn.f16x2.e4m3x2, times fp16(block scale) * 2^6, all exact: products have <= 6
+    significant bits in [2^-10, 2688] or are 0) on [BLOCK_R, BLOCK_C / 8] code words; a word's 8 values are
+    8 consecutive fp16 of a row (one 16-byte store). Rows past N are clamped on load and masked on store."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows_c = tl.minimum(rows, N - 1)
+    w = tl.load(w_ptr + rows_c[:, None].to(tl.int64) * (K // 8) + (pid_c * (BLOCK_C // 8)
+                                                                    + tl.arange(0, BLOCK_C // 8))[None, :])
+    sb = tl.load(ws_ptr + rows_c[:, None].to(tl.int64) * (K // 16) + (pid_c * (BLOCK_C // 16)
+                                                                       + tl.arange(0, BLOCK_C // 16))[None, :])
+    s16 = (sb & 0x7F).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 64.0  # block scale * 2^6, exact
+    s16 = tl.join(s16, s16).reshape(BLOCK_R, BLOCK_C // 8)  # one scale per word (2 words per block)
+    if DECODE_PTX:
+        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
+            _DECODE_WORD_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [w, s16], dtype=(tl.float16,) * 8, is_pure=True,
+            pack=1)
+    else:
+        v0, v1, v2, v3, v4, v5, v6, v7 = _decode_word_portable(w, s16)
+    even = tl.join(tl.join(v0, v4), tl.join(v2, v6))  # element 8j + 4a + 2b + c at [j, a, b, c]
+    odd = tl.join(tl.join(v1, v5), tl.join(v3, v7))
+    v = tl.join(even, odd).reshape(BLOCK_R, BLOCK_C)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], v, mask=rows[:, None] < N)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Host wrappers
 # ---------------------------------------------------------------------------------------------------------------
@@ -675,8 +721,9 @@ _amax_launch = _Launcher(_amax_kernel)
 _quantize_kernel_launch = _Launcher(nvfp4_quantize_kernel)
 _linear_launch = _Launcher(nvfp4_linear_kernel)
 _decode_weight_launch = _Launcher(nvfp4_decode_weight_kernel)
+_decode_words_launch = _Launcher(nvfp4_decode_weight_words_kernel)
 
-_DECODE_TILE = (16, 512, 4)  # (BLOCK_R, BLOCK_C, num_warps) of the weight pre-pass
+_DECODE_TILE = (16, 512, 4, "fp32")  # default weight pre-pass (BLOCK_R, BLOCK_C, num_warps, mode): LinearConfig.PREPASS
 # Operand dtype of the large-M path. fp16, not bf16: every E2M1 x E4M3 product (<= 6 significant bits, in
 # [2^-10, 2688]) is exact in either, wgmma runs both at the same rate, and triton 3.6's CPU interpreter computes
 # tl.dot of bf16 operands wrongly (errors ~1e10 on randn data), so CPU CI could not check a bf16 path.
@@ -734,12 +781,22 @@ def _gemm_scaled(a, b, scale, gemm_config, out):
     gemm_tma(a, b, out, scale=scale, config=gemm_config)
 
 
-def _decode_weight(w_u8, ws_u8, out):
-    """Launch the weight pre-pass: out [N, K] (bf16 / fp16) = decoded NVFP4 weight, exact."""
+def _decode_weight(w_u8, ws_u8, out, tile=None):
+    """Launch the weight pre-pass: out [N, K] (bf16 / fp16; "cvt" mode: fp16 only) = decoded NVFP4 weight, exact.
+    ``tile``: (BLOCK_R, BLOCK_C, num_warps, mode) (LinearConfig.PREPASS); None = _DECODE_TILE."""
     N, K = out.shape
-    br, bc, nw = _DECODE_TILE
-    _decode_weight_launch((triton.cdiv(N, br), triton.cdiv(K, bc)), w_u8, ws_u8, out, N, K,
-                          BLOCK_R=br, BLOCK_C=bc, num_warps=nw)
+    br, bc, nw, mode = _DECODE_TILE if tile is None else tile
+    if mode == "cvt":
+        if out.dtype != torch.float16:
+            raise ValueError(f"out.dtype={out.dtype}: the 'cvt' pre-pass writes float16")
+        bc = _block_k_for(K, bc)  # divides K: no column masks
+        _decode_words_launch((triton.cdiv(N, br), K // bc), w_u8.view(torch.int32), ws_u8, out, N, K,
+                             BLOCK_R=br, BLOCK_C=bc, DECODE_PTX=not _interpreting(), num_warps=nw)
+    elif mode == "fp32":
+        _decode_weight_launch((triton.cdiv(N, br), triton.cdiv(K, bc)), w_u8, ws_u8, out, N, K,
+                              BLOCK_R=br, BLOCK_C=bc, num_warps=nw)
+    else:
+        raise ValueError(f"pre-pass mode {mode!r}: expected 'fp32' or 'cvt'")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -929,7 +986,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                                             w_gdec=w_gdec)
         _LAST_QUANT.pop("recs", None)
         wdq = _weight_workspace(x.device, N, K, _PREPASS_DTYPE)
-        _decode_weight(weight_fp4.view(torch.uint8), weight_scales.view(torch.uint8), wdq)
+        _decode_weight(weight_fp4.view(torch.uint8), weight_scales.view(torch.uint8), wdq, cfg.PREPASS)
         if out.data_ptr() % 16 == 0:
             _gemm_scaled(deq, wdq, xgdec[1:], cfg.GEMM, out.view(M, N))
         else:  # TMA stores need a 16-byte aligned base: a caller's unaligned out gets a copy

@@ -290,19 +290,22 @@ def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return e2m1[c] * np.repeat(s, 16, axis=1)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_decode_weight_prepass_is_exact(dtype):
-    """The large-M pre-pass writes E2M1 value * block scale exactly, for every code and every scale byte (zero,
-    subnormal, 448, sign bit set), at a shape with row and column tails (N = 20, K = 80: partial tiles)."""
+@pytest.mark.parametrize("dtype,tile,k", [(torch.bfloat16, None, 80), (torch.float16, None, 80),
+                                          (torch.float16, (16, 512, 4, "cvt"), 80),
+                                          (torch.float16, (8, 128, 4, "cvt"), 256)])
+def test_decode_weight_prepass_is_exact(dtype, tile, k):
+    """The large-M pre-pass (both modes) writes E2M1 value * block scale exactly, for every code and every scale
+    byte (zero, subnormal, 448, sign bit set), at shapes with row and column tails (N = 20, K = 80: partial
+    tiles; the "cvt" mode narrows BLOCK_C to a divisor of K and clamps rows)."""
     rng = np.random.default_rng(17)
-    n, k = 20, 80
+    n = 20
     codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
     codes[0, :8] = np.arange(0, 256, 17, dtype=np.uint8)[:8]  # all 16 nibbles appear
     scales = rng.integers(0, 256, size=(n, k // 16), dtype=np.uint8)
     scales[scales & 0x7F == 0x7F] = 0x7E  # NaN bytes are not valid block scales
     scales[1, :5] = [0x00, 0x01, 0x07, 0x08, 0x7E]  # zero, subnormals 2^-9 and 7 * 2^-9, 2^-6, 448
     out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
-    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out)
+    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out, tile)
     want = _e2m1_e4m3_values(codes, scales)
     got = out.float().cpu().numpy().astype(np.float64)
     assert not np.isnan(got).any()
@@ -329,6 +332,35 @@ def test_contract_names_fp4ref_models():
     assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
 
 
+def test_bench_sanity_reference_equals_fp4ref_quantization():
+    """The benchmark sweep's reference (bench_nvfp4_linear.torch_dequant_linear with w_u8=None: x's recipe in torch
+    ops) equals fp4ref's "sol" quantization bit for bit, on an x whose amax makes torch's ``2688.0 / amax``
+    (computed by torch as reciprocal(amax) * 2688, two roundings) differ from the recipe's IEEE division. That
+    ulp in the global encode scale made every M = 64 candidate of the first GPU sweep "WRONG" (max |y - ref| 9.01
+    against 3.53 allowed) while the kernel matched fp4ref (fp4ref verify, M = 64: 100% bitwise-equal)."""
+    from fp4ref.kernels import bench_nvfp4_linear as b
+
+    def f32(v):
+        return np.float32(v)
+
+    # a bf16 amax in [4, 8) for which reciprocal-then-multiply is not the IEEE quotient
+    cands = np.arange(0x4080, 0x4100, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    amax = next(a for a in cands if f32(2688.0) / a != f32(f32(1.0) / a) * f32(2688.0))
+    at = torch.tensor(amax)
+    assert not torch.equal(2688.0 / at, torch.full_like(at, 2688.0) / at)  # the torch behaviour guarded against
+    rng = np.random.default_rng(64)
+    x_np = (rng.standard_normal((8, 256)) * (amax / 5)).clip(-amax * 0.99, amax * 0.99).astype(ml_dtypes.bfloat16)
+    x_np[3, 17] = ml_dtypes.bfloat16(-amax)
+    xq = ref_quantize(x_np, recipe="sol")
+    lut = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+    codes = np.stack([xq.codes & 0xF, xq.codes >> 4], -1).reshape(8, 256)
+    want = (lut[codes].reshape(8, 16, 16) * xq.scales.view(ml_dtypes.float8_e4m3fn).astype(np.float32)[..., None])
+    xd, gdec = b.torch_dequant_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16), None, None, 1.0)
+    assert np.float32(gdec.item()).view(np.uint32) == np.float32(xq.global_decode_scale).view(np.uint32)
+    got = xd.float().numpy().reshape(8, 16, 16)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_bench_picks_install_and_check(monkeypatch):
     """The GPU benchmark's tune path without a GPU: picks (an in-kernel config, a pre-pass config) installed as
     the defaults, then the benchmark's own correctness check (fp4ref bound, NaN poison, determinism, quantizer
@@ -344,8 +376,10 @@ def test_bench_picks_install_and_check(monkeypatch):
     best = {1: (nvl.LinearConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
             32: (nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4,
                                                                            num_stages=2)), 1.0)}
-    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)})
+    default_16 = nvl.pick_linear_config(16)  # M = 16: no valid candidate in this "sweep": keeps the in-file default
+    b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)}, ms=(1, 16, 32))
     assert nvl.pick_linear_config(1) == best[1][0] and nvl.pick_linear_config(33) == best[32][0]
+    assert nvl.pick_linear_config(2) == nvl.pick_linear_config(16) == default_16
     assert nvl._quant_tile(1, 64) == (1, 64, 4) and nvl._quant_tile(32, 64) == (32, 64, 4)
     assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
     assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
@@ -395,11 +429,15 @@ def _compile_all():
     built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
                                                      "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
-    br, bc, nw = nvl._DECODE_TILE
-    built.append(compile_for_sm90(nvl.nvfp4_decode_weight_kernel,
-                                  {"w_ptr": "*u8", "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
-                                  dict(BLOCK_R=br, BLOCK_C=bc), num_warps=nw,
-                                  divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
+    # the weight pre-pass: the default tile and every tile a config or the sweep may use, both modes
+    tiles = {nvl._DECODE_TILE} | {c.PREPASS for c in list(nvl.LINEAR_CONFIGS.values()) + list(LINEAR_CANDIDATES)
+                                  if c.PREPASS is not None}
+    for br, bc, nw, mode in sorted(tiles):
+        kern, wty, ce = ((nvl.nvfp4_decode_weight_kernel, "*u8", {}) if mode == "fp32" else
+                         (nvl.nvfp4_decode_weight_words_kernel, "*i32", {"DECODE_PTX": True}))
+        built.append(compile_for_sm90(kern, {"w_ptr": wty, "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
+                                      dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
+                                      divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
     defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"))
     jobs = [(mode, t) for mode in modes for t in defaults]
@@ -418,14 +456,14 @@ def _compile_all():
     from fp4ref.kernels import gemm_fp16
 
     for g in sorted(gemms, key=repr):
-        bm, bn, bk = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K
+        bm, bn, bk, sub = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K, g.EPILOGUE_SUBTILE
         built.append(compile_for_sm90(
             gemm_fp16.gemm_fp16_tma_kernel,
             {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
-             "c_desc": f"tensordesc<bf16[{bm}, {bn}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "scale_ptr": "*fp32",
-             "M": "i32", "N": "i32", "K": "i32"},
+             "c_desc": f"tensordesc<bf16[{bm}, {bn // sub}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+             "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"},
             dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=g.SPLIT_K, GROUP_M=g.GROUP_M, NUM_PROGRAMS=132,
-                 HAS_SCALE=True),
+                 HAS_SCALE=True, EPILOGUE_SUBTILE=sub),
             num_warps=g.num_warps, num_stages=g.num_stages, divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"]))
     return built
 
@@ -441,6 +479,8 @@ def test_every_config_compiles_for_sm90():
         ptx = ck.asm["ptx"]
         if "nvfp4_linear_kernel" in ck.metadata.name:  # the PTX decode path is the one compiled
             assert ("prmt.b32 p0, lo, hi, 0x5140" in ptx) != ("prmt.b32 t, w, u, 0x3377" in ptx)
+        if ck.metadata.name == "nvfp4_decode_weight_words_kernel":  # PTX decode, 16-byte stores
+            assert "cvt.rn.f16x2.e4m3x2" in ptx and "st.global.v4.b32" in ptx
     # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
     qbuilds = [ck for ck in built if ck.metadata.name == "nvfp4_quantize_kernel"]
     assert qbuilds
