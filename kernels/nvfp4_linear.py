@@ -118,16 +118,17 @@ class LinearConfig:
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
 # Large M is bound by tensor-core throughput and the in-register decode of W (once per M tile): big M tiles.
 LINEAR_CONFIGS = {
-    # the fastest valid candidate per M of the first GPU sweep (docs/kernels.md; M = 64's candidates were all
-    # rejected there by a wrong sanity reference: split-K 4 was 2x faster than 2 in the sweep before)
-    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
-    64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
-    128: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
+    # the fastest valid candidate per M of the H200 sweep (python -m fp4ref.kernels.bench nvfp4_linear --sweep,
+    # 2026-11-30, docs/benchmarks.md), checked there against fp4ref with these configs
+    16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
+    64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
     256: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
-    # large M (the pre-pass path won from M = 512): W decoded once per call to an fp16 workspace, then the TMA
-    # GEMM 128x256x64, GROUP_M 8, 8 warps, 3 stages (see LinearConfig.GEMM)
+    # large M (the pre-pass path wins from M = 512): W decoded once per call to an fp16 workspace by the word
+    # pre-pass (16 x 512 words per program, 4 warps: 47.5 us alone, ~3.6 TB/s), then the TMA GEMM 128x256x64,
+    # GROUP_M 8, 8 warps, 3 stages (see LinearConfig.GEMM / PREPASS)
     1 << 62: LinearConfig(BLOCK_N=128, BLOCK_M=256, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3,
-                          GEMM=GemmConfig("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3)),
+                          GEMM=GemmConfig("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+                          PREPASS=(16, 512, 4, "cvt")),
 }
 
 
