@@ -598,14 +598,15 @@ def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int
     One per stream: launches on one stream run in order, so the counters are back at zero for the next launch.
     """
     key = (str(device), stream)
-    ws, cnt = _WORKSPACES.get(key, (None, None))
+    entry = _WORKSPACES.get(key)
+    ws, cnt = entry or (None, None)
     if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
         ws_n = max(ws_elems, ws.numel() if ws is not None else 0)
         cnt_n = max(n_counters, cnt.numel() if cnt is not None else 0, 1024)
         ws = torch.empty(ws_n, dtype=torch.float32, device=device)
         cnt = torch.zeros(cnt_n, dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (ws, cnt)
-    return ws, cnt
+        entry = _WORKSPACES[key] = (ws, cnt)
+    return entry  # the stored tuple itself: _FusedBinding checks it by identity
 
 
 def _flags(device: torch.device, stream: int, n: int) -> torch.Tensor:
@@ -716,7 +717,8 @@ def _launch(launch: _Launch, stream, args: tuple, is_cuda: bool) -> None:
     launch_compiled(ck, launch.grid, stream, (*args, *launch.constexprs.values()))
 
 
-# Direct launches of the expand path (GPU). Its three kernels have fixed arguments per (plan, stream) except the
+# Direct launches (GPU). The fused kernel: one C call with a prebuilt header and tail (_FusedBinding). The expand
+# path: its three kernels have fixed arguments per (plan, stream) except the
 # four operand pointers, so a binding prebuilds each launch's header and argument tail once and keeps the encoded
 # TMA descriptors (dense-A workspace: once; b: per b pointer, a few entries); a call is then three calls of
 # Triton's C launch function with integer pointers (kernels/_launch.py: no per-call descriptor encoding, dict,
@@ -739,6 +741,28 @@ class _ExpandBinding:
                 self.b_pre.clear()
             self.b_pre[pb] = pre
         return pre
+
+
+class _FusedBinding:
+    """The fused kernel's direct launch on one stream: header, split-K workspace (the (ws, counters) entry of
+    _WORKSPACES, or None without split-K: out stands in) and its pointers, argument tail."""
+
+    __slots__ = ("skey", "ws", "fn", "head", "ws_ptrs", "tail")
+
+
+def _bind_fused(plan: _Plan, stream: int, skey: tuple, ws_cnt, tail: tuple) -> None:
+    """Bind a fused plan whose kernel is compiled to ``stream`` (plan.bound[stream]); ``ws_cnt``: the split-K
+    (workspace, counters) entry of _WORKSPACES or None; ``tail``: the runtime arguments after the six pointers.
+    plan.bound becomes False where this Triton's launcher does not take direct launches."""
+    raw = raw_launcher(plan.main.ck, 0)
+    if not raw:
+        plan.bound = False
+        return
+    bd = _FusedBinding()
+    bd.skey, bd.ws, bd.fn, bd.head = skey, ws_cnt, raw.fn, raw.head(plan.main.grid, stream)
+    bd.ws_ptrs = None if ws_cnt is None else (ws_cnt[0].data_ptr(), ws_cnt[1].data_ptr())
+    bd.tail = (*tail, *plan.main.constexprs.values())
+    plan.bound[stream] = bd
 
 
 def _bind_expand(plan: _Plan, stream: int, skey: tuple, a8, flags, m: int, n: int, k: int, sa: tuple, sb: tuple,
@@ -961,13 +985,25 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
                 plan.bound = False
         _expand_slow(plan, stream, a_vals, a_meta, b_fp8, out, is_cuda)
         return out
+    bound = plan.bound
+    bd = bound.get(stream) if bound else None
+    if bd is not None and (bd.ws is None or bd.ws is _WORKSPACES.get(bd.skey)) and not hooks_installed():
+        pc = out.data_ptr()  # direct launch (_FusedBinding); the split-K workspace is still this stream's
+        try:
+            bd.fn(*bd.head, pv, pm, pb, pc, *(bd.ws_ptrs or (pc, pc)), *bd.tail)
+            return out
+        except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
+            plan.bound = False
     sam, sag = sa
     sbn, sbk = sb
     scm, scn = out.stride()
     if plan.ws_elems:
-        ws, locks = _workspace(device, stream, plan.ws_elems, plan.n_counters)
+        ws_cnt = _workspace(device, stream, plan.ws_elems, plan.n_counters)
+        ws, locks = ws_cnt
     else:
-        ws, locks = out, out  # not read by the kernel
-    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, m, n, k, sam, sag, sbn, sbk, scm, scn),
-            is_cuda)
+        ws_cnt, (ws, locks) = None, (out, out)  # not read by the kernel
+    tail = (m, n, k, sam, sag, sbn, sbk, scm, scn)
+    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, *tail), is_cuda)
+    if is_cuda and FAST_LAUNCH and plan.bound is not False and plan.main.ck is not None:
+        _bind_fused(plan, stream, (str(device), stream), ws_cnt, tail)
     return out

@@ -380,6 +380,43 @@ def test_expand_direct_launch_passes_what_triton_passes(monkeypatch):
     assert plan.bound == {}
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fused_direct_launch_passes_what_triton_passes(monkeypatch, split_k):
+    """The fused kernel's direct launch (_FusedBinding) hands Triton's C launch function exactly what Triton's own
+    launcher passes (recording stand-in, tests/_fake_launcher.py), with and without the split-K workspace; a
+    replaced workspace goes back to Triton's path and rebinds."""
+    from _fake_launcher import fake_compiled_kernel
+
+    rng = np.random.default_rng(9)
+    v = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
+    m = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
+    b = torch.from_numpy(_b_bytes(rng, 24, 64)).view(torch.float8_e4m3fn)
+    out = torch.empty(20, 24, dtype=torch.bfloat16)
+    cfg = mod.SparseGemmConfig(16, 32, 32, split_k=split_k, mma="fp16", num_stages=1)
+    mod._PLANS.clear()
+    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # interpreter: plan, workspace
+    (plan,) = mod._PLANS.values()
+    assert plan.bound == {}
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {**{x: "*i8" for x in ("v", "m", "b", "c", "ws", "lk")},
+                                                      **{x: "i32" for x in ("M", "N", "K", "a", "b2", "c2", "d", "e", "f")}})
+    plan.main.ck = ck
+    dev = torch.device("cpu")
+    with monkeypatch.context() as mp:  # Triton's path through the recording CompiledKernel
+        mp.setattr(mod, "_launch", lambda launch, stream, args, is_cuda: mod.launch_compiled(
+            launch.ck, launch.grid, stream, (*args, *launch.constexprs.values())))
+        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
+    assert plan.bound == {} and len(calls) == 1  # CPU tensors: no binding
+    ws_cnt = mod._workspace(dev, 0, plan.ws_elems, plan.n_counters) if split_k > 1 else None  # as the wrapper
+    # the arguments after the six pointers, in the kernel's order: M, N, K, a, b, c strides (independent of the code)
+    mod._bind_fused(plan, 0, (str(dev), 0), ws_cnt, (20, 24, 64, 16, 1, 64, 1, 24, 1))
+    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # direct
+    assert len(calls) == 2 and calls[1] == calls[0]
+    if split_k > 1:  # a replaced workspace: Triton's path (through the recording ck.run) again
+        mod._WORKSPACES[(str(dev), 0)] = (ws_cnt[0].clone(), ws_cnt[1].clone())
+        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
+        assert len(calls) == 3 and calls[2] != calls[0]
+
+
 def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     """The sweep picks by GPU time, but at M <= 256 an expand pick must also win on event time (host included)."""
     from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import pick_by_kind
