@@ -31,7 +31,7 @@ import sys
 import time
 
 __all__ = ["main", "make_operands", "naive_sparse_gemm", "expand_a_e4m3", "check_sizes", "bench_sizes",
-           "sweep_candidates"]
+           "sweep_candidates", "pick_by_kind", "host_launch_diag"]
 
 N_WORKLOAD = 2048
 K_WORKLOAD = 2048
@@ -299,15 +299,36 @@ def sweep_candidates(M: int):
     if 100 <= M <= 256:
         out += [X(128, 128, 8, 4)]
     if M >= 1024:
-        out += [C(64, 128, 128, 1, num_warps=4, num_stages=4), C(128, 128, 128, 1, num_warps=8, num_stages=4),
-                # (the 128 x 256 / 256 x 128 tiles spill without n_split=2; inline NaN fix-up: 255 registers)
-                X(64, 128, 4, 4), X(128, 128, 8, 4), X(128, 128, 8, 3, p=2), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 4, ns=2),
-                X(256, 128, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2), X(128, 128, 8, 4, g=16),
+        # the 2026-11-30 sweep's leaders (/work/.device/3: 64 x 128 expand, 128 x 128 fused, programs_per_sm=2,
+        # 256 x 128 and 4 stages at 128 x 256 were slower at every M >= 1024; the 128 x 256 / 256 x 128 tiles spill
+        # without n_split=2; inline NaN fix-up: 255 registers)
+        out += [C(64, 128, 128, 1, num_warps=4, num_stages=4),
+                X(128, 128, 8, 4), X(128, 128, 8, 4, g=16), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2),
                 X(128, 256, 8, 3, ns=2, fix="inline")]
     cands = [(c, None) for c in out]
     if M in (1, 8192):  # the cost of detecting NaN bytes by bits instead of from the accumulator
         cands.append((out[0], True))
     return cands
+
+
+SMALL_M_HOST_BOUND = 256  # at M <= this, the expand path (3 launches) must also win on event time (host included)
+
+
+def pick_by_kind(M: int, kinds: dict, log=None):
+    """The sweep's pick for M from {kernel kind: (GPU us, event us, config)}, the fastest of each kind by GPU time:
+    the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand pick must also have the lower
+    time_cuda (event) figure than the best fused config (its three launches' host time shows there); prints both."""
+    g_f, e_f, c_f = kinds.get("fused", (float("inf"), float("inf"), None))
+    g_x, e_x, c_x = kinds.get("expand", (float("inf"), float("inf"), None))
+    pick = c_x if g_x < g_f else c_f
+    if pick is c_x and c_f is not None and M <= SMALL_M_HOST_BOUND and e_x >= e_f:
+        pick = c_f
+    line = (f"M={M}: best fused {_cfg_name(c_f) if c_f else '-'} GPU {g_f:.2f} us / event {e_f:.2f} us; "
+            f"best expand {_cfg_name(c_x) if c_x else '-'} GPU {g_x:.2f} us / event {e_x:.2f} us -> {pick.kernel}")
+    print(line, flush=True)
+    if log is not None:
+        log.write(line + "\n")
+    return pick
 
 
 def _compile_worker(job: str) -> str:
@@ -398,13 +419,14 @@ def main(argv=None) -> int:
                 print(f"M={M} graph timing failed ({type(e).__name__}); using time_cuda", flush=True)
                 g = r[2]
             r.append(g)
-            if M not in best or g < best[M][0]:
-                best[M] = (g, cfg)
+            kind = best.setdefault(M, {})
+            if cfg.kernel not in kind or g < kind[cfg.kernel][0]:
+                kind[cfg.kernel] = (g, r[2], cfg)  # (GPU us, event us, config): fastest by GPU time per kernel kind
         results["sweep"] = rows
         md = print_table("sweep (all candidates; last column: GPU-only us, graph, used to pick)",
                          COLUMNS + GRAPH_COLUMNS[:1], rows, markdown=True)
         log.write(md + "\n")
-        picked = {M: best[M][1] for M in best}
+        picked = {M: pick_by_kind(M, best[M], log) for M in best}
         table = ",\n".join(f"    ({M}, {picked[M]!r})" for M in sorted(picked))
         print(f"picked per M (CONFIGS bounds = these M):\n{table}", flush=True)
         log.write(f"picked per M:\n{table}\n")
@@ -417,6 +439,7 @@ def main(argv=None) -> int:
         rows, _ = bench_sizes(Ms, N, K, configs=lambda M: [(picked[M], None)], graph=True)
         results["final"] = rows
         _final_table(rows, N, K, dev, log)
+        results["host"] = host_launch_diag([M for M in Ms if picked[M].kernel == "expand"][:2], N, K, picked, log)
         _write_json(args.out, results)
         return 0 if ok else 1
 
@@ -429,8 +452,39 @@ def main(argv=None) -> int:
     rows, _ = bench_sizes(Ms, N, K, graph=True)
     results["final"] = rows
     _final_table(rows, N, K, dev, log)
+    results["host"] = host_launch_diag([M for M in Ms if pick_config(M).kernel == "expand"][:2], N, K, None, log)
     _write_json(args.out, results)
     return 0 if ok else 1
+
+
+def host_launch_diag(Ms, N, K, configs, log) -> list:
+    """DIAGNOSTIC: host (CPU) us per call of the expand path with its direct launches (FAST_LAUNCH, the default)
+    and through Triton's launcher (per-call descriptor encoding), per M; lines printed and returned."""
+    import torch
+
+    from . import sparse_gemm_fp4_fp8 as sg
+
+    lines = []
+    for M in Ms:
+        cfg = (configs or {}).get(M) or sg.pick_config(M)
+        vals, meta, b = make_operands(M, N, K, torch.Generator(device="cuda").manual_seed(3))
+        t = {}
+        for fast in (True, False):
+            sg.FAST_LAUNCH = fast
+            sg._PLANS.clear()
+            try:
+                t[fast] = host_time_us(lambda: sg.sparse_gemm_fp4_fp8(vals, meta, b, cfg))
+            except Exception as e:  # diagnostic only
+                t[fast] = float("nan")
+                print(f"host diag M={M} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        sg.FAST_LAUNCH = True
+        sg._PLANS.clear()
+        lines.append(f"host (CPU) us per call, M={M} {_cfg_name(cfg)}: direct launches {t[True]:.1f}, "
+                     f"Triton's launcher {t[False]:.1f}")
+    for s in lines:
+        print(s, flush=True)
+        log.write(s + "\n")
+    return lines
 
 
 def _write_json(out_dir, results) -> None:

@@ -49,7 +49,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
+
+from ._launch import hooks_installed, launch_compiled, raw_launcher, tensor_desc
 
 __all__ = [
     "GemmConfig",
@@ -644,7 +645,7 @@ class _Plan:
     ws_elems: int
     n_counters: int
     ck: Any = None  # CompiledKernel after the first launch (GPU only)
-    fast: Any = None  # TMA kernels: (raw launch function, CudaLauncher) or False (see _raw_tma_launch)
+    fast: Any = None  # TMA kernels: a _launch.RawLauncher, or False where it does not apply (FAST_TMA_LAUNCH)
     desc_args: dict = dataclasses.field(default_factory=dict)  # (A, B, C data pointers) -> encoded descriptors
 
 
@@ -685,39 +686,9 @@ def launch_programs(cfg: GemmConfig, M: int, N: int, K: int, num_sms: int) -> in
     return min(units, num_sms * cfg.PROGRAMS_PER_SM)
 
 
-def _tensor_desc(base, shape, strides, block_shape, validate: bool):
-    """A host TensorDescriptor; validate=False skips the dataclass checks (already done for this plan's key)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if validate:
-        return TensorDescriptor(base, shape, strides, block_shape)
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block_shape, "zero"
-    return d
-
-
-# Launch TMA kernels with descriptors encoded once per (A, B, C) pointers (see _raw_tma_launch); False forces
+# Launch TMA kernels with descriptors encoded once per (A, B, C) pointers (_launch.RawLauncher); False forces
 # Triton's launcher, which encodes them on every call (set before the first call of a shape, or clear_plans()).
 FAST_TMA_LAUNCH = True
-
-
-def _raw_tma_launch(ck):
-    """(C launch function, CudaLauncher) of a compiled TMA kernel, so that a launch can pass descriptors encoded
-    once per (A, B, C) pointers instead of Triton re-encoding three CUtensorMaps (cuTensorMapEncodeTiled) on every
-    call; False when this Triton's launcher does not have the expected shape (then the normal path is used)."""
-    try:
-        run = ck.run
-        inner = run.launch
-        cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
-        raw = cells.get("launcher")
-        tmeta = getattr(ck.metadata, "tensordesc_meta", None)
-        from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg  # noqa: F401
-    except Exception:  # pragma: no cover - depends on the Triton version
-        return False
-    if (raw is None or not tmeta or len(tmeta) != 3 or _BASE_ARGS_FORMAT_LEN != 13 or run.global_scratch_size
-            or run.profile_scratch_size or run.num_ctas != 1):  # fmt: skip
-        return False
-    return raw, run
 
 
 def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, scale=None) -> None:
@@ -729,12 +700,34 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
     else:
         ws, cnt = C, C  # never read when SPLIT_K == 1
     first = plan.ck is None
-    if plan.kernel is not gemm_fp16_splitk_kernel:
+    tma = plan.kernel is not gemm_fp16_splitk_kernel
+    if tma:
         ce = plan.constexprs
         BM, BN, BK = ce["BLOCK_M"], ce["BLOCK_N"], ce["BLOCK_K"]
-        descs = (_tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
-                 _tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
-                 _tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], first))  # fmt: skip
+        if not first and plan.fast is None:  # first direct launch: can the C launcher take cached encodings?
+            plan.fast = raw_launcher(plan.ck, 3) if FAST_TMA_LAUNCH else False
+        if plan.fast and not hooks_installed():
+            # The plan fixes shapes, strides, dtypes and block shapes, so an encoded descriptor depends only on
+            # the data pointer: cache the encodings per (A, B, C) pointers (a few entries; no tensor is kept).
+            raw = plan.fast
+            dkey = (A.data_ptr(), B.data_ptr(), C.data_ptr())
+            enc = plan.desc_args.get(dkey)
+            if enc is None:
+                enc = raw.encode((tensor_desc(A, [M, K], [sa, 1], [BM, BK], False),
+                                  tensor_desc(B, [N, K], [sb, 1], [BN, BK], False),
+                                  tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], False)))
+                if len(plan.desc_args) >= 16:
+                    plan.desc_args.clear()
+                plan.desc_args[dkey] = enc
+            try:
+                raw.fn(*raw.head(plan.grid, stream), *enc, ws, cnt, ws if scale is None else scale, M, N, K,
+                       *ce.values())  # fmt: skip
+                return
+            except (TypeError, ValueError, SystemError):  # argument packing rejected: use Triton's own path
+                plan.fast = False
+        descs = (tensor_desc(A, [M, K], [sa, 1], [BM, BK], first),
+                 tensor_desc(B, [N, K], [sb, 1], [BN, BK], first),
+                 tensor_desc(C, [M, N], [N, 1], [BM, BN // ce["EPILOGUE_SUBTILE"]], first))  # fmt: skip
         args = (*descs, ws, cnt, ws if scale is None else scale, M, N, K)
     else:
         args = (A, B, C, ws, cnt, M, N, K, sa, sb, N)
@@ -744,38 +737,8 @@ def _run_plan(plan: _Plan, A, B, C, M: int, N: int, K: int, sa: int, sb: int, sc
         if is_cuda and ck is not None:
             plan.ck = ck
         return
-    ck = plan.ck
-    all_args = (*args, *plan.constexprs.values())  # parameter order: runtime arguments, then the constexprs
-    g0, g1, g2 = plan.grid
-    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
-        meta = ck.launch_metadata(plan.grid, stream, *all_args)
-    else:
-        meta, enter, exit_ = None, None, None
-    if plan.kernel is not gemm_fp16_splitk_kernel:
-        if plan.fast is None:
-            plan.fast = _raw_tma_launch(ck) if FAST_TMA_LAUNCH else False
-        if plan.fast:
-            # The plan fixes shapes, strides, dtypes and block shapes, so an encoded descriptor depends only on
-            # the data pointer: cache the encodings per (A, B, C) pointers (a few entries; no tensor is kept).
-            raw, run = plan.fast
-            dkey = (A.data_ptr(), B.data_ptr(), C.data_ptr())
-            enc = plan.desc_args.get(dkey)
-            if enc is None:
-                from triton.backends.nvidia.driver import make_tensordesc_arg
-
-                tmeta = ck.metadata.tensordesc_meta
-                enc = tuple(x for d, m in zip(all_args[:3], tmeta) for x in make_tensordesc_arg(d, m))
-                if len(plan.desc_args) >= 16:
-                    plan.desc_args.clear()
-                plan.desc_args[dkey] = enc
-            try:
-                raw(g0, g1, g2, stream, ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                    ck.packed_metadata, meta, enter, exit_, *enc, *all_args[3:])  # fmt: skip
-                return
-            except (TypeError, ValueError, SystemError):  # argument packing rejected: use Triton's own path
-                plan.fast = False
-    ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
+    # parameter order: runtime arguments, then the constexprs
+    launch_compiled(plan.ck, plan.grid, stream, (*args, *plan.constexprs.values()))
 
 
 def gemm_fp16(

@@ -44,7 +44,9 @@ exact slow path (_nan_tile, decoding from vals/meta): same NaN policy, same boun
 (sparse_nan_fixup_kernel) over the tiles the GEMM flagged.
 
 Host: a launch plan per key (dtypes, shapes, strides, devices, pointer alignment, config) keeps the compiled
-kernels after the first call, which validates; later calls launch them directly (see "Launch plans").
+kernels after the first call, which validates; later calls launch them directly (see "Launch plans"); the expand
+path's three launches go straight to Triton's C launcher with prebuilt arguments and TMA descriptors encoded once
+(_ExpandBinding, kernels/_launch.py).
 
 Numeric contract: see NUMERIC_CONTRACT (the fp4ref accumulation model that bounds every config here).
 """
@@ -56,7 +58,8 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
+
+from ._launch import hooks_installed, launch_compiled, raw_launcher, tensor_desc
 
 # ----------------------------------------------------------------------------------------------------------
 # Numeric contract (data; tests/test_kernel_sparse_gemm.py checks it through fp4ref.bounds)
@@ -123,8 +126,11 @@ class SparseGemmConfig:
 
 # Picked per M by the GPU sweep on the H200 (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check,
 # docs/benchmarks.md) by GPU-only time (CUDA graphs, host launch overhead excluded), then checked there against
-# fp4ref with these exact configs. M <= 256: the 2026-11-30 GPU-time picks (run1). M >= 512: the expand path
-# (decode pre-pass + persistent TMA fp8 GEMM); its tiles are a first choice pending the sweep.
+# fp4ref with these exact configs. M <= 256: the fused kernel (the 2026-11-30 GPU-time picks, run1): the expand
+# path's GPU time is lower at M = 100 / 256 (12.2 / 12.4 us vs 14.1 / 18.0) but its event time was 42-45 us (three
+# launches, host-bound) vs 17-20; the sweep keeps fused at M <= 256 unless the expand event time is lower. M > 256: the expand path (decode
+# pre-pass + persistent TMA fp8 GEMM), tiles from the sweep of /work/.device/3 (M = 1024: 19.1 us; 4096: 49;
+# 8192: 92; GROUP_M = 16).
 # Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
 CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
     (1, SparseGemmConfig(1, 32, 128, split_k=16, num_warps=2, num_stages=3, mma="fma")),
@@ -132,8 +138,8 @@ CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
     (64, SparseGemmConfig(64, 64, 128, split_k=8, num_warps=4, num_stages=3)),
     (100, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
     (256, SparseGemmConfig(64, 128, 128, split_k=4, num_warps=4, num_stages=3)),
-    (1024, SparseGemmConfig(128, 128, 128, num_warps=8, num_stages=4, kernel="expand")),
-    (1 << 62, SparseGemmConfig(128, 256, 128, num_warps=8, num_stages=3, kernel="expand", n_split=2)),
+    (1024, SparseGemmConfig(128, 128, 128, group_m=16, num_warps=8, num_stages=4, kernel="expand")),
+    (1 << 62, SparseGemmConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, kernel="expand", n_split=2)),
 )
 
 # Large M when b_fp8 cannot feed TMA descriptors (see tma_eligible): the fused kernel's large-M pick.
@@ -592,14 +598,15 @@ def _workspace(device: torch.device, stream: int, ws_elems: int, n_counters: int
     One per stream: launches on one stream run in order, so the counters are back at zero for the next launch.
     """
     key = (str(device), stream)
-    ws, cnt = _WORKSPACES.get(key, (None, None))
+    entry = _WORKSPACES.get(key)
+    ws, cnt = entry or (None, None)
     if ws is None or ws.numel() < ws_elems or cnt.numel() < n_counters:
         ws_n = max(ws_elems, ws.numel() if ws is not None else 0)
         cnt_n = max(n_counters, cnt.numel() if cnt is not None else 0, 1024)
         ws = torch.empty(ws_n, dtype=torch.float32, device=device)
         cnt = torch.zeros(cnt_n, dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (ws, cnt)
-    return ws, cnt
+        entry = _WORKSPACES[key] = (ws, cnt)
+    return entry  # the stored tuple itself: _FusedBinding checks it by identity
 
 
 def _flags(device: torch.device, stream: int, n: int) -> torch.Tensor:
@@ -688,6 +695,8 @@ class _Plan:
     ws_elems: int
     n_counters: int
     a8_elems: int
+    # expand path on a GPU: stream -> _ExpandBinding (direct launches, see _bind_expand); False: not possible here
+    bound: dict | bool = dataclasses.field(default_factory=dict)
 
 
 _PLANS: dict = {}
@@ -705,25 +714,87 @@ def _launch(launch: _Launch, stream, args: tuple, is_cuda: bool) -> None:
         if is_cuda and ck is not None:
             launch.ck = ck
         return
-    all_args = (*args, *launch.constexprs.values())
-    g0, g1, g2 = launch.grid
-    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
-        meta = ck.launch_metadata(launch.grid, stream, *all_args)
+    launch_compiled(ck, launch.grid, stream, (*args, *launch.constexprs.values()))
+
+
+# Direct launches (GPU). The fused kernel: one C call with a prebuilt header and tail (_FusedBinding). The expand
+# path: its three kernels have fixed arguments per (plan, stream) except the
+# four operand pointers, so a binding prebuilds each launch's header and argument tail once and keeps the encoded
+# TMA descriptors (dense-A workspace: once; b: per b pointer, a few entries); a call is then three calls of
+# Triton's C launch function with integer pointers (kernels/_launch.py: no per-call descriptor encoding, dict,
+# tuple of constexprs, data_ptr() or cuPointerGetAttribute per tensor). FAST_LAUNCH = False keeps Triton's
+# launcher (which re-encodes both descriptors on every call; for comparisons; set before a plan's first call).
+FAST_LAUNCH = True
+
+
+class _ExpandBinding:
+    __slots__ = ("skey", "a8", "flags", "flags_ptr", "prep_fn", "prep_head", "prep_tail", "main", "main_head",
+                 "a8_desc", "main_tail", "fix_fn", "fix_head", "fix_tail", "b_pre", "b_desc_args")
+
+    def b_prefix(self, b_fp8, pb: int) -> tuple:
+        """The main launch's header + encoded descriptors (dense A, b at pointer pb): encoded once per pb."""
+        pre = self.b_pre.get(pb)
+        if pre is None:
+            shape, strides, block = self.b_desc_args
+            pre = (*self.main_head, *self.main.encode((self.a8_desc, tensor_desc(b_fp8, shape, strides, block, False))))
+            if len(self.b_pre) >= 8:  # a few b operands per plan (weights); start over past that
+                self.b_pre.clear()
+            self.b_pre[pb] = pre
+        return pre
+
+
+class _FusedBinding:
+    """The fused kernel's direct launch on one stream: header, split-K workspace (the (ws, counters) entry of
+    _WORKSPACES, or None without split-K: out stands in) and its pointers, argument tail."""
+
+    __slots__ = ("skey", "ws", "fn", "head", "ws_ptrs", "tail")
+
+
+def _bind_fused(plan: _Plan, stream: int, skey: tuple, ws_cnt, tail: tuple) -> None:
+    """Bind a fused plan whose kernel is compiled to ``stream`` (plan.bound[stream]); ``ws_cnt``: the split-K
+    (workspace, counters) entry of _WORKSPACES or None; ``tail``: the runtime arguments after the six pointers.
+    plan.bound becomes False where this Triton's launcher does not take direct launches."""
+    raw = raw_launcher(plan.main.ck, 0)
+    if not raw:
+        plan.bound = False
+        return
+    bd = _FusedBinding()
+    bd.skey, bd.ws, bd.fn, bd.head = skey, ws_cnt, raw.fn, raw.head(plan.main.grid, stream)
+    bd.ws_ptrs = None if ws_cnt is None else (ws_cnt[0].data_ptr(), ws_cnt[1].data_ptr())
+    bd.tail = (*tail, *plan.main.constexprs.values())
+    plan.bound[stream] = bd
+
+
+def _bind_expand(plan: _Plan, stream: int, skey: tuple, a8, flags, m: int, n: int, k: int, sa: tuple, sb: tuple,
+                 sc: tuple):
+    """An _ExpandBinding of a plan whose three kernels are compiled, on ``stream``; None when this Triton's
+    launcher does not take direct launches (plan.bound becomes False: Triton's path from then on)."""
+    cfg = plan.cfg
+    prep = raw_launcher(plan.prep.ck, 0)
+    main = raw_launcher(plan.main.ck, 2)
+    fix = raw_launcher(plan.fix.ck, 0) if plan.fix is not None else None
+    if not (prep and main and fix is not False):
+        plan.bound = False
+        return None
+    sam, sag = sa
+    sbn, sbk = sb
+    bd = _ExpandBinding()
+    bd.skey, bd.a8, bd.flags = skey, a8, flags
+    bd.flags_ptr = flags.data_ptr() if flags is not None else None
+    g = k // 4
+    bd.prep_fn, bd.prep_head = prep.fn, prep.head(plan.prep.grid, stream)
+    bd.prep_tail = (a8.data_ptr(), m, g, sam, sag, g, *plan.prep.constexprs.values())
+    bd.main, bd.main_head = main, main.head(plan.main.grid, stream)
+    bd.a8_desc = tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], False)
+    bd.main_tail = (m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, *sc, *plan.main.constexprs.values())
+    bd.b_desc_args = ([n, k], [sbn if n > 1 else k, 1], [cfg.block_n // cfg.n_split, cfg.block_k])
+    bd.b_pre = {}
+    if fix is not None:
+        bd.fix_fn, bd.fix_head = fix.fn, fix.head(plan.fix.grid, stream)
+        bd.fix_tail = (bd.flags_ptr, m, n, k, sam, sag, sbn, sbk, *sc, *plan.fix.constexprs.values())
     else:
-        meta, enter, exit_ = None, None, None
-    ck.run(g0, g1, g2, stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
-
-
-def _tensor_desc(base, shape, strides, block_shape, validate: bool):
-    """A host TensorDescriptor; validate=False skips the dataclass checks (done on this plan's first call)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    if validate:
-        return TensorDescriptor(base, shape, strides, block_shape)
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.padding = base, shape, strides, block_shape, "zero"
-    return d
+        bd.fix_fn = None
+    return bd
 
 
 def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
@@ -791,6 +862,34 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes) -> _Plan:
                    config.num_warps, config.num_stages)
     ws_elems = tiles_m * tiles_n * split_k * config.block_m * config.block_n if split_k > 1 else 0
     return _Plan(config, main, None, None, ws_elems, tiles_m * tiles_n, 0)
+
+
+def _expand_slow(plan: _Plan, stream, a_vals, a_meta, b_fp8, out, is_cuda: bool) -> None:
+    """The expand path through Triton's launcher (first calls, the interpreter, launch hooks, FAST_LAUNCH off);
+    on a GPU, once the three kernels are compiled, binds the plan to ``stream`` for direct launches."""
+    cfg = plan.cfg
+    device = b_fp8.device
+    m, g = a_vals.shape
+    n, k = b_fp8.shape
+    sam, sag = sa = a_vals.stride()
+    sbn, sbk = sb = b_fp8.stride()
+    sc = out.stride()
+    a8 = _a8_workspace(device, stream, plan.a8_elems)
+    _launch(plan.prep, stream, (a_vals, a_meta, a8.view(torch.int32), m, g, sam, sag, g), is_cuda)
+    flags = _flags(device, stream, plan.n_counters) if plan.fix is not None else None
+    first = plan.main.ck is None
+    args = (tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),
+            tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n // cfg.n_split, cfg.block_k], first),
+            a_vals, a_meta, b_fp8, out, out if flags is None else flags,  # flags unused with the inline fix-up
+            m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, *sc)
+    _launch(plan.main, stream, args, is_cuda)
+    if plan.fix is not None:
+        _launch(plan.fix, stream, (a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, *sc), is_cuda)
+    if (is_cuda and FAST_LAUNCH and plan.bound is not False and plan.main.ck is not None
+            and plan.prep.ck is not None and (plan.fix is None or plan.fix.ck is not None)):
+        bd = _bind_expand(plan, stream, (str(device), stream), a8, flags, m, n, k, sa, sb, sc)
+        if bd is not None:
+            plan.bound[stream] = bd
 
 
 def plan_config(a_vals, a_meta, b_fp8, config=None, nan_check_bytes=None) -> SparseGemmConfig:
@@ -869,28 +968,42 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
 
     is_cuda = device.type == "cuda"
     stream = triton.runtime.driver.active.get_current_stream(device.index) if is_cuda else 0
+    if plan.prep is not None:
+        bound = plan.bound
+        bd = bound.get(stream) if bound else None
+        if (bd is not None and bd.a8 is _A8_WORKSPACES.get(bd.skey)
+                and (bd.flags is None or bd.flags is _FLAGS.get(bd.skey)) and not hooks_installed()):
+            # direct launches (_ExpandBinding); the workspaces are still this stream's (no other plan grew them)
+            pc = out.data_ptr()
+            try:
+                bd.prep_fn(*bd.prep_head, pv, pm, *bd.prep_tail)
+                bd.main.fn(*bd.b_prefix(b_fp8, pb), pv, pm, pb, pc, bd.flags_ptr or pc, *bd.main_tail)
+                if bd.fix_fn is not None:
+                    bd.fix_fn(*bd.fix_head, pv, pm, pb, pc, *bd.fix_tail)
+                return out
+            except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
+                plan.bound = False
+        _expand_slow(plan, stream, a_vals, a_meta, b_fp8, out, is_cuda)
+        return out
+    bound = plan.bound
+    bd = bound.get(stream) if bound else None
+    if bd is not None and (bd.ws is None or bd.ws is _WORKSPACES.get(bd.skey)) and not hooks_installed():
+        pc = out.data_ptr()  # direct launch (_FusedBinding); the split-K workspace is still this stream's
+        try:
+            bd.fn(*bd.head, pv, pm, pb, pc, *(bd.ws_ptrs or (pc, pc)), *bd.tail)
+            return out
+        except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
+            plan.bound = False
     sam, sag = sa
     sbn, sbk = sb
     scm, scn = out.stride()
-    if plan.prep is not None:
-        cfg = plan.cfg
-        a8 = _a8_workspace(device, stream, plan.a8_elems)
-        _launch(plan.prep, stream, (a_vals, a_meta, a8.view(torch.int32), m, k // 4, sam, sag, k // 4), is_cuda)
-        flags = _flags(device, stream, plan.n_counters) if plan.fix is not None else out  # unused if inline
-        first = plan.main.ck is None
-        args = (_tensor_desc(a8, [m, k], [k, 1], [cfg.block_m, cfg.block_k], first),
-                _tensor_desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], [cfg.block_n // cfg.n_split, cfg.block_k],
-                             first),
-                a_vals, a_meta, b_fp8, out, flags, m, n, k, plan.main.grid[0], sam, sag, sbn, sbk, scm, scn)
-        _launch(plan.main, stream, args, is_cuda)
-        if plan.fix is not None:
-            _launch(plan.fix, stream, (a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn),
-                    is_cuda)
-        return out
     if plan.ws_elems:
-        ws, locks = _workspace(device, stream, plan.ws_elems, plan.n_counters)
+        ws_cnt = _workspace(device, stream, plan.ws_elems, plan.n_counters)
+        ws, locks = ws_cnt
     else:
-        ws, locks = out, out  # not read by the kernel
-    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, m, n, k, sam, sag, sbn, sbk, scm, scn),
-            is_cuda)
+        ws_cnt, (ws, locks) = None, (out, out)  # not read by the kernel
+    tail = (m, n, k, sam, sag, sbn, sbk, scm, scn)
+    _launch(plan.main, stream, (a_vals, a_meta, b_fp8, out, ws, locks, *tail), is_cuda)
+    if is_cuda and FAST_LAUNCH and plan.bound is not False and plan.main.ck is not None:
+        _bind_fused(plan, stream, (str(device), stream), ws_cnt, tail)
     return out

@@ -563,39 +563,15 @@ def test_stream_k_configs_compile_for_sm90(cfg):
 
 
 def test_fast_tma_launch_passes_what_triton_passes(monkeypatch):
-    """The cached-descriptor launch (FAST_TMA_LAUNCH) hands Triton's C launcher exactly the arguments Triton's own
-    launcher wrapper would (checked with a recording stand-in for the C function and for the tensor-map encoder,
-    on Triton's real wrap_handle_tensordesc), re-encodes when a pointer changes, and reuses encodings otherwise."""
-    import types
+    """The cached-descriptor launch (FAST_TMA_LAUNCH, kernels/_launch.py) hands Triton's C launcher exactly the
+    arguments Triton's own launcher wrapper would (checked with a recording stand-in for the C function and for the
+    tensor-map encoder, on Triton's real wrap_handle_tensordesc), re-encodes when a pointer changes, and reuses
+    encodings otherwise."""
+    from _fake_launcher import fake_compiled_kernel
 
-    drv = pytest.importorskip("triton.backends.nvidia.driver")
-    if not hasattr(drv, "wrap_handle_tensordesc") or not hasattr(drv, "make_tensordesc_arg"):
-        pytest.skip("this Triton's launcher has another shape (the fast path then turns itself off)")
-    encoded = []
-
-    def fake_encode(arg, meta):  # stands in for fill_tma_descriptor: a value that names pointer and block
-        encoded.append(arg.base.data_ptr())
-        return [("map", arg.base.data_ptr(), tuple(arg.block_shape)), *arg.shape, *arg.strides]
-
-    monkeypatch.setattr(drv, "make_tensordesc_arg", fake_encode)
-    calls = []
     sig = {"a": "tensordesc<fp16[64, 64]>", "b": "tensordesc<fp16[64, 64]>", "c": "tensordesc<fp16[64, 64]>",
            "ws": "*fp32", "cnt": "*i32", "sc": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
-    inner = drv.wrap_handle_tensordesc(lambda *a: calls.append(a), sig, [{}, {}, {}])
-
-    class Run:  # the shape of triton's CudaLauncher that the fast path relies on
-        global_scratch_size = profile_scratch_size = 0
-        num_ctas = 1
-        launch_cooperative_grid = launch_pdl = False
-
-        def __init__(self):
-            self.launch = inner
-
-        def __call__(self, gx, gy, gz, stream, function, *args):
-            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
-
-    ck = types.SimpleNamespace(run=Run(), metadata=types.SimpleNamespace(tensordesc_meta=[{}, {}, {}]), function=7,
-                               packed_metadata=(1,), launch_metadata=lambda *a: None)  # fmt: skip
+    ck, calls, encoded = fake_compiled_kernel(monkeypatch, sig)
     A, B = torch.ones(40, 64, dtype=torch.float16), torch.ones(24, 64, dtype=torch.float16)
     C1, C2 = torch.empty(40, 24, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16)
     for stream_k in (0, 1):

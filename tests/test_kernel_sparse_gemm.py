@@ -315,6 +315,123 @@ def test_launch_plan_cache():
     mod._PLANS.clear()  # bounded cache: clearing is always safe
 
 
+def _fake_expand_kernels(monkeypatch, plan):
+    """Recording stand-ins (tests/_fake_launcher.py) for the expand plan's three compiled kernels."""
+    from _fake_launcher import fake_compiled_kernel
+
+    ptr = "*i8"
+    prep = fake_compiled_kernel(monkeypatch, {"v": ptr, "m": ptr, "w": ptr, "M": "i32", "G": "i32", "sam": "i32",
+                                              "sag": "i32", "swm": "i32"})
+    ints = ("sam", "sag", "sbn", "sbk", "scm", "scn")
+    fix = fake_compiled_kernel(monkeypatch, {**{x: ptr for x in "vmbcf"}, **{x: "i32" for x in ("M", "N", "K", *ints)}})
+    # last: its tensor-map encoder is the one installed
+    main = fake_compiled_kernel(monkeypatch, {"a_desc": "tensordesc<fp8e4nv[64, 64]>",
+                                              "b_desc": "tensordesc<fp8e4nv[32, 64]>", **{x: ptr for x in "vmbcf"},
+                                              **{x: "i32" for x in ("M", "N", "K", "P", *ints)}})
+    plan.prep.ck, plan.main.ck, plan.fix.ck = prep[0], main[0], fix[0]
+    return prep[1], main[1], fix[1], main[2]
+
+
+def test_expand_direct_launch_passes_what_triton_passes(monkeypatch):
+    """The expand path's direct launches (_ExpandBinding through kernels/_launch.py) hand Triton's C launch
+    functions exactly the arguments Triton's own launchers pass (on Triton's real wrap_handle_tensordesc, with
+    recording stand-ins for the C functions and the tensor-map encoder); b's descriptor is encoded once per b
+    pointer; a grown dense-A workspace, a launch hook or FAST_LAUNCH=False go back to Triton's path."""
+    rng = np.random.default_rng(8)
+    v = torch.from_numpy(rng.integers(-128, 128, (40, 16), dtype=np.int8))
+    m = torch.from_numpy(rng.integers(-128, 128, (40, 16), dtype=np.int8))
+    b1 = torch.from_numpy(_b_bytes(rng, 24, 64)).view(torch.float8_e4m3fn)
+    b2 = b1.clone()
+    out = torch.empty(40, 24, dtype=torch.bfloat16)
+    mod._PLANS.clear()
+    mod.sparse_gemm_fp4_fp8(v, m, b1, EXPAND_CFG, out=out)  # interpreter: builds the plan and the workspaces
+    (plan,) = mod._PLANS.values()
+    assert plan.bound == {}  # no direct launches under the interpreter
+    prep, main, fix, encoded = _fake_expand_kernels(monkeypatch, plan)
+    for b in (b1, b2):  # Triton's path (ck.run), which binds the plan to the stream (0 here)
+        mod._expand_slow(plan, 0, v, m, b, out, True)
+    assert isinstance(plan.bound[0], mod._ExpandBinding) and len(encoded) == 4  # 2 descriptors per launch
+    slow = (prep[:], main[:], fix[:])
+    for lst in (prep, main, fix, encoded):
+        lst.clear()
+    for b in (b1, b2, b1, b2):  # direct launches: encode per new b pointer, then reuse
+        assert mod.sparse_gemm_fp4_fp8(v, m, b, EXPAND_CFG, out=out) is out
+    assert len(encoded) == 4 and len(prep) == len(main) == len(fix) == 4
+    for calls, ref in zip((prep, main, fix), slow):
+        assert calls[:2] == ref and calls[2:] == ref
+    assert main[0] != main[1] and prep[0] == prep[1]  # b's pointer reaches the GEMM only
+    # the dense-A workspace replaced (another plan grew it): the next call takes Triton's path and rebinds
+    key = plan.bound[0].skey
+    old = mod._A8_WORKSPACES[key]
+    mod._A8_WORKSPACES[key] = torch.empty(old.numel() + 16, dtype=old.dtype)
+    for lst in (prep, main, fix):
+        lst.clear()
+    mod._expand_slow(plan, 0, v, m, b1, out, True)
+    assert plan.bound[0].a8 is mod._A8_WORKSPACES[key] and prep[0][-5 - 3] == mod._A8_WORKSPACES[key].data_ptr()
+    # a launch hook installed: Triton's path (descriptors encoded per call), the binding kept
+    encoded.clear()
+    monkeypatch.setattr(mod, "hooks_installed", lambda: True)
+    mod.sparse_gemm_fp4_fp8(v, m, b1, EXPAND_CFG, out=out)
+    assert len(encoded) == 2 and main[-1] == main[0]
+    # FAST_LAUNCH off: no binding
+    plan.bound = {}
+    monkeypatch.setattr(mod, "FAST_LAUNCH", False)
+    mod._expand_slow(plan, 0, v, m, b1, out, True)
+    assert plan.bound == {}
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fused_direct_launch_passes_what_triton_passes(monkeypatch, split_k):
+    """The fused kernel's direct launch (_FusedBinding) hands Triton's C launch function exactly what Triton's own
+    launcher passes (recording stand-in, tests/_fake_launcher.py), with and without the split-K workspace; a
+    replaced workspace goes back to Triton's path and rebinds."""
+    from _fake_launcher import fake_compiled_kernel
+
+    rng = np.random.default_rng(9)
+    v = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
+    m = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
+    b = torch.from_numpy(_b_bytes(rng, 24, 64)).view(torch.float8_e4m3fn)
+    out = torch.empty(20, 24, dtype=torch.bfloat16)
+    cfg = mod.SparseGemmConfig(16, 32, 32, split_k=split_k, mma="fp16", num_stages=1)
+    mod._PLANS.clear()
+    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # interpreter: plan, workspace
+    (plan,) = mod._PLANS.values()
+    assert plan.bound == {}
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {**{x: "*i8" for x in ("v", "m", "b", "c", "ws", "lk")},
+                                                      **{x: "i32" for x in ("M", "N", "K", "a", "b2", "c2", "d", "e", "f")}})
+    plan.main.ck = ck
+    dev = torch.device("cpu")
+    with monkeypatch.context() as mp:  # Triton's path through the recording CompiledKernel
+        mp.setattr(mod, "_launch", lambda launch, stream, args, is_cuda: mod.launch_compiled(
+            launch.ck, launch.grid, stream, (*args, *launch.constexprs.values())))
+        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
+    assert plan.bound == {} and len(calls) == 1  # CPU tensors: no binding
+    ws_cnt = mod._workspace(dev, 0, plan.ws_elems, plan.n_counters) if split_k > 1 else None  # as the wrapper
+    # the arguments after the six pointers, in the kernel's order: M, N, K, a, b, c strides (independent of the code)
+    mod._bind_fused(plan, 0, (str(dev), 0), ws_cnt, (20, 24, 64, 16, 1, 64, 1, 24, 1))
+    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # direct
+    assert len(calls) == 2 and calls[1] == calls[0]
+    if split_k > 1:  # a replaced workspace: Triton's path (through the recording ck.run) again
+        mod._WORKSPACES[(str(dev), 0)] = (ws_cnt[0].clone(), ws_cnt[1].clone())
+        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
+        assert len(calls) == 3 and calls[2] != calls[0]
+
+
+def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
+    """The sweep picks by GPU time, but at M <= 256 an expand pick must also win on event time (host included)."""
+    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import pick_by_kind
+
+    f, x = mod.pick_config(64), mod.pick_config(4096)
+    assert f.kernel == "fused" and x.kernel == "expand"
+    assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 42.0, x)}) is f  # host-bound expand
+    assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 19.0, x)}) is x
+    assert pick_by_kind(1024, {"fused": (30.0, 33.0, f), "expand": (19.0, 60.0, x)}) is x  # large M: GPU time
+    assert pick_by_kind(64, {"fused": (12.0, 19.0, f), "expand": (12.3, 15.0, x)}) is f
+    assert pick_by_kind(4096, {"expand": (49.0, 54.0, x)}) is x
+    assert [c.kernel for b, c in mod.CONFIGS if b <= 256] == ["fused"] * 5
+    assert {(c.kernel, c.group_m) for b, c in mod.CONFIGS if b > 256} == {("expand", 16)}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------------------------
