@@ -125,19 +125,17 @@ class SparseGemmConfig:
 
 
 # Picked per M by the GPU sweep on the H200 (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check,
-# docs/benchmarks.md) by GPU-only time (CUDA graphs, host launch overhead excluded), then checked there against
-# fp4ref with these exact configs. M <= 256: the fused kernel (the 2026-11-30 GPU-time picks, run1): the expand
-# path's GPU time is lower at M = 100 / 256 (12.2 / 12.4 us vs 14.1 / 18.0) but its event time was 42-45 us (three
-# launches, host-bound) vs 17-20; the sweep keeps fused at M <= 256 unless the expand event time is lower. M > 256: the expand path (decode
-# pre-pass + persistent TMA fp8 GEMM), tiles from the sweep of /work/.device/3 (M = 1024: 19.1 us; 4096: 49;
-# 8192: 92; GROUP_M = 16).
+# 2026-11-30, docs/benchmarks.md), then checked there against fp4ref with these exact configs. The sweep ranks by
+# GPU-only time (CUDA graphs, host launch overhead excluded) and, at M <= 256, keeps the fused kernel unless the
+# expand path's event time (host included) is also lower: with the direct launches it was at M = 100 and 256
+# (16.5 / 17.2 us vs 19.5 / 23.8 us fused) but not at M = 64 (16.2 vs 15.7). M > 256: the expand path (decode
+# pre-pass + persistent TMA fp8 GEMM); M = 1024: 19.9 us GPU, 4096: 51.0, 8192: 95.5.
 # Each entry: (largest M it serves, config). fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
 CONFIGS: tuple[tuple[int, SparseGemmConfig], ...] = (
-    (1, SparseGemmConfig(1, 32, 128, split_k=16, num_warps=2, num_stages=3, mma="fma")),
+    (1, SparseGemmConfig(1, 32, 128, split_k=8, num_warps=2, num_stages=3, mma="fma")),
     (16, SparseGemmConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3, mma="fp16")),
     (64, SparseGemmConfig(64, 64, 128, split_k=8, num_warps=4, num_stages=3)),
-    (100, SparseGemmConfig(64, 64, 128, split_k=4, num_warps=4, num_stages=3)),
-    (256, SparseGemmConfig(64, 128, 128, split_k=4, num_warps=4, num_stages=3)),
+    (256, SparseGemmConfig(64, 64, 128, num_warps=4, num_stages=4, kernel="expand", nan_fixup="inline")),
     (1024, SparseGemmConfig(128, 128, 128, group_m=16, num_warps=8, num_stages=4, kernel="expand")),
     (1 << 62, SparseGemmConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, kernel="expand", n_split=2)),
 )

@@ -428,7 +428,6 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     assert pick_by_kind(1024, {"fused": (30.0, 33.0, f), "expand": (19.0, 60.0, x)}) is x  # large M: GPU time
     assert pick_by_kind(64, {"fused": (12.0, 19.0, f), "expand": (12.3, 15.0, x)}) is f
     assert pick_by_kind(4096, {"expand": (49.0, 54.0, x)}) is x
-    assert [c.kernel for b, c in mod.CONFIGS if b <= 256] == ["fused"] * 5
     assert {(c.kernel, c.group_m) for b, c in mod.CONFIGS if b > 256} == {("expand", 16)}
 
 
