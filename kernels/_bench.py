@@ -70,7 +70,8 @@ def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
-def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5) -> float:
+def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5,
+                   flush: Callable[[], Any] | None = None) -> float:
     """GPU-only time of ``fn()`` with L2 flushed, in MICROSECONDS, free of host launch overhead (DIAGNOSTIC).
 
     Captures two CUDA graphs: ``reps`` x (flush, fn) and ``reps`` x flush; times ``replays`` replays of each with
@@ -78,20 +79,23 @@ def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5) -> f
     from the CPU time a launch costs, which the public-benchmark timing (``time_cuda``: no graphs) includes
     whenever the host is slower than the flush. Not the reported methodology: report ``time_cuda``.
     ``fn`` must be capturable (no synchronisation, no host reads); call it once before (warm-up, allocations).
+    ``flush``: the capturable L2 flush to use; default: write the 2 x L2 buffer (``l2_flush_buffer().zero_``).
     """
     import torch
 
-    flush = l2_flush_buffer()
+    if flush is None:
+        flush = l2_flush_buffer().zero_
     fn()
+    flush()
     torch.cuda.synchronize()
     g_both, g_flush = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_both):
         for _ in range(reps):
-            flush.zero_()
+            flush()
             fn()
     with torch.cuda.graph(g_flush):
         for _ in range(reps):
-            flush.zero_()
+            flush()
 
     def med(g):
         ts = []

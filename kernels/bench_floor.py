@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import triton
 import triton.language as tl
@@ -37,38 +36,6 @@ def _read_kernel(src, partial, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr
     tl.store(partial + pid, tl.sum(acc, axis=0))
 
 
-def _graph_time(call, flush_fn, reps=20, replays=5):
-    import torch
-
-    call()
-    flush_fn()
-    torch.cuda.synchronize()
-    g_both, g_flush = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g_both):
-        for _ in range(reps):
-            flush_fn()
-            call()
-    with torch.cuda.graph(g_flush):
-        for _ in range(reps):
-            flush_fn()
-
-    def med(g):
-        ts = []
-        for _ in range(replays):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3)
-        return statistics.median(ts)
-
-    g_both.replay()
-    g_flush.replay()
-    torch.cuda.synchronize()
-    return (med(g_both) - med(g_flush)) / reps
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench floor", description=__doc__.split("\n")[0])
     p.add_argument("--json", help="also write the numbers to this JSON file")
@@ -76,7 +43,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from fp4ref.kernels._bench import l2_flush_buffer, print_table, time_cuda
+    from fp4ref.kernels._bench import gpu_time_graph, l2_flush_buffer, print_table, time_cuda
 
     if not torch.cuda.is_available():
         print("floor benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -106,11 +73,11 @@ def main(argv=None) -> int:
             def call(grid=grid, partial=partial, block=block, steps=steps, warps=warps):
                 _read_kernel[grid](src, partial, src.numel(), BLOCK=block, STEPS=steps, num_warps=warps)
 
-            tw = _graph_time(call, write_flush)
+            tw = gpu_time_graph(call, flush=write_flush)
             if best is None or tw < best[0]:
                 best = (tw, call, f"{block}x{steps}/w{warps}")
         tw, call, shape = best
-        tr = _graph_time(call, read_flush)
+        tr = gpu_time_graph(call, flush=read_flush)
         te = time_cuda(call)
         rows.append([f"{name} [read {shape}]", nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, read_kernel=shape, gpu_us_write_flush=tw,
@@ -130,7 +97,7 @@ def main(argv=None) -> int:
         ("torch.matmul bf16 M=1 N=K=8192 (nvfp4 peer b)", 8192 * 8192 * 2, lambda: torch.matmul(xbf, wbf.T)),
     ]
     for name, nbytes, call in peers:
-        tw, tr, te = _graph_time(call, write_flush), _graph_time(call, read_flush), time_cuda(call)
+        tw, tr, te = gpu_time_graph(call, flush=write_flush), gpu_time_graph(call, flush=read_flush), time_cuda(call)
         rows.append([name, nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, gpu_us_write_flush=tw, gpu_us_read_flush=tr, event_us=te))
     print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes / GPU time; the read kernel's best launch shape of several)",
