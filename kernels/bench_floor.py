@@ -5,8 +5,8 @@ That leaves L2 full of dirty lines, so a kernel that then reads its operands may
 back to HBM. This benchmark measures what reading an operand costs after such a flush, i.e. the floor any kernel
 (ours or cuBLAS) meets at small M, where the GEMMs only stream their weight operand:
 
-* ``read``: a Triton kernel (the fastest of several launch shapes) that reads the bytes once (16-byte vector loads, one fp32 partial sum per program, so
-  nothing is optimised away) — after the write flush (``flush.zero_()``, the public method) and after a read-only
+* ``read``: a Triton kernel (the fastest of several launch shapes) that reads the bytes once (16-byte vector
+  loads, one int32 partial per program, so nothing is optimised away) — after the write flush (``flush.zero_()``, the public method) and after a read-only
   flush (a max-reduction over the buffer, which leaves clean lines);
 * the peers the small-M rows are compared with (cuBLAS at M = 1, or 16 where _scaled_mm needs it), under both
   flushes.
@@ -100,7 +100,8 @@ def main(argv=None) -> int:
         tw, tr, te = gpu_time_graph(call, flush=write_flush), gpu_time_graph(call, flush=read_flush), time_cuda(call)
         rows.append([name, nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, gpu_us_write_flush=tw, gpu_us_read_flush=tr, event_us=te))
-    print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes / GPU time; the read kernel's best launch shape of several)",
+    print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes / GPU time; "
+                "the read kernel's best launch shape of several)",
                 ["what", "MB read", "GPU us, write flush", "GPU us, read flush", "event us, write flush",
                  "GB/s write flush", "GB/s read flush"], rows, markdown=True)
     if args.json:
