@@ -13,7 +13,8 @@ import sys
 __all__ = ["BENCHMARKS", "main"]
 
 # name -> module (relative to this package). Owners: gemm_fp16 (dense fp16 GEMM), sparse_gemm_fp4_fp8
-# (2:4 sparse FP4 x FP8 GEMM), nvfp4_linear (NVFP4 linear layer), floor (what reading an operand costs after the L2 flush).
+# (2:4 sparse FP4 x FP8 GEMM), nvfp4_linear (NVFP4 linear layer), floor (what reading an operand costs after
+# the L2 flush).
 BENCHMARKS = {
     "gemm_fp16": ".bench_gemm_fp16",
     "sparse_gemm_fp4_fp8": ".bench_sparse_gemm_fp4_fp8",
