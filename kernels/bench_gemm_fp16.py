@@ -299,15 +299,21 @@ def tune_buckets():
         (64, 256, 64, 1, 4, 4, 8, 2), (128, 256, 64, 1, 8, 3, 8, 4),
     ])  # fmt: skip
     mid = ptr(64, mid64) + ptr(128, mid128) + tma_mid
-    # Deterministic stream-K (STREAM_K 1: all tiles; 2: full waves data-parallel + the last partial wave): at
+    # Deterministic stream-K (STREAM_K 1: all tiles; 2: full waves data-parallel + the last partial wave; 3: no
+    # stream-K, the stream-K kernel's flattened data-parallel loop, a baseline against the plain kernel): at
     # M = 972 (96 tiles of 128x256), 2053 (204), 2379 (228) the plain kernel loses a partial wave of 132 SMs;
-    # stream-K gives every SM the same number of K-iterations (+-1). Timed first in their buckets.
+    # stream-K gives every SM the same number of K-iterations (+-1). Timed first in their buckets. The kernel's
+    # K loop is the plain kernel's (_tile_chain); what stream-K adds is the fp32 partial-tile traffic of split
+    # tiles (128 KiB per piece at 128x256), so 128x128 tiles (64 KiB, and a 60-tile partial wave at M = 972
+    # against 96) are candidates too, mostly as hybrid (2).
     stream_k = [
         G("tma", bm, bn, bk, num_warps=w, num_stages=st, GROUP_M=g, EPILOGUE_SUBTILE=e, STREAM_K=sk)
-        for sk in (1, 2)
-        for bm, bn, bk, w, st, g, e in ((128, 256, 64, 8, 3, 8, 1), (128, 256, 64, 8, 3, 4, 1),
-                                        (128, 256, 64, 8, 4, 8, 2), (128, 128, 64, 8, 4, 8, 1),
-                                        (128, 128, 64, 8, 3, 8, 1))
+        for bm, bn, bk, w, st, g, e, sk in ((128, 256, 64, 8, 3, 8, 1, 1), (128, 256, 64, 8, 3, 4, 1, 2),
+                                            (128, 256, 64, 8, 3, 8, 1, 2), (128, 256, 64, 8, 4, 4, 2, 2),
+                                            (128, 128, 64, 8, 4, 8, 1, 1), (128, 128, 64, 8, 4, 8, 1, 2),
+                                            (128, 128, 64, 8, 5, 8, 1, 2), (128, 128, 64, 8, 6, 8, 2, 2),
+                                            # 3: data-parallel only, the loop flattened over (tile, K)
+                                            (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
     return [
         (16, (1, 16), ptr(16, small) + tma_small),
