@@ -503,8 +503,17 @@ def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case, r
     model = mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N, num_programs=nprog)
     c1 = _run(a, b, cfg)
     check(c1, reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
+    sch = mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _sms()))
+    for ws, _cnt in mod._WORKSPACES.values():
+        ws.fill_(float("nan"))
     c2 = _run(a, b, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    if not ON_GPU and sch["split_tiles"]:  # which path ran: the head path never writes slot 0
+        (ws, cnt), = mod._WORKSPACES.values()
+        tile_elems = cfg.BLOCK_M * cfg.BLOCK_N
+        slot0 = [ws[t * tile_elems:(t + 1) * tile_elems] for t, ps in sch["pieces"].items() if len(ps) > 1]
+        assert all(bool(x.isnan().all()) == reverse for x in slot0)
+        assert not cnt.any()  # every counter back to 0
     monkeypatch.setattr(mod, "STREAM_K_RANGE_REVERSE", not reverse)  # the other fix-up path: same bits
     mod.clear_plans()
     c3 = _run(a, b, cfg)
