@@ -299,15 +299,21 @@ def tune_buckets():
         (64, 256, 64, 1, 4, 4, 8, 2), (128, 256, 64, 1, 8, 3, 8, 4),
     ])  # fmt: skip
     mid = ptr(64, mid64) + ptr(128, mid128) + tma_mid
-    # Deterministic stream-K (STREAM_K 1: all tiles; 2: full waves data-parallel + the last partial wave): at
+    # Deterministic stream-K (STREAM_K 1: all tiles; 2: full waves data-parallel + the last partial wave; 3: no
+    # stream-K, the stream-K kernel's flattened data-parallel loop, a baseline against the plain kernel): at
     # M = 972 (96 tiles of 128x256), 2053 (204), 2379 (228) the plain kernel loses a partial wave of 132 SMs;
-    # stream-K gives every SM the same number of K-iterations (+-1). Timed first in their buckets.
+    # stream-K gives every SM the same number of K-iterations (+-1). Timed first in their buckets. The kernel's
+    # K loop is the plain kernel's (_tile_chain); what stream-K adds is the fp32 partial-tile traffic of split
+    # tiles (128 KiB per piece at 128x256), so 128x128 tiles (64 KiB, and a 60-tile partial wave at M = 972
+    # against 96) are candidates too, mostly as hybrid (2).
     stream_k = [
         G("tma", bm, bn, bk, num_warps=w, num_stages=st, GROUP_M=g, EPILOGUE_SUBTILE=e, STREAM_K=sk)
-        for sk in (1, 2)
-        for bm, bn, bk, w, st, g, e in ((128, 256, 64, 8, 3, 8, 1), (128, 256, 64, 8, 3, 4, 1),
-                                        (128, 256, 64, 8, 4, 8, 2), (128, 128, 64, 8, 4, 8, 1),
-                                        (128, 128, 64, 8, 3, 8, 1))
+        for bm, bn, bk, w, st, g, e, sk in ((128, 256, 64, 8, 3, 8, 1, 1), (128, 256, 64, 8, 3, 4, 1, 2),
+                                            (128, 256, 64, 8, 3, 8, 1, 2), (128, 256, 64, 8, 4, 4, 2, 2),
+                                            (128, 128, 64, 8, 4, 8, 1, 1), (128, 128, 64, 8, 4, 8, 1, 2),
+                                            (128, 128, 64, 8, 5, 8, 1, 2), (128, 128, 64, 8, 6, 8, 2, 2),
+                                            # 3: data-parallel only, the loop flattened over (tile, K)
+                                            (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
     return [
         (16, (1, 16), ptr(16, small) + tma_small),
@@ -345,17 +351,23 @@ def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD, K: int = K_
 TMA_HOST_PENALTY_US = 3.0
 
 
-def tuned_buckets(min_m: int = 0):
-    """tune_buckets() restricted to buckets with a sample M >= min_m (the others keep the file's table entry)."""
-    return [b for b in tune_buckets() if max(b[1]) >= min_m]
+def tuned_buckets(min_m: int = 0, only: str | None = None):
+    """tune_buckets() restricted to buckets with a sample M >= min_m (the others keep the file's table entry),
+    and with ``only`` (a regular expression) to the candidates whose cfg_name it matches (re.search)."""
+    import re
+
+    return [(b, ms, [c for c in cands if only is None or re.search(only, cfg_name(c))])
+            for b, ms, cands in tune_buckets() if max(ms) >= min_m]  # fmt: skip
 
 
-def tune(N, K, log, deadline: float | None = None, results: dict | None = None, min_m: int = 0):
+def tune(N, K, log, deadline: float | None = None, results: dict | None = None, min_m: int = 0,
+         only: str | None = None):
     """Time every bucket's candidates (GPU time, L2 flushed, graphs), verify them, return the chosen table.
 
     Per M it also prints the fastest verified candidate next to torch.matmul's GPU time (same method). After
     ``deadline`` (a time.time() value) no new candidate is timed: each remaining bucket chooses among what was
-    timed (the file's CONFIG_TABLE entry when nothing was). ``results`` (dict) receives "tune" rows
+    timed (the file's CONFIG_TABLE entry when nothing was). ``only``: a regular expression on cfg_name; the
+    other candidates are not timed (tuned_buckets). ``results`` (dict) receives "tune" rows
     [M, config, gpu us, torch gpu us] and "chosen" rows [bound, config, geomean gpu us].
     """
     import torch
@@ -376,7 +388,7 @@ def tune(N, K, log, deadline: float | None = None, results: dict | None = None, 
     table = []
     # Large M first, then 65-256, then <= 64: if the deadline cuts the tune short, the buckets furthest from
     # their goals have been timed.
-    buckets = sorted(tune_buckets(), key=lambda b: (b[0] <= 256, b[0] <= 64, -b[0]))
+    buckets = sorted(tuned_buckets(0, only), key=lambda b: (b[0] <= 256, b[0] <= 64, -b[0]))
     for bound, Ms, cands in buckets:
         if max(Ms) < min_m:  # not tuned this run (--tune-min-m): keep the file's entry
             table.append((bound, pick_config(bound, N, K)))
@@ -517,6 +529,9 @@ def main(argv=None) -> int:
     p.add_argument("--tune-min-m", type=int, default=0,
                    help="--tune: only the buckets with a sample M >= this (e.g. 512: the large-M buckets); the "
                         "others keep their CONFIG_TABLE entries")
+    p.add_argument("--tune-only", default=None, metavar="REGEX",
+                   help="--tune: time only the candidates whose name (as printed, e.g. tma:128x256x64/S1/w8/s3/sk2) "
+                        "matches this regular expression (re.search)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for logs / json results")
     p.add_argument("--no-log-file", action="store_true",
@@ -585,11 +600,12 @@ def main(argv=None) -> int:
         from . import gemm_fp16 as g
 
         t0 = time.time()
-        precompile([(c, M) for _b, ms, cands in tuned_buckets(args.tune_min_m) for c in cands for M in ms]
+        precompile([(c, M) for _b, ms, cands in tuned_buckets(args.tune_min_m, args.tune_only) for c in cands
+                    for M in ms]
                    + [(pick_config(M, N, K), M) for M in Ms], args.workers)  # fmt: skip
         deadline = None if args.tune_budget_s is None else t0 + args.tune_budget_s
         try:
-            table = tune(N, K, log, deadline=deadline, results=results, min_m=args.tune_min_m)
+            table = tune(N, K, log, deadline=deadline, results=results, min_m=args.tune_min_m, only=args.tune_only)
         except Exception:  # keep the file's table and go on to the check and benchmark
             import traceback
 

@@ -14,11 +14,13 @@ Two kernels, picked per M by CONFIG_TABLE (a documented table, not an autotune a
 * ``gemm_fp16_tma_kernel`` (large M, compute-bound): tensor descriptors (TMA on sm_90), persistent programs
   walking (K slice, C tile) work units in grouped order; SPLIT_K = 1 in the table (one fp32 chain over all of K),
   SPLIT_K > 1 supported with the same deterministic reduction.
-* ``gemm_fp16_tma_streamk_kernel`` (``GemmConfig(..., STREAM_K=1 or 2)``): the same tiles on a grid of one program
+* ``gemm_fp16_tma_streamk_kernel`` (``GemmConfig(..., STREAM_K=1, 2 or 3)``): the same tiles on a grid of one program
   per SM, each program an equal contiguous range of (tile, K-iteration) pairs (1: all tiles; 2: data-parallel
-  full waves, stream-K only for the last partial wave), against wave quantization (e.g. 96 or 204 tiles on 132
-  SMs). A tile cut into several pieces is summed in K order (piece 0, 1, ...) by the last contributor to arrive,
-  with the same counter protocol: bitwise deterministic, no waits. ``stream_k_schedule`` mirrors the split points.
+  full waves, stream-K only for the last partial wave; 3: data-parallel only, in a loop Triton flattens over
+  (tile, K)), against wave quantization (e.g. 96 or 204 tiles on 132 SMs). A tile cut into several pieces is
+  summed in K order (piece 0, 1, ...) by exactly one program (the head piece from registers when the tails are
+  in, else the last arrival), with the same counter protocol: bitwise deterministic, no waits.
+  ``stream_k_schedule`` mirrors the split points.
 
 Reusable entry point ``gemm_tma(A, B, C, scale=None, config=None)``: the TMA kernel on fp16 or bf16 operands with
 an optional fp32 epilogue scale read from device memory (constexpr HAS_SCALE: one fp32 multiply acc * scale, then
@@ -92,8 +94,11 @@ class GemmConfig:
     STREAM_K: "tma" with SPLIT_K = 1 only: 0 = the persistent tile kernel; 1 = deterministic stream-K over every
     tile (gemm_fp16_tma_streamk_kernel, grid = PROGRAMS_PER_SM x SMs, each program an equal contiguous range of
     the tiles x K-iterations); 2 = hybrid: the num_tiles // grid full waves data-parallel (whole tiles), stream-K
-    only for the num_tiles % grid tiles of the last partial wave (all tiles when num_tiles < grid). Split tiles
-    are summed in K order by the last contributor (``stream_k_schedule``, ``accumulation_model``).
+    only for the num_tiles % grid tiles of the last partial wave (all tiles when num_tiles < grid); 3 = no
+    stream-K phase: every tile data-parallel in the stream-K kernel's loop, which Triton flattens over
+    (tile, K-iteration) (static K bounds: TMA loads of the next tile run ahead while this one is stored; the
+    plain kernel's runtime-bounded K loop is not flattened). Split tiles are summed in K order by exactly one
+    program (``stream_k_schedule``, ``accumulation_model``).
     """
 
     kernel: str
@@ -113,8 +118,8 @@ class GemmConfig:
             raise ValueError(f"kernel={self.kernel!r}: expected 'splitk' or 'tma'")
         if self.EPILOGUE_SUBTILE not in (1, 2) or (self.EPILOGUE_SUBTILE != 1 and self.kernel != "tma"):
             raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1, or 2 with kernel='tma'")
-        if self.STREAM_K not in (0, 1, 2) or (self.STREAM_K and (self.kernel != "tma" or self.SPLIT_K != 1)):
-            raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2 with kernel='tma' and SPLIT_K=1")
+        if self.STREAM_K not in (0, 1, 2, 3) or (self.STREAM_K and (self.kernel != "tma" or self.SPLIT_K != 1)):
+            raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2/3 with kernel='tma' and SPLIT_K=1")
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps", "PROGRAMS_PER_SM"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
@@ -173,7 +178,7 @@ def stream_k_schedule(cfg: GemmConfig, M: int, N: int, K: int, num_programs: int
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
     k_tiles = -(-K // cfg.BLOCK_K)
     G = num_programs
-    sk_tiles = tiles if cfg.STREAM_K == 1 or tiles <= G else tiles % G
+    sk_tiles = 0 if cfg.STREAM_K == 3 else tiles if cfg.STREAM_K == 1 or tiles <= G else tiles % G
     base, extra = divmod(sk_tiles * k_tiles, G)
     pieces: dict = {}
     for p in range(G):
@@ -246,6 +251,8 @@ def accumulation_model(cfg: GemmConfig, K: int, interpreter: bool = False, input
             ("hopper_bf16_wgmma" if inputs == "bfloat16" else "hopper_fp16_wgmma") if cfg.uses_wgmma
             else "tc_fp32_universal")  # fmt: skip
         fallback = "fp32_rn" if interpreter else "tc_fp32_universal"
+        if cfg.STREAM_K == 3:  # data-parallel only: one chain over all of K per tile
+            return inner
         if M is None or N is None or num_programs is None:
             return fallback
         sch = stream_k_schedule(cfg, M, N, K, num_programs)
@@ -476,6 +483,19 @@ def _streamk_owner(i, base, extra):
     return tl.where(i < big, i // (base + 1), extra + (i - big) // tl.maximum(base, 1))
 
 
+@triton.jit
+def _tile_chain(a_desc, b_desc, pid_m, pid_n, kt0, kt1, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):  # fmt: skip
+    """One fp32 wgmma chain over K-iterations kt0..kt1-1 of C tile (pid_m, pid_n): the same software-pipelined
+    loop as gemm_fp16_tma_kernel's (TMA loads num_stages - 1 iterations ahead, async wgmma, wait(1))."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in tl.range(kt0, kt1):
+        a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def gemm_fp16_tma_streamk_kernel(
     a_desc,  # fp16 or bf16 [M, K], block [BLOCK_M, BLOCK_K]
@@ -495,20 +515,35 @@ def gemm_fp16_tma_streamk_kernel(
     NUM_PROGRAMS: tl.constexpr,  # grid size G
     HAS_SCALE: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
-    STREAM_K: tl.constexpr,  # 1: every tile in the stream-K phase; 2: only num_tiles % G (hybrid)
+    STREAM_K: tl.constexpr,  # 1: every tile in the stream-K phase; 2: only num_tiles % G (hybrid); 3: none
+    RANGE_REVERSE: tl.constexpr,  # program p owns stream-K range G-1-p (False: range p); STREAM_K_RANGE_REVERSE
 ):
     """Deterministic stream-K (see GemmConfig.STREAM_K and stream_k_schedule, its host mirror).
 
-    Phase 1 (stream-K): tiles 0..sk_tiles-1 x their k_tiles K-iterations, linearised as tile * k_tiles + kt,
-    are cut into NUM_PROGRAMS contiguous ranges of equal length (+-1); the split points depend only on M, N, K,
-    BLOCK_* and NUM_PROGRAMS. A program walks its range tile by tile, one fp32 wgmma chain per piece (the part of
-    a tile inside its range). A piece that is a whole tile is stored directly. Otherwise the piece's fp32 partial
-    goes to workspace slot (piece position in K order, tile), the tile's counter is bumped (acq_rel); the LAST
-    arrival sums the slots 0, 1, ..., P-1 in that order in fp32 (RNE), scales, rounds once, stores and resets
-    the counter. The order is fixed by K position, never by arrival: bitwise deterministic; nobody waits.
-    Phase 2 (data-parallel, hybrid only): tiles sk_tiles..num_tiles-1, whole K each, round robin.
+    Stream-K phase: tiles 0..sk_tiles-1 x their k_tiles K-iterations, linearised as tile * k_tiles + kt, are
+    cut into NUM_PROGRAMS contiguous ranges r of equal length (+-1); the split points depend only on M, N, K,
+    BLOCK_* and NUM_PROGRAMS. A program walks the tiles its range touches (an outer loop over <= a few tiles),
+    one fp32 wgmma chain per piece (``_tile_chain``: the plain kernel's pipelined K loop). A piece that is a
+    whole tile is stored directly. Split tiles: every piece's fp32 sum ends up added in K order (piece 0, 1,
+    ..., P-1; fp32 RNE) by exactly one program, which rounds once and stores; nobody waits for anybody:
+
+    * pieces 1..P-1 (tails) write their partial to workspace slot (piece, tile), then bump the tile's counter
+      (acq_rel); the one that sees P-1 earlier arrivals sums the slots 0..P-1 and resets the counter.
+    * piece 0 (the head, K-iterations 0..; a range's LAST piece in time, as a range starts in the middle of a
+      tile) first reads the counter (acquire). If the P-1 tails have all arrived (the usual case) it sums its
+      own registers (slot 0's value, never written) and slots 1..P-1 in order and resets the counter; else it
+      writes slot 0 and bumps the counter like a tail (the last arrival sums). The sum is the same either way:
+      bitwise deterministic. This halves the workspace traffic of a 2-piece tile (the cost of stream-K here).
+
+    Data-parallel phase (STREAM_K 2 and 3): tiles sk_tiles..num_tiles-1, whole K each, round robin, as the plain
+    kernel. RANGE_REVERSE changes which program runs which range, never the split points or the sums (the CPU
+    tests run both, so that both fix-up paths run in the sequential interpreter).
     """
     pid = tl.program_id(0)
+    if RANGE_REVERSE:
+        rng = NUM_PROGRAMS - 1 - pid
+    else:
+        rng = pid
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -518,55 +553,63 @@ def gemm_fp16_tma_streamk_kernel(
         scale = tl.load(scale_ptr)
     if STREAM_K == 1:
         sk_tiles = num_tiles
-    else:
+    elif STREAM_K == 2:
         sk_tiles = tl.where(num_tiles > NUM_PROGRAMS, num_tiles % NUM_PROGRAMS, num_tiles)
+    else:
+        sk_tiles = num_tiles * 0
     total = sk_tiles * k_tiles
     base = total // NUM_PROGRAMS
     extra = total % NUM_PROGRAMS
-    it = pid * base + tl.minimum(pid, extra)
-    it_end = it + base + (pid < extra).to(tl.int32)
+    it = rng * base + tl.minimum(rng, extra)
+    it_end = it + base + (rng < extra).to(tl.int32)
     tile_elems = BLOCK_M * BLOCK_N
     offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     ws_stride_piece = sk_tiles.to(tl.int64) * tile_elems
-    while it < it_end:
-        tile = it // k_tiles
-        kt0 = it % k_tiles
-        kt1 = tl.minimum(k_tiles, kt0 + (it_end - it))
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(kt0, kt1):
-            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
-        if (kt0 == 0) & (kt1 == k_tiles):  # the whole tile: no partial
-            if HAS_SCALE:
-                acc = acc * scale
-            _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
-        else:
-            first = _streamk_owner(tile * k_tiles, base, extra)
-            n_pieces = _streamk_owner(tile * k_tiles + k_tiles - 1, base, extra) - first + 1
-            piece = pid - first  # position in K order
-            ws_tile = ws_ptr + tile.to(tl.int64) * tile_elems
-            tl.store(ws_tile + piece * ws_stride_piece + offs_t, acc, cache_modifier=".cg")
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_pieces - 1:  # last to arrive: fixed-order sum of the pieces, s = 0, 1, ...
-                tot = tl.load(ws_tile + offs_t, cache_modifier=".cg")
-                for s in range(1, n_pieces):
-                    tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    if STREAM_K != 3:  # (3: no stream-K phase)
+        first_tile = it // k_tiles
+        last_tile = tl.where(it < it_end, (it_end - 1) // k_tiles, first_tile - 1)
+        for tile in range(first_tile, last_tile + 1):
+            t0 = tile * k_tiles
+            kt0 = tl.maximum(it - t0, 0)
+            kt1 = tl.minimum(it_end - t0, k_tiles)
+            pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
+            acc = _tile_chain(a_desc, b_desc, pid_m, pid_n, kt0, kt1, BLOCK_M, BLOCK_N, BLOCK_K)
+            if (kt0 == 0) & (kt1 == k_tiles):  # the whole tile: no partial
                 if HAS_SCALE:
-                    tot = tot * scale
-                _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
-        it += kt1 - kt0
-    if STREAM_K == 2:
+                    acc = acc * scale
+                _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+            else:
+                first = _streamk_owner(t0, base, extra)
+                n_pieces = _streamk_owner(t0 + k_tiles - 1, base, extra) - first + 1
+                piece = rng - first  # position in K order
+                ws_tile = ws_ptr + (first_tile.to(tl.int64) + (tile - first_tile)) * tile_elems  # int64 offsets
+                tails_in = 0
+                if piece == 0:  # the head: have all the tails arrived already?
+                    tails_in = tl.atomic_add(cnt_ptr + tile, 0, sem="acquire", scope="gpu")
+                if tails_in == n_pieces - 1:  # head with every tail in: sum without writing slot 0
+                    tot = acc
+                    for s in range(1, n_pieces):
+                        tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
+                    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                    if HAS_SCALE:
+                        tot = tot * scale
+                    _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+                else:
+                    tl.store(ws_tile + piece * ws_stride_piece + offs_t, acc, cache_modifier=".cg")
+                    tl.debug_barrier()  # every thread's partial stores precede the release below
+                    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                    if arrived == n_pieces - 1:  # last to arrive: fixed-order sum of the pieces, s = 0, 1, ...
+                        tot = tl.load(ws_tile + offs_t, cache_modifier=".cg")
+                        for s in range(1, n_pieces):
+                            tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
+                        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+                        if HAS_SCALE:
+                            tot = tot * scale
+                        _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+    if STREAM_K >= 2:
         for tile in tl.range(sk_tiles + pid, num_tiles, NUM_PROGRAMS, flatten=True):
             pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(0, k_tiles):
-                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                acc = tl.dot(a, b.T, acc)
+            acc = _tile_chain(a_desc, b_desc, pid_m, pid_n, 0, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_SCALE:
                 acc = acc * scale
             _store_c(c_desc, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
@@ -665,7 +708,8 @@ def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, ta
         sch = stream_k_schedule(cfg, M, N, K, nprog)
         ws_elems = sch["max_pieces"] * sch["sk_tiles"] * BM * BN if sch["split_tiles"] else 0
         constexprs = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=1, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=nprog,
-                          HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE, STREAM_K=cfg.STREAM_K)
+                          HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE, STREAM_K=cfg.STREAM_K,
+                          RANGE_REVERSE=bool(STREAM_K_RANGE_REVERSE))  # fmt: skip
         return _Plan(cfg, gemm_fp16_tma_streamk_kernel, (nprog, 1, 1), constexprs, ws_elems, sch["sk_tiles"])
     if cfg.kernel == "tma":
         nprog = launch_programs(cfg, M, N, K, _num_sms(A.device))
@@ -680,11 +724,18 @@ def _make_plan(A, B, M: int, N: int, K: int, config, has_scale: bool = False, ta
 
 def launch_programs(cfg: GemmConfig, M: int, N: int, K: int, num_sms: int) -> int:
     """Grid size of a "tma" launch: min(work units, PROGRAMS_PER_SM x num_sms); work units are (tile, K slice)
-    pairs, or for stream-K configs (tile, K-iteration) pairs (so every program gets >= 1 iteration)."""
+    pairs, or for STREAM_K 1/2 (tile, K-iteration) pairs (so every program gets >= 1 iteration); STREAM_K 3:
+    tiles."""
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
-    units = tiles * (-(-K // cfg.BLOCK_K) if cfg.STREAM_K else cfg.SPLIT_K)
+    units = tiles * (-(-K // cfg.BLOCK_K) if cfg.STREAM_K in (1, 2) else cfg.SPLIT_K)
     return min(units, num_sms * cfg.PROGRAMS_PER_SM)
 
+
+# Stream-K: which program runs which range (gemm_fp16_tma_streamk_kernel's RANGE_REVERSE; never changes the
+# split points or the sums). True: program p runs range G-1-p; in the sequential CPU interpreter a split
+# tile's head then arrives last (the head fast path); False exercises the tails' last-arrival path. Set
+# before the first call of a shape, or clear_plans().
+STREAM_K_RANGE_REVERSE = True
 
 # Launch TMA kernels with descriptors encoded once per (A, B, C) pointers (_launch.RawLauncher); False forces
 # Triton's launcher, which encodes them on every call (set before the first call of a shape, or clear_plans()).

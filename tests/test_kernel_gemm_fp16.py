@@ -8,6 +8,8 @@ GPU (skipped without CUDA): workload sizes, RNE, determinism.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -261,6 +263,7 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
         kernel = mod.gemm_fp16_tma_kernel
         if cfg.STREAM_K:
             ce["STREAM_K"] = cfg.STREAM_K
+            ce["RANGE_REVERSE"] = True
             kernel = mod.gemm_fp16_tma_streamk_kernel
         ptrs = ["ws_ptr", "cnt_ptr", "scale_ptr"]
     else:
@@ -455,6 +458,7 @@ STREAM_K_CASES = (
     (G("tma", 32, 32, 32, STREAM_K=2), 70, 64, 320),  # hybrid: 4 whole tiles + 2 stream-K tiles
     (G("tma", 32, 64, 32, STREAM_K=2, PROGRAMS_PER_SM=2, GROUP_M=2), 100, 192, 192),  # hybrid, 12 tiles, 8 progs
     (G("tma", 32, 32, 32, STREAM_K=2), 64, 256, 64),  # 16 tiles = 4 full waves: no stream-K phase, no workspace
+    (G("tma", 32, 32, 32, STREAM_K=3, GROUP_M=2), 100, 96, 296),  # data-parallel only (flattened loop), K tail
 )
 
 
@@ -481,12 +485,17 @@ def test_stream_k_cases_split_tiles_one_to_four_ways():
     assert sch["dp_tiles"] == 4 and sch["sk_tiles"] == 2
 
 
+@pytest.mark.parametrize("reverse", (True, False), ids=("head_last", "tail_last"))
 @pytest.mark.parametrize("case", STREAM_K_CASES, ids=lambda c: repr(c))
-def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case):
+def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case, reverse, monkeypatch):
     """NaN-poisoned output within the bound of the launch's own model (accumulation_model with M, N, grid),
     identical over two runs (the workspace and counters are reused), and bit-for-bit equal to the plain TMA
-    kernel (SPLIT_K = 1: one chain over all of K) on every tile that no program split."""
+    kernel (SPLIT_K = 1: one chain over all of K) on every tile that no program split. Both fix-up paths: the
+    interpreter runs programs in order, so with RANGE_REVERSE a split tile's head arrives last (it sums from
+    registers without writing its slot), without it a tail arrives last (sums the written slots)."""
     cfg, M, N, K = case
+    monkeypatch.setattr(mod, "STREAM_K_RANGE_REVERSE", reverse)
+    mod.clear_plans()
     rng = np.random.default_rng(M * 7 + K)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((N, K)).astype(np.float16)
@@ -494,8 +503,22 @@ def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case):
     model = mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N, num_programs=nprog)
     c1 = _run(a, b, cfg)
     check(c1, reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
+    sch = mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _sms()))
+    for ws, _cnt in mod._WORKSPACES.values():
+        ws.fill_(float("nan"))
     c2 = _run(a, b, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
+    if not ON_GPU and sch["split_tiles"]:  # which path ran: the head path never writes slot 0
+        (ws, cnt), = mod._WORKSPACES.values()
+        tile_elems = cfg.BLOCK_M * cfg.BLOCK_N
+        slot0 = [ws[t * tile_elems:(t + 1) * tile_elems] for t, ps in sch["pieces"].items() if len(ps) > 1]
+        assert all(bool(x.isnan().all()) == reverse for x in slot0)
+        assert not cnt.any()  # every counter back to 0
+    monkeypatch.setattr(mod, "STREAM_K_RANGE_REVERSE", not reverse)  # the other fix-up path: same bits
+    mod.clear_plans()
+    c3 = _run(a, b, cfg)
+    mod.clear_plans()
+    assert torch.equal(c1.view(torch.int16), c3.view(torch.int16))
     plain = G("tma", cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)
     c0 = _run(a, b, plain)
     sch = mod.stream_k_schedule(cfg, M, N, K, nprog)
@@ -523,6 +546,11 @@ def test_stream_k_model_and_schedule_contract():
     assert mod.accumulation_model(cfg, 2048, M=972, N=3072, num_programs=132) == "splitk(hopper_fp16_wgmma, 1600)"
     assert mod.accumulation_model(cfg, 2048) == "tc_fp32_universal"
     assert mod.accumulation_model(cfg, 2048, interpreter=True) == "fp32_rn"
+    dp = G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=3)  # data-parallel only: one chain per tile
+    assert mod.accumulation_model(dp, 2048) == mod.accumulation_model(dp, 2048, M=972, N=3072, num_programs=132)
+    assert mod.accumulation_model(dp, 2048) == "hopper_fp16_wgmma"
+    assert mod.stream_k_schedule(dp, 972, 3072, 2048, 132)["sk_tiles"] == 0
+    assert mod.launch_programs(dp, 972, 3072, 2048, 132) == 96 and mod.launch_programs(dp, 8192, 3072, 2048, 132) == 132
     declared = get_model(mod.NUMERIC_CONTRACT["accumulation_model"]).eps(2048)
     for M in (1, 100, 972, 2053, 2379, 8192):
         for sk in (1, 2):
@@ -543,13 +571,47 @@ def test_stream_k_model_and_schedule_contract():
         G("splitk", 64, 64, 64, STREAM_K=1)
 
 
-STREAM_K_BUILDS = (
+STREAM_K_BUILDS = (  # every stream-K candidate of bench_gemm_fp16's sweep
     G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1),
     G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=2),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=4, STREAM_K=2, EPILOGUE_SUBTILE=2),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=2),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=2, EPILOGUE_SUBTILE=2),
     G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=1),
     G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=2),
+    G("tma", 128, 128, 64, num_warps=8, num_stages=5, STREAM_K=2),
+    G("tma", 128, 128, 64, num_warps=8, num_stages=6, STREAM_K=2, EPILOGUE_SUBTILE=2),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+    G("tma", 128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=3, EPILOGUE_SUBTILE=2),
 )
+
+
+def _wgmma_loops(ptx: str) -> list:
+    """PTX basic blocks that hold wgmma and branch back (the K loops), as counts of what pipelining shows:
+    TMA loads issued, wgmma instructions, wgmma waits (pending counts), local-memory (spill) accesses."""
+    out = []
+    for block in re.split(r"\n(?=\$L__BB\d+_\d+:)", ptx):
+        label = re.match(r"(\$L__BB\d+_\d+):", block)
+        if label and "wgmma.mma_async" in block and re.search(r"bra(\.uni)?\s+" + re.escape(label.group(1)) + ";",
+                                                                block):  # fmt: skip
+            out.append(dict(tma=block.count("cp.async.bulk.tensor"), wgmma=block.count("wgmma.mma_async"),
+                            waits=re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", block),
+                            local=block.count("ld.local") + block.count("st.local")))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("bm, bn, stages", ((128, 256, 3), (128, 128, 4)))
+def test_stream_k_k_loop_is_the_plain_kernels(bm, bn, stages):
+    """sm_90 build: the stream-K phase's K loop (runtime bounds kt0..kt1 per piece) is software-pipelined like
+    the plain kernel's: one TMA load per operand per iteration (issued stages - 1 ahead), async wgmma, one
+    wait(1), no spills inside."""
+    plain = _wgmma_loops(_build(G("tma", bm, bn, 64, num_warps=8, num_stages=stages)).asm["ptx"])
+    assert len(plain) == 1 and plain[0] == dict(tma=2, wgmma=plain[0]["wgmma"], waits=["1"], local=0), plain
+    for sk in (1, 2):  # (3 has no stream-K phase)
+        ptx = _build(G("tma", bm, bn, 64, num_warps=8, num_stages=stages, STREAM_K=sk)).asm["ptx"]
+        assert _wgmma_loops(ptx) == plain, (sk, _wgmma_loops(ptx), plain)  # the stream-K phase's K loop
+        # hybrid: the data-parallel phase's loop (static K bounds) is flattened over (tile, K) by Triton, its
+        # wgmma still async with wait(1) (TMA loads run ahead across tile boundaries)
+        assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)) == sk
 
 
 @pytest.mark.parametrize("cfg", STREAM_K_BUILDS, ids=repr)
@@ -558,7 +620,9 @@ def test_stream_k_configs_compile_for_sm90(cfg):
     assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert "atom.global.gpu.acq_rel.add" in ptx  # the arrival counter (release of the partial, acquire of others)
+    if cfg.STREAM_K != 3:  # (3: no stream-K phase, no counters)
+        assert "atom.global.gpu.acq_rel.add" in ptx  # a tail's arrival (release of its partial, acquire of others)
+        assert "ld.global.gpu.acquire" in ptx  # the head's check (atomic add of 0 -> an acquire load)
     assert "cvt.rn.f16" in ptx  # one RNE output rounding
 
 
