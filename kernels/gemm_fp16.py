@@ -136,8 +136,10 @@ class GemmConfig:
 # M, the candidate with the lowest geometric-mean GPU time (L2 flushed, CUDA graphs to exclude launch overhead)
 # over the bucket's sample Ms, each candidate first checked (NaN-poisoned output, bound, determinism); a TMA
 # config only where it beats the best pointer config by > 3 us at M <= 256 (it costs more host time per call).
-# Small M is memory-bound on B (12.6 MB): split-K puts more programs on the SMs; large M uses 128 x 256 TMA tiles.
-# See docs/kernels.md.
+# Small M is memory-bound on B (12.6 MB): split-K puts more programs on the SMs; large M uses 128 x 256 TMA tiles
+# in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's loads
+# overlap this tile's store; 0-3% faster than the plain persistent kernel in the third tune; the split modes 1/2
+# were 30-50% slower there). See docs/kernels.md.
 CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
     (16, GemmConfig("splitk", 16, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
     (32, GemmConfig("splitk", 32, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
@@ -145,9 +147,11 @@ CONFIG_TABLE: tuple[tuple[int, GemmConfig], ...] = (
     (128, GemmConfig("splitk", 128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
     (192, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
     (256, GemmConfig("splitk", 64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
-    (1536, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
-    (4096, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2)),
-    (2**62, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4)),
+    (1536, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                      STREAM_K=3)),
+    (4096, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                      STREAM_K=3)),
+    (2**62, GemmConfig("tma", 128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)),
 )
 
 
