@@ -172,6 +172,9 @@ _SMALL_CONFIGS = [
     # decode by bit placement (fp16 E2M1 * 2^-14 times scale * 2^6, accumulator times 2^8), unsplit and split-K
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, DECODE_BITS=True),
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, DECODE_BITS=True),
+    # the register-A candidate (nvfp4_linear_rega_kernel: a K = 16 dot per block, x permuted within blocks)
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, REG_A=True),
+    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, REG_A=True),
     # the large-M path: W pre-decoded to fp16, x dequantized to fp16, the TMA GEMM with the fp32 epilogue scale
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2)),
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 64, 64, SPLIT_K=2, num_warps=4,
@@ -242,6 +245,39 @@ def test_linear_decode_bits_equals_cvt_decode(split_k):
     y = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits))
          for bits in (False, True)]
     assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
+
+
+@pytest.mark.parametrize("m, n, k, cfg", [
+    (1, 64, 128, nvl.LinearConfig(64, 16, 128, 2, 4, 3, REG_A=True)),
+    (5, 80, 48, nvl.LinearConfig(64, 16, 128, 1, 4, 3, REG_A=True)),  # ragged N; K = 48: BLOCK_K falls to 16
+    (37, 64, 192, nvl.LinearConfig(64, 32, 64, 3, 4, 4, REG_A=True)),  # ragged M, split-K 3 (one split short)
+    (19, 128, 256, nvl.LinearConfig(128, 16, 256, 4, 8, 3, REG_A=True)),  # two warpgroups; 2 empty splits
+])
+def test_linear_reg_a(m, n, k, cfg):
+    """REG_A (nvfp4_linear_rega_kernel): within fp4ref's bound (NaN-poisoned output), over every code and the
+    extreme scale bytes (0x01 = 2^-9: fp16-subnormal decoded weights; 0x7E = 448); two calls bitwise equal."""
+    rng = np.random.default_rng(m * 1000 + k)
+    codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
+    scales = rng.choice(np.array([0x01, 0x02, 0x07, 0x08, 0x30, 0x55, 0x7E, 0x00], np.uint8), size=(n, k // 16))
+    x_np = (rng.standard_normal((1, m, k)) * np.exp2(rng.integers(-8, 8, (1, m, 1)))).astype(np.float32)
+    x_np = x_np.astype(ml_dtypes.bfloat16)
+    _check_linear(x_np, codes, scales, np.float32(0.75), cfg)
+    args = (_to_torch(x_np), torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), 0.75)
+    y = [nvl.nvfp4_linear(*args, config=cfg) for _ in range(2)]
+    assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
+
+
+def test_quantize_perm16_is_a_permutation_of_the_dequantized_x():
+    """The REG_A quantizer output: the same exact values as the plain one, element e of each 16-block at
+    position (e % 2) * 8 + e // 2."""
+    x = _to_torch(np.random.default_rng(31).standard_normal((3, 64)).astype(np.float32))
+    _, _, plain, g0 = nvl._quantize_launch(x, False, True)
+    _, _, perm, g1 = nvl._quantize_launch(x, False, True, perm16=True)
+    idx = torch.arange(64)
+    pos = (idx & -16) | ((idx & 1) << 3) | ((idx & 15) >> 1)
+    assert torch.equal(perm[:, pos.to(perm.device)].view(torch.int16), plain.view(torch.int16))
+    assert torch.equal(g0, g1)
+    assert sorted(pos.tolist()) == list(range(64))
 
 
 def test_linear_prepass_into_unaligned_out():
