@@ -104,34 +104,15 @@ def _candidates_in_kernel(m: int):
     return [C(128, 256, 64, 1, 8, 3), C(128, 128, 64, 1, 8, 4)]
 
 
-def _candidates_reg_a(m: int):
-    """REG_A (nvfp4_linear_rega_kernel) candidates at M = m <= 256: (BLOCK_N, BLOCK_M, BLOCK_K, SPLIT_K, warps,
-    stages); BLOCK_N 64 with 4 warps, 128 with 8 (one warpgroup per 64 weight rows)."""
-    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
-
-    if m <= 16:
-        t = [(64, 16, 128, 4, 4, 4), (64, 16, 128, 2, 4, 4), (64, 16, 128, 8, 4, 4), (64, 16, 128, 4, 4, 3),
-             (64, 16, 256, 4, 4, 3), (64, 16, 256, 2, 4, 4), (128, 16, 128, 4, 8, 4), (128, 16, 256, 2, 8, 3)]
-    elif m <= 64:
-        t = [(64, 64, 128, 2, 4, 4), (64, 64, 128, 4, 4, 4), (64, 32, 128, 4, 4, 4), (64, 32, 128, 8, 4, 3),
-             (64, 64, 256, 2, 4, 3), (128, 64, 128, 2, 8, 3), (128, 32, 128, 4, 8, 4)]
-    elif m <= 256:
-        t = [(64, 64, 128, 2, 4, 3), (64, 64, 128, 4, 4, 4), (128, 64, 128, 2, 8, 3), (128, 64, 128, 4, 8, 4),
-             (64, 64, 256, 2, 4, 3), (128, 64, 256, 2, 8, 3)]
-    else:
-        t = []
-    return [C(*c, REG_A=True) for c in t]
-
-
 def linear_candidates(m: int):
-    """nvfp4_linear candidates at M = m: the in-kernel decode configs (cvt decode and DECODE_BITS twins), for
-    m <= 256 the REG_A kernel's, and, for m >= 128, the large-M pre-pass path with each TMA GEMM tile candidate."""
+    """nvfp4_linear candidates at M = m: the in-kernel decode configs (cvt decode and DECODE_BITS twins) and,
+    for m >= 128, the large-M pre-pass path with each TMA GEMM tile candidate."""
     import dataclasses
 
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     base = _candidates_in_kernel(m)
-    out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base] + _candidates_reg_a(m)
+    out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
     if m >= 512:  # the word-decode pre-pass tiles with the fastest GEMM tile of the first GPU sweep
@@ -165,8 +146,7 @@ def _cfg_label(cfg) -> str:
         return (f"prepass{pre}+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
                 f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
-            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else "")
-            + (",regA" if getattr(cfg, "REG_A", False) else ""))
+            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 
 
 def _cfg_json(cfg):
@@ -380,12 +360,10 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
     return rows, best, best_q
 
 
-def _install_picks(best, best_q, ms=(), keep_above=False):
+def _install_picks(best, best_q, ms=()):
     """Make the picks the defaults of this process: LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M values
     (each key covers the M values above the previous key; the last is open-ended). An M of ``ms`` without a pick
-    (every candidate failed its check) keeps what the in-file defaults give it. ``keep_above`` (a sweep over
-    some M only, ``--m``): the in-file entries with keys above the largest swept M stay (the last one
-    open-ended), so the printed literal is the whole table."""
+    (every candidate failed its check) keeps what the in-file defaults give it."""
     from fp4ref.kernels import nvfp4_linear as nvl
 
     ms = sorted(set(best) | set(best_q) | set(ms))
@@ -394,17 +372,6 @@ def _install_picks(best, best_q, ms=(), keep_above=False):
     lin = {m: best[m][0] if m in best else nvl.pick_linear_config(m) for m in ms}
     qt = {m: best_q[m][0] if m in best_q else nvl.QUANT_CONFIGS[min(k for k in nvl.QUANT_CONFIGS if k >= m)]
           for m in ms}
-    if keep_above and ms[-1] < max(nvl.LINEAR_CONFIGS) and ms[-1] < max(nvl.QUANT_CONFIGS):
-        lin_hi = {k: v for k, v in nvl.LINEAR_CONFIGS.items() if k > ms[-1]}
-        qt_hi = {k: v for k, v in nvl.QUANT_CONFIGS.items() if k > ms[-1]}
-        nvl.LINEAR_CONFIGS.clear()
-        nvl.LINEAR_CONFIGS.update({m: lin[m] for m in ms})
-        nvl.LINEAR_CONFIGS.update(lin_hi)
-        nvl.QUANT_CONFIGS.clear()
-        nvl.QUANT_CONFIGS.update({m: qt[m] for m in ms})
-        nvl.QUANT_CONFIGS.update(qt_hi)
-        nvl.clear_workspaces()
-        return
     nvl.LINEAR_CONFIGS.clear()
     nvl.LINEAR_CONFIGS.update({m: lin[m] for m in ms[:-1]})
     nvl.LINEAR_CONFIGS[1 << 62] = lin[ms[-1]]
@@ -511,7 +478,7 @@ def main(argv=None) -> int:
                    f"failed; keeps the in-file default {_cfg_label(nvl_mod().pick_linear_config(m))})")
             qt = f"{best_q[m][0]} {best_q[m][1]:.1f} us" if m in best_q else "NONE valid (keeps the in-file default)"
             print(f"pick M={m}: {lin}; quantize tile {qt}", flush=True)
-        _install_picks(best, best_q, ms, keep_above=bool(args.m))
+        _install_picks(best, best_q, ms)
         print("LINEAR_CONFIGS = {\n" + "".join(f"    {k}: {v!r},\n" for k, v in
                                                  sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
         print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)

@@ -104,9 +104,6 @@ class LinearConfig:
     num_stages: int
     SCALE_WORDS: bool = False  # block scales as int32 words: bitwise equal on the H200, but 0.77-1.02x (docs/kernels.md)
     DECODE_BITS: bool = False  # decode by bit placement + f16x2 multiply instead of cvt e4m3x2 (_DECODE_BITS_PTX)
-    # nvfp4_linear_rega_kernel instead (one K = 16 dot per NVFP4 block, decode by bit placement without inline
-    # PTX, x dequantized with a per-16-block permutation); SCALE_WORDS / DECODE_BITS are then unused.
-    REG_A: bool = False
     # Large-M path when set (a gemm_fp16.GemmConfig, "tma" kernel): W decoded to a cached fp16 workspace
     # (2 N K bytes), x dequantized to fp16, the TMA GEMM (gemm_tma) with the fp32 epilogue scale, bf16 out. The
     # fields above are then unused.
@@ -237,7 +234,6 @@ def nvfp4_quantize_kernel(
     WRITE_PACKED: tl.constexpr,
     WRITE_DEQUANT: tl.constexpr,
     AMAX_PARTS: tl.constexpr = 512,
-    PERM16: tl.constexpr = False,  # WRITE_DEQUANT: element e of each 16-block at position (e % 2) * 8 + e // 2
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -302,11 +298,7 @@ def nvfp4_quantize_kernel(
     if WRITE_DEQUANT:
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
         v = tl.where(neg, -r, r) * sval[:, :, None]
-        if PERM16:  # nvfp4_linear_rega_kernel's order: even elements of the block first, then odd ones
-            dcols = (cols & -16) | ((cols & 1) << 3) | ((cols & 15) >> 1)
-        else:
-            dcols = cols
-        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + dcols[None, :],
+        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                  v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
 
 
@@ -537,98 +529,6 @@ def nvfp4_linear_kernel(
 
 
 @triton.jit
-def nvfp4_linear_rega_kernel(
-    w_ptr,  # *u8 [N, K/2] packed E2M1 weight codes (element 2i in bits 3:0 of byte i)
-    ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3)
-    a_ptr,  # *fp16 [M, K] dequantized x, permuted within each 16-block (nvfp4_quantize_kernel PERM16)
-    xgdec_ptr,  # *fp32 [1] x global decode scale (written by the quantize kernel)
-    out_ptr,  # *bf16 [M, N]
-    part_ptr,  # *fp32 [SPLIT_K, M, N] partial sums (SPLIT_K > 1)
-    count_ptr,  # *i32 [tiles] arrivals per output tile (SPLIT_K > 1; 0 on entry, reset by the last arrival)
-    w_gdec,  # fp32 weight global decode scale
-    M,
-    N,
-    K,  # multiple of BLOCK_K (the host picks BLOCK_K so)
-    BLOCK_N: tl.constexpr,  # weight rows per program = wgmma M (64 per warpgroup)
-    BLOCK_M: tl.constexpr,  # x rows per program = wgmma N (>= 16)
-    BLOCK_K: tl.constexpr,  # multiple of 16: BLOCK_K / 16 block-dots per loop step (unrolled)
-    SPLIT_K: tl.constexpr,
-):
-    """LinearConfig.REG_A: "swap AB" (C^T tile [BLOCK_N, BLOCK_M] = W_dec @ x^T) written so that the decoded W
-    could feed wgmma from registers: one K = 16 dot per NVFP4 block, whose A operand is an elementwise function
-    of two loads only, no join / reshape / inline asm / narrowing op (what Triton's OptimizeDotOperands needs to
-    move the layout conversion in front of the loads; nvfp4_linear_kernel's decode has all of them).
-
-    Block kb of a weight row is its 8 bytes, loaded twice as a [BLOCK_N, 16] byte tile (position t reads byte
-    t % 8: 8-byte contiguous runs, cp.async-eligible); position t < 8 takes the low nibble (element 2t), t >= 8
-    the high one (element 2(t - 8) + 1): ((nib * byte) >> 4) with nib = 16 / 1. Code c = s e1 e0 m -> fp16 bits
-    s << 15 | (e1 e0 m) << 9 = E2M1(c) * 2^-14 (bitcast), times fp16(block scale) * 2^6 ([BLOCK_N] scale bytes
-    per block): E2M1 * scale * 2^-8, exact in fp16 (<= 6 significant bits, a multiple of 2^-18, |v| <= 10.5;
-    as _DECODE_BITS_PTX); the fp32 accumulator is multiplied by 2^8 at the end (exact). x's dequantized
-    values carry the same permutation within each 16-block (the quantizer writes them so), so each dot sums the
-    block's 16 exact products: the same products as nvfp4_linear_kernel, one wgmma (k = 16) per block, fp32
-    accumulation, the declared model (hopper_fp16_wgmma). Split-K and the epilogue are nvfp4_linear_kernel's.
-
-    Measured on the sm_90 build (triton 3.6, docs/kernels.md): the hoist does NOT survive; the decode still
-    runs in a blocked layout and goes through shared memory (local_alloc / local_load, st.shared + ldmatrix)
-    before each wgmma. A candidate for the GPU sweep, not a default."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
-
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows_n = tl.minimum(offs_n, N - 1)  # clamped loads, masked stores
-    rows_m = tl.minimum(offs_m, M - 1)
-    t = tl.arange(0, 16)  # position in a 16-element block, permuted: t holds element 2 (t % 8) + t // 8
-
-    k_steps = K // BLOCK_K
-    steps_per_split = tl.cdiv(k_steps, SPLIT_K)
-    step_lo = pid_k * steps_per_split
-    step_hi = tl.minimum(step_lo + steps_per_split, k_steps)
-
-    # the block's 8 weight bytes twice: t < 8 low nibbles (even elements), t >= 8 high nibbles (odd elements)
-    w_rows = w_ptr + rows_n[:, None].to(tl.int64) * (K // 2) + (t % 8)[None, :]
-    nib = tl.broadcast_to(tl.where(t < 8, 16, 1).to(tl.int16)[None, :], (BLOCK_N, 16))  # (nib * byte) >> 4
-    s_rows = ws_ptr + rows_n.to(tl.int64) * (K // 16)
-    a_rows = a_ptr + rows_m[:, None].to(tl.int64) * K + t[None, :]  # x dequantized, same permutation
-
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for step in range(step_lo, step_hi):
-        for blk in tl.static_range(BLOCK_K // 16):
-            kb = step * (BLOCK_K // 16) + blk  # 16-element block index along K
-            # the scale is the mulf's first operand: Triton's HoistLayoutConversion walks the backward slice from
-            # its last operand and must meet a load before any non-elementwise op (the broadcast here)
-            s16 = (tl.load(s_rows + kb) & 0x7F).to(tl.float8e4nv, bitcast=True).to(tl.float16) * 64.0
-            s16 = tl.broadcast_to(s16[:, None], (BLOCK_N, 16))
-            b = tl.load(w_rows + kb * 8).to(tl.int16)  # [BLOCK_N, 16] weight bytes, zero-extended
-            c = (nib * b) >> 4  # t < 8: the byte (low nibble in bits 3:0); t >= 8: its high nibble
-            # code c = s e1 e0 m -> fp16 bits s << 15 | (e1 e0 m) << 9 = E2M1(c) * 2^-14
-            v = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
-            v = s16 * v  # E2M1 * block scale * 2^-8: exact in fp16
-            acc = tl.dot(v, tl.trans(tl.load(a_rows + kb * 16)), acc)  # exact products, fp32 accumulation
-
-    out_mask = (offs_n[:, None] < N) & (offs_m[None, :] < M)
-    out_offs = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-    g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
-    acc = acc * 256.0  # undo the decode's 2^-8: exact (see _DECODE_BITS_PTX)
-    if SPLIT_K == 1:
-        tl.store(out_ptr + out_offs, (acc * g).to(tl.bfloat16), mask=out_mask)  # fp32 RNE, one RNE to bf16
-    else:
-        # as nvfp4_linear_kernel: fp32 partials; the last arrival sums them in the fixed order s = 0, 1, ...
-        MN = N.to(tl.int64) * M
-        tl.store(part_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel, gpu scope
-            tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            for sk in tl.static_range(1, SPLIT_K):
-                tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + out_offs, (tot * g).to(tl.bfloat16), mask=out_mask)
-            tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
-
-
-@triton.jit
 def nvfp4_decode_weight_kernel(
     w_ptr,  # *u8 [N, K/2] packed E2M1 codes (element 2i in bits 3:0)
     ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3)
@@ -821,7 +721,6 @@ def clear_workspaces() -> None:
 _amax_launch = _Launcher(_amax_kernel)
 _quantize_kernel_launch = _Launcher(nvfp4_quantize_kernel)
 _linear_launch = _Launcher(nvfp4_linear_kernel)
-_linear_rega_launch = _Launcher(nvfp4_linear_rega_kernel)
 _decode_weight_launch = _Launcher(nvfp4_decode_weight_kernel)
 _decode_words_launch = _Launcher(nvfp4_decode_weight_words_kernel)
 
@@ -848,7 +747,7 @@ def _quant_tile(M: int, K: int):
 
 
 def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | None = None,
-                     deq_dtype=torch.float16, w_gdec: float = 1.0, perm16: bool = False):
+                     deq_dtype=torch.float16, w_gdec: float = 1.0):
     """Launch amax + quantize on x2 [M, K]; returns (packed u8 | None, scales u8 | None, deq | None, gdec fp32 [2]).
     gdec = [x global decode, fp32(x global decode * w_gdec)]. ``tile``: (BLOCK_R, BLOCK_C, num_warps) to force
     (benchmark sweeps); default _quant_tile(M, K). Records the compiled launches in _LAST_QUANT["recs"]."""
@@ -872,7 +771,7 @@ def _quantize_launch(x2, write_packed: bool, write_dequant: bool, tile: tuple | 
         packed if write_packed else dummy, scales if write_packed else dummy, deq if write_dequant else dummy,
         gdec, float(w_gdec), M, K, x2.stride(0), nprog,
         BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-        AMAX_PARTS=_AMAX_MAX_PROGRAMS, PERM16=bool(perm16), num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
+        AMAX_PARTS=_AMAX_MAX_PROGRAMS, num_warps=quant_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
     _LAST_QUANT["recs"] = (rec_amax, rec_quant, parts, numel, iters, nprog)
     return packed, scales, deq, gdec
@@ -1097,30 +996,23 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             out.view(M, N).copy_(tmp)
         return out
 
-    reg_a = bool(cfg.REG_A)
-    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True, perm16=reg_a)
+    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)
+    w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
     ws = weight_scales.view(torch.uint8)
     block_k = _block_k_for(K, cfg.BLOCK_K)
+    scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
+    if scale_words:
+        ws = ws.view(torch.int32)  # [N, K/64]
     grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
     if cfg.SPLIT_K > 1:
         counts = _sync_words(x.device, grid[0] * grid[1])
         part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
     else:
         counts = part = out  # unused
-    if reg_a:
-        w = weight_fp4.view(torch.uint8)  # [N, K/2] bytes
-        rec_lin = _linear_rega_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
-                                      BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k,
-                                      SPLIT_K=cfg.SPLIT_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    else:
-        w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
-        scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
-        if scale_words:
-            ws = ws.view(torch.int32)  # [N, K/64]
-        rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
-                                 BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                                 DECODE_PTX=not _interpreting(), DECODE_BITS=bool(cfg.DECODE_BITS),
-                                 SCALE_WORDS=scale_words, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
+                             BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                             DECODE_PTX=not _interpreting(), DECODE_BITS=bool(cfg.DECODE_BITS),
+                             SCALE_WORDS=scale_words, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     rec_amax, rec_quant, parts, numel, iters, nprog = _LAST_QUANT.pop("recs", (None,) * 6)
     scratch = deq.numel() * 2 + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
     if use_plan and rec_amax and rec_quant and rec_lin and scratch <= _PLAN_MAX_SCRATCH:

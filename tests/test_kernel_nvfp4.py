@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import ml_dtypes
 import numpy as np
@@ -173,9 +172,6 @@ _SMALL_CONFIGS = [
     # decode by bit placement (fp16 E2M1 * 2^-14 times scale * 2^6, accumulator times 2^8), unsplit and split-K
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, DECODE_BITS=True),
     nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, DECODE_BITS=True),
-    # the register-A candidate (nvfp4_linear_rega_kernel: a K = 16 dot per block, x permuted within blocks)
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, REG_A=True),
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, REG_A=True),
     # the large-M path: W pre-decoded to fp16, x dequantized to fp16, the TMA GEMM with the fp32 epilogue scale
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2)),
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 64, 64, SPLIT_K=2, num_warps=4,
@@ -246,39 +242,6 @@ def test_linear_decode_bits_equals_cvt_decode(split_k):
     y = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits))
          for bits in (False, True)]
     assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
-
-
-@pytest.mark.parametrize("m, n, k, cfg", [
-    (1, 64, 128, nvl.LinearConfig(64, 16, 128, 2, 4, 3, REG_A=True)),
-    (5, 80, 48, nvl.LinearConfig(64, 16, 128, 1, 4, 3, REG_A=True)),  # ragged N; K = 48: BLOCK_K falls to 16
-    (37, 64, 192, nvl.LinearConfig(64, 32, 64, 3, 4, 4, REG_A=True)),  # ragged M, split-K 3 (one split short)
-    (19, 128, 256, nvl.LinearConfig(128, 16, 256, 4, 8, 3, REG_A=True)),  # two warpgroups; 2 empty splits
-])
-def test_linear_reg_a(m, n, k, cfg):
-    """REG_A (nvfp4_linear_rega_kernel): within fp4ref's bound (NaN-poisoned output), over every code and the
-    extreme scale bytes (0x01 = 2^-9: fp16-subnormal decoded weights; 0x7E = 448); two calls bitwise equal."""
-    rng = np.random.default_rng(m * 1000 + k)
-    codes = rng.integers(0, 256, size=(n, k // 2), dtype=np.uint8)
-    scales = rng.choice(np.array([0x01, 0x02, 0x07, 0x08, 0x30, 0x55, 0x7E, 0x00], np.uint8), size=(n, k // 16))
-    x_np = (rng.standard_normal((1, m, k)) * np.exp2(rng.integers(-8, 8, (1, m, 1)))).astype(np.float32)
-    x_np = x_np.astype(ml_dtypes.bfloat16)
-    _check_linear(x_np, codes, scales, np.float32(0.75), cfg)
-    args = (_to_torch(x_np), torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), 0.75)
-    y = [nvl.nvfp4_linear(*args, config=cfg) for _ in range(2)]
-    assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
-
-
-def test_quantize_perm16_is_a_permutation_of_the_dequantized_x():
-    """The REG_A quantizer output: the same exact values as the plain one, element e of each 16-block at
-    position (e % 2) * 8 + e // 2."""
-    x = _to_torch(np.random.default_rng(31).standard_normal((3, 64)).astype(np.float32))
-    _, _, plain, g0 = nvl._quantize_launch(x, False, True)
-    _, _, perm, g1 = nvl._quantize_launch(x, False, True, perm16=True)
-    idx = torch.arange(64)
-    pos = (idx & -16) | ((idx & 1) << 3) | ((idx & 15) >> 1)
-    assert torch.equal(perm[:, pos.to(perm.device)].view(torch.int16), plain.view(torch.int16))
-    assert torch.equal(g0, g1)
-    assert sorted(pos.tolist()) == list(range(64))
 
 
 def test_linear_prepass_into_unaligned_out():
@@ -423,27 +386,6 @@ def test_bench_picks_install_and_check(monkeypatch):
     nvl.clear_workspaces()
 
 
-def test_bench_reg_a_pick_restricted_sweep(monkeypatch):
-    """A sweep over some M only (``--m 1 16``, keep_above): a REG_A pick is installed for those M, the in-file
-    entries above them stay (the printed literal is the whole table), and the benchmark's check passes on it."""
-    from fp4ref.kernels import bench_nvfp4_linear as b
-
-    monkeypatch.setattr(b, "DEVICE", DEVICE)
-    monkeypatch.setattr(b, "N", 64)
-    monkeypatch.setattr(b, "K", 64)
-    monkeypatch.setattr(nvl, "LINEAR_CONFIGS", dict(nvl.LINEAR_CONFIGS))
-    monkeypatch.setattr(nvl, "QUANT_CONFIGS", dict(nvl.QUANT_CONFIGS))
-    above = {k: v for k, v in nvl.LINEAR_CONFIGS.items() if k > 16}
-    w = b._setup()
-    pick = nvl.LinearConfig(64, 16, 64, 2, 4, 2, REG_A=True)
-    b._install_picks({1: (pick, 1.0), 16: (pick, 1.0)}, {}, ms=(1, 16), keep_above=True)
-    assert nvl.pick_linear_config(1) == nvl.pick_linear_config(16) == pick
-    assert {k: v for k, v in nvl.LINEAR_CONFIGS.items() if k > 16} == above
-    assert b._check_picks((1, 5), *w, quant_ms=(5,))
-    assert [c for c in b.linear_candidates(1) if c.REG_A] and not [c for c in b.linear_candidates(512) if c.REG_A]
-    nvl.clear_workspaces()
-
-
 # ----------------------------------------------------------------------------------------- sm_90 compilation
 
 
@@ -465,25 +407,9 @@ def _compile_all():
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
     cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
     cfgs = [c for c in cfgs if c.GEMM is None]
-    # REG_A (nvfp4_linear_rega_kernel): every default / test / candidate config, and M = 1 specialised
-    rega = [c for c in cfgs + list(LINEAR_CANDIDATES) if c.REG_A and c.GEMM is None]
-    rega = [c for i, c in enumerate(rega) if c not in rega[:i]]
-    for cfg in rega:
-        for sig in (lin_sig, {k: v for k, v in lin_sig.items() if k != "M"}):
-            built.append(compile_for_sm90(
-                nvl.nvfp4_linear_rega_kernel, dict(sig, w_ptr="*u8"),
-                dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K,
-                     **({} if "M" in sig else {"M": 1})),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
-                                 "K"]))
-            if cfg not in LINEAR_CANDIDATES or cfg.BLOCK_M != 16:
-                break  # M = 1 (a constant at run time) only for the small-M candidates
-    cfgs = [c for c in cfgs if not c.REG_A]
     variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
-    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and c not in cfgs
-                 and not c.REG_A]
-    variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values() if not cfg.REG_A]  # scale words
+    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and c not in cfgs]
+    variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values()]  # scales as words (prepared)
     for cfg, block_k, words in variants:
         built.append(compile_for_sm90(
             nvl.nvfp4_linear_kernel, dict(lin_sig, ws_ptr="*i32" if words else "*u8"),
@@ -513,16 +439,16 @@ def _compile_all():
                                       dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
                                       divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
     defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
-    modes = ((True, False, "*fp16", False), (False, True, "*fp16", False), (False, True, "*fp16", True))
+    modes = ((True, False, "*fp16"), (False, True, "*fp16"))
     jobs = [(mode, t) for mode in modes for t in defaults]
     jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
-    for (write_packed, write_dequant, deq, perm16), (br, bc, nw) in jobs:
+    for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
         built.append(compile_for_sm90(
             nvl.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=nvl._AMAX_MAX_PROGRAMS, PERM16=perm16),
+                 AMAX_PARTS=nvl._AMAX_MAX_PROGRAMS),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -553,8 +479,6 @@ def test_every_config_compiles_for_sm90():
         ptx = ck.asm["ptx"]
         if "nvfp4_linear_kernel" in ck.metadata.name:  # the PTX decode path is the one compiled
             assert ("prmt.b32 p0, lo, hi, 0x5140" in ptx) != ("prmt.b32 t, w, u, 0x3377" in ptx)
-        if ck.metadata.name == "nvfp4_linear_rega_kernel":  # wgmma with the A operand from registers
-            assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.f16\.f16 \{[^}]*\}, \{%r", ptx)
         if ck.metadata.name == "nvfp4_decode_weight_words_kernel":  # PTX decode, 16-byte stores
             assert "cvt.rn.f16x2.e4m3x2" in ptx and "st.global.v4.b32" in ptx
     # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
