@@ -654,6 +654,38 @@ def _num_sms(device: torch.device) -> int:
     return n
 
 
+_NO_PLAN = object()  # _PLANS.get default: "never validated" (a cached None plan means M == 0)
+
+
+def _check_pair(A, B, rows: str) -> tuple[int, int, int]:
+    """(M, N, K) of A [M, K] and B [N, K] after _check_operand: K must match, same device, N and K multiples of
+    ALIGN (``rows`` names the reason in the message). Raises ValueError naming the argument."""
+    M, K = A.shape
+    N, Kb = B.shape
+    if Kb != K:
+        raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
+    if B.device != A.device:
+        raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
+    if K < 1 or K % ALIGN:
+        raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} ({rows})")
+    if N < 1 or N % ALIGN:
+        raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} ({rows})")
+    return M, N, K
+
+
+def _remember_plan(key, plan) -> None:
+    if len(_PLANS) >= _MAX_PLANS:  # many distinct shapes: start over rather than grow without bound
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def _check_aligned(A, B) -> None:
+    """Same shapes, strides, dtypes and devices as a validated call: only pointer alignment can differ."""
+    if A.data_ptr() % 16 or B.data_ptr() % 16:
+        bad = "A" if A.data_ptr() % 16 else "B"
+        raise ValueError(f"{bad}.data_ptr()={(A if bad == 'A' else B).data_ptr():#x}: expected 16-byte alignment")
+
+
 def _check_operand(name: str, t, dim_name: str, dtypes=(torch.float16,)) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -826,30 +858,15 @@ def gemm_fp16(
         bad = "A" if not isinstance(A, torch.Tensor) else "B"
         raise TypeError(f"{bad}: expected a torch.Tensor, got {type(A if bad == 'A' else B).__name__}")
     key = (A.dtype, B.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config)
-    plan = _PLANS.get(key)
-    if plan is None:
+    plan = _PLANS.get(key, _NO_PLAN)
+    if plan is _NO_PLAN:
         _check_operand("A", A, "M")
         _check_operand("B", B, "N")
-        M, K = A.shape
-        N, Kb = B.shape
-        if Kb != K:
-            raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
-        if B.device != A.device:
-            raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
-        if K < 1 or K % ALIGN:
-            raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
-        if N < 1 or N % ALIGN:
-            raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} (16-byte fp16 rows)")
+        M, N, K = _check_pair(A, B, "16-byte fp16 rows")
         plan = _make_plan(A, B, M, N, K, config) if M > 0 else None
-        if plan is not None:
-            if len(_PLANS) >= _MAX_PLANS:  # many distinct shapes: start over rather than grow without bound
-                _PLANS.clear()
-            _PLANS[key] = plan
+        _remember_plan(key, plan)
     else:
-        # Same shapes, strides, dtypes and devices as a validated call: only pointer alignment can differ.
-        if A.data_ptr() % 16 or B.data_ptr() % 16:
-            bad = "A" if A.data_ptr() % 16 else "B"
-            raise ValueError(f"{bad}.data_ptr()={(A if bad == 'A' else B).data_ptr():#x}: expected 16-byte alignment")
+        _check_aligned(A, B)
     M, K = A.shape
     N = B.shape[0]
     if out is None:
@@ -960,33 +977,19 @@ def gemm_tma(
     has_scale = scale is not None
     key = ("tma", A.dtype, B.dtype, C.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config,
            has_scale, has_scale and scale.data_ptr() % 16 == 0, id(TMA_CONFIGS) if config is None else None)
-    plan = _PLANS.get(key)
-    if plan is None:
+    plan = _PLANS.get(key, _NO_PLAN)
+    if plan is _NO_PLAN:
         _check_operand("A", A, "M", _TMA_DTYPES)
         _check_operand("B", B, "N", _TMA_DTYPES)
         if B.dtype != A.dtype:
             raise TypeError(f"A.dtype={A.dtype}, B.dtype={B.dtype}: expected the same dtype")
         if C.dtype not in _TMA_DTYPES:
             raise TypeError(f"C.dtype={C.dtype}: expected torch.float16 or torch.bfloat16")
-        M, K = A.shape
-        N, Kb = B.shape
-        if Kb != K:
-            raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
-        if B.device != A.device:
-            raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
-        if K < 1 or K % ALIGN:
-            raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} (16-byte rows)")
-        if N < 1 or N % ALIGN:
-            raise ValueError(f"N={N}: expected a positive multiple of {ALIGN} (16-byte rows)")
+        M, N, K = _check_pair(A, B, "16-byte rows")
         plan = _make_plan(A, B, M, N, K, config, has_scale, table=TMA_CONFIGS) if M > 0 else None
-        if plan is not None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        _remember_plan(key, plan)
     else:
-        if A.data_ptr() % 16 or B.data_ptr() % 16:
-            bad = "A" if A.data_ptr() % 16 else "B"
-            raise ValueError(f"{bad}.data_ptr()={(A if bad == 'A' else B).data_ptr():#x}: expected 16-byte alignment")
+        _check_aligned(A, B)
     M, K = A.shape
     N = B.shape[0]
     if tuple(C.shape) != (M, N) or C.device != A.device or not C.is_contiguous():

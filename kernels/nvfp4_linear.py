@@ -353,42 +353,14 @@ mov.b32 {$6, $7}, f3;
 # scaled by the same power of two and stays >= 2^-28 in magnitude (far above fp32's subnormals), so the
 # accumulator (hardware or interpreter) is exactly 2^-8 times the unscaled one, and 2^8 times it is the unscaled
 # accumulator itself (finite whenever that is).
-_DECODE_BITS_PTX = tl.constexpr("""
-{
-.reg .b32 w, u, t, f0, f1, f2, f3, s2;
-mov.b32 w, $8;
-mov.b32 s2, {$9, $9};
-shl.b32 u, w, 4;
-prmt.b32 t, w, u, 0x0044;
-shr.u32 f0, t, 3;
-and.b32 f0, f0, 0x0E000E00;
-and.b32 t, t, 0x80008000;
-or.b32 f0, f0, t;
-prmt.b32 t, w, u, 0x1155;
-shr.u32 f1, t, 3;
-and.b32 f1, f1, 0x0E000E00;
-and.b32 t, t, 0x80008000;
-or.b32 f1, f1, t;
-prmt.b32 t, w, u, 0x2266;
-shr.u32 f2, t, 3;
-and.b32 f2, f2, 0x0E000E00;
-and.b32 t, t, 0x80008000;
-or.b32 f2, f2, t;
-prmt.b32 t, w, u, 0x3377;
-shr.u32 f3, t, 3;
-and.b32 f3, f3, 0x0E000E00;
-and.b32 t, t, 0x80008000;
-or.b32 f3, f3, t;
-mul.rn.f16x2 f0, f0, s2;
-mul.rn.f16x2 f1, f1, s2;
-mul.rn.f16x2 f2, f2, s2;
-mul.rn.f16x2 f3, f3, s2;
-mov.b32 {$0, $1}, f0;
-mov.b32 {$2, $3}, f1;
-mov.b32 {$4, $5}, f2;
-mov.b32 {$6, $7}, f3;
-}
-""")
+_DECODE_BITS_PTX = tl.constexpr(
+    "\n{\n.reg .b32 w, u, t, f0, f1, f2, f3, s2;\nmov.b32 w, $8;\nmov.b32 s2, {$9, $9};\nshl.b32 u, w, 4;\n"
+    # f{i}: byte i of (w << 4) -> byte 1 and byte i of w -> byte 3 of t, then the code bits placed as above
+    + "".join(f"prmt.b32 t, w, u, 0x{i}{i}{i + 4}{i + 4};\nshr.u32 f{i}, t, 3;\nand.b32 f{i}, f{i}, 0x0E000E00;\n"
+              f"and.b32 t, t, 0x80008000;\nor.b32 f{i}, f{i}, t;\n" for i in range(4))
+    + "".join(f"mul.rn.f16x2 f{i}, f{i}, s2;\n" for i in range(4))
+    + "".join(f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, f{i};\n" for i in range(4))
+    + "}\n")
 
 
 @triton.jit
