@@ -470,6 +470,20 @@ def gemm_fp16_tma_kernel(
 
 
 @triton.jit
+def _finish_split_tile(tot, ws_tile, ws_stride_piece, offs_t, n_pieces, cnt, scale_ptr, c_desc, pid_m, pid_n,
+                       HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       EPILOGUE_SUBTILE: tl.constexpr):
+    """Stream-K tile fix-up: ``tot`` is piece 0's partial; add pieces 1 .. n_pieces-1 from the workspace in that
+    fixed order (fp32), reset the tile's counter for the next launch, apply the epilogue scale, round once, store."""
+    for s in range(1, n_pieces):
+        tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
+    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    if HAS_SCALE:
+        tot = tot * tl.load(scale_ptr)
+    _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+
+
+@triton.jit
 def _tile_coords(tile, num_pid_m, group_size, GROUP_M: tl.constexpr):
     """Grouped tile order (tutorial 03), as in both kernels: tile index -> (pid_m, pid_n)."""
     first_m = (tile // group_size) * GROUP_M
@@ -591,25 +605,16 @@ def gemm_fp16_tma_streamk_kernel(
                 if piece == 0:  # the head: have all the tails arrived already?
                     tails_in = tl.atomic_add(cnt_ptr + tile, 0, sem="acquire", scope="gpu")
                 if tails_in == n_pieces - 1:  # head with every tail in: sum without writing slot 0
-                    tot = acc
-                    for s in range(1, n_pieces):
-                        tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
-                    tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                    if HAS_SCALE:
-                        tot = tot * scale
-                    _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+                    _finish_split_tile(acc, ws_tile, ws_stride_piece, offs_t, n_pieces, cnt_ptr + tile, scale_ptr,
+                                       c_desc, pid_m, pid_n, HAS_SCALE, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
                 else:
                     tl.store(ws_tile + piece * ws_stride_piece + offs_t, acc, cache_modifier=".cg")
                     tl.debug_barrier()  # every thread's partial stores precede the release below
                     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
                     if arrived == n_pieces - 1:  # last to arrive: fixed-order sum of the pieces, s = 0, 1, ...
-                        tot = tl.load(ws_tile + offs_t, cache_modifier=".cg")
-                        for s in range(1, n_pieces):
-                            tot += tl.load(ws_tile + s * ws_stride_piece + offs_t, cache_modifier=".cg")
-                        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
-                        if HAS_SCALE:
-                            tot = tot * scale
-                        _store_c(c_desc, tot, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+                        _finish_split_tile(tl.load(ws_tile + offs_t, cache_modifier=".cg"), ws_tile, ws_stride_piece,
+                                           offs_t, n_pieces, cnt_ptr + tile, scale_ptr, c_desc, pid_m, pid_n, HAS_SCALE,
+                                           BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
     if STREAM_K >= 2:
         for tile in tl.range(sk_tiles + pid, num_tiles, NUM_PROGRAMS, flatten=True):
             pid_m, pid_n = _tile_coords(tile, num_pid_m, group_size, GROUP_M)
