@@ -71,6 +71,9 @@ __all__ = [
 
 U32 = 2.0**-24  # fp32 unit roundoff (RN)
 OUTPUT_ROUNDINGS = ("rne", "faithful")
+# Most fp32 multiplies after the accumulation a bound may assume (each adds ~u to the relative term; a real GEMM
+# epilogue has a few: global scales, alpha). A larger override would make the bound meaningless, so it is refused.
+MAX_EPILOGUE_MULTIPLIES = 16
 #: The model used when a kernel declares none: any fp32-accumulating tensor core (K * 2^-22).
 DEFAULT_MODEL = "tc_fp32_universal"
 
@@ -290,7 +293,10 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
         output_rounding: "rne" (one RNE to the output) or "faithful" (either neighbour, e.g. the CPU
             interpreter's truncating bf16 store).
         epilogue_multiplies: fp32 multiplies after accumulation; default ``ref.epilogue_multiplies +
-            model.epilogue_multiplies``.
+            model.epilogue_multiplies``; an override must be an int in [0, MAX_EPILOGUE_MULTIPLIES].
+
+    Raises:
+        ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range or not an int.
 
     Returns:
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
@@ -302,6 +308,11 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     fmt: OutputFormat = ref.output_format
     u_out = fmt.u if output_rounding == "rne" else 2 * fmt.u
     eta = fmt.eta if output_rounding == "rne" else 2 * fmt.eta
+    if epilogue_multiplies is not None and (isinstance(epilogue_multiplies, (bool, np.bool_))
+                                            or not isinstance(epilogue_multiplies, (int, np.integer))
+                                            or not 0 <= epilogue_multiplies <= MAX_EPILOGUE_MULTIPLIES):
+        raise ValueError(f"epilogue_multiplies={epilogue_multiplies!r}: expected None or an int in "
+                         f"[0, {MAX_EPILOGUE_MULTIPLIES}]")
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
     C = np.abs(ref.exact) + ref.exact_err
     eps = m.eps(ref.K)
@@ -456,10 +467,17 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         :class:`Report`.
 
     Raises:
-        TypeError: wrong dtype of ``out`` or ``ref``; ValueError: shape mismatch, unknown model or rounding.
+        TypeError: wrong dtype of ``out`` or ``ref``, a non-numeric ``poison``, a non-bool
+        ``exact_accumulation``; ValueError: shape mismatch, unknown model or rounding, ``epilogue_multiplies``
+        not an int in [0, MAX_EPILOGUE_MULTIPLIES].
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
+    if poison is not None and (isinstance(poison, (bool, np.bool_))
+                               or not isinstance(poison, (int, float, np.integer, np.floating))):
+        raise TypeError(f"poison={poison!r}: expected None or a real number (the value the output was filled with)")
+    if not isinstance(exact_accumulation, (bool, np.bool_)):
+        raise TypeError(f"exact_accumulation={exact_accumulation!r}: expected a bool")
     m = get_model(model)
     fmt = ref.output_format
     o = _as_out_array(out, fmt)

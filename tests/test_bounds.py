@@ -270,3 +270,28 @@ def test_nonfinite_outputs_do_not_read_as_perfect():
     rep = _b.check(half, ref, "hopper_fp16_wgmma")
     assert not rep.ok and rep.nan_mismatch == 4 and rep.max_err_over_bound == np.inf
     assert _b.check(ref.out, ref, "hopper_fp16_wgmma").ok  # the correctly rounded output passes
+
+
+@pytest.mark.parametrize("bad", [10**9, -1, 1.5, True, float("nan"), "2"])
+def test_epilogue_multiplies_override_is_validated(bad):
+    """An absurd override would make every bound infinite (any output passes) or negative: refused, never used."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((4, 32)).astype(np.float16)
+    b = rng.standard_normal((8, 32)).astype(np.float16)
+    ref = gemm.gemm_fp16(a, b)
+    garbage = np.full(ref.out.shape, 1000.0, dtype=np.float16)
+    with pytest.raises(ValueError, match="epilogue_multiplies"):
+        bounds.check(garbage, ref, "fp32_rn", epilogue_multiplies=bad)
+    with pytest.raises(ValueError, match="epilogue_multiplies"):
+        bounds.bound(ref, "fp32_rn", epilogue_multiplies=bad)
+    assert not bounds.check(garbage, ref, "fp32_rn", epilogue_multiplies=bounds.MAX_EPILOGUE_MULTIPLIES).ok
+
+
+@pytest.mark.parametrize("kw, match", [({"poison": "7.0"}, "poison"), ({"poison": True}, "poison"),
+                                       ({"exact_accumulation": 1}, "exact_accumulation")])
+def test_check_rejects_non_numeric_poison_and_non_bool_flags(kw, match):
+    rng = np.random.default_rng(12)
+    ref = gemm.gemm_fp16(rng.standard_normal((2, 16)).astype(np.float16),
+                         rng.standard_normal((4, 16)).astype(np.float16))
+    with pytest.raises(TypeError, match=match):
+        bounds.check(ref.out, ref, "fp32_rn", **kw)
