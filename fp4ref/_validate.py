@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._interop import to_numpy
+
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -15,13 +17,23 @@ def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     return int(axis) % ndim
 
 
+def _asarray(x, name: str) -> np.ndarray:
+    """np.asarray(x) for arrays, nested sequences and torch tensors, with errors that name the argument."""
+    x = to_numpy(x, name)
+    try:
+        return np.asarray(x)
+    except ValueError as exc:  # ragged nested sequences
+        raise ValueError(f"{name}: not a rectangular array ({exc})") from exc
+
+
 def as_code_array(x, name: str, *, nbits: int, allow_int8: bool = False) -> np.ndarray:
     """Validate an array of ``nbits``-bit codes and return it as uint8 (values unchanged; input never modified).
 
     int8 arrays are read as unsigned bytes (a view, not a conversion) when ``allow_int8``; otherwise every value
-    must already lie in 0 .. 2**nbits - 1.
+    must already lie in 0 .. 2**nbits - 1. A torch tensor is read through :func:`fp4ref._interop.to_numpy`
+    (its bits; float8 / float4 storage dtypes come back as their bytes' ml_dtypes / uint8 views).
     """
-    arr = np.asarray(x)
+    arr = _asarray(x, name)
     if arr.dtype == np.int8 and allow_int8:
         arr = arr.view(np.uint8)
     if arr.dtype.kind not in "ui":
@@ -44,12 +56,13 @@ def as_code_array(x, name: str, *, nbits: int, allow_int8: bool = False) -> np.n
 def as_float_array(x, name: str) -> np.ndarray:
     """Validate a floating array (float16, ml_dtypes bfloat16, float32, float64); python floats become float64.
 
-    Integer, bool, complex and other dtypes raise TypeError: nothing is silently cast.
+    Integer, bool, complex and other dtypes raise TypeError: nothing is silently cast. A torch tensor is read
+    through :func:`fp4ref._interop.to_numpy` (bf16 becomes ml_dtypes.bfloat16 bit for bit).
     """
     if isinstance(x, (float, np.floating)):
         arr = np.asarray(x)
     else:
-        arr = np.asarray(x)
+        arr = _asarray(x, name)
         if arr.dtype == object:
             raise TypeError(f"{name} must be a floating array, got dtype object")
     if arr.dtype.name not in _FLOAT_NAMES:

@@ -184,8 +184,8 @@ def _as_f32_input(x, name: str) -> np.ndarray:
             bad = np.flatnonzero(~same)
             first = np.unravel_index(bad[0], arr.shape)
             raise ValueError(
-                f"{name} is float64 and {bad.size} value(s) are not float32 values (first {arr[first]!r} at index "
-                f"{tuple(int(i) for i in first)}); the recipes work on float32 inputs: round explicitly with "
+                f"{name} is float64 and {bad.size} value(s) are not float32 values (first {arr[first].item()!r} at "
+                f"index {tuple(int(i) for i in first)}); the recipes work on float32 inputs: round explicitly with "
                 f"{name}.astype(np.float32) if that is what you mean"
             )
         return f
@@ -211,7 +211,7 @@ def _check_nonfinite(xf: np.ndarray, policy: str, name: str = "x") -> np.ndarray
     if policy == "raise":
         first = np.unravel_index(int(np.flatnonzero(bad)[0]), xf.shape)
         raise ValueError(
-            f"{name} holds {int(bad.sum())} NaN/inf value(s) (first {xf[first]!r} at index "
+            f"{name} holds {int(bad.sum())} NaN/inf value(s) (first {xf[first].item()!r} at index "
             f"{tuple(int(i) for i in first)}); pass nonfinite='zero' to quantize them as 0"
         )
     xf = xf.copy()

@@ -404,7 +404,7 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
             neg = (work < 0) & ~isnan
             if not fmt.signed and neg.any():
                 raise ValueError(
-                    f"x has {int(neg.sum())} negative value(s) (first {work[_first_index(neg)]!r} at index "
+                    f"x has {int(neg.sum())} negative value(s) (first {work[_first_index(neg)].item()!r} at index "
                     f"{_first_index(neg)}); {fmt.name.upper()} is unsigned"
                 )
 

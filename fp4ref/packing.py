@@ -132,7 +132,7 @@ def _e2m1_codes_from(a, name: str) -> np.ndarray:
             bad = np.flatnonzero(~ok)
             first = np.unravel_index(bad[0], x.shape)
             raise ValueError(
-                f"{name} holds {bad.size} value(s) that are not E2M1-representable (first {x[first]!r} at "
+                f"{name} holds {bad.size} value(s) that are not E2M1-representable (first {x[first].item()!r} at "
                 f"index {tuple(int(i) for i in first)}); representable magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4, 6. "
                 "Quantize first (fp4ref.formats.encode) or pass E2M1 codes"
             )

@@ -1,0 +1,37 @@
+"""Torch tensors at the codec entry points: read bit for bit (fp4ref itself never imports torch)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import fp4ref
+from fp4ref import blockscale, packing
+
+
+def test_bf16_and_grad_tensors_encode_like_their_numpy_bits():
+    t = torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    as_np = t.view(torch.int16).numpy().view(np.uint16).view(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(fp4ref.encode(t, "e2m1"), fp4ref.encode(as_np, "e2m1"))
+    g = torch.randn(3, 5, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    np.testing.assert_array_equal(fp4ref.encode(g, "e4m3fn"), fp4ref.encode(g.detach().numpy(), "e4m3fn"))
+    q_t, q_np = blockscale.nvfp4_quantize(t), blockscale.nvfp4_quantize(as_np)
+    np.testing.assert_array_equal(q_t.codes, q_np.codes)
+    np.testing.assert_array_equal(q_t.scales, q_np.scales)
+
+
+def test_fp8_and_fp4_storage_tensors_are_read_as_their_bytes():
+    raw = torch.randint(0, 256, (2, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    np.testing.assert_array_equal(packing.unpack_fp4(raw.view(torch.float4_e2m1fn_x2)),
+                                  packing.unpack_fp4(raw.numpy()))
+    f8 = raw.view(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="x must be float16"):  # an fp8 array is not a float input to encode
+        fp4ref.encode(f8, "e2m1")
+    np.testing.assert_array_equal(fp4ref.decode(f8.view(torch.uint8), "e4m3fn"),
+                                  raw.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+def test_ragged_sequence_names_the_argument():
+    with pytest.raises(ValueError, match="x: not a rectangular array"):
+        fp4ref.encode([[1.0, 2.0], [3.0]], "e2m1")
