@@ -106,18 +106,20 @@ def _candidates_in_kernel(m: int):
 
 def _gemv_candidates(m: int):
     """CUDA-core GEMV configs (LinearConfig.GEMV) for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows
-    per program, (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (>= 512,
-    ~4 per SM). At VEC = 2 each thread holds BLOCK_N * BLOCK_K / 16 / (32 warps) / 2 rows of 2 blocks (16 bytes)."""
+    per program, (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to
+    2048, i.e. 2-16 per SM). Each thread holds rows of 2 consecutive blocks (16-byte loads; nvfp4_linear._GEMV_VEC)."""
     from fp4ref.kernels.nvfp4_linear import GEMV_MAX_M
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     if m > GEMV_MAX_M:
         return []
     bm = 1 if m == 1 else 2 if m == 2 else 4
-    tiles = [(64, 256, 4, 4, 1), (64, 256, 2, 4, 1), (32, 256, 4, 4, 1), (64, 512, 4, 4, 1), (128, 256, 2, 8, 1),
-             (64, 256, 8, 4, 1), (32, 512, 8, 4, 1), (64, 256, 4, 4, 3), (128, 128, 4, 4, 1), (16, 512, 4, 4, 1)]
-    if bm > 1:  # more rows of x per thread: fewer weight rows per program
-        tiles = [t for t in tiles if t[0] <= 64]
+    if bm == 1:  # sm_90 build: 72 registers, 6.1 SASS instructions per weight element (BLOCK_N 64, BLOCK_K 256)
+        tiles = [(64, 256, 4, 4, 1), (64, 256, 2, 4, 1), (32, 256, 4, 4, 1), (64, 512, 4, 4, 1), (128, 256, 2, 8, 1),
+                 (64, 256, 8, 4, 1), (32, 512, 8, 4, 1), (128, 128, 4, 4, 1), (16, 512, 4, 4, 1), (64, 256, 4, 8, 1)]
+    else:  # small tiles: BLOCK_N 64 x BLOCK_K 256 with 4 warps needs 250 registers at BLOCK_M 4 (2 CTAs per SM)
+        tiles = [(32, 256, 4, 4, 1), (32, 256, 8, 4, 1), (32, 512, 4, 4, 1), (16, 512, 4, 4, 1), (16, 256, 8, 4, 1),
+                 (32, 128, 8, 4, 1), (64, 256, 4, 8, 1), (32, 256, 2, 4, 1)]
     return [C(bn, bm, bk, sk, nw, ns, GEMV=True) for bn, bk, sk, nw, ns in tiles]
 
 
