@@ -104,15 +104,35 @@ def _candidates_in_kernel(m: int):
     return [C(128, 256, 64, 1, 8, 3), C(128, 128, 64, 1, 8, 4)]
 
 
+def _gemv_candidates(m: int):
+    """CUDA-core GEMV configs (LinearConfig.GEMV) for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows
+    per program, (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to
+    2048, i.e. 2-16 per SM). Each thread holds rows of 2 consecutive blocks (16-byte loads; nvfp4_linear._GEMV_VEC)."""
+    from fp4ref.kernels.nvfp4_linear import GEMV_MAX_M
+    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
+
+    if m > GEMV_MAX_M:
+        return []
+    bm = 1 if m == 1 else 2 if m == 2 else 4
+    if bm == 1:  # sm_90 build: 72 registers, 6.1 SASS instructions per weight element (BLOCK_N 64, BLOCK_K 256)
+        tiles = [(64, 256, 4, 4, 1), (64, 256, 2, 4, 1), (32, 256, 4, 4, 1), (64, 512, 4, 4, 1), (128, 256, 2, 8, 1),
+                 (64, 256, 8, 4, 1), (32, 512, 8, 4, 1), (128, 128, 4, 4, 1), (16, 512, 4, 4, 1), (64, 256, 4, 8, 1)]
+    else:  # small tiles: BLOCK_N 64 x BLOCK_K 256 with 4 warps needs 250 registers at BLOCK_M 4 (2 CTAs per SM)
+        tiles = [(32, 256, 4, 4, 1), (32, 256, 8, 4, 1), (32, 512, 4, 4, 1), (16, 512, 4, 4, 1), (16, 256, 8, 4, 1),
+                 (32, 128, 8, 4, 1), (64, 256, 4, 8, 1), (32, 256, 2, 4, 1)]
+    return [C(bn, bm, bk, sk, nw, ns, GEMV=True) for bn, bk, sk, nw, ns in tiles]
+
+
 def linear_candidates(m: int):
-    """nvfp4_linear candidates at M = m: the in-kernel decode configs (cvt decode and DECODE_BITS twins) and,
-    for m >= 128, the large-M pre-pass path with each TMA GEMM tile candidate."""
+    """nvfp4_linear candidates at M = m: the CUDA-core GEMV configs (m <= GEMV_MAX_M), the in-kernel decode
+    configs (cvt decode and DECODE_BITS twins) and, for m >= 128, the large-M pre-pass path with each TMA GEMM
+    tile candidate."""
     import dataclasses
 
     from fp4ref.kernels.nvfp4_linear import LinearConfig as C
 
     base = _candidates_in_kernel(m)
-    out = base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
+    out = _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
     if m >= 512:  # the word-decode pre-pass tiles with the fastest GEMM tile of the first GPU sweep
@@ -136,7 +156,7 @@ PREPASS_TILES = [(16, 512, 4, "cvt"), (8, 1024, 4, "cvt"), (32, 512, 4, "cvt"), 
                  (32, 512, 8, "cvt"), (64, 256, 8, "cvt")]
 # quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
 QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
-SWEEP_M = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+SWEEP_M = (1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _cfg_label(cfg) -> str:
@@ -146,7 +166,8 @@ def _cfg_label(cfg) -> str:
         return (f"prepass{pre}+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
                 f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
-            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
+            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else "")
+            + (",gemv" if cfg.GEMV else ""))
 
 
 def _cfg_json(cfg):
@@ -209,7 +230,7 @@ def precompile(jobs, workers: int) -> None:
 def _spec_m(m: int) -> int:
     """A small M compiling the same kernels as m for the sweep's M values (M = 1 is a constant to Triton; the
     quantize tile's rows are capped by M up to 32)."""
-    return m if m in (1, 16) else 64
+    return m if m in (1, 2, 4, 8, 16) else 64
 
 
 def _precompile_jobs(ms):
@@ -415,7 +436,8 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
         got = y.reshape(m, N)[torch.from_numpy(rows).to(y.device)][:, torch.from_numpy(cols).to(y.device)]
         got = got.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         interp = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU smoke test
-        rep = bounds.check(got, ref, nvl.NUMERIC_CONTRACT["accumulation_model" + ("_interpreter" if interp else "")],
+        model = nvl.accumulation_model(nvl.pick_linear_config(m), K, interpreter=interp)  # per config (GEMV)
+        rep = bounds.check(got, ref, model,
                            output_rounding=nvl.NUMERIC_CONTRACT["output_rounding" + ("_interpreter" if interp else "")],
                            poison=float("nan"))
         qok = None

@@ -25,6 +25,10 @@ Pipeline (no host synchronisation):
    * pre-pass (large M): ``nvfp4_decode_weight_kernel`` decodes W to a cached fp16 workspace [N, K] (2 N K
      bytes, exact), then gemm_fp16.gemm_tma (persistent TMA GEMM) on the fp16 x and W with the device-side
      epilogue scale.
+   * GEMV (``LinearConfig.GEMV``, batch-1 decode, M <= a few rows): ``nvfp4_gemv_kernel`` on CUDA cores, one
+     integer decode per weight element (E2M1 code -> fp32 bits E2M1(c) * 2^-126) and one fp32 FMA per row of x;
+     each 16-element block's dot product is exact in fp32, only the K/16 block terms are added with rounding
+     (model ``accumulation_model(config, K)``; the derivation is above the kernel).
    Epilogue: acc * fp32(x_global_decode * weight_global_decode) (two fp32 RNE multiplies), one RNE rounding to
    bf16.
 
@@ -44,6 +48,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fp4ref import bounds as _bounds
+
 from .gemm_fp16 import GemmConfig, gemm_tma
 
 __all__ = [
@@ -51,6 +57,8 @@ __all__ = [
     "RECIPE",
     "LinearConfig",
     "LINEAR_CONFIGS",
+    "GEMV_MAX_M",
+    "accumulation_model",
     "QUANT_CONFIGS",
     "clear_workspaces",
     "pick_linear_config",
@@ -81,8 +89,21 @@ NUMERIC_CONTRACT = {
     # decode scale) for every finite x; NaN/inf in x are outside the contract (the recipe has no NaN policy and
     # the op does not synchronise to check).
     "quantize_recipe": RECIPE,
+    # GEMV configs (LinearConfig.GEMV, nvfp4_gemv_kernel) accumulate differently and more tightly: each
+    # 16-element block's dot product is EXACT in fp32 and only the K/16 block terms are added in fp32 (RN), per
+    # K split, then the fixed-order split-K sum: splitk(fp32_rn_block16, C) with C the split's length in
+    # products (accumulation_model(config, K) gives the name; GPU and interpreter alike). fp32_rn_block16 is
+    # the fp32 recursive sum of K/16 terms: gamma_{K/16}(2^-24) = gamma_K(2^-28), registered below.
+    "accumulation_model_gemv": "splitk(fp32_rn_block16, C)",
     # weight_global_decode_scale is rounded to fp32 (RNE) once; the workload passes fp32 values (exact).
 }
+
+# eps_acc(K) = gamma_K(2^-28) = gamma_{K/16}(2^-24): the rigorous bound of an fp32 RN sum (any order) of K/16
+# exact terms whose absolute values sum to at most |A||B| (each term is a 16-product block dot product, exact).
+_bounds.register_model(_bounds.AccumulationModel(
+    "fp32_rn_block16", "recursive", u=2.0**-28,
+    source="fp32 RN sum of K/16 exact 16-element block dot products (Higham 2002 §3.1, gamma_{K/16}(2^-24)); "
+           "fp4ref.kernels.nvfp4_linear GEMV"))
 
 _FP32_MAX = 3.4028234663852886e38
 _E4M3_MAX = 448.0
@@ -113,6 +134,11 @@ class LinearConfig:
     # nvfp4_decode_weight_words_kernel (32-bit code words, the in-kernel path's cvt.rn.f16x2.e4m3x2 decode, 8
     # consecutive fp16 per word: 16-byte stores).
     PREPASS: tuple = None
+    # CUDA-core GEMV path (nvfp4_gemv_kernel) when set: BLOCK_N weight rows x BLOCK_K columns per step, BLOCK_M x
+    # rows per program (the rows of x share each decoded weight element: one decode + BLOCK_M FMAs), SPLIT_K
+    # programs along K (fixed-order last-arrival sum), num_warps, num_stages (1: no software pipelining). For
+    # M <= GEMV_MAX_M only where the sweep measures it faster. DECODE_BITS / SCALE_WORDS / GEMM / PREPASS unused.
+    GEMV: bool = False
 
 
 # Chosen by M (rows of x). Small M is bound by the weight bytes (36 MiB): many programs, split-K for parallelism.
@@ -138,6 +164,30 @@ def _block_k_for(K: int, block_k: int) -> int:
     while K % b:
         b //= 2
     return b
+
+
+# The largest M the GEMV candidates are swept at: the GEMV costs one decode plus M FMAs per weight element on CUDA
+# cores, so it loses to the tensor-core kernel beyond a few rows (the sweep finds where).
+GEMV_MAX_M = 8
+
+
+def accumulation_model(config: LinearConfig, K: int, interpreter: bool = False) -> str:
+    """The fp4ref.bounds model name of ``config`` at reduction length ``K`` (NUMERIC_CONTRACT).
+
+    GEMV configs: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps,
+    split evenly as the kernel does). Other configs: the contract's ``accumulation_model`` (or its interpreter
+    twin). Raises TypeError if config is not a LinearConfig, ValueError if K is not a positive multiple of 16.
+    """
+    if not isinstance(config, LinearConfig):
+        raise TypeError(f"config: expected a LinearConfig, got {type(config).__name__}")
+    if isinstance(K, bool) or not isinstance(K, int) or K <= 0 or K % 16:
+        raise ValueError(f"K={K!r}: expected a positive multiple of 16")
+    if config.GEMV:
+        bk = _block_k_for(K, config.BLOCK_K)
+        steps = K // bk
+        chunk = -(-steps // config.SPLIT_K) * bk
+        return f"splitk(fp32_rn_block16, {chunk})"
+    return NUMERIC_CONTRACT["accumulation_model_interpreter" if interpreter else "accumulation_model"]
 
 
 def pick_linear_config(M: int) -> LinearConfig:
@@ -500,6 +550,177 @@ def nvfp4_linear_kernel(
             tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Small-M GEMV on CUDA cores (LinearConfig.GEMV)
+# ---------------------------------------------------------------------------------------------------------------
+# Per weight element: one integer decode (4 integer ops) and one fp32 FMA per row of x, no tensor cores, no shared
+# memory. Exactness (every step below is exact except the fp32 additions ACROSS 16-element blocks):
+#
+# * decode: E2M1 code c = s e1 e0 m placed as the fp32 bits s << 31 | (e1 e0 m) << 22 is exactly E2M1(c) * 2^-126
+#   (e1 e0 = 0: the subnormal m * 2^-127 = 0.5 m * 2^-126; else 2^(e1e0 - 1) * (1 + m/2) * 2^-126 * 2): two
+#   shifts and two masks per code, no conversion instruction.
+# * x_dq = c_x * s_x (the quantizer's dequantized value, code value times block scale, WITHOUT the global decode
+#   scale; fp32, exact) is a multiple of 2^-10 (c_x a multiple of 1/2, s_x an E4M3 value, a multiple of 2^-9), so
+#   each product x_dq * E2M1(c_w) * 2^-126 is a multiple of 2^-137 (above fp32's subnormal step 2^-149; the
+#   kernel keeps subnormals: no .ftz, checked by the sm_90 compile test).
+# * per 16-element block (same block index for x and W) the 16 FMAs sum s_x * 2^-126 * sum(c_x * c_w): c_x c_w is
+#   a multiple of 1/4 with |.| <= 36, so every partial sum is s_x * 2^-128 * q, |q| <= 2304 an integer (12
+#   bits) and s_x has 4 significant bits: <= 16 significant bits, a multiple of 2^-137, < 2^-100: EXACT in fp32,
+#   in any order (no rounding at all).
+# * times fp32(s_w) * 2^100 (the E4M3 block scale, 4 significant bits, built with exponent bias + 100: no
+#   overflow, 448 * 2^100 < 2^109): <= 20 significant bits, magnitude in [2^-46, 2^1] or 0: exact. The block
+#   term is thus exactly 2^-26 * (x block . W block) with the true, unscaled products.
+# * the fp32 accumulator adds K / 16 / SPLIT_K such terms per program (per slot of the [BLOCK_M, BLOCK_N,
+#   BLOCK_K/16] accumulator, then one tl.sum over the slots: a fixed tree for a fixed layout), RN; split-K adds
+#   the SPLIT_K partials in the fixed order s = 0, 1, .... Model: splitk(fp32_rn_block16, K / SPLIT_K)
+#   (GEMV_MODEL). Scaling every term by 2^-26 changes no rounding (all stay normal), and acc * 2^26 is exact.
+# * epilogue as the other paths: acc * 2^26 (exact) * fp32(x_gdec * w_gdec), one RNE rounding to bf16.
+# Deterministic: fixed reduction orders only (tl.sum over a fixed layout compiles to a fixed shuffle tree, the
+# same on every run on the same GPU and build), no floating-point atomics.
+# Contiguous NVFP4 blocks per thread in the GEMV's weight tile (its VEC): 2 (16-byte loads). Without the hint
+# Triton 3.6 gives each thread ONE weight row and all its BLOCK_K/16 blocks, so every x value is loaded once per
+# weight element (sm_90 SASS at BLOCK_N 64, BLOCK_K 256, M = 1: 874 instructions per 128 elements, 133 of them
+# loads); with it a thread holds 4 rows x 2 blocks and loads each x value once per 4 weight rows (778, 40 loads).
+_GEMV_VEC = 2
+
+
+@triton.jit
+def _e2m1_fp32_sub(w, j: tl.constexpr):
+    """Code j (bits 4j+3:4j) of each uint32 of ``w`` as the fp32 E2M1(c) * 2^-126 (sign s e1 e0 m -> bits
+    s << 31 | (e1 e0 m) << 22; exact, see above)."""
+    if j <= 5:
+        mag = (w << (22 - 4 * j)) & 0x01C00000
+    else:
+        mag = (w >> (4 * j - 22)) & 0x01C00000
+    sign = (w >> (4 * j + 3)) << 31
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_block_dots(x_row, lo, hi, kb, offs_b):
+    """[BLOCK_N, NB]: sum_j x[16 (kb + b) + j] * E2M1(code j of block b) * 2^-126 over the 16 codes of each block
+    (lo: codes 0..7, hi: 8..15), for one row of x at ``x_row``. Exact (see above): 2^-126 s_x sum(c_x c_w)."""
+    xp = x_row + (kb + offs_b) * 16  # [NB]
+    acc = tl.load(xp)[None, :] * _e2m1_fp32_sub(lo, 0)
+    for j in tl.static_range(1, 8):
+        acc += tl.load(xp + j)[None, :] * _e2m1_fp32_sub(lo, j)
+    for j in tl.static_range(8):
+        acc += tl.load(xp + (8 + j))[None, :] * _e2m1_fp32_sub(hi, j)
+    return acc
+
+
+@triton.jit
+def _gemv_store_row(acc, r, out_ptr, part_ptr, offs_n, pid_m, M, N, g, BLOCK_M: tl.constexpr,
+                    SPLIT_K: tl.constexpr, pid_k):
+    """Row r of the program's x rows: the fixed-tree sum over the accumulator's slots, then either the output
+    (acc * 2^26 exact, * g, one RNE to bf16) or this split's fp32 partial (times 2^26 later)."""
+    row = pid_m * BLOCK_M + r
+    tot = tl.sum(acc, axis=1)  # [BLOCK_N]
+    mask = (offs_n < N) & (row < M)
+    offs = row.to(tl.int64) * N + offs_n
+    if SPLIT_K == 1:
+        tl.store(out_ptr + offs, ((tot * 67108864.0) * g).to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(part_ptr + pid_k * (N.to(tl.int64) * M) + offs, tot, mask=mask)
+
+
+@triton.jit
+def nvfp4_gemv_kernel(
+    w_ptr,  # *i64 [N, K/16] packed E2M1 weight codes: one NVFP4 block (16 codes, element 2i in bits 3:0 of byte i)
+    ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3)
+    a_ptr,  # *fp32 [M, K] dequantized x (code * block scale, exact, no global scale)
+    xgdec_ptr,  # *fp32 [1] x global decode scale (written by the quantize kernel)
+    out_ptr,  # *bf16 [M, N]
+    part_ptr,  # *fp32 [SPLIT_K, M, N] partial sums (SPLIT_K > 1)
+    count_ptr,  # *i32 [tiles] arrivals per output tile (SPLIT_K > 1; 0 on entry, reset by the last arrival)
+    w_gdec,  # fp32 weight global decode scale
+    M,
+    N,
+    K,  # multiple of BLOCK_K (the host picks BLOCK_K so)
+    KB,  # K // 16, passed as an argument so Triton sees its divisibility (16-byte weight loads when 2 | KB)
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # 1, 2, 3 or 4 rows of x per program (each decoded weight element feeds BLOCK_M FMAs)
+    BLOCK_K: tl.constexpr,  # power of two >= 16
+    SPLIT_K: tl.constexpr,
+    VEC: tl.constexpr = 2,  # contiguous blocks per thread (weight load width VEC * 8 bytes)
+):
+    """y[m, n] = RNE_bf16((fp32 sum over 16-element blocks of exact block dot products) * 2^26 * g), CUDA cores.
+    Rows past N or M are clamped on load and masked on store. 2D [BLOCK_N, BLOCK_K/16] tiles only (one per row
+    of x), so the decoded weights never leave registers (no layout conversion)."""
+    tl.static_assert(BLOCK_M >= 1 and BLOCK_M <= 4)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    NB: tl.constexpr = BLOCK_K // 16  # NVFP4 blocks per row per step
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_n = tl.minimum(offs_n, N - 1)
+    offs_b = tl.arange(0, NB)
+
+    k_steps = K // BLOCK_K
+    steps_per_split = tl.cdiv(k_steps, SPLIT_K)
+    step_lo = pid_k * steps_per_split
+    step_hi = tl.minimum(step_lo + steps_per_split, k_steps)
+
+    # VEC blocks per thread per load (a contiguity hint): Triton then gives each thread several ROWS of the tile
+    # (instead of one row and all its blocks), so each loaded x value feeds several weight rows
+    offs_v = tl.max_contiguous(tl.arange(0, NB), VEC)
+    w_rows = w_ptr + rows_n[:, None].to(tl.int64) * KB + offs_v[None, :]  # [BLOCK_N, NB]
+    s_rows = ws_ptr + rows_n[:, None].to(tl.int64) * KB + offs_v[None, :]
+    # the program's x rows, clamped to M - 1 (their results are masked on store)
+    x0 = a_ptr + tl.minimum(pid_m * BLOCK_M, M - 1).to(tl.int64) * K
+    x1 = a_ptr + tl.minimum(pid_m * BLOCK_M + 1, M - 1).to(tl.int64) * K
+    x2 = a_ptr + tl.minimum(pid_m * BLOCK_M + 2, M - 1).to(tl.int64) * K
+    x3 = a_ptr + tl.minimum(pid_m * BLOCK_M + 3, M - 1).to(tl.int64) * K
+
+    acc0 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, NB], dtype=tl.float32)
+    for step in range(step_lo, step_hi):
+        kb = step * NB
+        wq = tl.load(w_rows + kb)  # [BLOCK_N, NB] int64: one 16-code block each
+        sb = tl.load(s_rows + kb).to(tl.int32) & 0x7F  # block-scale bytes
+        lo = wq.to(tl.uint32)  # codes 0..7 of the block (truncation: the low word)
+        hi = (wq >> 32).to(tl.uint32)  # codes 8..15
+        # fp32(E4M3 block scale) * 2^100: exponent bias + 100 (normal), m * 2^-9 * 2^100 = m * 2^91 (subnormal)
+        be = sb >> 3
+        sm = sb & 7
+        sw = tl.where(be == 0, sm.to(tl.float32) * 2.4758800785707605e27,
+                      (((be + 220) << 23) | (sm << 20)).to(tl.float32, bitcast=True))
+        # each product below is exactly 2^-26 * (x block . W block); one RN addition into the accumulator
+        acc0 += _gemv_block_dots(x0, lo, hi, kb, offs_b) * sw
+        if BLOCK_M > 1:
+            acc1 += _gemv_block_dots(x1, lo, hi, kb, offs_b) * sw
+        if BLOCK_M > 2:
+            acc2 += _gemv_block_dots(x2, lo, hi, kb, offs_b) * sw
+        if BLOCK_M > 3:
+            acc3 += _gemv_block_dots(x3, lo, hi, kb, offs_b) * sw
+
+    g = tl.load(xgdec_ptr) * w_gdec  # fp32 RNE
+    _gemv_store_row(acc0, 0, out_ptr, part_ptr, offs_n, pid_m, M, N, g, BLOCK_M, SPLIT_K, pid_k)
+    if BLOCK_M > 1:
+        _gemv_store_row(acc1, 1, out_ptr, part_ptr, offs_n, pid_m, M, N, g, BLOCK_M, SPLIT_K, pid_k)
+    if BLOCK_M > 2:
+        _gemv_store_row(acc2, 2, out_ptr, part_ptr, offs_n, pid_m, M, N, g, BLOCK_M, SPLIT_K, pid_k)
+    if BLOCK_M > 3:
+        _gemv_store_row(acc3, 3, out_ptr, part_ptr, offs_n, pid_m, M, N, g, BLOCK_M, SPLIT_K, pid_k)
+    if SPLIT_K > 1:
+        # the LAST program to arrive at the tile sums the SPLIT_K partials in the fixed order s = 0, 1, ...
+        tl.debug_barrier()  # all threads' partial stores precede the (release) arrival
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel, gpu scope
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            MN = N.to(tl.int64) * M
+            tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            for sk in tl.static_range(1, SPLIT_K):
+                tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + out_offs, ((tot * 67108864.0) * g).to(tl.bfloat16), mask=out_mask)
+            tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
+
+
 @triton.jit
 def nvfp4_decode_weight_kernel(
     w_ptr,  # *u8 [N, K/2] packed E2M1 codes (element 2i in bits 3:0)
@@ -693,6 +914,7 @@ def clear_workspaces() -> None:
 _amax_launch = _Launcher(_amax_kernel)
 _quantize_kernel_launch = _Launcher(nvfp4_quantize_kernel)
 _linear_launch = _Launcher(nvfp4_linear_kernel)
+_gemv_launch = _Launcher(nvfp4_gemv_kernel)
 _decode_weight_launch = _Launcher(nvfp4_decode_weight_kernel)
 _decode_words_launch = _Launcher(nvfp4_decode_weight_words_kernel)
 
@@ -968,31 +1190,42 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             out.view(M, N).copy_(tmp)
         return out
 
-    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True)
-    w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
+    # GEMV: x dequantized to fp32 (exact; the kernel's FMAs take fp32 operands), W as one int64 per NVFP4 block
+    _, _, deq, xgdec = _quantize_launch(x2, write_packed=False, write_dequant=True,
+                                        deq_dtype=torch.float32 if cfg.GEMV else torch.float16)
     ws = weight_scales.view(torch.uint8)
     block_k = _block_k_for(K, cfg.BLOCK_K)
-    scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
-    if scale_words:
-        ws = ws.view(torch.int32)  # [N, K/64]
     grid = (triton.cdiv(N, cfg.BLOCK_N), triton.cdiv(M, cfg.BLOCK_M), cfg.SPLIT_K)
     if cfg.SPLIT_K > 1:
         counts = _sync_words(x.device, grid[0] * grid[1])
         part = torch.empty((cfg.SPLIT_K, M, N), dtype=torch.float32, device=x.device)
     else:
         counts = part = out  # unused
-    rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
-                             BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
-                             DECODE_PTX=not _interpreting(), DECODE_BITS=bool(cfg.DECODE_BITS),
-                             SCALE_WORDS=scale_words, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.GEMV:
+        w = weight_fp4.view(torch.uint8).view(torch.int64)  # [N, K/16]: one NVFP4 block (16 codes) per int64
+        lin_tail = (w_gdec, M, N, K, K // 16)
+        rec_lin = _gemv_launch(grid, w, ws, deq, xgdec, out, part, counts, *lin_tail,
+                               BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                               VEC=min(_GEMV_VEC, block_k // 16), num_warps=cfg.num_warps,
+                               num_stages=cfg.num_stages, enable_reflect_ftz=False)
+    else:
+        w = weight_fp4.view(torch.uint8).view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
+        lin_tail = (w_gdec, M, N, K)
+        scale_words = bool(cfg.SCALE_WORDS) and K % 64 == 0 and block_k % 64 == 0
+        if scale_words:
+            ws = ws.view(torch.int32)  # [N, K/64]
+        rec_lin = _linear_launch(grid, w, ws, deq, xgdec, out, part, counts, w_gdec, M, N, K,
+                                 BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K,
+                                 DECODE_PTX=not _interpreting(), DECODE_BITS=bool(cfg.DECODE_BITS),
+                                 SCALE_WORDS=scale_words, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     rec_amax, rec_quant, parts, numel, iters, nprog = _LAST_QUANT.pop("recs", (None,) * 6)
-    scratch = deq.numel() * 2 + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
+    scratch = deq.numel() * deq.element_size() + (part.numel() * 4 if cfg.SPLIT_K > 1 else 0)
     if use_plan and rec_amax and rec_quant and rec_lin and scratch <= _PLAN_MAX_SCRATCH:
         plan = _LinearPlan()
         plan.amax, plan.quant, plan.lin = rec_amax, rec_quant, rec_lin
         plan.amax_args = (parts, numel, iters)
         plan.quant_args = (parts, xgdec, xgdec, deq, xgdec, 1.0, M, K, x2.stride(0), nprog)
-        plan.lin_args = (w, ws, deq, xgdec, part, counts, w_gdec, M, N, K)
+        plan.lin_args = (w, ws, deq, xgdec, part, counts, *lin_tail)
         plan.out_shape = tuple(out.shape)
         plan.device = x.device
         plan.stream = _raw_stream(x.device)

@@ -158,7 +158,9 @@ def _check_linear(x_np: np.ndarray, codes: np.ndarray, scales: np.ndarray, gw: n
                          config=config, out=out)
     assert y.data_ptr() == out.data_ptr()
     ref = gemm.nvfp4_linear(x_np, codes, scales, float(gw), recipe="sol")
-    report = bounds.check(_bf16_to_numpy(y), ref, MODEL, output_rounding=ROUNDING, poison=float("nan"))
+    cfg = nvl.pick_linear_config(y.numel() // n) if config is None else config
+    model = nvl.accumulation_model(cfg, x_np.shape[-1], interpreter=INTERPRETED)  # the config's declared model
+    report = bounds.check(_bf16_to_numpy(y), ref, model, output_rounding=ROUNDING, poison=float("nan"))
     assert report.ok, report.message()
     return report
 
@@ -176,7 +178,12 @@ _SMALL_CONFIGS = [
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2)),
     nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 64, 64, SPLIT_K=2, num_warps=4,
                                                               num_stages=2)),
+    # the CUDA-core GEMV (block dot products exact, fp32 sum of block terms): 1 and 4 rows per program, split-K
+    nvl.LinearConfig(BLOCK_N=16, BLOCK_M=1, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=1, GEMV=True),
+    nvl.LinearConfig(BLOCK_N=32, BLOCK_M=4, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=1, GEMV=True),
 ]
+_GEMV_CONFIGS = [c for c in _SMALL_CONFIGS if c is not None and c.GEMV] + [
+    nvl.LinearConfig(BLOCK_N=32, BLOCK_M=2, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=1, GEMV=True)]
 
 
 @given(data=st.data())
@@ -312,6 +319,124 @@ def test_decode_weight_prepass_is_exact(dtype, tile, k):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("config", _GEMV_CONFIGS, ids=lambda c: f"gemv{c.BLOCK_N}x{c.BLOCK_M}x{c.BLOCK_K}s{c.SPLIT_K}")
+def test_gemv_within_bound_and_deterministic(m, config):
+    """GEMV configs at M = 1..4 (rows past M in a program, ragged N tiles: N = 48), quantized random weights with
+    one row of subnormal and one of max block scales; within the config's own (tighter) model; two calls bitwise
+    equal."""
+    rng = np.random.default_rng(100 + m)
+    n, k = 48, 256
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    w[1] *= 1e-6  # block scales of row 1: E4M3 subnormals relative to the global amax
+    w[2, :16] = 6.0  # one block that pins the global amax: scale 448
+    wq = ref_quantize(w, recipe="sol")
+    x = (rng.standard_normal((1, m, k)) * 3).astype(np.float32).astype(ml_dtypes.bfloat16)
+    y = _check_linear(x, wq.codes, wq.scales, wq.global_decode_scale, config)
+    assert "fp32_rn_block16" in nvl.accumulation_model(config, k)
+    args = (_to_torch(x), torch.from_numpy(wq.codes).to(DEVICE),
+            torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).to(DEVICE), float(wq.global_decode_scale))
+    y1 = nvl.nvfp4_linear(*args, config=config)
+    y2 = nvl.nvfp4_linear(*args, config=config)
+    assert torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+    assert y.bitwise_equal_fraction > 0  # not vacuous: some outputs are the correctly rounded value
+
+
+_E2M1 = [0, 1, 2, 3, 4, 6, 8, 12]  # E2M1 magnitudes in units of 1/2
+
+
+def _fraction_of_e4m3(b: int):
+    from fractions import Fraction
+
+    e, mnt = (b >> 3) & 0xF, b & 7
+    return Fraction(mnt, 512) if e == 0 else Fraction(8 + mnt, 8) * Fraction(2) ** (e - 7) / 1
+
+
+def _fraction_of_code(c: int):
+    from fractions import Fraction
+
+    v = Fraction(_E2M1[c & 7], 2)
+    return -v if c & 8 else v
+
+
+@pytest.mark.parametrize("config", _GEMV_CONFIGS[:2], ids=["gemv_m1", "gemv_m4_split"])
+def test_gemv_block_partial_is_exact(config):
+    """K = 16 (one NVFP4 block per output): the kernel's only arithmetic before the epilogue is the block dot
+    product, claimed EXACT in fp32 (module comment above nvfp4_gemv_kernel). Adversarial operands: max codes
+    (+-6), block scales 448, 2^-9 (smallest subnormal), 2^-6 and 7 * 2^-9, x blocks at the global amax (x scale
+    448) and tiny ones (x scale an E4M3 subnormal). Expected value computed independently with Fractions from the
+    codes and scale bytes; it must be an fp32, and y must be the RNE (interpreter: faithful) bf16 of
+    fp32(fp32(C) * fp32(x_gdec * w_gdec))."""
+    from fractions import Fraction
+
+    k = 16
+    x = np.zeros((4, k), np.float32)
+    x[0] = 6.0 * np.where(np.arange(k) % 3 == 0, -1, 1)  # the global amax block: codes +-6, scale 448
+    x[1] = 6.0 * 2.0**-16 * np.where(np.arange(k) % 2, -1, 1)  # tiny: scale an E4M3 subnormal
+    x[2] = np.linspace(-6.0, 6.0, k)  # every code class
+    x[3] = 5.9 * 2.0**-14  # tiny, all equal
+    codes = np.zeros((6, k // 2), np.uint8)
+    codes[0] = 0x77  # all +6
+    codes[1] = 0xFF  # all -6
+    codes[2] = 0xF7  # +6, -6 alternating
+    codes[3] = np.arange(8, dtype=np.uint8) * 0x11 ^ 0x80  # mixed codes and signs
+    codes[4] = 0x71
+    codes[5] = 0x9E
+    scales = np.array([[0x7E], [0x01], [0x08], [0x07], [0x7E], [0x01]], np.uint8)
+    n = 16  # rows 6..15 repeat 0..5 (a full N tile)
+    codes = np.tile(codes, (3, 1))[:n]
+    scales = np.tile(scales, (3, 1))[:n]
+    gw = np.float32(0.75)
+    m = x.shape[0] if config.BLOCK_M > 1 else 1
+    x = x[:m]
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    y = nvl.nvfp4_linear(_to_torch(x), torch.from_numpy(codes).to(DEVICE),
+                         torch.from_numpy(scales).view(torch.float8_e4m3fn).to(DEVICE), float(gw),
+                         config=config, out=out)
+    got = _bf16_to_numpy(y).astype(np.float64)
+    xq = ref_quantize(x, recipe="sol")
+    xc = xq.codes.reshape(m, k // 2)
+    g = np.float32(np.float32(xq.global_decode_scale) * gw)
+    assert int(xq.scales.reshape(m)[0]) == 0x7E
+    if m > 1:
+        assert int(xq.scales.reshape(m)[1]) < 8  # an E4M3 subnormal x block scale
+    for i in range(m):
+        sx = _fraction_of_e4m3(int(xq.scales.reshape(m)[i]))
+        for j in range(n):
+            sw = _fraction_of_e4m3(int(scales[j, 0]))
+            c = Fraction(0)
+            for t in range(k):
+                cx = (int(xc[i, t // 2]) >> (4 * (t % 2))) & 0xF
+                cw = (int(codes[j, t // 2]) >> (4 * (t % 2))) & 0xF
+                c += _fraction_of_code(cx) * sx * _fraction_of_code(cw) * sw
+            c32 = np.float32(float(c))
+            assert Fraction(float(c32)) == c, "the block dot product is not an fp32"
+            want = np.float32(c32 * g)  # the epilogue's one fp32 multiply
+            if INTERPRETED:  # faithful (the interpreter truncates bf16 stores): within one bf16 ulp of want
+                ulp = 2.0 ** (np.floor(np.log2(abs(float(want)))) - 7) if want != 0 else 0.0
+                assert abs(got[i, j] - float(want)) < ulp or got[i, j] == float(want), (i, j, got[i, j], want)
+            else:
+                assert got[i, j] == np.float64(want.astype(ml_dtypes.bfloat16)), (i, j, got[i, j], want)
+    assert np.abs(got).max() > 0
+
+
+def test_gemv_model_is_registered_and_tighter():
+    """fp32_rn_block16 is gamma_{K/16}(2^-24); the GEMV split-K model at the workload size is tighter than the
+    tensor-core path's declared one (no bound was weakened)."""
+    m = bounds.get_model("fp32_rn_block16")
+    assert m.eps(8192) == pytest.approx(bounds.gamma(512, 2.0**-24), rel=1e-12)
+    cfg = nvl.LinearConfig(64, 1, 256, 4, 4, 1, GEMV=True)
+    name = nvl.accumulation_model(cfg, 8192)
+    assert name == "splitk(fp32_rn_block16, 2048)"
+    e = bounds.get_model(name).eps(8192)
+    assert e == pytest.approx(bounds.gamma(128, 2.0**-24) + bounds.gamma(3, 2.0**-24) * (1 + bounds.gamma(128, 2.0**-24)))
+    assert e < bounds.get_model(nvl.NUMERIC_CONTRACT["accumulation_model"]).eps(8192)
+    with pytest.raises(TypeError, match="config"):
+        nvl.accumulation_model("gemv", 16)
+    with pytest.raises(ValueError, match="K"):
+        nvl.accumulation_model(cfg, 24)
+
+
 def test_sync_words_are_left_at_zero():
     """The split-K tile counters are reset by the kernels themselves."""
     rng = np.random.default_rng(11)
@@ -406,9 +531,9 @@ def _compile_all():
     lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
     cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
-    cfgs = [c for c in cfgs if c.GEMM is None]
+    cfgs = [c for c in cfgs if c.GEMM is None and not c.GEMV]
     variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
-    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and c not in cfgs]
+    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and not c.GEMV and c not in cfgs]
     variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values()]  # scales as words (prepared)
     for cfg, block_k, words in variants:
         built.append(compile_for_sm90(
@@ -426,6 +551,20 @@ def _compile_all():
              SCALE_WORDS=False, DECODE_BITS=cfg.DECODE_BITS),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"]))
+    # every GEMV config (defaults, tests, sweep candidates), as the runtime specialises it: M = 1 a constant
+    gemv_sig = dict(lin_sig, w_ptr="*i64", a_ptr="*fp32", KB="i32")
+    gemv = {c for c in list(nvl.LINEAR_CONFIGS.values()) + _SMALL_CONFIGS + _GEMV_CONFIGS + list(LINEAR_CANDIDATES)
+            if c is not None and c.GEMV}
+    for cfg in sorted(gemv, key=repr):
+        sig, ce = (({k: v for k, v in gemv_sig.items() if k != "M"}, {"M": 1}) if cfg.BLOCK_M == 1
+                   else (gemv_sig, {}))
+        built.append(compile_for_sm90(
+            nvl.nvfp4_gemv_kernel, sig,
+            dict(ce, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K,
+                 VEC=min(nvl._GEMV_VEC, cfg.BLOCK_K // 16)),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_reflect_ftz=False,
+            divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K",
+                             "KB"]))
     built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
                                                      "ITERS": "i32"},
                                   dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
@@ -439,7 +578,7 @@ def _compile_all():
                                       dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
                                       divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
     defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
-    modes = ((True, False, "*fp16"), (False, True, "*fp16"))
+    modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
     jobs = [(mode, t) for mode in modes for t in defaults]
     jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
     for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
@@ -481,6 +620,13 @@ def test_every_config_compiles_for_sm90():
             assert ("prmt.b32 p0, lo, hi, 0x5140" in ptx) != ("prmt.b32 t, w, u, 0x3377" in ptx)
         if ck.metadata.name == "nvfp4_decode_weight_words_kernel":  # PTX decode, 16-byte stores
             assert "cvt.rn.f16x2.e4m3x2" in ptx and "st.global.v4.b32" in ptx
+    # the GEMV keeps fp32 subnormals (its decode makes E2M1(c) * 2^-126, subnormal for |c| = 0.5): no .ftz; and
+    # its decoded weights stay in registers (no shared-memory layout conversion)
+    gbuilds = [ck for ck in built if ck.metadata.name == "nvfp4_gemv_kernel"]
+    assert gbuilds
+    for ck in gbuilds:
+        assert ".ftz" not in ck.asm["ptx"] and "fma.rn.f32" in ck.asm["ptx"]
+        assert ck.metadata.shared <= 1024
     # the quantizer's divisions are IEEE (div.rn.f32, no .ftz): the recipe's bytes depend on it
     qbuilds = [ck for ck in built if ck.metadata.name == "nvfp4_quantize_kernel"]
     assert qbuilds
