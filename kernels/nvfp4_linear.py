@@ -41,6 +41,7 @@ Nothing runs at import.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -146,6 +147,9 @@ class LinearConfig:
 LINEAR_CONFIGS = {
     # the fastest valid candidate per M of the H200 sweep (python -m fp4ref.kernels.bench nvfp4_linear --sweep,
     # 2026-11-30, docs/benchmarks.md), checked there against fp4ref with these configs
+    # M = 1: the CUDA-core GEMV (exact 16-element block sums, fp32 adds across blocks): 30.5 us GPU vs 39-42 for the
+    # tensor-core kernel; from M = 4 the tensor-core kernel wins (39.0 vs the GEMV's best)
+    1: LinearConfig(BLOCK_N=64, BLOCK_M=1, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=1, GEMV=True),
     16: LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     64: LinearConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
     256: LinearConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),
@@ -1159,9 +1163,17 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         raise ValueError(f"weight_fp4.shape={tuple(weight_fp4.shape)}: expected (N, K/2)=({N}, {K // 2}) for x K={K}")
     if tuple(weight_scales.shape) != (N, K // 16):
         raise ValueError(f"weight_scales.shape={tuple(weight_scales.shape)}: expected (N, K/16)=({N}, {K // 16})")
+    if weight_fp4.data_ptr() % 16 or weight_scales.data_ptr() % 16:
+        bad = "weight_fp4" if weight_fp4.data_ptr() % 16 else "weight_scales"
+        off = (weight_fp4 if bad == "weight_fp4" else weight_scales).data_ptr() % 16
+        raise ValueError(f"{bad}.data_ptr() % 16 = {off}: expected a 16-byte aligned base (the kernels read it in "
+                         "4-16-byte words; .clone() aligns it)")
     if not isinstance(weight_global_decode_scale, (float, int)) or isinstance(weight_global_decode_scale, bool):
         raise TypeError(f"weight_global_decode_scale: expected a python float, got "
                         f"{type(weight_global_decode_scale).__name__}")
+    if not (math.isfinite(weight_global_decode_scale) and weight_global_decode_scale > 0):
+        raise ValueError(f"weight_global_decode_scale={weight_global_decode_scale!r}: expected a finite positive float "
+                         "(the recipe's global decode scale amax / (448 * 6), or 1 for an all-zero weight)")
     cfg = pick_linear_config(M) if config is None else config
     if not isinstance(cfg, LinearConfig):
         raise TypeError(f"config: expected a LinearConfig or None, got {type(cfg).__name__}")

@@ -285,6 +285,12 @@ def test_linear_rejects():
         nvl.nvfp4_linear(x, w, s, torch.tensor(1.0))
     with pytest.raises(ValueError, match="out"):
         nvl.nvfp4_linear(x, w, s, 1.0, out=torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
+    for bad_scale in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="weight_global_decode_scale"):
+            nvl.nvfp4_linear(x, w, s, bad_scale)
+    w_off = torch.zeros(32 * 32 + 1, dtype=torch.uint8, device=DEVICE)[1:].view(32, 32)  # base 1 byte off
+    with pytest.raises(ValueError, match="weight_fp4.data_ptr"):
+        nvl.nvfp4_linear(x, w_off, s, 1.0)
 
 
 def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
