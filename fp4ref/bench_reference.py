@@ -102,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: expected >= 1")
     rows = run(args.workload, repeat=args.repeat, seed=args.seed)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
           f"numpy {np.__version__}, python {platform.python_version()}; median of {args.repeat} interleaved rounds")

@@ -809,8 +809,17 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
     if isinstance(weight_global_decode_scale, (bool, np.bool_)) or not isinstance(
             weight_global_decode_scale, (float, int, np.floating, np.integer)):
         raise TypeError(f"weight_global_decode_scale must be a float, got {type(weight_global_decode_scale).__name__}")
+    if not (math.isfinite(float(weight_global_decode_scale)) and float(weight_global_decode_scale) > 0):
+        raise ValueError(f"weight_global_decode_scale={float(weight_global_decode_scale)!r}: expected a finite "
+                         "positive float (the recipe's amax / (448 * 6), or 1 for an all-zero weight)")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
+    bad = ~np.isfinite(x2.astype(np.float32))
+    if bad.any():
+        first = np.unravel_index(int(np.flatnonzero(bad)[0]), x2.shape)
+        raise ValueError(f"x holds {int(bad.sum())} NaN/inf value(s) (first at row {int(first[0])}, column "
+                         f"{int(first[1])}): the layer quantizes x with the {recipe!r} recipe, which has no NaN/inf "
+                         "policy, so there is no reference output for such x")
     xq = nvfp4_quantize(x2, recipe=recipe)
     wg = float(np.float32(weight_global_decode_scale))
     ref = _nvfp4_core(np.asarray(xq.codes, np.uint8), np.asarray(xq.scales, np.uint8), float(xq.global_decode_scale),

@@ -288,8 +288,9 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
             for s in suffixes:
                 if n + s in tensors:
                     raise QuantizeFileError(
-                        f"output name {n + s!r} for quantized tensor {n!r} collides with an input tensor; "
-                        "exclude one of them with --include"
+                        f"output name {n + s!r} for quantized tensor {n!r} collides with an input tensor of that "
+                        f"name (which would be copied to the output too); rename one of them, or keep {n!r} "
+                        "unquantized with an --include that does not match it"
                     )
 
     out: dict = {}

@@ -429,6 +429,13 @@ def test_nvfp4_linear_matches_quantize_then_gemm_and_torchless_shapes():
         gemm.nvfp4_linear(x, wq.codes[:, :8], wq.scales, 1.0)
     with pytest.raises(TypeError, match="x must be"):
         gemm.nvfp4_linear(x.astype(np.float16), wq.codes, wq.scales, 1.0)
+    xn = x.copy()
+    xn[1, 2, 5] = np.nan
+    with pytest.raises(ValueError, match="row 5, column 5.*no NaN/inf policy"):  # row 5 of the [6, K] view
+        gemm.nvfp4_linear(xn, wq.codes, wq.scales, 1.0)
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="weight_global_decode_scale"):
+            gemm.nvfp4_linear(x, wq.codes, wq.scales, bad)
 
 
 def test_torch_tensors_accepted_at_the_edges():

@@ -72,6 +72,18 @@ def test_bad_arguments():
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--sizes", "0"]) == 2
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", "/no/such/dir/r.json"]) == 2
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", "/"]) == 2  # a directory
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--max-check-rows", "5"]) == 2
+
+
+def test_usage_error_leaves_an_existing_json_report_alone(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text('{"previous": 1}')
+    for bad in (["--sizes", "0"], ["--examples", "0"], ["--families", "bogus"]):
+        assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(old), *bad]) == 2
+        assert old.read_text() == '{"previous": 1}'
+    new = tmp_path / "new.json"
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(new), "--sizes", "0"]) == 2
+    assert not new.exists()  # the writability probe leaves no empty file behind
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--kernel", "no_colon"]) == 2
     with pytest.raises(ValueError, match=r"their families are \['exact_acc', 'extreme', 'public'\]"):
         V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[1], families=["nan_b"])
