@@ -449,6 +449,20 @@ def _decode_word_portable(w, s16):
 
 
 @triton.jit
+def _splitk_last_arrival(count_ptr, tile, part_ptr, out_ptr, out_offs, out_mask, MN, pre, g, SPLIT_K: tl.constexpr):
+    """Split-K without a second launch: after storing its partial (and a CTA barrier), each program bumps the
+    tile's counter (atomic, acq_rel, gpu scope); the LAST to arrive sums the SPLIT_K partials in the fixed order
+    s = 0, 1, ... in fp32 (bitwise deterministic whoever arrives last), stores bf16((tot * pre) * g) (one RNE;
+    ``pre`` a power of two, exact) and resets the counter for the next call on this stream."""
+    if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:
+        tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+        for sk in tl.static_range(1, SPLIT_K):
+            tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + out_offs, ((tot * pre) * g).to(tl.bfloat16), mask=out_mask)
+        tl.store(count_ptr + tile, 0)
+
+
+@triton.jit
 def nvfp4_linear_kernel(
     w_ptr,  # *i32 [N, K/8] packed E2M1 weight codes, 8 per word (element 2i in bits 3:0 of byte i)
     ws_ptr,  # *u8 [N, K/16] E4M3FN block-scale bytes (sign ignored: UE4M3); *i32 [N, K/64] with SCALE_WORDS
@@ -545,13 +559,8 @@ def nvfp4_linear_kernel(
         MN = N.to(tl.int64) * M  # (M may be the constant 1 after specialisation: no .to on it)
         tl.store(part_ptr + pid_k * MN + out_offs, acc, mask=out_mask)
         tl.debug_barrier()  # all threads' partial stores precede the (release) arrival
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel, gpu scope
-            tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            for sk in tl.static_range(1, SPLIT_K):
-                tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + out_offs, (tot * g).to(tl.bfloat16), mask=out_mask)
-            tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
+        _splitk_last_arrival(count_ptr, pid_m * tl.num_programs(0) + pid_n, part_ptr, out_ptr, out_offs, out_mask,
+                             MN, 1.0, g, SPLIT_K)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -712,17 +721,11 @@ def nvfp4_gemv_kernel(
     if SPLIT_K > 1:
         # the LAST program to arrive at the tile sums the SPLIT_K partials in the fixed order s = 0, 1, ...
         tl.debug_barrier()  # all threads' partial stores precede the (release) arrival
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1) == SPLIT_K - 1:  # acq_rel, gpu scope
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-            MN = N.to(tl.int64) * M
-            tot = tl.load(part_ptr + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            for sk in tl.static_range(1, SPLIT_K):
-                tot += tl.load(part_ptr + sk * MN + out_offs, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + out_offs, ((tot * 67108864.0) * g).to(tl.bfloat16), mask=out_mask)
-            tl.store(count_ptr + tile, 0)  # ready for the next call on this stream
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        _splitk_last_arrival(count_ptr, pid_m * tl.num_programs(0) + pid_n, part_ptr, out_ptr, out_offs, out_mask,
+                             N.to(tl.int64) * M, 67108864.0, g, SPLIT_K)  # 2^26: undo the decode's 2^-26 (exact)
 
 
 @triton.jit
