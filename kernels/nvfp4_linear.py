@@ -1023,10 +1023,10 @@ def _raw_stream(dev) -> int:
 
 
 def _plan_key(x, weight_fp4, weight_scales, w_gdec):
-    return (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), weight_fp4.data_ptr(),
+    dev = x.device
+    return (x.shape, x.dtype, dev, x.data_ptr() % 16 == 0, x.is_contiguous(), weight_fp4.data_ptr(),
             weight_fp4.shape, weight_fp4.dtype, weight_fp4.is_contiguous(), weight_scales.data_ptr(),
-            weight_scales.shape, weight_scales.dtype, weight_scales.is_contiguous(), w_gdec,
-            _raw_stream(x.device))
+            weight_scales.shape, weight_scales.dtype, weight_scales.is_contiguous(), w_gdec, _raw_stream(dev))
 
 
 def _run(rec, st, *args):
@@ -1187,13 +1187,13 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices or not
             contiguous.
     """
-    use_plan = (_PLANS_ENABLED and config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda
-                and not _interpreting())
+    use_plan = _PLANS_ENABLED and config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda
     if use_plan and isinstance(weight_fp4, torch.Tensor) and isinstance(weight_scales, torch.Tensor):
         key = _plan_key(x, weight_fp4, weight_scales, weight_global_decode_scale)
-        plan = _PLANS.get(key)
+        plan = _PLANS.get(key)  # plans are only built by calls made without the interpreter
         if plan is not None:
             return plan.run(x)
+    use_plan = use_plan and not _interpreting()
     x2 = _check_x(x)
     M, K = x2.shape
     for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):

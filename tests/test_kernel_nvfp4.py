@@ -629,6 +629,39 @@ def test_linear_plan_direct_launch_fallbacks(monkeypatch):
     assert ca[-1] == ca[-2] and cq[-1] == cq[-2]  # the direct launches before the rejection passed the same
 
 
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: reaches nvfp4_linear's plan lookup on a machine without a GPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_linear_plan_lookup_reuses_plan_and_validates_new_keys(monkeypatch):
+    """nvfp4_linear's plan lookup: the same key (shapes, dtypes, weight storage, w_gdec, stream) reuses the plan
+    (one direct launch per kernel per call, a fresh output each); a call with another key (w_gdec, weight shape,
+    config, out) does not take it, and a new key's arguments are validated as before."""
+    plan, (ca, cq, cl), _ = _fake_linear_plan(monkeypatch)
+    plan.bound = nvl._bind_linear(plan)
+    monkeypatch.setattr(nvl, "_raw_stream", lambda dev: 5)
+    monkeypatch.setattr(nvl, "_PLANS", {})
+    x = torch.ones(1, 2, 64, dtype=torch.bfloat16).as_subclass(_CudaLooking)
+    w, ws = torch.zeros(32, 32, dtype=torch.uint8), torch.zeros(32, 4, dtype=torch.float8_e4m3fn)
+    nvl._PLANS[nvl._plan_key(x, w, ws, 0.5)] = plan
+    y1, y2 = nvl.nvfp4_linear(x, w, ws, 0.5), nvl.nvfp4_linear(x, w, ws, 0.5)
+    assert len(ca) == len(cq) == len(cl) == 2 and y1.data_ptr() != y2.data_ptr()
+    assert [c[_HEAD + 4] for c in cl] == [y1.data_ptr(), y2.data_ptr()]
+    with pytest.raises(ValueError, match="weight_global_decode_scale"):
+        nvl.nvfp4_linear(x, w, ws, -0.5)
+    with pytest.raises(ValueError, match="weight_fp4.shape"):
+        nvl.nvfp4_linear(x, w[:, :16].clone(), ws, 0.5)
+    with pytest.raises(TypeError, match="config"):
+        nvl.nvfp4_linear(x, w, ws, 0.5, config="gemv")
+    with pytest.raises(ValueError, match="out"):
+        nvl.nvfp4_linear(x, w, ws, 0.5, out=torch.empty(1, 2, 31, dtype=torch.bfloat16))
+    assert len(cl) == 2  # none of these took the plan
+
+
 # ----------------------------------------------------------------------------------------- sm_90 compilation
 
 
