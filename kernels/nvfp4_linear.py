@@ -51,6 +51,7 @@ import triton.language as tl
 
 from fp4ref import bounds as _bounds
 
+from ._launch import hooks_installed, launch_compiled, raw_launcher
 from .gemm_fp16 import GemmConfig, gemm_tma
 
 __all__ = [
@@ -1009,7 +1010,8 @@ def _decode_weight(w_u8, ws_u8, out, tile=None):
 # cached compiled kernels directly, reusing its scratch buffers (dequantized x, x's global decode scale, split-K
 # partials: stream-ordered, so reuse is safe on the plan's stream). Plans whose scratch exceeds _PLAN_MAX_SCRATCH
 # bytes are not kept (at large M the host time is negligible); at most _MAX_PLANS are kept (oldest dropped).
-# nvfp4_quantize has its own plans (_QPLANS): the two cached kernels, fresh outputs per call.
+# nvfp4_quantize has its own plans (_QPLANS): the two cached kernels, fresh outputs per call. Linear plans are also
+# bound to Triton's C launch functions (_bind_linear, below).
 _LAST_QUANT: dict = {}
 _PLANS: dict = {}
 _QPLANS: dict = {}
@@ -1024,22 +1026,74 @@ def _raw_stream(dev) -> int:
 
 
 def _plan_key(x, weight_fp4, weight_scales, w_gdec):
-    return (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), weight_fp4.data_ptr(),
+    dev = x.device
+    return (x.shape, x.dtype, dev, x.data_ptr() % 16 == 0, x.is_contiguous(), weight_fp4.data_ptr(),
             weight_fp4.shape, weight_fp4.dtype, weight_fp4.is_contiguous(), weight_scales.data_ptr(),
-            weight_scales.shape, weight_scales.dtype, weight_scales.is_contiguous(), w_gdec,
-            _raw_stream(x.device))
+            weight_scales.shape, weight_scales.dtype, weight_scales.is_contiguous(), w_gdec, _raw_stream(dev))
 
 
 def _run(rec, st, *args):
+    """Triton's launch of a recorded (CompiledKernel, grid, constexprs) with ``args`` (hooks get their metadata)."""
     ck, g, c = rec
-    ck.run(g[0], g[1], g[2], st, ck.function, ck.packed_metadata, None, None, None, *args, *c)
+    launch_compiled(ck, g, st, (*args, *c))
+
+
+# Direct launches (GPU, kernels/_launch.py): a linear plan is bound once (it has one stream) to Triton's C launch
+# functions with prebuilt headers and argument tuples, every tensor but x and out as an integer pointer; a call is
+# then three C calls (no per-call tuple of constexprs, data_ptr() or cuPointerGetAttribute per tensor argument).
+# Triton's path (_run) is taken where this Triton's launcher has another shape (plan.bound None from the start), a
+# launch hook is installed (that call), or the C launcher rejects the arguments (from then on). FAST_LAUNCH = False
+# keeps Triton's path for plans built afterwards (comparisons).
+FAST_LAUNCH = True
+
+
+def _ptr(a):
+    return a.data_ptr() if isinstance(a, torch.Tensor) else a
+
+
+class _LinearBinding:
+    __slots__ = ("amax_fn", "amax_head", "amax_tail", "quant_fn", "quant_head", "quant_tail", "lin_fn", "lin_head",
+                 "lin_pre", "lin_post")
+
+
+def _bind_linear(plan):
+    """The plan's _LinearBinding (direct launches on plan.stream), or None where kernels/_launch.py says this
+    Triton's launcher does not take them. The argument tuples are those _LinearPlan.run's Triton path passes, in
+    the same order (x and out excepted: per call), tensors as their data pointers (the plan keeps the tensors)."""
+    if not FAST_LAUNCH:
+        return None
+    recs = (plan.amax, plan.quant, plan.lin)
+    raws = [raw_launcher(rec[0], 0) for rec in recs]
+    if not all(raws):
+        return None
+    bd = _LinearBinding()
+    st = plan.stream
+    (bd.amax_fn, bd.quant_fn, bd.lin_fn) = (r.fn for r in raws)
+    bd.amax_head, bd.quant_head, bd.lin_head = (r.head(rec[1], st) for r, rec in zip(raws, recs))
+    bd.amax_tail = (*map(_ptr, plan.amax_args), *plan.amax[2])
+    bd.quant_tail = (*map(_ptr, plan.quant_args), *plan.quant[2])
+    a = plan.lin_args
+    bd.lin_pre = tuple(map(_ptr, a[:4]))
+    bd.lin_post = (*map(_ptr, a[4:]), *plan.lin[2])
+    return bd
 
 
 class _LinearPlan:
-    __slots__ = ("amax", "quant", "lin", "amax_args", "quant_args", "lin_args", "out_shape", "device", "stream")
+    __slots__ = ("amax", "quant", "lin", "amax_args", "quant_args", "lin_args", "out_shape", "device", "stream",
+                 "bound")
 
     def run(self, x):
         out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=self.device)
+        bd = self.bound
+        if bd is not None and not hooks_installed():
+            px = x.data_ptr()
+            try:
+                bd.amax_fn(*bd.amax_head, px, *bd.amax_tail)
+                bd.quant_fn(*bd.quant_head, px, *bd.quant_tail)
+                bd.lin_fn(*bd.lin_head, *bd.lin_pre, out.data_ptr(), *bd.lin_post)
+                return out
+            except (TypeError, ValueError, SystemError):  # argument packing rejected (before any launch of that
+                self.bound = None  # kernel; re-running the earlier ones is idempotent): Triton's path from now on
         st = self.stream
         _run(self.amax, st, x, *self.amax_args)
         _run(self.quant, st, x, *self.quant_args)
@@ -1136,13 +1190,13 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices or not
             contiguous.
     """
-    use_plan = (_PLANS_ENABLED and config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda
-                and not _interpreting())
+    use_plan = _PLANS_ENABLED and config is None and out is None and isinstance(x, torch.Tensor) and x.is_cuda
     if use_plan and isinstance(weight_fp4, torch.Tensor) and isinstance(weight_scales, torch.Tensor):
         key = _plan_key(x, weight_fp4, weight_scales, weight_global_decode_scale)
-        plan = _PLANS.get(key)
+        plan = _PLANS.get(key)  # plans are only built by calls made without the interpreter
         if plan is not None:
             return plan.run(x)
+    use_plan = use_plan and not _interpreting()
     x2 = _check_x(x)
     M, K = x2.shape
     for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
@@ -1244,6 +1298,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         plan.out_shape = tuple(out.shape)
         plan.device = x.device
         plan.stream = _raw_stream(x.device)
+        plan.bound = _bind_linear(plan)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS[key] = plan

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 import ml_dtypes
 import numpy as np
@@ -515,6 +516,150 @@ def test_bench_picks_install_and_check(monkeypatch):
     assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
     assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
     nvl.clear_workspaces()
+
+
+# ------------------------------------------------------------------------------------ host: direct plan launches
+_HEAD = 13  # the C launcher's arguments before the kernel's: grid (3), stream, function, 8 launch fields
+
+
+def _fake_linear_plan(monkeypatch, M=2, N=32, K=64):
+    """A _LinearPlan (GEMV shape: amax, quantize, linear) on CPU tensors whose three compiled kernels are recording
+    stand-ins on Triton's real launcher wrapper (tests/_fake_launcher.py); returns (plan, calls per kernel, tensors)."""
+    from _fake_launcher import fake_compiled_kernel
+
+    P = "*i8"
+    amax = fake_compiled_kernel(monkeypatch, {"x": P, "p": P, "numel": "i32", "iters": "i32", "BLOCK": "constexpr"})
+    quant = fake_compiled_kernel(monkeypatch, {**{c: P for c in ("x", "p", "pk", "sc", "dq", "g")}, "wg": "fp32",
+                                               "M": "i32", "K": "i32", "sx": "i32", "np": "i32",
+                                               **{c: "constexpr" for c in ("BR", "BC", "WP", "WD", "AP")}})
+    lin = fake_compiled_kernel(monkeypatch, {**{c: P for c in ("w", "ws", "dq", "g", "out", "part", "cnt")},
+                                             "wg": "fp32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
+                                             **{c: "constexpr" for c in ("BN", "BM", "BK", "SK", "V")}})
+    t = types.SimpleNamespace(
+        parts=torch.zeros(512, dtype=torch.int32), xg=torch.zeros(2), deq=torch.zeros(M, K),
+        w=torch.zeros(N, K // 16, dtype=torch.int64), ws=torch.zeros(N, K // 16, dtype=torch.uint8),
+        part=torch.zeros(2, M, N), cnt=torch.zeros(64, dtype=torch.int32))
+    plan = nvl._LinearPlan()
+    plan.amax, plan.quant, plan.lin = (amax[0], (1, 1, 1), (8192,)), (quant[0], (1, 2, 1), (2, 64, False, True, 512)), \
+        (lin[0], (2, 1, 2), (16, 1, 32, 2, 2))
+    plan.amax_args = (t.parts, M * K, 1)
+    plan.quant_args = (t.parts, t.xg, t.xg, t.deq, t.xg, 1.0, M, K, K, 1)
+    plan.lin_args = (t.w, t.ws, t.deq, t.xg, t.part, t.cnt, 0.75, M, N, K, K // 16)
+    plan.out_shape, plan.device, plan.stream, plan.bound = (1, M, N), torch.device("cpu"), 5, None
+    return plan, (amax[1], quant[1], lin[1]), t
+
+
+def test_linear_plan_direct_launch_passes_what_triton_passes(monkeypatch):
+    """The bound plan (_LinearBinding, kernels/_launch.py) hands Triton's C launch functions exactly what Triton's
+    own launcher wrapper passes on the plan's Triton path, in the kernels' parameter order (checked independently),
+    with the call's x and a fresh out; the binding is built once and reused."""
+    plan, (ca, cq, cl), t = _fake_linear_plan(monkeypatch)
+    x1, x2 = torch.ones(1, 2, 64, dtype=torch.bfloat16), torch.ones(1, 2, 64, dtype=torch.bfloat16)
+    outs = [plan.run(x) for x in (x1, x2)]  # Triton's path (no binding)
+    ref = (ca[:], cq[:], cl[:])
+    for c in (ca, cq, cl):
+        c.clear()
+    plan.bound = nvl._bind_linear(plan)
+    bd = plan.bound
+    assert isinstance(bd, nvl._LinearBinding)
+    outs += [plan.run(x) for x in (x1, x2)]
+    assert plan.bound is bd
+    for o in outs:
+        assert o.dtype == torch.bfloat16 and tuple(o.shape) == (1, 2, 32)
+    assert len({o.data_ptr() for o in outs}) == 4  # a fresh output per call
+
+    def out_free(call):  # the output pointer (per call) masked
+        return call[:_HEAD + 4] + (None,) + call[_HEAD + 5:]
+
+    for got, want in zip((ca, cq, cl), ref):
+        assert len(got) == len(want) == 2
+        for i in range(2):
+            assert out_free(got[i]) == out_free(want[i])
+    assert [c[_HEAD + 4] for c in ref[2] + cl] == [o.data_ptr() for o in outs]
+    p = lambda a: a.data_ptr()  # noqa: E731
+    for i, x in enumerate((x1, x2)):  # the kernels' parameter order, independently of the plan code
+        assert ca[i][:4] == (1, 1, 1, 5) and ca[i][_HEAD:] == (p(x), p(t.parts), 128, 1, 8192)
+        assert cq[i][:4] == (1, 2, 1, 5) and cq[i][_HEAD:] == (p(x), p(t.parts), p(t.xg), p(t.xg), p(t.deq), p(t.xg),
+                                                               1.0, 2, 64, 64, 1, 2, 64, False, True, 512)
+        assert cl[i][:4] == (2, 1, 2, 5) and cl[i][_HEAD:] == (p(t.w), p(t.ws), p(t.deq), p(t.xg), p(outs[2 + i]),
+                                                               p(t.part), p(t.cnt), 0.75, 2, 32, 64, 4, 16, 1, 32, 2, 2)
+
+
+def test_linear_plan_direct_launch_fallbacks(monkeypatch):
+    """Triton's path whenever kernels/_launch.py says so: a launcher of another shape or FAST_LAUNCH off (no
+    binding), a launch hook installed (that call; the binding kept), a C launcher that rejects the arguments
+    (from then on); the arguments stay Triton's."""
+    plan, (ca, cq, cl), _ = _fake_linear_plan(monkeypatch)
+    x = torch.ones(1, 2, 64, dtype=torch.float32)
+    plan.run(x)
+    ref = (ca[0], cq[0], cl[0])
+
+    def check(n, n_lin=None, hooked=False):  # grid, stream, the kernel's arguments (out masked); no hook: all
+        assert len(ca) == len(cq) == n and len(cl) == (n if n_lin is None else n_lin)
+        for c, r in zip((ca[-1], cq[-1], cl[-1]), ref):
+            assert c[_HEAD:_HEAD + 4] == r[_HEAD:_HEAD + 4] and c[_HEAD + 5:] == r[_HEAD + 5:]
+            assert c[:4] == r[:4] and (hooked or c[:_HEAD] == r[:_HEAD])
+
+    with monkeypatch.context() as mp:
+        mp.setattr(nvl, "raw_launcher", lambda ck, n_desc: False)
+        assert nvl._bind_linear(plan) is None
+        mp.setattr(nvl, "FAST_LAUNCH", False)
+        assert nvl._bind_linear(plan) is None
+    bd = plan.bound = nvl._bind_linear(plan)
+    assert bd is not None
+    with monkeypatch.context() as mp:  # a hook: Triton's path, which builds the hooks' metadata
+        seen = []
+        mp.setattr(nvl, "hooks_installed", lambda: True)
+        for rec in (plan.amax, plan.quant, plan.lin):
+            mp.setattr(rec[0], "launch_metadata", lambda *a: seen.append(a[0]))
+        mp.setattr(nvl.launch_compiled.__globals__["knobs"].runtime, "launch_enter_hook", lambda *a: None)
+        plan.run(x)
+        check(2, hooked=True)
+        assert plan.bound is bd and seen == [(1, 1, 1), (1, 2, 1), (2, 1, 2)]
+    plan.run(x)  # direct again
+    check(3)
+
+    def reject(*a):
+        raise TypeError("argument packing rejected")
+
+    bd.lin_fn = reject  # the third launch rejected: all three again through Triton's path, binding dropped
+    plan.run(x)
+    assert plan.bound is None
+    check(5, n_lin=4)
+    assert ca[-1] == ca[-2] and cq[-1] == cq[-2]  # the direct launches before the rejection passed the same
+
+
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: reaches nvfp4_linear's plan lookup on a machine without a GPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_linear_plan_lookup_reuses_plan_and_validates_new_keys(monkeypatch):
+    """nvfp4_linear's plan lookup: the same key (shapes, dtypes, weight storage, w_gdec, stream) reuses the plan
+    (one direct launch per kernel per call, a fresh output each); a call with another key (w_gdec, weight shape,
+    config, out) does not take it, and a new key's arguments are validated as before."""
+    plan, (ca, cq, cl), _ = _fake_linear_plan(monkeypatch)
+    plan.bound = nvl._bind_linear(plan)
+    monkeypatch.setattr(nvl, "_raw_stream", lambda dev: 5)
+    monkeypatch.setattr(nvl, "_PLANS", {})
+    x = torch.ones(1, 2, 64, dtype=torch.bfloat16).as_subclass(_CudaLooking)
+    w, ws = torch.zeros(32, 32, dtype=torch.uint8), torch.zeros(32, 4, dtype=torch.float8_e4m3fn)
+    nvl._PLANS[nvl._plan_key(x, w, ws, 0.5)] = plan
+    y1, y2 = nvl.nvfp4_linear(x, w, ws, 0.5), nvl.nvfp4_linear(x, w, ws, 0.5)
+    assert len(ca) == len(cq) == len(cl) == 2 and y1.data_ptr() != y2.data_ptr()
+    assert [c[_HEAD + 4] for c in cl] == [y1.data_ptr(), y2.data_ptr()]
+    with pytest.raises(ValueError, match="weight_global_decode_scale"):
+        nvl.nvfp4_linear(x, w, ws, -0.5)
+    with pytest.raises(ValueError, match="weight_fp4.shape"):
+        nvl.nvfp4_linear(x, w[:, :16].clone(), ws, 0.5)
+    with pytest.raises(TypeError, match="config"):
+        nvl.nvfp4_linear(x, w, ws, 0.5, config="gemv")
+    with pytest.raises(ValueError, match="out"):
+        nvl.nvfp4_linear(x, w, ws, 0.5, out=torch.empty(1, 2, 31, dtype=torch.bfloat16))
+    assert len(cl) == 2  # none of these took the plan
 
 
 # ----------------------------------------------------------------------------------------- sm_90 compilation
