@@ -119,6 +119,8 @@ def main(argv=None) -> int:
                    help="timed rounds (fp4ref and ml_dtypes alternate); medians are reported (default 5)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed {args.seed}: expected >= 0")
     if args.n < 1:
         p.error(f"--n must be positive, got {args.n}")
     if args.repeat < 1:

@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions; the best is reported (default 3)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed {args.seed}: expected >= 0")
     if args.rows < 1 or args.cols < 16 or args.cols % 16:
         p.error(f"need --rows >= 1 and --cols a positive multiple of 16, got {args.rows} x {args.cols}")
     if args.repeat < 1:

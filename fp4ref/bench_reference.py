@@ -102,6 +102,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed {args.seed}: expected >= 0")
     if args.repeat < 1:
         p.error(f"--repeat {args.repeat}: expected >= 1")
     rows = run(args.workload, repeat=args.repeat, seed=args.seed)

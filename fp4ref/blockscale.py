@@ -20,6 +20,8 @@ import enum
 import functools
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
 from ._validate import as_code_array, as_float_array, normalize_axis
@@ -418,6 +420,31 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     )
 
 
+def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """(codes uint8, scale bytes uint8, global decode scale) of an NVFP4Tensor, checked: codes and scales must be
+    integer byte arrays (an ml_dtypes float8 or float array is refused, never converted by value) of the shapes
+    ``shape`` implies, and the global decode scale finite and positive (the recipes give amax / (448 * 6), or 1).
+
+    Raises:
+        TypeError: codes / scales not integer byte arrays; ValueError: inconsistent shapes, bad global scale.
+    """
+    ax = t.axis
+    codes = as_code_array(t.codes, f"{name}.codes", nbits=8)
+    scales = as_code_array(t.scales, f"{name}.scales", nbits=8)
+    k = t.shape[ax]
+    want_c = t.shape[:ax] + (k // 2,) + t.shape[ax + 1:]
+    want_s = t.shape[:ax] + (k // _NVFP4_BLOCK,) + t.shape[ax + 1:]
+    if codes.shape != want_c or scales.shape != want_s:
+        raise ValueError(
+            f"{name} is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
+            f"got {codes.shape} and {scales.shape}"
+        )
+    g = float(t.global_decode_scale)
+    if not (math.isfinite(g) and g > 0):
+        raise ValueError(f"{name}.global_decode_scale={g!r}: expected a finite positive float")
+    return codes, scales, g
+
+
 def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
     """Decode an :class:`NVFP4Tensor`: value = e2m1(code) * ue4m3(scale) * global_decode_scale.
 
@@ -442,16 +469,8 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
     ax = t.axis
-    codes = as_code_array(t.codes, "t.codes", nbits=8)
-    scales = as_code_array(t.scales, "t.scales", nbits=8)
+    codes, scales, _ = _nvfp4_parts(t, "t")
     k = t.shape[ax]
-    want_c = t.shape[:ax] + (k // 2,) + t.shape[ax + 1:]
-    want_s = t.shape[:ax] + (k // _NVFP4_BLOCK,) + t.shape[ax + 1:]
-    if codes.shape != want_c or scales.shape != want_s:
-        raise ValueError(
-            f"t is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, got "
-            f"{codes.shape} and {scales.shape}"
-        )
     v = decode(unpack_fp4(np.moveaxis(codes, ax, -1)), E2M1, dtype=dt)
     s = decode(np.moveaxis(scales, ax, -1) & 0x7F, E4M3FN, dtype=dt)
     lead = v.shape[:-1]
@@ -649,10 +668,12 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
     fmt = MX_ELEMENTS[t.elem]
     ax, k = t.axis, t.shape[t.axis]
     want_s = t.shape[:ax] + (k // t.block,) + t.shape[ax + 1:]
-    if t.codes.shape != t.shape or t.scales.shape != want_s:
-        raise ValueError(f"t is inconsistent: codes {t.codes.shape}, scales {t.scales.shape} for shape {t.shape}")
-    v = decode(np.moveaxis(t.codes, ax, -1), fmt, dtype=np.float64)
-    s = decode(np.moveaxis(t.scales, ax, -1), UE8M0, dtype=np.float64)
+    codes = as_code_array(t.codes, "t.codes", nbits=8)
+    scales = as_code_array(t.scales, "t.scales", nbits=8)
+    if codes.shape != t.shape or scales.shape != want_s:
+        raise ValueError(f"t is inconsistent: codes {codes.shape}, scales {scales.shape} for shape {t.shape}")
+    v = decode(np.moveaxis(codes, ax, -1), fmt, dtype=np.float64)
+    s = decode(np.moveaxis(scales, ax, -1), UE8M0, dtype=np.float64)
     lead = v.shape[:-1]
     out = (v.reshape(lead + (k // t.block, t.block)) * s[..., None]).reshape(lead + (k,))
     with np.errstate(over="ignore"):

@@ -718,7 +718,9 @@ def _check_nvfp4_tensor(t, name: str):
             f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}"
         )
     # block=(16, 16) weight tiles store their scale on every row too: the same per-row arithmetic applies.
-    return np.asarray(t.codes, dtype=np.uint8), np.asarray(t.scales, dtype=np.uint8), float(t.global_decode_scale)
+    from .blockscale import _nvfp4_parts
+
+    return _nvfp4_parts(t, name)
 
 
 def nvfp4_gemm(xq, wq) -> Reference:

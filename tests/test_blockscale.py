@@ -599,3 +599,13 @@ def test_mx_elem_accepts_the_registry_name_e4m3fn():
     np.testing.assert_array_equal(a.scales, b.scales)
     with pytest.raises(ValueError, match="elem="):
         mx_quantize(x, "e4m3fnuz")
+
+
+def test_mx_dequantize_names_the_bad_field():
+    import dataclasses
+
+    t = mx_quantize(np.random.default_rng(4).standard_normal((2, 64)).astype(np.float32), "e4m3fn")
+    with pytest.raises(TypeError, match="t.scales"):
+        mx_dequantize(dataclasses.replace(t, scales=t.scales.astype(np.float32)))
+    with pytest.raises(TypeError, match="t.codes"):
+        mx_dequantize(dataclasses.replace(t, codes=t.codes.astype(np.float32)))

@@ -564,3 +564,27 @@ def test_gemm_fp16_certification_at_binade_bottoms_and_zero():
     B = np.array([[1.0, 1.0, 1.0, 1.0, 2.0**-24], [-1.0, -1.0, 1.0, 1.0, 2.0**-24]], np.float16)
     ref = gemm.gemm_fp16(A, B)
     assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
+
+
+def test_nvfp4_gemm_reads_bytes_never_values():
+    """Scales given as ml_dtypes float8 (or any non-integer array) were converted by VALUE (a silent wrong result);
+    they are refused like nvfp4_dequantize refuses them, and a non-positive global scale is refused too."""
+    import dataclasses
+
+    from fp4ref.blockscale import nvfp4_dequantize
+
+    rng = np.random.default_rng(21)
+    xq = nvfp4_quantize(rng.standard_normal((4, 64)).astype(np.float32), recipe="sol")
+    wq = nvfp4_quantize(rng.standard_normal((3, 64)).astype(np.float32), recipe="sol")
+    for bad in (xq.scales.view(ml_dtypes.float8_e4m3fn), xq.scales.astype(np.float32)):
+        with pytest.raises(TypeError, match="xq.scales"):
+            gemm.nvfp4_gemm(dataclasses.replace(xq, scales=bad), wq)
+    with pytest.raises(TypeError, match="wq.codes"):
+        gemm.nvfp4_gemm(xq, dataclasses.replace(wq, codes=wq.codes.astype(np.float64)))
+    with pytest.raises(ValueError, match="xq is inconsistent"):
+        gemm.nvfp4_gemm(dataclasses.replace(xq, codes=xq.codes[:, :16]), wq)
+    for g in (-1.0, 0.0, float("inf")):
+        with pytest.raises(ValueError, match="global_decode_scale"):
+            gemm.nvfp4_gemm(dataclasses.replace(xq, global_decode_scale=np.float32(g)), wq)
+        with pytest.raises(ValueError, match="global_decode_scale"):
+            nvfp4_dequantize(dataclasses.replace(wq, global_decode_scale=np.float32(g)))
