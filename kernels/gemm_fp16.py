@@ -862,6 +862,8 @@ def gemm_fp16(
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         bad = "A" if not isinstance(A, torch.Tensor) else "B"
         raise TypeError(f"{bad}: expected a torch.Tensor, got {type(A if bad == 'A' else B).__name__}")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config: expected a GemmConfig or None, got {type(config).__name__}")
     key = (A.dtype, B.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config)
     plan = _PLANS.get(key, _NO_PLAN)
     if plan is _NO_PLAN:

@@ -940,6 +940,10 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
+        raise TypeError(f"nan_check_bytes: expected None or a bool, got {type(nan_check_bytes).__name__}")
+    if config is not None and not isinstance(config, SparseGemmConfig):
+        raise TypeError(f"config: expected a SparseGemmConfig or None, got {type(config).__name__}")
     pv, pm, pb = a_vals.data_ptr(), a_meta.data_ptr(), b_fp8.data_ptr()
     sa, sb = a_vals.stride(), b_fp8.stride()
     key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,

@@ -609,3 +609,13 @@ def test_mx_dequantize_names_the_bad_field():
         mx_dequantize(dataclasses.replace(t, scales=t.scales.astype(np.float32)))
     with pytest.raises(TypeError, match="t.codes"):
         mx_dequantize(dataclasses.replace(t, codes=t.codes.astype(np.float32)))
+
+
+def test_float64_beyond_float32_is_a_value_error_without_a_warning():
+    import warnings
+
+    x = np.full((1, 16), 1e300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow RuntimeWarning would surface here instead of the ValueError
+        with pytest.raises(ValueError, match="not float32 values"):
+            nvfp4_quantize(x, recipe="sol")

@@ -201,6 +201,8 @@ def test_bad_out_and_config_raise():
         mod.gemm_fp16(A, B, out=_t((4, 16), torch.float32))
     with pytest.raises(TypeError, match="config"):
         mod.gemm_fp16(A, B, config="fast")
+    with pytest.raises(TypeError, match="config"):
+        mod.gemm_fp16(A, B, config={"BLOCK_M": 3})  # unhashable: must not reach the plan key first
     with pytest.raises(ValueError, match="kernel="):
         G("cublas", 64, 64, 64)
     with pytest.raises(ValueError, match="BLOCK_N=48"):

@@ -467,6 +467,10 @@ def test_bad_config_and_out():
         mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(2, 3, dtype=torch.float32))
     with pytest.raises(ValueError, match="out.shape"):
         mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(3, 2, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="nan_check_bytes"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, nan_check_bytes="x")
+    with pytest.raises(TypeError, match="config"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, {"block_m": 64})
 
 
 def test_contract_names_a_known_model():
