@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable, Sequence
 
-__all__ = ["l2_flush_buffer", "time_cuda", "gpu_time_graph", "print_table", "geomean"]
+__all__ = ["l2_flush_buffer", "time_cuda", "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
 
@@ -114,6 +114,23 @@ def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5,
     t = (med(g_both) - med(g_flush)) / reps
     del g_both, g_flush
     return t
+
+
+def compile_in_pool(worker: Callable[[str], str], jobs: Sequence[str], workers: int, what: str = "builds") -> None:
+    """Run ``worker`` (a module-level function: JSON job string -> "ok" or an error text) on each job in spawned
+    processes, so Triton compiles in parallel and fills its shared on-disk cache for the calling process; print
+    how many ran, how long it took and each failure. ``jobs`` should already be distinct."""
+    import multiprocessing as mp
+    import time
+
+    jobs = list(jobs)
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(max(1, min(workers, len(jobs)))) as pool:
+        res = pool.map(worker, jobs, chunksize=1)
+    bad = [(j, r) for j, r in zip(jobs, res) if r != "ok"]
+    print(f"precompiled {len(jobs)} {what} in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
+    for j, r in bad:
+        print("  compile failure", j, r, flush=True)
 
 
 def geomean(values: Sequence[float]) -> float:

@@ -214,17 +214,9 @@ def _compile_worker(job: str) -> str:
 
 def precompile(jobs, workers: int) -> None:
     """Compile jobs (dicts: {"m", "cfg"} or {"m", "tile"}) in parallel spawned processes (shared on-disk cache)."""
-    import multiprocessing as mp
-    import time
+    from ._bench import compile_in_pool
 
-    uniq = sorted({json.dumps(j, sort_keys=True) for j in jobs})
-    t0 = time.time()
-    with mp.get_context("spawn").Pool(max(1, min(workers, len(uniq)))) as pool:
-        res = pool.map(_compile_worker, uniq, chunksize=1)
-    bad = [(u, r) for u, r in zip(uniq, res) if r != "ok"]
-    print(f"precompiled {len(uniq)} jobs in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
-    for u, r in bad:
-        print("  compile failure", u, r, flush=True)
+    compile_in_pool(_compile_worker, sorted({json.dumps(j, sort_keys=True) for j in jobs}), workers, "jobs")
 
 
 def _spec_m(m: int) -> int:

@@ -351,16 +351,10 @@ def _compile_worker(job: str) -> str:
 
 def precompile(cands, workers: int) -> None:
     """Compile (config, nan_check_bytes) pairs in parallel processes (triton's cache is shared on disk)."""
-    import multiprocessing as mp
+    from ._bench import compile_in_pool
 
     uniq = sorted({json.dumps({**dataclasses.asdict(c), "nan_check_bytes": n}, sort_keys=True) for c, n in cands})
-    t0 = time.time()
-    with mp.get_context("spawn").Pool(max(1, min(workers, len(uniq)))) as pool:
-        res = pool.map(_compile_worker, uniq)
-    bad = [(u, r) for u, r in zip(uniq, res) if r != "ok"]
-    print(f"precompiled {len(uniq)} configs in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
-    for u, r in bad:
-        print("  compile failure", u, r, flush=True)
+    compile_in_pool(_compile_worker, uniq, workers, "configs")
 
 
 COLUMNS = ["M", "config", "kernel us", "cuBLAS fp8 us", "naive us", "x vs fp8", "x vs naive", "% bytes floor"]
