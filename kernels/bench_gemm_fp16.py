@@ -72,6 +72,34 @@ def _poisoned_run(torch, A, B):
     return gemm_fp16(A, B, out=C)
 
 
+def _float64_reference(A, B):
+    """(S, |A||B|, e64): the float64 GPU product of fp16 A, B^T (products exact), |A||B|, and its own error bound
+    (K + 4) 2^-52 |A||B| (Higham §3.1), for the bound checks below."""
+    Ad, Bd = A.double(), B.double()
+    S = Ad @ Bd.T
+    absprod = Ad.abs() @ Bd.abs().T
+    return S, absprod, (A.shape[1] + 4) * 2.0**-52 * absprod
+
+
+def _bound(cfg, ref, M: int, N: int, K: int):
+    """Per-element bound on |C - exact| for config ``cfg`` (its accumulation model, one fp16 RNE output), widened
+    by the float64 reference's own error."""
+    S, absprod, e64 = ref
+    u, eta = 2.0**-11, 2.0**-25
+    return u * (S.abs() + e64) + (1 + u) * (model_eps(cfg, K, M, N) * absprod) + eta + e64
+
+
+def _verify_candidate(torch, A, B, cfg, ref):
+    """Two runs of ``cfg`` into NaN-filled outputs: (every element within _bound, the two runs bitwise equal)."""
+    from .gemm_fp16 import gemm_fp16
+
+    M, N, K = A.shape[0], B.shape[0], A.shape[1]
+    outs = [gemm_fp16(A, B, cfg, out=torch.full((M, N), float("nan"), dtype=torch.float16, device=A.device))
+            for _ in range(2)]
+    good = bool(((outs[0].double() - ref[0]).abs() <= _bound(cfg, ref, M, N, K)).all())
+    return good, torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
     """Correctness on the GPU for every M; returns True when all pass. Prints one line per size."""
     import numpy as np
@@ -92,14 +120,9 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
         if device == "cuda":
             torch.cuda.synchronize()
         det = torch.equal(C1.view(torch.int16), C2.view(torch.int16))
-        Ad, Bd = A.double(), B.double()
-        S = Ad @ Bd.T
-        absprod = Ad.abs() @ Bd.abs().T
-        e64 = (K + 4) * 2.0**-52 * absprod  # float64 matmul error (Higham §3.1), products exact
-        eps = model_eps(cfg, K, M, N)
-        u, eta = 2.0**-11, 2.0**-25
-        bound = u * (S.abs() + e64) + (1 + u) * (eps * absprod) + eta + e64
-        err = (C1.double() - S).abs()
+        ref = _float64_reference(A, B)
+        bound = _bound(cfg, ref, M, N, K)
+        err = (C1.double() - ref[0]).abs()
         nan = int(torch.isnan(C1).sum())
         viol = int((err > bound).sum())
         ratio = float((err / bound).max())
@@ -171,23 +194,12 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False, gpu_time: bool = F
         A = torch.randn(M, K, device=DEVICE, dtype=torch.float16, generator=gen)
         cfgs = configs(M) if configs is not None else [pick_config(M, N, K)]
         t_torch = time_cuda(lambda: torch.matmul(A, B.T))
-        if verify:
-            Ad, Bd = A.double(), B.double()
-            S = Ad @ Bd.T
-            absprod = Ad.abs() @ Bd.abs().T
-            e64 = (K + 4) * 2.0**-52 * absprod
+        ref = _float64_reference(A, B) if verify else None
         for cfg in cfgs:
             status = "-"
             try:
                 if verify:
-                    outs = []
-                    for _ in range(2):
-                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
-                        outs.append(gemm_fp16(A, B, cfg, out=C))
-                    u = 2.0**-11
-                    bound = u * (S.abs() + e64) + (1 + u) * model_eps(cfg, K, M, N) * absprod + 2.0**-25 + e64
-                    good = bool(((outs[0].double() - S).abs() <= bound).all())
-                    det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+                    good, det = _verify_candidate(torch, A, B, cfg, ref)
                     status = "ok" if good and det else f"FAIL(bound={good},det={det})"
                 t_k = time_cuda(lambda: gemm_fp16(A, B, cfg))
             except Exception as e:  # sweep: a config may not fit (shared memory); report and go on
@@ -398,10 +410,7 @@ def tune(N, K, log, deadline: float | None = None, results: dict | None = None, 
         timed = {c: 0 for c in cands}
         for M in Ms:
             A = torch.randn(M, K, device=DEVICE, dtype=torch.float16, generator=gen)
-            Ad, Bd = A.double(), B.double()
-            S = Ad @ Bd.T
-            absprod = Ad.abs() @ Bd.abs().T
-            e64 = (K + 4) * 2.0**-52 * absprod
+            ref = _float64_reference(A, B)
             t_torch = gpu_time_graph(lambda: torch.matmul(A, B.T))
             per_m = []
             for c in cands:
@@ -411,14 +420,7 @@ def tune(N, K, log, deadline: float | None = None, results: dict | None = None, 
                     emit(f"tune M={M}: deadline reached, {cfg_name(c)} and later candidates not timed")
                     break
                 try:
-                    outs = []
-                    for _ in range(2):
-                        C = torch.full((M, N), float("nan"), dtype=torch.float16, device=DEVICE)
-                        outs.append(gemm_fp16(A, B, c, out=C))
-                    u = 2.0**-11
-                    bnd = u * (S.abs() + e64) + (1 + u) * model_eps(c, K, M, N) * absprod + 2.0**-25 + e64
-                    good = bool(((outs[0].double() - S).abs() <= bnd).all())
-                    det = torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+                    good, det = _verify_candidate(torch, A, B, c, ref)
                     if not (good and det):
                         raise RuntimeError(f"verification failed (bound ok={good}, deterministic={det})")
                     t = gpu_time_graph(lambda: gemm_fp16(A, B, c))
@@ -497,21 +499,16 @@ def precompile(cfgs, workers: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> 
     ``cfgs``: GemmConfigs (compiled at M = 300) or (GemmConfig, M) pairs (the TMA kernel's NUM_PROGRAMS depends
     on M, so each distinct build is compiled once)."""
     import dataclasses
-    import multiprocessing as mp
 
     import torch
+
+    from ._bench import compile_in_pool
 
     pairs = [c if isinstance(c, tuple) else (c, 300) for c in cfgs]
     pairs = _distinct_builds(pairs, torch.cuda.get_device_properties(0).multi_processor_count, N, K)
     uniq = sorted({json.dumps({"cfg": dataclasses.asdict(c), "M": M, "N": N, "K": K}, sort_keys=True)
                    for c, M in pairs})  # fmt: skip
-    t0 = time.time()
-    with mp.get_context("spawn").Pool(max(1, min(workers, len(uniq)))) as pool:
-        res = pool.map(_compile_worker, uniq, chunksize=1)
-    bad = [(u, r) for u, r in zip(uniq, res) if r != "ok"]
-    print(f"precompiled {len(uniq)} builds in {time.time() - t0:.1f} s; failures: {len(bad)}", flush=True)
-    for u, r in bad:
-        print("  compile failure", u, r, flush=True)
+    compile_in_pool(_compile_worker, uniq, workers, "builds")
 
 
 def main(argv=None) -> int:
