@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,7 @@ __all__ = [
     "OUTPUT_ROUNDINGS",
     "DEFAULT_MODEL",
     "simulate",
+    "NumericContract",
 ]
 
 U32 = 2.0**-24  # fp32 unit roundoff (RN)
@@ -209,6 +211,13 @@ for _m in (
 ):
     register_model(_m)
 
+# eps_acc(K) = gamma_K(2^-28) = gamma_{K/16}(2^-24): an fp32 RN sum (any order) of K/16 exact terms whose absolute
+# values sum to at most |A||B|: each term a 16-product block dot product that is exact in fp32 (NVFP4 GEMV, where
+# an E2M1 x E2M1 block sum times the two E4M3 scales has few enough significant bits; docs/kernels.md).
+register_model(AccumulationModel(
+    "fp32_rn_block16", "recursive", u=2.0**-28,
+    source="fp32 RN sum of K/16 exact 16-element block dot products (Higham 2002 §3.1: gamma_{K/16}(2^-24))"))
+
 # aliases: bf16 inputs accumulate the same way as fp16 on these tensor cores; a long name for the universal bound
 MODELS["ampere_bf16"] = MODELS["ampere_fp16"]
 MODELS["hopper_bf16_wgmma"] = MODELS["hopper_fp16_wgmma"]
@@ -264,6 +273,115 @@ def get_model(model) -> AccumulationModel:
         f"model={model!r} is not a known accumulation model; expected one of {sorted(MODELS)}, "
         "'hopper_fp8_wgmma_promote(N)' or 'splitk(<model>, C)'"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Numeric contracts
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _model_name(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what}={value!r}: expected a model name (str)")
+    get_model(value)  # ValueError names the unknown model
+    return value
+
+
+@dataclass(frozen=True)
+class NumericContract:
+    """What a kernel promises about its arithmetic, as data the checker reads.
+
+    A kernel package exports one as ``NUMERIC_CONTRACT``; ``fp4ref verify`` and the tests ask it for the model of
+    the path and config that serves a call (:meth:`model_for`), so a GEMV, a split-K and a persistent tile path of
+    one kernel are each checked against their own bound.
+
+    Attributes:
+        inputs, output: what the kernel reads and writes (``output`` is "float16" or "bfloat16").
+        model: an accumulation model (a name for :func:`get_model`) that bounds EVERY config at every K on the
+            GPU: the contract's promise when the config is unknown.
+        model_interpreter: the same for the Triton CPU interpreter (its ``tl.dot`` is a numpy fp32 product).
+        output_rounding / output_rounding_interpreter: "rne" or "faithful" (either neighbour: the interpreter
+            truncates fp32 -> bf16 stores).
+        epilogue_multiplies: fp32 multiplies after the accumulation (global scales), added to the bound.
+        deterministic: outputs are bitwise equal run to run.
+        config_model: ``(config, K, interpreter, **launch) -> model name``: the tight model of one config at
+            reduction length K (``launch`` may carry M and N for schedules that depend on them). None: ``model``.
+        pick_config: ``(M, N, K, interpreter) -> config``: the config a call of that shape runs with. None: the
+            kernel has one config.
+        notes: other promises, as text (split-K order, NaN policy, quantizer recipe, ...).
+
+    Raises:
+        TypeError / ValueError: a model name that :func:`get_model` does not know, a rounding outside
+            ``OUTPUT_ROUNDINGS``, a negative or oversized ``epilogue_multiplies``, a non-callable hook.
+    """
+
+    inputs: str
+    output: str
+    model: str
+    model_interpreter: str = "fp32_rn"
+    output_rounding: str = "rne"
+    output_rounding_interpreter: str = "rne"
+    epilogue_multiplies: int = 0
+    deterministic: bool = True
+    config_model: Callable[..., str] | None = None
+    pick_config: Callable[[int, int, int, bool], Any] | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        _model_name(self.model, "model")
+        _model_name(self.model_interpreter, "model_interpreter")
+        for name in ("output_rounding", "output_rounding_interpreter"):
+            if getattr(self, name) not in OUTPUT_ROUNDINGS:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {OUTPUT_ROUNDINGS}")
+        if self.output not in ("float16", "bfloat16"):
+            raise ValueError(f"output={self.output!r}: expected 'float16' or 'bfloat16'")
+        e = self.epilogue_multiplies
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e <= MAX_EPILOGUE_MULTIPLIES:
+            raise ValueError(f"epilogue_multiplies={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}]")
+        for name in ("config_model", "pick_config"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"{name}: expected a callable or None, got {type(getattr(self, name)).__name__}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, output: str) -> "NumericContract":
+        """A contract from the plain-dict form a kernel module may declare instead (keys ``accumulation_model``,
+        ``accumulation_model_interpreter``, ``output_rounding``, ``output_rounding_interpreter``,
+        ``epilogue_multiplies``; missing keys take the defaults: :data:`DEFAULT_MODEL`, ``fp32_rn`` ... ``rne``).
+        Unknown keys are kept as ``notes``."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"contract: expected a mapping, got {type(d).__name__}")
+        known = {"accumulation_model": "model", "accumulation_model_interpreter": "model_interpreter",
+                 "output_rounding": "output_rounding", "output_rounding_interpreter": "output_rounding_interpreter",
+                 "epilogue_multiplies": "epilogue_multiplies"}
+        kw = {known[k]: v for k, v in d.items() if k in known}
+        kw.setdefault("model", DEFAULT_MODEL)
+        # a dict that names only a GPU model: the interpreter's fp32 product is bounded by the same model too
+        kw.setdefault("model_interpreter", kw["model"])
+        return cls(inputs=str(d.get("inputs", "")), output=output, notes={k: str(v) for k, v in d.items()
+                   if k not in known}, **kw)  # fmt: skip
+
+    def config_for(self, M: int, N: int, K: int, interpreter: bool = False):
+        """The config a call with these sizes runs with (``pick_config``), or None for a one-config kernel."""
+        return None if self.pick_config is None else self.pick_config(M, N, K, interpreter)
+
+    def model_for(self, config, K: int, interpreter: bool = False, **launch) -> AccumulationModel:
+        """The accumulation model that bounds ``config`` at reduction length ``K``.
+
+        ``config`` None (or no ``config_model``): the contract-wide ``model`` (``model_interpreter`` when
+        ``interpreter``). ``launch``: keyword facts of the launch a schedule depends on (e.g. ``M=..., N=...``).
+
+        Raises:
+            ValueError: K < 1, or the config's model is unknown to :func:`get_model`.
+        """
+        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+            raise ValueError(f"K={K!r}: expected an int >= 1")
+        if config is None or self.config_model is None:
+            return get_model(self.model_interpreter if interpreter else self.model)
+        return get_model(_model_name(self.config_model(config, int(K), interpreter, **launch), "config_model()"))
+
+    def rounding_for(self, interpreter: bool = False) -> str:
+        """The declared output rounding on the GPU, or in the CPU interpreter."""
+        return self.output_rounding_interpreter if interpreter else self.output_rounding
 
 
 # --------------------------------------------------------------------------------------------------------------

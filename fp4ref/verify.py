@@ -38,6 +38,7 @@ class Row:
     workload: str
     m: int
     family: str
+    model: str = ""  # the accumulation model the row is checked under
     examples: int = 0
     checked_rows: int = 0
     # Worst over the completed examples; NaN while none completed (a kernel that raised has no metrics).
@@ -86,10 +87,20 @@ def load_kernel(spec: str):
     return fn, module
 
 
-def kernel_contract(module) -> dict:
-    """The kernel module's declared numeric contract (``NUMERIC_CONTRACT`` dict), or {} if it declares none."""
+def kernel_contract(module, output: str = "float16"):
+    """The kernel module's ``NUMERIC_CONTRACT`` as a :class:`fp4ref.bounds.NumericContract`, or None.
+
+    A plain dict (the short form for user kernels) is read by :meth:`NumericContract.from_dict`; ``output`` is
+    the workload's output dtype name, used for that form.
+    """
+    from .bounds import NumericContract
+
     contract = getattr(module, "NUMERIC_CONTRACT", None)
-    return dict(contract) if isinstance(contract, dict) else {}
+    if isinstance(contract, NumericContract):
+        return contract
+    if isinstance(contract, dict):
+        return NumericContract.from_dict(contract, output=output)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- torch bridge
@@ -255,21 +266,26 @@ def verify(
         except Exception as exc:  # the project's kernel may not exist yet: say so, never skip silently
             result.missing.append([name, f"{spec}: {type(exc).__name__}: {exc}"])
             continue
-        contract = kernel_contract(module)
-        # In the interpreter tl.dot is a numpy fp32 product, not a tensor core: a kernel may declare that model.
-        model_name = model or (interpreted and contract.get("accumulation_model_interpreter")) or contract.get(
-            "accumulation_model") or bounds.DEFAULT_MODEL
+        contract = kernel_contract(module, w.output_dtype)
         # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
-        rounding = output_rounding or contract.get(
-            "output_rounding_interpreter" if interpreted else "output_rounding", "rne")
+        rounding = output_rounding or (contract.rounding_for(interpreted) if contract else "rne")
         fams = [f for f in (families or w.families) if f in w.families]
         ms = list(sizes or (w.cpu_m if interpreted else w.gpu_m))
         for m in ms:
+            # Each M is checked under the model of the path and config that serves it (a GEMV, a split-K or a
+            # persistent tile path of one kernel differ); in the interpreter tl.dot is a numpy fp32 product.
+            if model is not None:
+                model_name = bounds.get_model(model).name
+            elif contract is not None:
+                cfg = contract.config_for(int(m), w.n, w.k, interpreted)
+                model_name = contract.model_for(cfg, w.k, interpreted, M=int(m), N=w.n).name
+            else:
+                model_name = bounds.DEFAULT_MODEL
             for f in fams:
                 plan.append((w, fn, model_name, rounding, int(m), f))
 
     for w, fn, model_name, rounding, m, fam in plan:
-        row = Row(workload=w.name, m=m, family=fam)
+        row = Row(workload=w.name, m=m, family=fam, model=model_name)
         t0 = time.perf_counter()
         for ex in range(examples):
             rng = np.random.default_rng([seed, ex, m, sum(map(ord, w.name + fam))])

@@ -100,13 +100,6 @@ NUMERIC_CONTRACT = {
     # weight_global_decode_scale is rounded to fp32 (RNE) once; the workload passes fp32 values (exact).
 }
 
-# eps_acc(K) = gamma_K(2^-28) = gamma_{K/16}(2^-24): the rigorous bound of an fp32 RN sum (any order) of K/16
-# exact terms whose absolute values sum to at most |A||B| (each term is a 16-product block dot product, exact).
-_bounds.register_model(_bounds.AccumulationModel(
-    "fp32_rn_block16", "recursive", u=2.0**-28,
-    source="fp32 RN sum of K/16 exact 16-element block dot products (Higham 2002 §3.1, gamma_{K/16}(2^-24)); "
-           "fp4ref.kernels.nvfp4_linear GEMV"))
-
 _FP32_MAX = 3.4028234663852886e38
 _E4M3_MAX = 448.0
 _E2M1_MAX = 6.0

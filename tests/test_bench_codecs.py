@@ -1,16 +1,16 @@
-"""Smoke test of the codec benchmark (fp4ref.bench_codecs): it runs, prints the table, and its data is not trivial."""
+"""Smoke test of the codec benchmark (fp4ref.bench.codecs): it runs, prints the table, and its data is not trivial."""
 from __future__ import annotations
 
 import numpy as np
 
-from fp4ref import bench_codecs
+from fp4ref.bench import codecs as bench_codecs
 from fp4ref.formats import FORMATS, encode
 
 
 def test_bench_codecs_main_prints_table(capsys):
     assert bench_codecs.main(["--n", "8192", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "Command: `python -m fp4ref.bench_codecs --n 8192 --repeat 1`" in out
+    assert "Command: `python -m fp4ref.bench.codecs --n 8192 --repeat 1`" in out
     for name in FORMATS:
         assert f"| {name} | encode |" in out and f"| {name} | decode |" in out
 

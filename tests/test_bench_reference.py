@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fp4ref import bench_codecs, bench_quantize, bench_reference
+from fp4ref.bench import codecs as bench_codecs, quantize as bench_quantize, reference as bench_reference
 
 
 @pytest.mark.parametrize("repeat", ["0", "-3"])

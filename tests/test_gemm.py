@@ -470,7 +470,7 @@ def test_nvfp4_gemm_exact_bf16_ties():
 
 
 def test_bench_reference_runs_on_small_shapes(monkeypatch):
-    from fp4ref import bench_reference
+    from fp4ref.bench import reference as bench_reference
 
     monkeypatch.setattr(bench_reference, "SHAPES", {"sparse_gemm_fp4_fp8": (4, 32, 64), "nvfp4_linear": (4, 32, 64),
                                                     "gemm_fp16": (4, 24, 32)})

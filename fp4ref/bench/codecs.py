@@ -1,6 +1,6 @@
 """Codec throughput benchmark: fp4ref.formats.encode / decode against ml_dtypes' ``astype`` on the same data.
 
-Run ``python -m fp4ref.bench_codecs`` (default 64M float32 values per format, median of 5 interleaved rounds).
+Run ``python -m fp4ref.bench.codecs`` (default 64M float32 values per format, median of 5 interleaved rounds).
 Not a test: it prints a Markdown table (ours vs peer, same run, ratio) for docs/benchmarks.md. The target
 (issue 2) is encode within 2x of ml_dtypes' time for E2M1 and E4M3FN.
 
@@ -20,7 +20,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from .formats import FORMATS, decode, encode, get_format
+from ..formats import FORMATS, decode, encode, get_format
 
 # ml_dtypes' type for each format (the peer)
 _PEER = {
@@ -111,7 +111,7 @@ def machine_line() -> str:
 
 def main(argv=None) -> int:
     """Print the encode/decode throughput table. Returns 0."""
-    p = argparse.ArgumentParser(prog="python -m fp4ref.bench_codecs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m fp4ref.bench.codecs", description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1 << 26, help="float32 values per format (default 64M = 2^26)")
     p.add_argument("--formats", default=",".join(FORMATS),
                    help=f"comma-separated format names (default all: {','.join(FORMATS)})")
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
     rows = run(names, args.n, args.repeat, args.seed)
-    cmd = "python -m fp4ref.bench_codecs" + ("" if argv is None and len(sys.argv) <= 1 else
+    cmd = "python -m fp4ref.bench.codecs" + ("" if argv is None and len(sys.argv) <= 1 else
                                              " " + " ".join(sys.argv[1:] if argv is None else argv))
     print(f"Command: `{cmd}`")
     print(f"Machine: {machine_line()}")

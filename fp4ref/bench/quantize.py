@@ -1,6 +1,6 @@
 """NVFP4 quantization benchmark: fp4ref.blockscale.nvfp4_quantize against ml_dtypes' ``astype(float4_e2m1fn)``.
 
-Run ``python -m fp4ref.bench_quantize`` (default an 8192 x 8192 float32 ``randn`` array, best of 3). Not a test: it
+Run ``python -m fp4ref.bench.quantize`` (default an 8192 x 8192 float32 ``randn`` array, best of 3). Not a test: it
 prints a Markdown table (ours vs peer, same run, ratio) for docs/benchmarks.md. Target (issue 3): nvfp4_quantize
 within 2x of the time of ml_dtypes' plain E2M1 cast of the same array (which computes no scales at all: it is the
 floor of what a numpy-speed quantizer can cost).
@@ -20,8 +20,8 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 
-from .bench_codecs import machine_line
-from .blockscale import NVFP4Recipe, nvfp4_quantize
+from .codecs import machine_line
+from ..blockscale import NVFP4Recipe, nvfp4_quantize
 
 
 def _best(fn, repeat: int) -> float:
@@ -88,7 +88,7 @@ def format_table(results, n: int) -> str:
 
 def main(argv=None) -> int:
     """Print the NVFP4 quantization benchmark table. Returns 0."""
-    p = argparse.ArgumentParser(prog="python -m fp4ref.bench_quantize", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m fp4ref.bench.quantize", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--cols", type=int, default=8192, help="K, a multiple of 16")
     p.add_argument("--recipes", default=",".join(r.value for r in NVFP4Recipe),
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         if r not in [v.value for v in NVFP4Recipe]:
             p.error(f"unknown recipe {r!r}; expected some of {[v.value for v in NVFP4Recipe]}")
     results, input_mb = run(args.rows, args.cols, recipes, args.repeat, args.seed)
-    cmd = "python -m fp4ref.bench_quantize" + ("" if argv is None and len(sys.argv) <= 1 else
+    cmd = "python -m fp4ref.bench.quantize" + ("" if argv is None and len(sys.argv) <= 1 else
                                                " " + " ".join(sys.argv[1:] if argv is None else argv))
     print(f"Command: `{cmd}`")
     print(f"Machine: {machine_line()}; {_cpu_model()}; load average {os.getloadavg()[0]:.1f} at start")

@@ -1,6 +1,6 @@
 """Reference-GEMM speed: fp4ref.gemm against a plain numpy float64 matmul of the same shape, same run.
 
-Run ``python -m fp4ref.bench_reference`` (the seed shapes: sparse M=64, N=K=2048; NVFP4 M=128, N=K=8192; fp16
+Run ``python -m fp4ref.bench.reference`` (the seed shapes: sparse M=64, N=K=2048; NVFP4 M=128, N=K=8192; fp16
 M=256, N=3072, K=2048). Not a test: it prints a Markdown table for docs/benchmarks.md. Target (issue 4): the
 reference within 3x of the float64 matmul.
 
@@ -22,7 +22,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from . import gemm
+from .. import gemm
 
 SHAPES = {
     "sparse_gemm_fp4_fp8": (64, 2048, 2048),
@@ -41,7 +41,7 @@ def _operands(name, M, N, K, rng):
         A = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
         B = rng.standard_normal((N, K), dtype=np.float32).astype(np.float16)
         return (lambda: gemm.gemm_fp16(A, B)), (M, N, K)
-    from .blockscale import nvfp4_quantize
+    from ..blockscale import nvfp4_quantize
 
     wq = nvfp4_quantize(rng.standard_normal((N, K), dtype=np.float32), recipe="sol")
     x = rng.standard_normal((1, M, K), dtype=np.float32).astype(ml_dtypes.bfloat16)
@@ -97,7 +97,7 @@ def format_table(rows) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fp4ref.bench_reference", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m fp4ref.bench.reference", description=__doc__.splitlines()[0])
     p.add_argument("--workload", action="append", choices=list(SHAPES), help="default: all three")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

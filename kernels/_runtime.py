@@ -1,0 +1,350 @@
+"""The host runtime shared by the project's kernels: plans, launches, workspaces, device facts.
+
+Every kernel package (gemm_fp16, sparse_gemm_fp4_fp8, nvfp4_linear) uses this module and nothing else for its host
+plumbing:
+
+* ``interpreting()``: whether kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1`` when the kernel
+  modules were imported; Triton reads it when it decorates a kernel).
+* ``num_sms(device)``: the multiprocessor count (cached); ``INTERPRETER_SMS`` in the CPU interpreter, so the
+  persistent loops run several tiles per program there.
+* ``current_stream(device)``: the raw CUDA stream handle Triton itself launches on (0 on the CPU).
+* ``PlanCache``: a bounded dict of launch plans, one policy for every kernel (``MAX_PLANS`` entries, the oldest
+  dropped first); ``clear_plans()`` empties every cache.
+* ``workspace(device, stream, name, numel, dtype)``: scratch buffers per (device, stream), grown and never
+  shrunk. Launches on one stream run in order, so they can share one; launches on different streams get
+  different ones. ``zeroed=True`` buffers (split-K arrival counters) are zeroed once when allocated; the kernels
+  leave them at zero.
+* ``Launch``: one kernel launch of a plan. Its first call goes through Triton's JIT (compiles, validates, and
+  hands back the CompiledKernel, which the Launch keeps); later calls launch the kept kernel directly.
+
+Why direct launches. The JIT re-binds and re-specialises every argument on each call, tens of microseconds of
+Python on the GPU machine's CPU, which a CUDA-event timing of a ~5 us kernel measures as kernel time (the GPU
+waits for the launch). Triton's own launch of a CompiledKernel (``ck.run``) still re-encodes each host tensor
+descriptor (cuTensorMapEncodeTiled, ~7 us each on that CPU) and calls cuPointerGetAttribute per tensor. With
+``FAST_LAUNCH`` on, a Launch calls Triton's generated C launch function itself, with tensors as integer
+pointers and descriptor encodings cached per (pointer, shape, strides, block shape). A kept kernel is valid for
+the plan that made it only if the plan's key fixes everything Triton specialises on: dtypes, ints equal to 1 or
+divisible by 16 (shapes and strides; M is ``do_not_specialize`` where it varies) and 16-byte pointer alignment.
+
+The direct path needs Triton's NVIDIA launcher of the 3.4-3.6 shape (``raw_launcher`` checks it and returns
+False otherwise; the Launch then uses ``ck.run``, which is only slower). A launch hook
+(``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``) sends launches through ``ck.run`` too, which
+builds the metadata the hooks expect. Calls are CUDA-graph capturable after a first, uncaptured call of the same
+plan (it compiles and allocates the workspaces).
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from triton import knobs
+
+__all__ = [
+    "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "clear_plans",
+    "clear_workspaces", "current_stream", "hooks_installed", "interpreting", "launch_compiled", "num_sms",
+    "raw_launcher", "workspace", "workspace_bytes",
+]
+
+# Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``
+# for every launch after the first (comparisons, debugging). Read at each launch.
+FAST_LAUNCH = True
+# Programs a persistent kernel starts per "SM" in the CPU interpreter: a few, so its tile loop runs several times.
+INTERPRETER_SMS = 4
+# Most plans one PlanCache keeps (the oldest is dropped past that): distinct shapes are few in a real model.
+MAX_PLANS = 1024
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # as Triton read it when it decorated the kernels
+
+
+def interpreting() -> bool:
+    """True when the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _INTERPRET
+
+
+_NUM_SMS: dict = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA ``device`` (cached per device index); ``INTERPRETER_SMS`` on the CPU."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    n = _NUM_SMS.get(device.index)
+    if n is None:
+        n = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton itself uses; no Stream object
+
+
+def current_stream(device: torch.device) -> int:
+    """The raw handle of ``device``'s current CUDA stream (0 for a CPU device)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config tables
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConfigTable:
+    """Configs chosen by M, the table shape every kernel package uses.
+
+    ``rows``: (max_m, config) pairs with strictly increasing max_m; a call with M rows takes the first row whose
+    max_m >= M. ``larger``: the config for every M above the last row. Configs are any frozen dataclasses (one
+    type per path: the type says which path serves the call).
+    """
+
+    rows: tuple
+    larger: Any
+
+    def __post_init__(self):
+        bounds = [m for m, _ in self.rows]
+        if any(not isinstance(m, int) or m < 1 for m in bounds) or bounds != sorted(set(bounds)):
+            raise ValueError(f"rows: expected strictly increasing positive int max_m values, got {bounds}")
+
+    def pick(self, M: int):
+        """The config for M rows (M >= 1)."""
+        for max_m, cfg in self.rows:
+            if M <= max_m:
+                return cfg
+        return self.larger
+
+    def configs(self) -> list:
+        """Every distinct config of the table, in order (CI compiles each for sm_90)."""
+        return list(dict.fromkeys([c for _, c in self.rows] + [self.larger]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plan caches
+# ---------------------------------------------------------------------------------------------------------------
+_CACHES: list = []
+
+
+class PlanCache:
+    """A bounded mapping key -> launch plan (``MAX_PLANS`` entries; past that the oldest entry is dropped).
+
+    ``get(key)`` returns None for an unknown key; ``put`` stores a plan only once its call has validated. Every
+    cache registers itself so that :func:`clear_plans` empties them all.
+    """
+
+    def __init__(self, name: str, max_plans: int | None = None):
+        self.name = name
+        self.max_plans = MAX_PLANS if max_plans is None else max_plans
+        self._plans: OrderedDict = OrderedDict()
+        _CACHES.append(self)
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def put(self, key, plan) -> None:
+        if len(self._plans) >= self.max_plans:
+            self._plans.popitem(last=False)
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, key) -> bool:
+        return key in self._plans
+
+
+def clear_plans() -> None:
+    """Forget every kernel package's launch plans (after changing a config table, or to free compiled kernels)."""
+    for cache in _CACHES:
+        cache.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workspaces
+# ---------------------------------------------------------------------------------------------------------------
+_WORKSPACES: dict = {}
+
+
+def workspace(device: torch.device, stream: int, name: str, numel: int, dtype: torch.dtype, *,
+              zeroed: bool = False) -> torch.Tensor:
+    """A flat scratch tensor of at least ``numel`` elements for (``device``, ``stream``, ``name``).
+
+    Kept between calls and grown (never shrunk) when a call needs more; a grown buffer is a new tensor, so a
+    caller must fetch it on every call rather than keep it. ``zeroed``: zero-filled when allocated (arrival
+    counters and flags that every kernel leaves at zero); otherwise uninitialised. One dtype per name.
+    """
+    key = (device.type, device.index, stream, name)
+    buf = _WORKSPACES.get(key)
+    if buf is None or buf.numel() < numel:
+        n = max(numel, 1 if buf is None else buf.numel())
+        buf = (torch.zeros if zeroed else torch.empty)(n, dtype=dtype, device=device)
+        _WORKSPACES[key] = buf
+    elif buf.dtype != dtype:
+        raise ValueError(f"workspace {name!r}: dtype {dtype} requested, but it holds {buf.dtype}")
+    return buf
+
+
+def workspace_bytes() -> int:
+    """Bytes held by every cached workspace (all devices and streams)."""
+    return sum(b.numel() * b.element_size() for b in _WORKSPACES.values())
+
+
+def clear_workspaces() -> None:
+    """Free every cached workspace (calls on any stream allocate fresh ones)."""
+    _WORKSPACES.clear()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launches
+# ---------------------------------------------------------------------------------------------------------------
+def hooks_installed() -> bool:
+    """Whether a Triton launch enter/exit hook is installed (then launches go through ``ck.run``)."""
+    rt = knobs.runtime
+    return bool(getattr(rt.launch_enter_hook, "calls", True) or getattr(rt.launch_exit_hook, "calls", True))
+
+
+def launch_compiled(ck, grid, stream, all_args) -> None:
+    """Triton's own launch of a CompiledKernel (``ck.run``; encodes host descriptors on every call).
+
+    ``all_args``: the kernel's arguments in parameter order, runtime ones then constexprs (what ``ck.run`` takes
+    after the launch header); hooks, if installed, get their metadata as through the JIT."""
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
+        meta = ck.launch_metadata(grid, stream, *all_args)
+    else:
+        meta, enter, exit_ = None, None, None
+    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
+
+
+class Desc:
+    """A host TMA tensor descriptor argument: ``base`` tensor, global ``shape`` and ``strides`` (elements), and
+    the ``block_shape`` one TMA copy moves. A Launch turns it into Triton's TensorDescriptor (checked on the first
+    launch) or, on the direct path, into the cached encoding the C launcher takes."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape")
+
+    def __init__(self, base: torch.Tensor, shape, strides, block_shape):
+        self.base, self.shape, self.strides, self.block_shape = base, list(shape), list(strides), list(block_shape)
+
+    def tensor_descriptor(self, validate: bool):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if validate:
+            return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
+        d = object.__new__(TensorDescriptor)  # the dataclass checks ran on the plan's first launch
+        d.base, d.shape, d.strides, d.block_shape, d.padding = (self.base, self.shape, self.strides,
+                                                                self.block_shape, "zero")
+        return d
+
+
+class _Direct:
+    """Triton's C launch function of one CompiledKernel, with the launch header it takes (see raw_launcher)."""
+
+    __slots__ = ("fn", "ck", "base")
+
+    def __init__(self, fn, ck, run):
+        self.fn, self.ck = fn, ck
+        # after (gridX, gridY, gridZ, stream): function, cooperative grid, PDL, global and profile scratch (none),
+        # packed metadata, launch metadata and hooks (none: callers check hooks_installed())
+        self.base = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, ck.packed_metadata,
+                     None, None, None)
+
+    def encode(self, descs) -> tuple:
+        """The C launcher's arguments for host descriptors (CUtensorMap, shape, strides each), as Triton's
+        launcher wrapper computes them."""
+        from triton.backends.nvidia import driver as drv  # looked up per call: tests replace make_tensordesc_arg
+
+        tmeta = self.ck.metadata.tensordesc_meta
+        return tuple(x for d, m in zip(descs, tmeta, strict=True)
+                     for x in drv.make_tensordesc_arg(d.tensor_descriptor(False), m))
+
+
+def raw_launcher(ck, n_desc: int):
+    """A direct launcher for CompiledKernel ``ck`` whose first ``n_desc`` parameters are host descriptors, or False
+    when this Triton's launcher does not have the expected shape: ``CudaLauncher.launch`` is the C function itself
+    (no descriptors) or ``wrap_handle_tensordesc``'s closure over it (free variable ``launcher``), the base
+    argument format has 13 entries, ``make_tensordesc_arg`` exists; no global or profile scratch; one CTA per
+    program."""
+    try:
+        run = ck.run
+        inner = run.launch
+        tmeta = getattr(ck.metadata, "tensordesc_meta", None) or ()
+        from triton.backends.nvidia.driver import _BASE_ARGS_FORMAT_LEN, make_tensordesc_arg  # noqa: F401
+
+        if n_desc:
+            cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__ or ())))
+            fn = cells.get("launcher")
+        else:  # no descriptor: Triton uses the C function itself (a builtin, no Python code object)
+            fn = None if hasattr(inner, "__code__") else inner
+        ok = (fn is not None and len(tmeta) == n_desc and _BASE_ARGS_FORMAT_LEN == 13 and not run.global_scratch_size
+              and not run.profile_scratch_size and run.num_ctas == 1)
+    except Exception:  # pragma: no cover - depends on the Triton version
+        return False
+    return _Direct(fn, ck, run) if ok else False
+
+
+_MAX_ENCODINGS = 16  # descriptor encodings kept per Launch (a few operand pointers per plan: weights, buffers)
+
+
+class Launch:
+    """One kernel launch of a plan: ``kernel[grid](*args, **constexprs, **options)``, then the kept kernel.
+
+    Args:
+        kernel: the @triton.jit function.
+        grid: 1-3 ints.
+        constexprs: the kernel's constexpr arguments IN PARAMETER ORDER (they follow its runtime parameters).
+        n_desc: how many leading runtime arguments are host descriptors (``Desc``).
+        options: compile options (num_warps, num_stages, enable_fp_fusion, ...), used by the first launch.
+
+    ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (``Desc`` first, then
+    tensors, ints and floats). The first call compiles through the JIT; on a CUDA device the CompiledKernel is
+    kept and later calls launch it directly (module docstring), or through ``ck.run`` where that is not possible.
+    In the CPU interpreter every call goes through the JIT.
+    """
+
+    __slots__ = ("kernel", "grid", "constexprs", "options", "n_desc", "ck", "direct", "encodings", "_tail")
+
+    def __init__(self, kernel, grid, constexprs: dict, *, n_desc: int = 0, **options):
+        self.kernel, self.constexprs, self.options, self.n_desc = kernel, dict(constexprs), options, n_desc
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.ck: Any = None
+        self.direct: Any = None  # None: not looked up yet; False: not possible with this Triton
+        self.encodings: dict = {}
+        self._tail = tuple(self.constexprs.values())
+
+    def launch(self, stream: int, *args) -> None:
+        nd = self.n_desc
+        ck = self.ck
+        if ck is None:
+            descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
+            ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
+            if ck is not None and not _INTERPRET and getattr(ck, "run", None) is not None:
+                self.ck = ck
+            return
+        direct = self.direct
+        if direct is None:
+            direct = self.direct = raw_launcher(ck, nd) if FAST_LAUNCH else False
+        if direct and FAST_LAUNCH and not hooks_installed():
+            if nd:
+                key = tuple((d.base.data_ptr(), *d.shape, *d.strides, *d.block_shape) for d in args[:nd])
+                enc = self.encodings.get(key)
+                if enc is None:
+                    enc = direct.encode(args[:nd])
+                    if len(self.encodings) >= _MAX_ENCODINGS:
+                        self.encodings.clear()
+                    self.encodings[key] = enc
+            else:
+                enc = ()
+            rest = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:])
+            g = self.grid
+            try:
+                direct.fn(g[0], g[1], g[2], stream, *direct.base, *enc, *rest, *self._tail)
+                return
+            except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
+                self.direct = False
+        descs = tuple(d.tensor_descriptor(False) for d in args[:nd])
+        launch_compiled(ck, self.grid, stream, (*descs, *args[nd:], *self._tail))

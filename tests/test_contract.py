@@ -1,0 +1,62 @@
+"""fp4ref.bounds.NumericContract: validation, model_for per config, the dict form user kernels may declare."""
+import pytest
+
+from fp4ref import bounds
+from fp4ref.bounds import NumericContract
+
+
+def _by_config(config, K, interpreter, **launch):
+    if interpreter:
+        return "fp32_rn"
+    return f"splitk(hopper_fp16_wgmma, {K // config})" if config > 1 else "hopper_fp16_wgmma"
+
+
+def test_model_for_uses_the_config_model_and_the_contract_model_without_a_config():
+    c = NumericContract(inputs="float16", output="float16", model="tc_fp32_universal", config_model=_by_config,
+                        pick_config=lambda M, N, K, interp: 1 if M > 64 else 4)
+    assert c.model_for(None, 2048).name == "tc_fp32_universal"
+    assert c.model_for(None, 2048, interpreter=True).name == "fp32_rn"
+    assert c.model_for(4, 2048).name == "splitk(hopper_fp16_wgmma, 512)"
+    assert c.model_for(1, 2048).name == "hopper_fp16_wgmma"
+    assert c.config_for(16, 3072, 2048) == 4 and c.config_for(128, 3072, 2048) == 1
+    # the per-config model is tighter than the contract's promise, which must bound it
+    assert c.model_for(4, 2048).eps(2048) < c.model_for(None, 2048).eps(2048)
+    assert c.rounding_for(False) == "rne" and c.rounding_for(True) == "rne"
+
+
+@pytest.mark.parametrize("kw, err", [
+    (dict(model="no_such_model"), ValueError),
+    (dict(model_interpreter="nope"), ValueError),
+    (dict(output_rounding="rz"), ValueError),
+    (dict(output="float32"), ValueError),
+    (dict(epilogue_multiplies=17), ValueError),
+    (dict(epilogue_multiplies=True), ValueError),
+    (dict(config_model="hopper_fp16_wgmma"), TypeError),
+])
+def test_contract_refuses_bad_fields(kw, err):
+    base = dict(inputs="float16", output="float16", model="hopper_fp16_wgmma")
+    with pytest.raises(err):
+        NumericContract(**{**base, **kw})
+
+
+def test_model_for_refuses_bad_K_and_unknown_config_models():
+    c = NumericContract(inputs="x", output="bfloat16", model="fp32_rn", config_model=lambda *a, **k: "bogus")
+    with pytest.raises(ValueError, match="K="):
+        c.model_for(None, 0)
+    with pytest.raises(ValueError, match="bogus"):
+        c.model_for(object(), 64)
+
+
+def test_from_dict_reads_the_short_form():
+    c = NumericContract.from_dict({"accumulation_model": "hopper_fp16_wgmma", "output_rounding_interpreter":
+                                   "faithful", "nan": "propagates"}, output="bfloat16")
+    assert c.model == "hopper_fp16_wgmma" and c.model_interpreter == "hopper_fp16_wgmma"
+    assert c.rounding_for(True) == "faithful" and c.notes == {"nan": "propagates"}
+    assert NumericContract.from_dict({}, output="float16").model == bounds.DEFAULT_MODEL
+    with pytest.raises(TypeError):
+        NumericContract.from_dict(["accumulation_model"], output="float16")
+
+
+def test_every_kernel_model_is_registered_in_the_library():
+    """The NVFP4 GEMV's model lives in fp4ref.bounds itself, not as a side effect of importing a kernel."""
+    assert bounds.get_model("fp32_rn_block16").eps(16 * 512) == pytest.approx(bounds.gamma(512, 2.0**-24))
