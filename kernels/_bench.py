@@ -1,17 +1,22 @@
-"""Shared benchmark helpers for the fp4ref kernels: an L2-flushing CUDA-event timer and a table printer.
+"""The one benchmark harness of the fp4ref kernels: CUPTI GPU time, CUDA-event time, tables.
 
-The timer follows the public benchmarks the workloads come from (/work/shared/facts/seeds.md, "How those
-benchmarks time kernels"): CUDA events, 10 warm-up and 50 timed iterations, L2 flushed before EACH iteration by
-writing a buffer of twice the L2 size, no CUDA graphs, median. Always time the peer in the same run.
+Headline figure (``time_gpu(...).cupti_us``): GPU time per call by CUPTI, the method of FlashInfer's
+``bench_gpu_time`` that the workloads' public benchmarks use: torch.profiler with CUDA activity records every
+kernel; a call's time is the sum of its kernels' durations; the L2 is flushed before every call by a write of
+2 x the L2 size (its kernel excluded from the sum); 10 warm-up and 50 timed calls; the median. Beside it,
+``event_us``: CUDA events around each call (same flush, same counts), which includes what host launch time
+costs when the host is slower than the GPU. Always time the peer in the same run and print both columns.
 
 Nothing runs at import; torch is imported lazily so ``--help`` works without a GPU.
 """
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["l2_flush_buffer", "time_cuda", "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
+__all__ = ["Timing", "time_gpu", "l2_flush_buffer", "flush_l2_cache", "time_cuda", "gpu_time_graph", "print_table",
+           "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
 
@@ -34,6 +39,69 @@ def l2_flush_buffer(device=None):
     return buf
 
 
+def flush_l2_cache(device=None) -> None:
+    """Evict the L2: one kernel that reads and writes the 2 x L2 buffer in place (bitwise NOT of int8). Its kernel
+    name ("bitwise_not") is what ``time_gpu`` leaves out of a call's CUPTI time."""
+    import torch
+
+    buf = l2_flush_buffer(device)
+    torch.bitwise_not(buf, out=buf)
+
+
+_FLUSH_KERNEL = "bitwise_not"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One benchmark measurement, in MICROSECONDS per call (medians)."""
+
+    cupti_us: float  # GPU time: the sum of the call's kernel durations (CUPTI), L2-flush kernel excluded
+    event_us: float  # CUDA events around the call (host launch time included when it exceeds the GPU time)
+    kernels: int  # kernels per call (median over the timed calls)
+
+
+def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bool = True) -> Timing:
+    """Time ``fn()`` by CUPTI (torch.profiler) and by CUDA events; L2 flushed before every call (module docstring).
+
+    Raises:
+        ValueError: ``warmup`` < 0 or ``iters`` < 1.
+        RuntimeError: no CUDA device, or the profiler recorded no kernel for some call.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    event_us = time_cuda(fn, warmup=warmup, iters=iters, flush_l2=flush)
+    for _ in range(warmup):
+        if flush:
+            flush_l2_cache()
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush_l2_cache()  # always: the flush kernels delimit the calls in the trace
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                      and _is_kernel(e)), key=lambda e: e.time_range.start)
+    calls: list = []
+    for e in kernels:
+        if _FLUSH_KERNEL in e.name:
+            calls.append([])
+        elif calls:
+            calls[-1].append(e.time_range.end - e.time_range.start)  # microseconds
+    if len(calls) != iters or not all(calls):
+        raise RuntimeError(f"CUPTI trace: expected {iters} calls with >= 1 kernel each, got "
+                           f"{[len(c) for c in calls][:8]}... ({len(calls)} calls)")
+    return Timing(cupti_us=statistics.median(sum(c) for c in calls), event_us=event_us,
+                  kernels=int(statistics.median(len(c) for c in calls)))
+
+
+def _is_kernel(e) -> bool:
+    """A kernel event (not a memcpy / memset / sync record) of the trace."""
+    name = e.name.lower()
+    return not (name.startswith("memcpy") or name.startswith("memset") or "synchron" in name)
+
+
 def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2: bool = True) -> float:
     """Median time of ``fn()`` on the current CUDA stream, in MICROSECONDS.
 
@@ -53,16 +121,15 @@ def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2
         raise ValueError(f"iters={iters}: expected >= 1")
     if not torch.cuda.is_available():
         raise RuntimeError("time_cuda needs a CUDA device; torch.cuda.is_available() is False")
-    flush = l2_flush_buffer() if flush_l2 else None
     for _ in range(warmup):
-        if flush is not None:
-            flush.zero_()
+        if flush_l2:
+            flush_l2_cache()
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
-        if flush is not None:
-            flush.zero_()
+        if flush_l2:
+            flush_l2_cache()
         starts[i].record()
         fn()
         ends[i].record()

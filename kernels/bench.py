@@ -1,9 +1,9 @@
 """Benchmark dispatcher: ``python -m fp4ref.kernels.bench NAME [options]``.
 
-NAME selects the module ``fp4ref.kernels.bench_<NAME>``, which exposes ``main(argv: list[str]) -> int``; the
-remaining arguments are passed to it. Each benchmark times the kernel and its peer in the same run with
-``fp4ref.kernels._bench.time_cuda`` (L2 flushed, CUDA events, 10 warm-up + 50 timed iterations, median) and prints
-a table. ``python -m fp4ref.kernels.bench --list`` lists the names.
+NAME selects a benchmark module (a kernel package's ``bench``), which exposes ``main(argv: list[str]) -> int``;
+the remaining arguments are passed to it. Each benchmark times the kernel and its peer in the same run with
+``fp4ref.kernels._bench.time_gpu`` (CUPTI GPU time and CUDA-event time; L2 flushed before every call, 10 warm-up +
+50 timed calls, median) and prints a table. ``python -m fp4ref.kernels.bench --list`` lists the names.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ __all__ = ["BENCHMARKS", "main"]
 # (2:4 sparse FP4 x FP8 GEMM), nvfp4_linear (NVFP4 linear layer), floor (what reading an operand costs after
 # the L2 flush).
 BENCHMARKS = {
-    "gemm_fp16": ".bench_gemm_fp16",
-    "sparse_gemm_fp4_fp8": ".bench_sparse_gemm_fp4_fp8",
-    "nvfp4_linear": ".bench_nvfp4_linear",
+    "gemm_fp16": ".gemm_fp16.bench",
+    "sparse_gemm_fp4_fp8": ".sparse_gemm_fp4_fp8.bench",
+    "nvfp4_linear": ".nvfp4_linear.bench",
     "floor": ".bench_floor",
 }
 
