@@ -1,6 +1,6 @@
 """Accumulation models, the K-aware per-element error bound, and ``check(out, ref, model) -> Report``.
 
-The bound (design.md "Bound"; facts/numerics.md "Per-element check"), for an output element with exact value C,
+The bound (docs/bounds.md, "The bound"), for an output element with exact value C,
 |A||B| = P (``Reference.absprod``), K products, and an accumulation model with relative error eps_acc(K)::
 
     e_acc  = eps_acc(K) * P                                         accumulation
@@ -23,7 +23,7 @@ name                             eps_acc(K)
 ``hopper_fp8_wgmma``             block FMA k=32, F=13, e8m13 accumulator (14 bits), RZ, never promoted
 ``hopper_fp8_wgmma_promote(N)``  the above for N elements, then added into fp32 (RN) every N elements
 ``blackwell_fp8``                block FMA k=32, F=25, fp32 accumulator, RZ (ASSUMED; see below)
-``tc_fp32_universal``            K * 2^-22: any fp32-accumulating tensor core (facts/numerics.md)
+``tc_fp32_universal``            K * 2^-22: any fp32-accumulating tensor core (docs/bounds.md)
 ``splitk(<model>, C)``           chunks of C along K accumulated by <model>, then summed in fp32 (RN, fixed order)
 ===============================  ==============================================================================
 
@@ -182,7 +182,7 @@ class AccumulationModel:
         return s
 
 
-_FP8_SRC = "facts/numerics.md (MMA-Sim arXiv 2511.10909; DeepSeek-V3 report §3.3.2: ~14 bits, promote every N_C)"
+_FP8_SRC = "MMA-Sim arXiv 2511.10909; DeepSeek-V3 report §3.3.2: ~14 bits, promote every N_C"
 
 MODELS: dict[str, AccumulationModel] = {}
 
@@ -199,15 +199,14 @@ for _m in (
     AccumulationModel("exact", "exact", source="exact accumulation (integer / exactly representable sums)"),
     AccumulationModel("fp32_rn", "recursive", u=U32, source="Higham 2002 §3.1: gamma_K, any order, RN fp32"),
     AccumulationModel("ampere_fp16", "block_fma", k=8, F=24, acc_p=24, acc_rounding="rz",
-                      source="facts/numerics.md tensor-core table: Ampere/Ada fp16, bf16 (Fasi et al. 2021; MMA-Sim)"),
+                      source="Ampere/Ada fp16, bf16 mma.sync (Fasi et al. 2021; MMA-Sim arXiv 2511.10909)"),
     AccumulationModel("hopper_fp16_wgmma", "block_fma", k=16, F=25, acc_p=24, acc_rounding="rz",
-                      source="facts/numerics.md tensor-core table: Hopper fp16/bf16 wgmma "
-                             "(MMA-Sim; Khattak & Mikaitis)"),
+                      source="Hopper fp16/bf16 wgmma (MMA-Sim arXiv 2511.10909; Khattak & Mikaitis arXiv 2512.07004)"),
     AccumulationModel("hopper_fp8_wgmma", "block_fma", k=32, F=13, acc_p=14, acc_rounding="rz", source=_FP8_SRC),
     AccumulationModel("blackwell_fp8", "block_fma", k=32, F=25, acc_p=24, acc_rounding="rz",
                       source="ASSUMPTION: fp32-wide accumulation on Blackwell fp8 (MMA-Sim); not validated here"),
     AccumulationModel("tc_fp32_universal", "linear", slope=2.0**-22,
-                      source="facts/numerics.md: universal fp32-accumulating tensor-core bound K*2^-22"),
+                      source="universal fp32-accumulating tensor-core bound K*2^-22 (docs/bounds.md)"),
 ):
     register_model(_m)
 

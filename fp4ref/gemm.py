@@ -1,6 +1,6 @@
 """Exact reference GEMMs with certified, correctly rounded outputs.
 
-One function per workload (facts/seeds.md), with the workload's own operands and dtypes:
+One function per workload (docs/verify.md, "Workloads"), with the workload's own operands and dtypes:
 
 =========================  ============================================================  ===========
 function                   operands                                                      output
@@ -14,7 +14,7 @@ function                   operands                                             
 Every function returns a :class:`Reference`: the exact result, its ONE round-to-nearest-even step to the output
 format (``out``), |A||B| for the error bounds (``absprod``), K and a description of the inputs.
 
-How exactness is obtained (facts/numerics.md §Exactness; design.md "Reference GEMM"):
+How exactness is obtained (docs/bounds.md):
 
 * If every product lies on 2^-q Z and the sum of the magnitudes is <= 2^(53-q), every float64 summation order is
   exact, so a float64 matmul (any BLAS blocking, with or without FMA) IS the exact sum. This holds for the sparse
@@ -28,7 +28,7 @@ How exactness is obtained (facts/numerics.md §Exactness; design.md "Reference G
   combined in python ints) and rounded exactly.
 * NVFP4: operands as integers (2 e2m1 * 2^9 ue4m3), an exact integer matmul (one float64 matmul when
   Cauchy-Schwarz proves it exact, else two 11-bit limbs), then the global scales by a certified float64 product
-  (facts/numerics.md: float64 alone is not exact for NVFP4 beyond K ~ 1190).
+  (float64 alone is not exact for NVFP4 beyond K ~ 1190).
 * The rounding itself is this module's own RNE from float64 (``round_float64``): frexp/ldexp/rint, all exact,
   so never a double rounding (ml_dtypes' float64 -> bfloat16 cast goes through float32 and DOES double-round:
   1 + 2^-8 + 2^-40 gives 1.0 instead of 1 + 2^-7).
@@ -208,7 +208,7 @@ class Reference:
         output_format: the :class:`OutputFormat` of ``out``.
         description: dict naming the workload, shapes, dtypes and recipe.
         epilogue_multiplies: fp32 multiplies that a kernel is expected to apply to the accumulator (global scales);
-            the bound adds 2^-24 |exact| for each (facts/numerics.md "Per-element check").
+            the bound adds 2^-24 |exact| for each (docs/bounds.md, "The bound").
     """
 
     out: np.ndarray
@@ -394,8 +394,8 @@ def gemm_fp16(A, B) -> Reference:
         TypeError: A or B is not float16.
         ValueError: not 2-D, or K differs (message gives both shapes).
 
-    Source: facts/seeds.md §3 (FlashInfer-Bench gemm_n3072_k2048; C = A @ B.T, fp16 in and out); facts/numerics.md
-    §Exactness for the certified rounding; Higham (2002) §3.1 for the float64 error bound.
+    Source: FlashInfer-Bench gemm_n3072_k2048 (docs/verify.md; C = A @ B.T, fp16 in and out); the
+    certified rounding as in the module docstring; Higham (2002) §3.1 for the float64 error bound.
     """
     A = _check_2d(A, "A", ("float16",))
     B = _check_2d(B, "B", ("float16",))
@@ -423,7 +423,7 @@ def gemm_fp16(A, B) -> Reference:
 
     # Exactness proof where it holds: values on 2^-qa Z and 2^-qb Z, and ||a_i|| ||b_j|| (>= sum |a||b|, the
     # Cauchy-Schwarz inequality) at most 2^(53 - qa - qb): then every float64 summation order is exact
-    # (facts/numerics.md §Exactness), err = 0 and no certification is needed (small-integer inputs, e.g. the
+    # (terms on one grid, magnitudes below 2^53 of it), err = 0 and no certification is needed (small-integer inputs, e.g. the
     # exact-accumulation families, whose outputs tie often).
     qa, qb = _fp16_grid_exponent(A), _fp16_grid_exponent(B)
     if qa is not None and qb is not None:  # (an all-zero operand has err = 0 already)
@@ -496,13 +496,13 @@ def _as_e4m3_bytes(b, name: str) -> np.ndarray:
 def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
     """Reference for sparse_gemm_fp4_fp8: 2:4-sparse E2M1 A times dense E4M3FN B.T, bf16 out, RNE once.
 
-    C[m, n] = sum_g (v0 * B[n, 4g + idx0] + v1 * B[n, 4g + idx1]) with, per byte pair (design.md "2:4 sparse
+    C[m, n] = sum_g (v0 * B[n, 4g + idx0] + v1 * B[n, 4g + idx1]) with, per byte pair (docs/quantization.md, "2:4 sparse
     A"): v0 = E2M1(vals & 0xF), v1 = E2M1(vals >> 4), idx0 = meta & 3, idx1 = (meta >> 2) & 3, meta bits 7:4
     ignored. Defined for every byte (duplicate and descending indices included): the expansion is
     :func:`fp4ref.packing.decompress_2to4`.
 
     Exactness: every product lies on 2^-10 Z with |v0 b| + |v1 b| <= 12 * 448 per group, so for K < 2^32 every
-    float64 summation order is exact (facts/numerics.md §Exactness): ``exact`` is exact and ``out`` is its RNE.
+    float64 summation order is exact (every term on the 2^-10 grid, sums far below 2^53 of it): ``exact`` is exact and ``out`` is its RNE.
 
     Args:
         a_vals: uint8 or int8 (read as unsigned bytes) [M, K/4]; torch int8/uint8 accepted.
@@ -518,7 +518,7 @@ def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
         TypeError: wrong dtypes (e.g. float8_e5m2 for b_fp8).
         ValueError: shapes (a_vals/a_meta differ, K != 4 * a_vals.shape[1], not 2-D, K >= 2^32).
 
-    Source: facts/seeds.md §1 (FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048); design.md "2:4 sparse A".
+    Source: FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048 (docs/verify.md); semantics in docs/quantization.md, "2:4 sparse packing".
     """
     vals = to_numpy(a_vals, "a_vals")
     meta = to_numpy(a_meta, "a_meta")
@@ -635,7 +635,7 @@ def _int_matmul_exact(XI: np.ndarray, WI: np.ndarray) -> np.ndarray:
     """Exact XI @ WI.T for float64 integer matrices, as int64 (|result| < 2^62 required; checked).
 
     One float64 matmul when the Cauchy-Schwarz bound ||x_i|| ||w_j|| (>= sum |x||w|) is below 2^53, so every
-    summation order is exact (facts/numerics.md §Exactness); otherwise X is split into 11-bit limbs
+    summation order is exact (all terms on one grid, sums below 2^53 of it); otherwise X is split into 11-bit limbs
     X = XH * 2^11 + XL and each limb product (terms < 2^(bits) small enough) is exact.
     """
     K = XI.shape[1]
@@ -731,7 +731,7 @@ def nvfp4_gemm(xq, wq) -> Reference:
 
     Exactness: the elements are integers XI = 2 e2m1 * 2^9 ue4m3 (|XI| <= 12 * 229376 < 2^21.4), so
     C = (XI . WI) * 2^-20 * gx * gw. XI . WI is computed exactly: one float64 matmul when the Cauchy-Schwarz bound
-    on sum |XI||WI| is below 2^53, else two 11-bit limbs (facts/numerics.md §Exactness: float64 alone is not exact
+    on sum |XI||WI| is below 2^53, else two 11-bit limbs (float64 alone is not exact
     for NVFP4 beyond K ~ 1190). The product with gx * gw (48 significant bits) is then certified: float64 with a
     3-ulp bound, exact python-int rounding for any undecided element.
 
@@ -749,7 +749,7 @@ def nvfp4_gemm(xq, wq) -> Reference:
     Raises:
         TypeError: not NVFP4Tensors; ValueError: shapes, K mismatch, non-finite global scales.
 
-    Source: NVFP4 (facts/seeds.md §2; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 * e4m3 * fp32 global.
+    Source: NVFP4 (SOL-ExecBench nvfp4_linear_layer, docs/verify.md; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 * e4m3 * fp32 global.
     """
     xc, xs, xg = _check_nvfp4_tensor(xq, "xq")
     wc, ws, wg = _check_nvfp4_tensor(wq, "wq")
@@ -768,7 +768,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
     x is quantized per call with ``recipe`` (default "sol", the workload's own quantizer, bit for bit:
     :func:`fp4ref.blockscale.nvfp4_quantize`), then the exact NVFP4 product with BOTH global decode scales applied
     exactly and ONE RNE rounding to bf16 (see :func:`nvfp4_gemm`). The workload itself rounds to bf16 twice
-    (bf16(bf16(acc) * alpha)); this reference does not (design.md "Reference GEMM": one rounding).
+    (bf16(bf16(acc) * alpha)); this reference does not (one rounding, docs/bounds.md).
 
     Args:
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
@@ -784,7 +784,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
     Raises:
         TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]).
 
-    Source: facts/seeds.md §2.
+    Source: SOL-ExecBench nvfp4_linear_layer (docs/verify.md).
     """
     from .blockscale import nvfp4_quantize
 

@@ -17,7 +17,7 @@ A plain block-scale matrix is row-major ``[rows, cols]`` (one byte per block: E4
         off(r, c) = ((r//8)*(Cp/4) + c//4)*32 + (r%8)*4 + (c%4)
 
 Padding must be zero: a kernel that reads a padding byte as an E4M3 scale multiplies by 0, while 0x7F would be NaN
-(facts/numerics.md item 9).
+(cuBLAS "1D block scaling factors layout"; torch._scaled_mm).
 """
 from __future__ import annotations
 

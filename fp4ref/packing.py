@@ -3,11 +3,11 @@
 FP4 packing (``pack_fp4`` / ``unpack_fp4``)
     Element 2i goes to bits 3:0 (the low nibble) and element 2i+1 to bits 7:4 of byte i. This is the order of
     ``torch.float4_e2m1fn_x2``, ml_dtypes' ``float4_e2m1fn`` packing in the OCP MX spec v1.0 §5.3.3 note on
-    "packing order", and the NVFP4-linear workload's ``weight_fp4`` (facts/seeds.md §2). Beware PTX
+    "packing order", and the NVFP4-linear workload's ``weight_fp4`` (SOL-ExecBench nvfp4_linear_layer). Beware PTX
     ``cvt.rn.satfinite.e2m1x2.f32 d, a, b``, which puts ``a`` in the UPPER nibble.
 
 2:4 structured sparsity (``compress_2to4`` / ``decompress_2to4`` / ``check_meta``)
-    The A operand of the sparse_gemm_fp4_fp8 workload (facts/seeds.md §1, design.md "2:4 sparse A"). Along the
+    The A operand of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048; docs/quantization.md, "2:4 sparse packing"). Along the
     compressed axis, every group g of 4 columns 4g..4g+3 is stored as one byte of values and one byte of metadata::
 
         vals[..., g] = v0 | (v1 << 4)          v0, v1: E2M1 codes
@@ -17,7 +17,7 @@ FP4 packing (``pack_fp4`` / ``unpack_fp4``)
     The sum semantics define EVERY byte pair: a duplicate index (idx0 == idx1) adds both values into one column,
     idx0 > idx1 simply swaps the roles, bits 7:4 of meta are ignored. Canonical metadata (what ``compress_2to4``
     emits, and what CUTLASS / PTX ``mma.sp`` / PyTorch semi-structured sparsity use) has idx0 < idx1 and bits 7:4
-    zero: the valid meta bytes are 0x04 0x08 0x09 0x0C 0x0D 0x0E (facts/numerics.md, item 10). ``check_meta``
+    zero: the valid meta bytes are 0x04 0x08 0x09 0x0C 0x0D 0x0E (CUTLASS / PTX mma.sp metadata). ``check_meta``
     reports the others. int8 storage is read as unsigned bytes (a signed shift that smears the sign bit into
     bits 3:0 is a bug this module cannot have).
 """
@@ -170,8 +170,8 @@ def compress_2to4(a, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
             multiple of 4, ``axis`` is out of range, or a group holds more than 2 nonzeros (the message names
             the row index and the group).
 
-    Source: design.md "2:4 sparse A"; layout of the sparse_gemm_fp4_fp8 workload (facts/seeds.md §1); index
-    order of CUTLASS / PTX ``mma.sp`` metadata (facts/numerics.md item 10).
+    Source: docs/quantization.md, "2:4 sparse packing"; layout of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench); index
+    order of CUTLASS / PTX ``mma.sp`` metadata.
     """
     codes = _e2m1_codes_from(a, "a")
     if codes.ndim == 0:
@@ -240,7 +240,7 @@ def decompress_2to4(vals, meta, axis: int = -1) -> np.ndarray:
         ValueError: a value is outside 0..255 (or -128..127 for int8), the shapes differ, or ``axis`` is out of
             range.
 
-    Source: design.md "2:4 sparse A" (the GEMM C[m, n] = sum_g (v0*B[n, 4g+idx0] + v1*B[n, 4g+idx1])).
+    Source: docs/quantization.md, "2:4 sparse packing" (the GEMM C[m, n] = sum_g (v0*B[n, 4g+idx0] + v1*B[n, 4g+idx1])).
     """
     v = as_code_array(vals, "vals", nbits=8, allow_int8=True)
     m = as_code_array(meta, "meta", nbits=8, allow_int8=True)
@@ -320,7 +320,7 @@ def check_meta(meta) -> MetaCheck:
         TypeError: ``meta`` is not an integer array.
         ValueError: a value is outside 0..255.
 
-    Source: facts/numerics.md item 10 (CUTLASS / PTX mma.sp / PyTorch semi-structured metadata).
+    Source: CUTLASS / PTX mma.sp / PyTorch semi-structured sparsity metadata.
     """
     m = as_code_array(meta, "meta", nbits=8, allow_int8=True)
     idx0 = m & 0x3

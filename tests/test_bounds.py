@@ -51,7 +51,7 @@ def test_eps_formulas_by_hand():
     # Hopper fp16: t = K 2^-25 + ceil(K/16) 2^-23
     t = 2048 * 2.0**-25 + 128 * 2.0**-23
     assert bounds.get_model("hopper_fp16_wgmma").eps(2048) == pytest.approx(t / (1 - t), rel=1e-15)
-    # Hopper fp8 without promotion ~ 1.06 K 2^-13 (facts/numerics.md) and useless at K = 2048
+    # Hopper fp8 without promotion ~ 1.06 K 2^-13 (DeepSeek-V3 report §3.3.2) and useless at K = 2048
     e8 = bounds.get_model("hopper_fp8_wgmma").eps(2048)
     t8 = 2048 * 2.0**-13 + 64 * 2.0**-13  # 1.03 K 2^-13 before the carried-error factor 1/(1 - t)
     assert e8 == pytest.approx(t8 / (1 - t8), rel=1e-15) and e8 > 0.3

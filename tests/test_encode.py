@@ -8,7 +8,7 @@
   ``saturate=False``; >= 10^6 random float32 bit patterns per format.
 * A vectorized exact reference (``ref_encode_array``, itself checked against the Fraction one here) for directed
   rounding on random patterns, float64 inputs and exhaustive float16/bfloat16 inputs.
-* Hand tables for the policies (NaN, zeros, saturation, UE8M0) and every codec vector in facts/numerics.md
+* Hand tables for the policies (NaN, zeros, saturation, UE8M0) and every public bug-report codec vector
   "Public bug reports".
 """
 from __future__ import annotations
@@ -545,7 +545,7 @@ def test_zero_and_negative_zero(name):
 
 
 def test_e2m1_policy_vectors():
-    # facts/numerics.md "Where public libraries disagree" 1-3, with the project's choices (design.md)
+    # where public libraries disagree (NaN, -0, ties; docs/formats.md), with the project's choices
     assert encode(-0.0, E2M1) == 0x8
     assert encode(np.array([-0.25, -0.1, -1e-30, -0.0]), E2M1).tolist() == [0x8] * 4
     assert encode(np.array([np.nan, -np.nan]), E2M1, nan="max").tolist() == [0x7, 0x7]  # PTX cvt.rn.satfinite
@@ -624,7 +624,7 @@ def test_ue8m0_policies():
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_ue8m0_exponent_from_bits_never_log2(dt):
-    """Just below / above every power of two: float log2 rounds these onto the power (facts/numerics.md §8:
+    """Just below / above every power of two: float log2 rounds these onto the power (float log2 rounding:
     floor(log2(7.9999995f)) = 3)."""
     k = np.arange(-126, 128)
     p = np.ldexp(np.ones(k.size, dtype=dt), k)

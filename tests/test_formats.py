@@ -156,7 +156,7 @@ def test_decode_hand_spot_values_8bit(name):
 
 
 def test_decode_public_bug_vectors():
-    # facts/numerics.md "Public bug reports": E2M1 0b1001 -> -0.5, 0b1000 -> -0.0 (not +0).
+    # public bug reports: E2M1 0b1001 -> -0.5, 0b1000 -> -0.0 (not +0).
     out = decode(np.array([0b1001, 0b1000], dtype=np.uint8), E2M1)
     assert out[0] == -0.5
     assert out[1] == 0 and np.signbit(out[1])

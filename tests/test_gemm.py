@@ -230,7 +230,7 @@ def test_gemm_fp16_does_not_modify_inputs():
 
 
 def _sparse_exact(vals, meta, b):
-    """Exact Fractions straight from the design.md formula, byte by byte."""
+    """Exact Fractions straight from the sum formula (docs/quantization.md), byte by byte."""
     M, G = vals.shape
     N = b.shape[0]
     bv = E4M3[b]

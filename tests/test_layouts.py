@@ -1,4 +1,4 @@
-"""Scale layouts 128x4 and 8x4: exhaustive index tests against the offset formulas (facts/numerics.md item 9,
+"""Scale layouts 128x4 and 8x4: exhaustive index tests against the offset formulas (cuBLAS block-scaling layout,
 TensorRT-LLM/FlashInfer get_sf_out_offset_8x4), written here in plain Python."""
 from __future__ import annotations
 

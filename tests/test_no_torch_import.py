@@ -1,4 +1,4 @@
-"""fp4ref (pure numpy + ml_dtypes) never imports torch or triton (design.md "Layout").
+"""fp4ref (pure numpy + ml_dtypes) never imports torch or triton (README).
 
 Each check runs in a fresh interpreter (this test session may already have imported torch through the kernels
 tests). Submodules are enumerated with pkgutil, so a new module is covered without editing this file. Excluded:

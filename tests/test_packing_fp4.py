@@ -1,7 +1,7 @@
-"""fp4ref.packing.pack_fp4 / unpack_fp4: element 2i in bits 3:0, element 2i+1 in bits 7:4 (design.md "Packing").
+"""fp4ref.packing.pack_fp4 / unpack_fp4: element 2i in bits 3:0, element 2i+1 in bits 7:4 (docs/quantization.md).
 
 References: the hand formula byte = lo | hi << 4 evaluated per element with Python ints, and literal byte vectors
-(facts/numerics.md "Public bug reports": element 0 in the low nibble; a kernel packed it high).
+(public bug report: element 0 in the low nibble; a kernel packed it high).
 """
 from __future__ import annotations
 

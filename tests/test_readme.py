@@ -24,7 +24,7 @@ def test_encode_example_output():
     expr = [ln for ln in block.splitlines() if ln.startswith("fp4ref.encode")][0].split("#")[0]
     exec(block.splitlines()[0], ns)
     got = eval(expr, ns)
-    # Hand-derived (facts/numerics.md): ties 0.25 -> 0, 1.25 -> 1 (0x2), 2.5 -> 2 (0x4), 5 -> 4 (0x6);
+    # Hand-derived: ties 0.25 -> 0, 1.25 -> 1 (0x2), 2.5 -> 2 (0x4), 5 -> 4 (0x6);
     # -0.0 -> 0x8; 7 saturates to 6 (0x7).
     assert got.tolist() == [0x0, 0x2, 0x4, 0x6, 0x8, 0x7]
     assert "# -> array([0, 2, 4, 6, 8, 7], dtype=uint8)" in block

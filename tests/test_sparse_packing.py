@@ -1,4 +1,4 @@
-"""2:4 sparse packing: compress_2to4 / decompress_2to4 / check_meta (design.md "2:4 sparse A").
+"""2:4 sparse packing: compress_2to4 / decompress_2to4 / check_meta (docs/quantization.md, "2:4 sparse packing").
 
 Expected values come from an independent per-byte implementation written here from the design text (plain Python
 ints and a hand table of E2M1 values), never from the functions under test.
@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from fp4ref.packing import CANONICAL_META, check_meta, compress_2to4, decompress_2to4
 
-# facts/numerics.md "Formats": E2M1 codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 the negatives.
+# OCP MX v1.0 E2M1: codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15 the negatives.
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
 def reference_group(vals_byte: int, meta_byte: int) -> list[float]:
-    """The sum semantics for one group, from design.md, in plain Python."""
+    """The sum semantics for one group (docs/quantization.md), in plain Python."""
     v0, v1 = E2M1[vals_byte & 0xF], E2M1[(vals_byte >> 4) & 0xF]
     i0, i1 = meta_byte & 3, (meta_byte >> 2) & 3
     out = [0.0, 0.0, 0.0, 0.0]
