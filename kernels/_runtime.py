@@ -57,6 +57,9 @@ INTERPRETER_SMS = 4
 MAX_PLANS = 1024
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # as Triton read it when it decorated the kernels
+# Keep the CompiledKernel after a Launch's first call (False: every call goes through the JIT; the host-time
+# benchmark uses it to measure what the kept kernels save).
+_KEEP_COMPILED = True
 
 
 def interpreting() -> bool:
@@ -322,7 +325,7 @@ class Launch:
         if ck is None:
             descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
             ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
-            if ck is not None and not _INTERPRET and getattr(ck, "run", None) is not None:
+            if ck is not None and _KEEP_COMPILED and not _INTERPRET and getattr(ck, "run", None) is not None:
                 self.ck = ck
             return
         direct = self.direct

@@ -14,12 +14,13 @@ __all__ = ["BENCHMARKS", "main"]
 
 # name -> module (relative to this package). Owners: gemm_fp16 (dense fp16 GEMM), sparse_gemm_fp4_fp8
 # (2:4 sparse FP4 x FP8 GEMM), nvfp4_linear (NVFP4 linear layer), floor (what reading an operand costs after
-# the L2 flush).
+# the L2 flush), host (host time per call of each launch path).
 BENCHMARKS = {
     "gemm_fp16": ".gemm_fp16.bench",
     "sparse_gemm_fp4_fp8": ".sparse_gemm_fp4_fp8.bench",
     "nvfp4_linear": ".nvfp4_linear.bench",
     "floor": ".bench_floor",
+    "host": ".bench_host",
 }
 
 

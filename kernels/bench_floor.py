@@ -1,6 +1,6 @@
 """Memory floor under the public benchmarks' L2 flush: ``python -m fp4ref.kernels.bench floor``.
 
-The public benchmarks (facts/seeds.md) flush L2 before every timed call by WRITING a buffer of twice the L2 size.
+The public benchmarks (FlashInfer-Bench, SOL-ExecBench) flush L2 before every timed call by WRITING a buffer of twice the L2 size.
 That leaves L2 full of dirty lines, so a kernel that then reads its operands may also pay for writing those lines
 back to HBM. This benchmark measures what reading an operand costs after such a flush, i.e. the floor any kernel
 (ours or cuBLAS) meets at small M, where the GEMMs only stream their weight operand:
@@ -11,8 +11,9 @@ back to HBM. This benchmark measures what reading an operand costs after such a 
 * the peers the small-M rows are compared with (cuBLAS at M = 1, or 16 where _scaled_mm needs it), under both
   flushes.
 
-Columns are GPU time from CUDA-graph replays (``_bench.gpu_time_graph`` method: graph of reps x (flush, call) minus
-graph of reps x flush) and the event time of ``_bench.time_cuda`` (write flush only, the reported method).
+Columns: CUPTI GPU time (``_bench.time_gpu``: write flush, the reported method), GPU time from CUDA-graph replays
+under the read-only flush (``_bench.gpu_time_graph``: graph of reps x (flush, call) minus graph of reps x flush),
+and the CUDA-event time (write flush).
 """
 from __future__ import annotations
 
@@ -43,13 +44,12 @@ def main(argv=None) -> int:
 
     import torch
 
-    from fp4ref.kernels._bench import gpu_time_graph, l2_flush_buffer, print_table, time_cuda
+    from fp4ref.kernels._bench import gpu_time_graph, l2_flush_buffer, print_table, time_gpu
 
     if not torch.cuda.is_available():
         print("floor benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
     flush = l2_flush_buffer()
-    write_flush = flush.zero_
     flush_words = flush.view(torch.int32)
 
     def read_flush():
@@ -73,12 +73,12 @@ def main(argv=None) -> int:
             def call(grid=grid, partial=partial, block=block, steps=steps, warps=warps):
                 _read_kernel[grid](src, partial, src.numel(), BLOCK=block, STEPS=steps, num_warps=warps)
 
-            tw = gpu_time_graph(call, flush=write_flush)
+            tw = time_gpu(call).cupti_us
             if best is None or tw < best[0]:
                 best = (tw, call, f"{block}x{steps}/w{warps}")
         tw, call, shape = best
         tr = gpu_time_graph(call, flush=read_flush)
-        te = time_cuda(call)
+        te = time_gpu(call).event_us
         rows.append([f"{name} [read {shape}]", nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, read_kernel=shape, gpu_us_write_flush=tw,
                         gpu_us_read_flush=tr, event_us=te))
@@ -97,12 +97,13 @@ def main(argv=None) -> int:
         ("torch.matmul bf16 M=1 N=K=8192 (nvfp4 peer b)", 8192 * 8192 * 2, lambda: torch.matmul(xbf, wbf.T)),
     ]
     for name, nbytes, call in peers:
-        tw, tr, te = gpu_time_graph(call, flush=write_flush), gpu_time_graph(call, flush=read_flush), time_cuda(call)
+        t = time_gpu(call)
+        tw, tr, te = t.cupti_us, gpu_time_graph(call, flush=read_flush), t.event_us
         rows.append([name, nbytes / 1e6, tw, tr, te, nbytes / tw / 1e3, nbytes / tr / 1e3])
         rec.append(dict(operand=name, bytes=nbytes, gpu_us_write_flush=tw, gpu_us_read_flush=tr, event_us=te))
     print_table(f"read floor after the L2 flush on {torch.cuda.get_device_name()} (us; GB/s = bytes / GPU time; "
                 "the read kernel's best launch shape of several)",
-                ["what", "MB read", "GPU us, write flush", "GPU us, read flush", "event us, write flush",
+                ["what", "MB read", "CUPTI us, write flush", "graph GPU us, read flush", "event us, write flush",
                  "GB/s write flush", "GB/s read flush"], rows, markdown=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -1,0 +1,194 @@
+"""kernels/_runtime.py, the one host runtime of the kernel packages: its behaviour, not its positional arguments.
+
+* ``Launch``: the first call goes through the JIT and keeps the CompiledKernel; later calls launch it directly,
+  handing Triton's C launch function exactly what Triton's own path (``ck.run`` through the real
+  ``wrap_handle_tensordesc``) hands it (a recording stand-in, tests/_fake_launcher.py), re-encoding a descriptor
+  only when its pointer changes; Triton's path whenever FAST_LAUNCH is off, a launch hook is installed or the
+  launcher has another shape.
+* ``PlanCache``, ``workspace``, ``ConfigTable``, ``num_sms``: the policies every package shares.
+* On a GPU: each package's host function is CUDA-graph capturable after a first call, and replays give the same
+  bytes as direct calls.
+"""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from fp4ref.kernels import _runtime as rt
+
+GPU = torch.cuda.is_available()
+
+
+class _FakeJit:
+    """Stands in for a @triton.jit function: ``kernel[grid](*args, **kw)`` records the call, returns ``ck``."""
+
+    def __init__(self, ck):
+        self.ck, self.jit_calls = ck, []
+
+    def __getitem__(self, grid):
+        def call(*args, **kw):
+            self.jit_calls.append((grid, args, kw))
+            return self.ck
+
+        return call
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Direct launches enabled as on a GPU (the interpreter never keeps compiled kernels)."""
+    monkeypatch.setattr(rt, "_INTERPRET", False)
+    monkeypatch.setattr(rt, "FAST_LAUNCH", True)
+
+
+def _triton_path(monkeypatch, launch, stream, *args):
+    monkeypatch.setattr(rt, "FAST_LAUNCH", False)
+    launch.launch(stream, *args)
+    monkeypatch.setattr(rt, "FAST_LAUNCH", True)
+
+
+def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, compiled):
+    from _fake_launcher import fake_compiled_kernel
+
+    sig = {"a": "tensordesc<fp16[64, 64]>", "b": "tensordesc<fp16[64, 64]>", "ws": "*fp32", "M": "i32",
+           "N": "i32", "BLOCK": "constexpr"}  # fmt: skip
+    ck, calls, encoded = fake_compiled_kernel(monkeypatch, sig)
+    jit = _FakeJit(ck)
+    launch = rt.Launch(jit, (3, 2), {"BLOCK": 64}, n_desc=2, num_warps=4, num_stages=3)
+    A, B1, B2 = (torch.randn(40, 64).half() for _ in range(3))
+    ws = torch.empty(16)
+
+    def args(B):
+        return (rt.Desc(A, [40, 64], [64, 1], [64, 64]), rt.Desc(B, [40, 64], [64, 1], [64, 64]), ws, 40, 24)
+
+    launch.launch(7, *args(B1))  # first call: the JIT, with validated descriptors and the compile options
+    assert len(jit.jit_calls) == 1 and launch.ck is ck and not calls
+    (grid, jargs, kw), = jit.jit_calls
+    assert grid == (3, 2, 1) and kw == {"BLOCK": 64, "num_warps": 4, "num_stages": 3}
+    assert [type(a).__name__ for a in jargs[:2]] == ["TensorDescriptor", "TensorDescriptor"]
+
+    for B in (B1, B1, B2):  # direct: encode A and B1, reuse both, encode again for the new B pointer
+        launch.launch(7, *args(B))
+    assert launch.direct and len(encoded) == 4 and encoded[2:] == [A.data_ptr(), B2.data_ptr()]
+    for B in (B1, B2):
+        _triton_path(monkeypatch, launch, 7, *args(B))
+    assert calls[0] == calls[1] == calls[3] and calls[2] == calls[4] and calls[0] != calls[2]
+    assert calls[0][:4] == (3, 2, 1, 7)  # grid padded to 3 dimensions, then the stream
+    assert len(jit.jit_calls) == 1  # never back through the JIT
+
+
+def test_launch_direct_without_descriptors_passes_pointers(monkeypatch, compiled):
+    from _fake_launcher import fake_compiled_kernel
+
+    sig = {"x": "*fp32", "out": "*fp32", "n": "i32", "scale": "fp32", "BLOCK": "constexpr"}
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, sig)
+    launch = rt.Launch(_FakeJit(ck), (5,), {"BLOCK": 128}, num_warps=8)
+    x, out = torch.randn(100), torch.full((100,), float("nan"))
+    launch.launch(0, x, out, 100, 0.5)
+    launch.launch(0, x, out, 100, 0.5)
+    _triton_path(monkeypatch, launch, 0, x, out, 100, 0.5)
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert (x.data_ptr(), out.data_ptr(), 100, 0.5) == calls[0][13:17]  # pointers as integers, then scalars
+
+
+def test_launch_takes_tritons_path_for_hooks_and_foreign_launchers(monkeypatch, compiled):
+    from _fake_launcher import fake_compiled_kernel
+
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {"x": "*fp32", "BLOCK": "constexpr"})
+    x = torch.randn(8)
+    launch = rt.Launch(_FakeJit(ck), (1,), {"BLOCK": 8})
+    launch.launch(0, x)
+    monkeypatch.setattr(rt, "hooks_installed", lambda: True)  # a launch hook: ck.run builds its metadata
+    launch.launch(0, x)
+    assert launch.direct and len(calls) == 1
+    monkeypatch.setattr(rt, "hooks_installed", lambda: False)
+    other = rt.Launch(_FakeJit(types.SimpleNamespace(run=object())), (1,), {})
+    other.ck = types.SimpleNamespace(run=types.SimpleNamespace(launch=lambda *a: None))
+    assert rt.raw_launcher(other.ck, 0) is False  # a launcher of another shape: no direct launches
+
+
+def test_launch_in_the_interpreter_always_uses_the_jit(monkeypatch):
+    monkeypatch.setattr(rt, "_INTERPRET", True)
+    jit = _FakeJit(types.SimpleNamespace(run=object()))
+    launch = rt.Launch(jit, (1,), {})
+    launch.launch(0, 1)
+    launch.launch(0, 2)
+    assert len(jit.jit_calls) == 2 and launch.ck is None
+
+
+def test_plan_cache_is_bounded_and_cleared_together():
+    a, b = rt.PlanCache("a", max_plans=2), rt.PlanCache("b")
+    for k in range(3):
+        a.put(k, str(k))
+    b.put("x", 1)
+    assert len(a) == 2 and a.get(0) is None and a.get(2) == "2"  # the oldest went first
+    rt.clear_plans()
+    assert len(a) == len(b) == 0
+
+
+def test_workspace_grows_per_device_stream_and_name():
+    dev = torch.device("cpu")
+    w1 = rt.workspace(dev, 0, "t_cnt", 10, torch.int32, zeroed=True)
+    assert w1.numel() == 10 and not w1.any()
+    assert rt.workspace(dev, 0, "t_cnt", 5, torch.int32) is w1  # big enough: the same buffer
+    w2 = rt.workspace(dev, 0, "t_cnt", 20, torch.int32, zeroed=True)
+    assert w2 is not w1 and w2.numel() == 20
+    assert rt.workspace(dev, 1, "t_cnt", 5, torch.int32, zeroed=True) is not w2  # another stream
+    with pytest.raises(ValueError, match="dtype"):
+        rt.workspace(dev, 0, "t_cnt", 5, torch.float32)
+    before = rt.workspace_bytes()
+    assert before >= 4 * 25
+    rt.clear_workspaces()
+    assert rt.workspace_bytes() == 0
+
+
+def test_config_table_picks_by_m():
+    t = rt.ConfigTable(rows=((16, "small"), (256, "mid")), larger="large")
+    assert [t.pick(m) for m in (1, 16, 17, 256, 257, 10**9)] == ["small", "small", "mid", "mid", "large", "large"]
+    assert t.configs() == ["small", "mid", "large"]
+    with pytest.raises(ValueError):
+        rt.ConfigTable(rows=((64, "a"), (16, "b")), larger="c")
+
+
+def test_num_sms_in_the_interpreter():
+    assert rt.num_sms(torch.device("cpu")) == rt.INTERPRETER_SMS
+    assert rt.current_stream(torch.device("cpu")) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_host_functions_are_cuda_graph_capturable():
+    """A first call compiles and allocates; then a captured call replays to the same bytes as a direct call."""
+    import numpy as np
+
+    from fp4ref import packing
+    from fp4ref.kernels.gemm_fp16 import gemm_fp16
+    from fp4ref.kernels.nvfp4_linear import nvfp4_linear
+    from fp4ref.kernels.sparse_gemm_fp4_fp8 import sparse_gemm_fp4_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    A = torch.randn(16, 2048, device="cuda", generator=g).half()
+    B = torch.randn(3072, 2048, device="cuda", generator=g).half()
+    vals = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8, generator=g)
+    meta = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8, generator=g)
+    b8 = torch.randn(2048, 2048, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    x = torch.randn(4, 8192, device="cuda", generator=g).bfloat16()
+    rng = np.random.default_rng(0)
+    w = torch.from_numpy(packing.pack_fp4(rng.integers(0, 16, (8192, 8192), dtype=np.uint8))).cuda()
+    ws = torch.from_numpy(rng.integers(0x20, 0x40, (8192, 512), dtype=np.uint8)).cuda()
+    calls = {
+        "gemm_fp16": lambda: gemm_fp16(A, B),
+        "sparse_gemm_fp4_fp8": lambda: sparse_gemm_fp4_fp8(vals, meta, b8),
+        "nvfp4_linear": lambda: nvfp4_linear(x, w, ws, 0.01),
+    }
+    for name, fn in calls.items():
+        want = fn()
+        want = fn()  # second call: the kept kernels, as a capture will launch them
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
