@@ -224,21 +224,29 @@ def launch_compiled(ck, grid, stream, all_args) -> None:
 
 
 class Desc:
-    """A host TMA tensor descriptor argument: ``base`` tensor, global ``shape`` and ``strides`` (elements), and
-    the ``block_shape`` one TMA copy moves. A Launch turns it into Triton's TensorDescriptor (checked on the first
-    launch) or, on the direct path, into the cached encoding the C launcher takes."""
+    """A host TMA tensor descriptor argument: ``base`` tensor, global ``shape`` and ``strides`` (elements), the
+    ``block_shape`` one TMA copy moves, and for Gluon kernels the shared-memory ``layout`` (an NVMMASharedLayout)
+    the copy writes. A Launch turns it into Triton's TensorDescriptor (Gluon's when a layout is given; checked on
+    the first launch) or, on the direct path, into the cached encoding the C launcher takes."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape")
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout")
 
-    def __init__(self, base: torch.Tensor, shape, strides, block_shape):
+    def __init__(self, base: torch.Tensor, shape, strides, block_shape, layout=None):
         self.base, self.shape, self.strides, self.block_shape = base, list(shape), list(strides), list(block_shape)
+        self.layout = layout
 
     def tensor_descriptor(self, validate: bool):
+        if self.layout is not None and validate:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+            return GluonTensorDescriptor(self.base, self.shape, self.strides, self.block_shape, self.layout)
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         if validate:
             return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
-        d = object.__new__(TensorDescriptor)  # the dataclass checks ran on the plan's first launch
+        # The checks ran on the plan's first launch; encoding needs only base, shape, strides and padding (the
+        # block shape and swizzle come from the compiled kernel's metadata).
+        d = object.__new__(TensorDescriptor)
         d.base, d.shape, d.strides, d.block_shape, d.padding = (self.base, self.shape, self.strides,
                                                                 self.block_shape, "zero")
         return d
