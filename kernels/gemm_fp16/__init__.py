@@ -203,21 +203,18 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
     BM, BN, BK = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     num_tiles = -(-M // BM) * -(-N // BN)
     S = config.SPLIT_K
-    ws_elems, n_counters = (S * num_tiles * BM * BN, num_tiles) if S > 1 else (0, 0)
+    split_tiles = num_tiles if S > 1 else 0  # tiles whose partials go through the workspace, S slots each
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    if isinstance(config, SplitKConfig):
-        if has_scale:  # pragma: no cover - gemm_tma only takes TmaConfigs
-            raise TypeError("a scale needs a TmaConfig")
+    if isinstance(config, SplitKConfig):  # (gemm_tma takes TmaConfigs only: no scale here)
         launch = Launch(gemm_fp16_splitk_kernel, (num_tiles, S), splitk_constexprs(config, K), **opts)
-        return _Plan(launch, M, N, K, sa, sb, None, ws_elems, n_counters)
+        return _Plan(launch, M, N, K, sa, sb, None, S * split_tiles * BM * BN, split_tiles)
     nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
-    if config.STREAM_K:
+    if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
         sch = stream_k_schedule(config, M, N, K, nprog)
-        ws_elems, n_counters = (sch["max_pieces"] * sch["sk_tiles"] * BM * BN, sch["sk_tiles"]) \
-            if sch["split_tiles"] else (0, 0)
+        S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
     launch = Launch(tma_kernel(config), (nprog,), tma_constexprs(config, nprog, has_scale), n_desc=3, **opts)
     blocks = ([BM, BK], [BN, BK], [BM, BN // config.EPILOGUE_SUBTILE])
-    return _Plan(launch, M, N, K, sa, sb, blocks, ws_elems, n_counters)
+    return _Plan(launch, M, N, K, sa, sb, blocks, S * split_tiles * BM * BN, split_tiles)
 
 
 def _run(plan: _Plan, A, B, C, scale) -> None:
