@@ -24,24 +24,9 @@ __all__ = [
 ]
 
 
-def _check_powers_of_two(cfg, names) -> None:
-    for name in names:
-        v = getattr(cfg, name)
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"{name}={v}: expected a power of two >= 1")
-
-
 @dataclasses.dataclass(frozen=True)
-class SplitKConfig:
-    """A launch of ``gemm_fp16_splitk_kernel`` (pointer loads; small M, memory-bound on B).
-
-    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile (1 = no split; > 1: fp32 partials
-    summed by the last arriving program in the fixed order s = 0, 1, ...). GROUP_M: tile-order grouping along M
-    (L2 reuse). num_warps/num_stages: Triton launch options.
-
-    Raises:
-        ValueError: a field that is not a power of two >= 1.
-    """
+class _Tiles:
+    """The fields every gemm_fp16 path has (not a config itself: a call runs a SplitKConfig or a TmaConfig)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -52,7 +37,12 @@ class SplitKConfig:
     num_stages: int = 4
 
     def __post_init__(self):
-        _check_powers_of_two(self, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps"))
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps") + self._POWERS_OF_TWO:
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}={v}: expected a power of two >= 1")
+
+    _POWERS_OF_TWO = ()  # further fields a subclass requires to be powers of two
 
     @property
     def uses_wgmma(self) -> bool:
@@ -61,7 +51,20 @@ class SplitKConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TmaConfig:
+class SplitKConfig(_Tiles):
+    """A launch of ``gemm_fp16_splitk_kernel`` (pointer loads; small M, memory-bound on B).
+
+    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile (1 = no split; > 1: fp32 partials
+    summed by the last arriving program in the fixed order s = 0, 1, ...). GROUP_M: tile-order grouping along M
+    (L2 reuse). num_warps/num_stages: Triton launch options.
+
+    Raises:
+        ValueError: a field that is not a power of two >= 1.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class TmaConfig(_Tiles):
     """A launch of the persistent TMA kernel (``STREAM_K == 0``) or of the stream-K kernel (``STREAM_K`` 1-3).
 
     The fields of SplitKConfig, plus:
@@ -87,30 +90,19 @@ class TmaConfig:
             STREAM_K with SPLIT_K > 1.
     """
 
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_K: int
-    SPLIT_K: int = 1
-    GROUP_M: int = 8
-    num_warps: int = 4
-    num_stages: int = 4
     PROGRAMS_PER_SM: int = 1
     EPILOGUE_SUBTILE: int = 1
     STREAM_K: int = 0
     RANGE_REVERSE: bool = True
+
+    _POWERS_OF_TWO = ("PROGRAMS_PER_SM",)
 
     def __post_init__(self):
         if self.EPILOGUE_SUBTILE not in (1, 2):
             raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1 or 2")
         if self.STREAM_K not in (0, 1, 2, 3) or (self.STREAM_K and self.SPLIT_K != 1):
             raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2/3 with SPLIT_K=1")
-        _check_powers_of_two(self, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps",
-                                    "PROGRAMS_PER_SM"))  # fmt: skip
-
-    @property
-    def uses_wgmma(self) -> bool:
-        """True when Triton lowers this config's tl.dot to Hopper wgmma (block M multiple of 64, warps % 4 == 0)."""
-        return self.BLOCK_M % 64 == 0 and self.num_warps % 4 == 0
+        super().__post_init__()
 
 
 # gemm_fp16's table, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct everywhere, tuned
