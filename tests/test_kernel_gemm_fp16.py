@@ -2,12 +2,14 @@
 
 CPU CI: the Triton interpreter (conftest sets TRITON_INTERPRET=1). Outputs are NaN-poisoned and checked with
 fp4ref.bounds.check under each config's declared model (``accumulation_model(cfg, K, interpreter=True)``) with RNE
-output rounding (interpreted fp16 stores round correctly, facts/triton.md); hand-computed values (ties of the fp16
-output rounding) are checked bit for bit without fp4ref. Every CONFIG_TABLE entry is compiled for sm_90 on the CPU.
+output rounding (interpreted fp16 stores round correctly, docs/kernels.md); hand-computed values (ties of the fp16
+output rounding) are checked bit for bit without fp4ref. Every CONFIGS and TMA_CONFIGS entry is compiled for sm_90
+on the CPU.
 GPU (skipped without CUDA): workload sizes, RNE, determinism.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -18,26 +20,29 @@ from hypothesis import strategies as st
 
 from fp4ref.bounds import check, get_model
 from fp4ref.gemm import gemm_fp16 as reference
+from fp4ref.kernels import _runtime
 from fp4ref.kernels import gemm_fp16 as mod
+from fp4ref.kernels.gemm_fp16 import splitk, tma
 from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, Sm90CompileError, compile_for_sm90
 from fp4ref.strategies import exact_accumulation_fp16_arrays, fp16_matrices
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 NAN = float("nan")
-G = mod.GemmConfig
+S = mod.SplitKConfig
+T = mod.TmaConfig
 
 # Configs exercised in the interpreter besides the table: both kernels, split-K 1..8, K tails (EVEN_K False),
 # persistent TMA programs looping over several work units (4 programs on the CPU).
 TEST_CONFIGS = (
-    G("splitk", 16, 32, 64, SPLIT_K=4),
-    G("splitk", 64, 64, 64, SPLIT_K=2),
-    G("splitk", 64, 128, 64, SPLIT_K=1),
-    G("tma", 64, 64, 64, SPLIT_K=1),
-    G("tma", 64, 64, 64, SPLIT_K=8),
-    G("tma", 128, 128, 64, SPLIT_K=2, PROGRAMS_PER_SM=2),
-    G("tma", 64, 128, 32, SPLIT_K=1, EPILOGUE_SUBTILE=2),  # C stored as two column halves
-    G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: tiles split across programs
+    S(16, 32, 64, SPLIT_K=4),
+    S(64, 64, 64, SPLIT_K=2),
+    S(64, 128, 64, SPLIT_K=1),
+    T(64, 64, 64, SPLIT_K=1),
+    T(64, 64, 64, SPLIT_K=8),
+    T(128, 128, 64, SPLIT_K=2, PROGRAMS_PER_SM=2),
+    T(64, 128, 32, SPLIT_K=1, EPILOGUE_SUBTILE=2),  # C stored as two column halves
+    T(32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: tiles split across programs
 )
 
 
@@ -204,10 +209,10 @@ def test_bad_out_and_config_raise():
         mod.gemm_fp16(A, B, config="fast")
     with pytest.raises(TypeError, match="config"):
         mod.gemm_fp16(A, B, config={"BLOCK_M": 3})  # unhashable: must not reach the plan key first
-    with pytest.raises(ValueError, match="kernel="):
-        G("cublas", 64, 64, 64)
+    with pytest.raises(ValueError, match="EPILOGUE_SUBTILE=3"):
+        T(64, 64, 64, EPILOGUE_SUBTILE=3)
     with pytest.raises(ValueError, match="BLOCK_N=48"):
-        G("splitk", 64, 48, 64)
+        S(64, 48, 64)
 
 
 def test_inputs_not_modified():
@@ -224,29 +229,39 @@ def test_inputs_not_modified():
 # Contract and table
 # ---------------------------------------------------------------------------------------------------------------
 def test_config_table_is_sorted_and_covers_every_m():
-    bounds = [b for b, _ in mod.CONFIG_TABLE]
-    assert bounds == sorted(bounds) and bounds[-1] >= 2**62
+    bounds = [b for b, _ in mod.CONFIGS.rows]
+    assert bounds == sorted(bounds) and isinstance(mod.CONFIGS.larger, T)
     for M in (1, 16, 17, 256, 257, 972, 8192, 10**6):
         cfg = mod.pick_config(M, 3072, 2048)
-        assert cfg is next(c for b, c in mod.CONFIG_TABLE if M <= b)
+        assert cfg is next((c for b, c in mod.CONFIGS.rows if M <= b), mod.CONFIGS.larger)
+        assert mod.pick_config(M, 3072, 2048, interpreter=True) is cfg
+        assert mod.NUMERIC_CONTRACT.config_for(M, 3072, 2048, False) is cfg
+    assert mod.pick_config(10**6, 3072, 2048) is mod.CONFIGS.larger
 
 
 @pytest.mark.parametrize("K", [8, 64, 264, 2048])
 def test_declared_model_bounds_every_config(K):
     """The contract's single model (what ``fp4ref verify`` uses) is at least as loose as every config's own
     model, on the GPU and in the interpreter, so it is a sound bound for any M."""
-    declared = get_model(mod.NUMERIC_CONTRACT["accumulation_model"]).eps(K)
-    for _, cfg in mod.CONFIG_TABLE:
+    contract = mod.NUMERIC_CONTRACT
+    declared = get_model(contract.model).eps(K)
+    declared_interp = get_model(contract.model_interpreter).eps(K)
+    for cfg in mod.CONFIGS.configs():
         for interp in (False, True):
             assert get_model(mod.accumulation_model(cfg, K, interpreter=interp)).eps(K) <= declared
+            assert contract.model_for(cfg, K, interp).name == mod.accumulation_model(cfg, K, interpreter=interp)
+        assert get_model(mod.accumulation_model(cfg, K, interpreter=True)).eps(K) <= declared_interp
 
 
 def test_per_config_models_name_the_split():
-    assert mod.accumulation_model(G("tma", 128, 256, 64), 2048) == "hopper_fp16_wgmma"
-    assert mod.accumulation_model(G("splitk", 64, 64, 128, SPLIT_K=2), 2048) == "splitk(hopper_fp16_wgmma, 1024)"
-    assert mod.accumulation_model(G("splitk", 16, 32, 128, SPLIT_K=4), 2048) == "splitk(tc_fp32_universal, 512)"
-    assert mod.accumulation_model(G("splitk", 16, 32, 128, SPLIT_K=4), 2048, interpreter=True) == (
+    assert mod.accumulation_model(T(128, 256, 64), 2048) == "hopper_fp16_wgmma"
+    assert mod.accumulation_model(S(64, 64, 128, SPLIT_K=2), 2048) == "splitk(hopper_fp16_wgmma, 1024)"
+    assert mod.accumulation_model(S(16, 32, 128, SPLIT_K=4), 2048) == "splitk(tc_fp32_universal, 512)"
+    assert mod.accumulation_model(S(16, 32, 128, SPLIT_K=4), 2048, interpreter=True) == (
         "splitk(fp32_rn, 512)"
+    )
+    assert mod.NUMERIC_CONTRACT.model_for(mod.pick_config(16, 3072, 2048), 2048, M=16, N=3072).name == (
+        "splitk(tc_fp32_universal, 512)"
     )
 
 
@@ -256,32 +271,32 @@ def test_per_config_models_name_the_split():
 def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
     ints16 = ["N", "K"]
-    if cfg.kernel == "tma":
+    if isinstance(cfg, T):
         sig = {"a_desc": f"tensordesc<{dtype}[{BM}, {BK}]>", "b_desc": f"tensordesc<{dtype}[{BN}, {BK}]>",
                "c_desc": f"tensordesc<{dtype}[{BM}, {BN // cfg.EPILOGUE_SUBTILE}]>", "ws_ptr": "*fp32",
                "cnt_ptr": "*i32",
                "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
         ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M, NUM_PROGRAMS=132,
                   HAS_SCALE=has_scale, EPILOGUE_SUBTILE=cfg.EPILOGUE_SUBTILE)  # fmt: skip
-        kernel = mod.gemm_fp16_tma_kernel
+        kernel = tma.gemm_fp16_tma_kernel
         if cfg.STREAM_K:
             ce["STREAM_K"] = cfg.STREAM_K
             ce["RANGE_REVERSE"] = True
-            kernel = mod.gemm_fp16_tma_streamk_kernel
+            kernel = tma.gemm_fp16_tma_streamk_kernel
         ptrs = ["ws_ptr", "cnt_ptr", "scale_ptr"]
     else:
         sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bn": "i32", "stride_cm": "i32"}
         ce = dict(BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, SPLIT_K=cfg.SPLIT_K, GROUP_M=cfg.GROUP_M,
                   EVEN_K=K % (BK * cfg.SPLIT_K) == 0)  # fmt: skip
-        kernel = mod.gemm_fp16_splitk_kernel
+        kernel = splitk.gemm_fp16_splitk_kernel
         ptrs = ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "cnt_ptr"]
         ints16 += ["stride_am", "stride_bn", "stride_cm"]
     return compile_for_sm90(kernel, sig, ce, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                             divisible_by_16=ptrs + ints16)  # fmt: skip
 
 
-@pytest.mark.parametrize("cfg", sorted({c for _, c in mod.CONFIG_TABLE + mod.TMA_CONFIGS}, key=repr), ids=repr)
+@pytest.mark.parametrize("cfg", sorted(set(mod.CONFIGS.configs() + mod.TMA_CONFIGS.configs()), key=repr), ids=repr)
 def test_table_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
@@ -291,7 +306,7 @@ def test_table_configs_compile_for_sm90(cfg):
         assert "wgmma.mma_async" in ptx
     else:
         assert "mma.sync" in ptx
-    if cfg.kernel == "tma":
+    if isinstance(cfg, T):
         assert "cp.async.bulk.tensor" in ptx
     else:
         assert "cp.async.cg.shared.global" in ptx  # pipelined 16-byte loads, not scalar ones
@@ -299,14 +314,14 @@ def test_table_configs_compile_for_sm90(cfg):
 
 def test_sm90_build_rejects_what_the_gpu_rejects():
     """A dot with K = 8 runs in the interpreter but cannot be built for sm_90: the helper must say so."""
-    bad = G("splitk", 16, 16, 8, SPLIT_K=1)
+    bad = S(16, 16, 8, SPLIT_K=1)
     with pytest.raises((Sm90CompileError, Exception), match="(?i)dot|k|shape|compil"):
         _build(bad, N=16, K=8)
 
 
 def test_sm90_build_argument_errors():
     with pytest.raises(ValueError, match="unknown parameter"):
-        compile_for_sm90(mod.gemm_fp16_splitk_kernel, {"nope": "i32"}, {})
+        compile_for_sm90(splitk.gemm_fp16_splitk_kernel, {"nope": "i32"}, {})
     with pytest.raises(TypeError, match="triton.jit"):
         compile_for_sm90(lambda x: x, {}, {})
 
@@ -355,10 +370,10 @@ def interp_bf16_dot(monkeypatch):
 
 
 TMA_SCALE_CONFIGS = (
-    G("tma", 64, 64, 64, SPLIT_K=1),
-    G("tma", 64, 64, 32, SPLIT_K=2),  # split-K: the scale is applied once, after the fixed-order sum
-    G("tma", 128, 64, 32, SPLIT_K=4, PROGRAMS_PER_SM=2),
-    G("tma", 64, 64, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: 2 pieces per tile, scale after their sum
+    T(64, 64, 64, SPLIT_K=1),
+    T(64, 64, 32, SPLIT_K=2),  # split-K: the scale is applied once, after the fixed-order sum
+    T(128, 64, 32, SPLIT_K=4, PROGRAMS_PER_SM=2),
+    T(64, 64, 32, STREAM_K=1, PROGRAMS_PER_SM=2),  # stream-K: 2 pieces per tile, scale after their sum
 )
 
 
@@ -374,7 +389,7 @@ def test_gemm_tma_bf16_scale_one_rounding(cfg, scale, interp_bf16_dot):
     """bf16 operands whose every partial sum is exact (small integers): acc = S exactly, so the output must be
     bf16(fp32(S * scale)), with fp32(S * scale) the one fp32 RN multiply (numpy float32, IEEE) and bf16(.) the
     one rounding: RNE on the GPU; either RNE or truncation in the interpreter (its fp32 -> bf16 truncates,
-    facts/triton.md). A non-power-of-two scale makes the fp32 product inexact, so a missing or doubled rounding,
+    docs/kernels.md). A non-power-of-two scale makes the fp32 product inexact, so a missing or doubled rounding,
     a scale applied per split-K partial, or fp16 output rounding is visible."""
     rng = np.random.default_rng(5)
     M, N, K = 70, 72, 128  # M, N tails for every config; 2-4 K slices for the split configs
@@ -428,15 +443,15 @@ def test_gemm_tma_bad_inputs_raise():
         mod.gemm_tma(A, B, C, scale=torch.ones(2, dtype=torch.float32, device=DEVICE))
     with pytest.raises(ValueError, match="C.shape"):
         mod.gemm_tma(A, B, _t((4, 8)))
-    with pytest.raises(ValueError, match="'tma'"):
-        mod.gemm_tma(A, B, C, config=G("splitk", 16, 32, 64))
+    with pytest.raises(TypeError, match="TmaConfig"):
+        mod.gemm_tma(A, B, C, config=S(16, 32, 64))
     with pytest.raises(TypeError, match="C"):
         mod.gemm_tma(A, B, "C")
 
 
 # The bf16 + scale builds the NVFP4 helper needs (its tile configs may differ; TMA_CONFIGS are the defaults).
-BF16_SCALE_BUILDS = sorted({c for _, c in mod.TMA_CONFIGS} | {G("tma", 128, 256, 64, num_warps=8, num_stages=3),
-                                                                G("tma", 128, 128, 64, SPLIT_K=2, num_warps=8)},
+BF16_SCALE_BUILDS = sorted(set(mod.TMA_CONFIGS.configs()) | {T(128, 256, 64, num_warps=8, num_stages=3),
+                                                            T(128, 128, 64, SPLIT_K=2, num_warps=8)},
                            key=repr)  # fmt: skip
 
 
@@ -450,23 +465,32 @@ def test_tma_bf16_scale_compiles_for_sm90(cfg):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Stream-K (GemmConfig.STREAM_K): deterministic split of (tile, K-iteration) ranges over a fixed grid
+# Stream-K (TmaConfig.STREAM_K): deterministic split of (tile, K-iteration) ranges over a fixed grid
 # ---------------------------------------------------------------------------------------------------------------
 # (config, M, N, K): 4/8/16 programs on the CPU (PROGRAMS_PER_SM x 4 "SMs"); tiles split 1..4 ways, a K tail,
 # all-stream-K and hybrid (data-parallel full waves + stream-K for the last partial wave).
 STREAM_K_CASES = (
-    (G("tma", 32, 32, 32, STREAM_K=1), 70, 64, 320),  # 6 tiles x 10 iterations over 4 programs: 15 each
-    (G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2), 70, 64, 296),  # 8 programs, K tail (296 = 9 x 32 + 8)
-    (G("tma", 32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=4), 40, 64, 320),  # 16 programs over 4 tiles: 3-4 pieces
-    (G("tma", 32, 32, 32, STREAM_K=2), 70, 64, 320),  # hybrid: 4 whole tiles + 2 stream-K tiles
-    (G("tma", 32, 64, 32, STREAM_K=2, PROGRAMS_PER_SM=2, GROUP_M=2), 100, 192, 192),  # hybrid, 12 tiles, 8 progs
-    (G("tma", 32, 32, 32, STREAM_K=2), 64, 256, 64),  # 16 tiles = 4 full waves: no stream-K phase, no workspace
-    (G("tma", 32, 32, 32, STREAM_K=3, GROUP_M=2), 100, 96, 296),  # data-parallel only (flattened loop), K tail
+    (T(32, 32, 32, STREAM_K=1), 70, 64, 320),  # 6 tiles x 10 iterations over 4 programs: 15 each
+    (T(32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=2), 70, 64, 296),  # 8 programs, K tail (296 = 9 x 32 + 8)
+    (T(32, 32, 32, STREAM_K=1, PROGRAMS_PER_SM=4), 40, 64, 320),  # 16 programs over 4 tiles: 3-4 pieces
+    (T(32, 32, 32, STREAM_K=2), 70, 64, 320),  # hybrid: 4 whole tiles + 2 stream-K tiles
+    (T(32, 64, 32, STREAM_K=2, PROGRAMS_PER_SM=2, GROUP_M=2), 100, 192, 192),  # hybrid, 12 tiles, 8 progs
+    (T(32, 32, 32, STREAM_K=2), 64, 256, 64),  # 16 tiles = 4 full waves: no stream-K phase, no workspace
+    (T(32, 32, 32, STREAM_K=3, GROUP_M=2), 100, 96, 296),  # data-parallel only (flattened loop), K tail
 )
 
 
 def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 4  # _num_sms on the CPU
+    """The SM count the host launch sizes grids for (INTERPRETER_SMS on the CPU)."""
+    return _runtime.num_sms(torch.device(DEVICE, 0) if ON_GPU else torch.device("cpu"))
+
+
+def _scratch():
+    """The split-K / stream-K workspaces (fp32 partials, int32 counters) of the current stream."""
+    device = torch.device(DEVICE, 0) if ON_GPU else torch.device("cpu")
+    stream = _runtime.current_stream(device)
+    return (_runtime.workspace(device, stream, mod.PARTIALS, 1, torch.float32),
+            _runtime.workspace(device, stream, mod.COUNTERS, 1, torch.int32, zeroed=True))
 
 
 def _schedule(cfg, M, N, K):
@@ -490,39 +514,40 @@ def test_stream_k_cases_split_tiles_one_to_four_ways():
 
 @pytest.mark.parametrize("reverse", (True, False), ids=("head_last", "tail_last"))
 @pytest.mark.parametrize("case", STREAM_K_CASES, ids=lambda c: repr(c))
-def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case, reverse, monkeypatch):
+def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case, reverse):
     """NaN-poisoned output within the bound of the launch's own model (accumulation_model with M, N, grid),
     identical over two runs (the workspace and counters are reused), and bit-for-bit equal to the plain TMA
     kernel (SPLIT_K = 1: one chain over all of K) on every tile that no program split. Both fix-up paths: the
     interpreter runs programs in order, so with RANGE_REVERSE a split tile's head arrives last (it sums from
     registers without writing its slot), without it a tail arrives last (sums the written slots)."""
     cfg, M, N, K = case
-    monkeypatch.setattr(mod, "STREAM_K_RANGE_REVERSE", reverse)
-    mod.clear_plans()
+    cfg = dataclasses.replace(cfg, RANGE_REVERSE=reverse)
+    _runtime.clear_plans()
     rng = np.random.default_rng(M * 7 + K)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((N, K)).astype(np.float16)
     nprog = mod.launch_programs(cfg, M, N, K, _sms())
     model = mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N, num_programs=nprog)
+    assert mod.accumulation_model(cfg, K, interpreter=not ON_GPU, M=M, N=N) == model  # the host's own grid
+    assert mod.NUMERIC_CONTRACT.model_for(cfg, K, not ON_GPU, M=M, N=N).name == model  # what fp4ref verify asks
     c1 = _run(a, b, cfg)
     check(c1, reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
     sch = mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _sms()))
-    for ws, _cnt in mod._WORKSPACES.values():
-        ws.fill_(float("nan"))
+    _scratch()[0].fill_(float("nan"))
     c2 = _run(a, b, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
     if not ON_GPU and sch["split_tiles"]:  # which path ran: the head path never writes slot 0
-        (ws, cnt), = mod._WORKSPACES.values()
+        ws, cnt = _scratch()
         tile_elems = cfg.BLOCK_M * cfg.BLOCK_N
         slot0 = [ws[t * tile_elems:(t + 1) * tile_elems] for t, ps in sch["pieces"].items() if len(ps) > 1]
         assert all(bool(x.isnan().all()) == reverse for x in slot0)
         assert not cnt.any()  # every counter back to 0
-    monkeypatch.setattr(mod, "STREAM_K_RANGE_REVERSE", not reverse)  # the other fix-up path: same bits
-    mod.clear_plans()
-    c3 = _run(a, b, cfg)
-    mod.clear_plans()
+    other = dataclasses.replace(cfg, RANGE_REVERSE=not reverse)  # the other fix-up path: same bits
+    _runtime.clear_plans()
+    c3 = _run(a, b, other)
+    _runtime.clear_plans()
     assert torch.equal(c1.view(torch.int16), c3.view(torch.int16))
-    plain = G("tma", cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)
+    plain = T(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, GROUP_M=cfg.GROUP_M)
     c0 = _run(a, b, plain)
     sch = mod.stream_k_schedule(cfg, M, N, K, nprog)
     tiles_n = -(-N // cfg.BLOCK_N)
@@ -545,19 +570,19 @@ def test_stream_k_bound_determinism_and_unsplit_tiles_equal_plain_kernel(case, r
 def test_stream_k_model_and_schedule_contract():
     """The declared model bounds every tile: at the workload's M the tight answer; without M/N the universal
     one; splitting never leaves a K-iteration uncovered or covered twice, and ranges differ by <= 1."""
-    cfg = G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1)
+    cfg = T(128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1)
     assert mod.accumulation_model(cfg, 2048, M=972, N=3072, num_programs=132) == "splitk(hopper_fp16_wgmma, 1600)"
     assert mod.accumulation_model(cfg, 2048) == "tc_fp32_universal"
     assert mod.accumulation_model(cfg, 2048, interpreter=True) == "fp32_rn"
-    dp = G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=3)  # data-parallel only: one chain per tile
+    dp = T(128, 256, 64, num_warps=8, num_stages=3, STREAM_K=3)  # data-parallel only: one chain per tile
     assert mod.accumulation_model(dp, 2048) == mod.accumulation_model(dp, 2048, M=972, N=3072, num_programs=132)
     assert mod.accumulation_model(dp, 2048) == "hopper_fp16_wgmma"
     assert mod.stream_k_schedule(dp, 972, 3072, 2048, 132)["sk_tiles"] == 0
     assert mod.launch_programs(dp, 972, 3072, 2048, 132) == 96 and mod.launch_programs(dp, 8192, 3072, 2048, 132) == 132
-    declared = get_model(mod.NUMERIC_CONTRACT["accumulation_model"]).eps(2048)
+    declared = get_model(mod.NUMERIC_CONTRACT.model).eps(2048)
     for M in (1, 100, 972, 2053, 2379, 8192):
         for sk in (1, 2):
-            c = G("tma", 128, 256, 64, num_warps=8, STREAM_K=sk)
+            c = T(128, 256, 64, num_warps=8, STREAM_K=sk)
             sch = mod.stream_k_schedule(c, M, 3072, 2048, 132)
             covered = sorted((t, k) for t, ps in sch["pieces"].items() for _, k0, k1 in ps for k in range(k0, k1))
             assert covered == [(t, k) for t in range(sch["sk_tiles"]) for k in range(32)]
@@ -569,22 +594,22 @@ def test_stream_k_model_and_schedule_contract():
             name = mod.accumulation_model(c, 2048, M=M, N=3072, num_programs=132)
             assert get_model(name).eps(2048) <= declared
     with pytest.raises(ValueError, match="STREAM_K"):
-        G("tma", 128, 256, 64, SPLIT_K=2, STREAM_K=1)
-    with pytest.raises(ValueError, match="STREAM_K"):
-        G("splitk", 64, 64, 64, STREAM_K=1)
+        T(128, 256, 64, SPLIT_K=2, STREAM_K=1)
+    with pytest.raises(TypeError, match="STREAM_K"):  # no such field: stream-K is a TmaConfig mode
+        S(64, 64, 64, STREAM_K=1)
 
 
 STREAM_K_BUILDS = (  # every stream-K candidate of bench_gemm_fp16's sweep
-    G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=3, STREAM_K=2),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=2),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=2, EPILOGUE_SUBTILE=2),
-    G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=1),
-    G("tma", 128, 128, 64, num_warps=8, num_stages=4, STREAM_K=2),
-    G("tma", 128, 128, 64, num_warps=8, num_stages=5, STREAM_K=2),
-    G("tma", 128, 128, 64, num_warps=8, num_stages=6, STREAM_K=2, EPILOGUE_SUBTILE=2),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
-    G("tma", 128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=3, EPILOGUE_SUBTILE=2),
+    T(128, 256, 64, num_warps=8, num_stages=3, STREAM_K=1),
+    T(128, 256, 64, num_warps=8, num_stages=3, STREAM_K=2),
+    T(128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=2),
+    T(128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=2, EPILOGUE_SUBTILE=2),
+    T(128, 128, 64, num_warps=8, num_stages=4, STREAM_K=1),
+    T(128, 128, 64, num_warps=8, num_stages=4, STREAM_K=2),
+    T(128, 128, 64, num_warps=8, num_stages=5, STREAM_K=2),
+    T(128, 128, 64, num_warps=8, num_stages=6, STREAM_K=2, EPILOGUE_SUBTILE=2),
+    T(128, 256, 64, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+    T(128, 256, 64, num_warps=8, num_stages=4, GROUP_M=4, STREAM_K=3, EPILOGUE_SUBTILE=2),
 )
 
 
@@ -607,10 +632,10 @@ def test_stream_k_k_loop_is_the_plain_kernels(bm, bn, stages):
     """sm_90 build: the stream-K phase's K loop (runtime bounds kt0..kt1 per piece) is software-pipelined like
     the plain kernel's: one TMA load per operand per iteration (issued stages - 1 ahead), async wgmma, one
     wait(1), no spills inside."""
-    plain = _wgmma_loops(_build(G("tma", bm, bn, 64, num_warps=8, num_stages=stages)).asm["ptx"])
+    plain = _wgmma_loops(_build(T(bm, bn, 64, num_warps=8, num_stages=stages)).asm["ptx"])
     assert len(plain) == 1 and plain[0] == dict(tma=2, wgmma=plain[0]["wgmma"], waits=["1"], local=0), plain
     for sk in (1, 2):  # (3 has no stream-K phase)
-        ptx = _build(G("tma", bm, bn, 64, num_warps=8, num_stages=stages, STREAM_K=sk)).asm["ptx"]
+        ptx = _build(T(bm, bn, 64, num_warps=8, num_stages=stages, STREAM_K=sk)).asm["ptx"]
         assert _wgmma_loops(ptx) == plain, (sk, _wgmma_loops(ptx), plain)  # the stream-K phase's K loop
         # hybrid: the data-parallel phase's loop (static K bounds) is flattened over (tile, K) by Triton, its
         # wgmma still async with wait(1) (TMA loads run ahead across tile boundaries)
@@ -627,32 +652,3 @@ def test_stream_k_configs_compile_for_sm90(cfg):
         assert "atom.global.gpu.acq_rel.add" in ptx  # a tail's arrival (release of its partial, acquire of others)
         assert "ld.global.gpu.acquire" in ptx  # the head's check (atomic add of 0 -> an acquire load)
     assert "cvt.rn.f16" in ptx  # one RNE output rounding
-
-
-def test_fast_tma_launch_passes_what_triton_passes(monkeypatch):
-    """The cached-descriptor launch (FAST_TMA_LAUNCH, kernels/_launch.py) hands Triton's C launcher exactly the
-    arguments Triton's own launcher wrapper would (checked with a recording stand-in for the C function and for the
-    tensor-map encoder, on Triton's real wrap_handle_tensordesc), re-encodes when a pointer changes, and reuses
-    encodings otherwise."""
-    from _fake_launcher import fake_compiled_kernel
-
-    sig = {"a": "tensordesc<fp16[64, 64]>", "b": "tensordesc<fp16[64, 64]>", "c": "tensordesc<fp16[64, 64]>",
-           "ws": "*fp32", "cnt": "*i32", "sc": "*fp32", "M": "i32", "N": "i32", "K": "i32"}  # fmt: skip
-    ck, calls, encoded = fake_compiled_kernel(monkeypatch, sig)
-    A, B = torch.ones(40, 64, dtype=torch.float16), torch.ones(24, 64, dtype=torch.float16)
-    C1, C2 = torch.empty(40, 24, dtype=torch.float16), torch.empty(40, 24, dtype=torch.float16)
-    for stream_k in (0, 1):
-        plan = mod._make_plan(A, B, 40, 24, 64, G("tma", 64, 64, 64, STREAM_K=stream_k))
-        plan.ck = ck
-        calls.clear()
-        encoded.clear()
-        for C in (C1, C1, C2):  # fast path: encode, reuse, encode (new C pointer)
-            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
-        assert plan.fast and len(encoded) == 6
-        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", False)
-        plan.fast = None
-        for C in (C1, C2):  # Triton's path
-            mod._run_plan(plan, A, B, C, 40, 24, 64, 64, 64)
-        monkeypatch.setattr(mod, "FAST_TMA_LAUNCH", True)
-        assert plan.fast is False
-        assert calls[0] == calls[1] == calls[3] and calls[2] == calls[4] and calls[0] != calls[2]

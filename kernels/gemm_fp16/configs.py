@@ -1,0 +1,322 @@
+"""Configs of the gemm_fp16 paths, the table that picks one per M, and the numeric contract.
+
+One frozen dataclass per path; the type says which kernel serves a call:
+
+* ``SplitKConfig``: ``splitk.gemm_fp16_splitk_kernel`` (pointer loads, one program per (C tile, K slice)).
+* ``TmaConfig``: ``tma.gemm_fp16_tma_kernel`` (persistent, TMA descriptors) when ``STREAM_K == 0``, else
+  ``tma.gemm_fp16_tma_streamk_kernel`` (deterministic stream-K on a grid of PROGRAMS_PER_SM x SMs).
+
+``CONFIGS`` (gemm_fp16's table, tuned for the gemm_n3072_k2048 workload on the H200) and ``TMA_CONFIGS``
+(gemm_tma's defaults) are ``_runtime.ConfigTable``\\ s keyed on M; ``accumulation_model`` names the fp4ref.bounds
+model of one config at one K, and ``NUMERIC_CONTRACT`` is what ``fp4ref verify`` and the tests read
+(docs/kernels.md, "gemm_fp16").
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import _runtime
+from .._runtime import ConfigTable
+
+__all__ = [
+    "SplitKConfig", "TmaConfig", "CONFIGS", "TMA_CONFIGS", "NUMERIC_CONTRACT", "pick_config", "accumulation_model",
+    "launch_programs", "stream_k_schedule",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tiles:
+    """The fields every gemm_fp16 path has (not a config itself: a call runs a SplitKConfig or a TmaConfig)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int = 1
+    GROUP_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def __post_init__(self):
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps") + self._POWERS_OF_TWO:
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}={v}: expected a power of two >= 1")
+
+    _POWERS_OF_TWO = ()  # further fields a subclass requires to be powers of two
+
+    @property
+    def uses_wgmma(self) -> bool:
+        """True when Triton lowers this config's tl.dot to Hopper wgmma (block M multiple of 64, warps % 4 == 0)."""
+        return self.BLOCK_M % 64 == 0 and self.num_warps % 4 == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitKConfig(_Tiles):
+    """A launch of ``gemm_fp16_splitk_kernel`` (pointer loads; small M, memory-bound on B).
+
+    BLOCK_M/BLOCK_N/BLOCK_K: tile sizes (elements). SPLIT_K: K slices per C tile (1 = no split; > 1: fp32 partials
+    summed by the last arriving program in the fixed order s = 0, 1, ...). GROUP_M: tile-order grouping along M
+    (L2 reuse). num_warps/num_stages: Triton launch options.
+
+    Raises:
+        ValueError: a field that is not a power of two >= 1.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class TmaConfig(_Tiles):
+    """A launch of the persistent TMA kernel (``STREAM_K == 0``) or of the stream-K kernel (``STREAM_K`` 1-3).
+
+    The fields of SplitKConfig, plus:
+
+    PROGRAMS_PER_SM: grid = min(work units, PROGRAMS_PER_SM x SM count) (``launch_programs``); 1 is fully
+    persistent, larger values let several programs share an SM.
+    EPILOGUE_SUBTILE: the C tile is stored as this many [BLOCK_M, BLOCK_N / EPILOGUE_SUBTILE] pieces (1 or 2),
+    which shrinks the shared-memory staging buffer of the TMA store (room for one more pipeline stage); every
+    element is still rounded once, so the numerics do not depend on it.
+    STREAM_K (SPLIT_K = 1 only): 0 = the persistent tile kernel; 1 = deterministic stream-K over every tile
+    (grid = PROGRAMS_PER_SM x SMs, each program an equal contiguous range of the tiles x K-iterations); 2 =
+    hybrid: the num_tiles // grid full waves data-parallel (whole tiles), stream-K only for the num_tiles % grid
+    tiles of the last partial wave (all tiles when num_tiles < grid); 3 = no stream-K phase: every tile
+    data-parallel in the stream-K kernel's loop, which Triton flattens over (tile, K-iteration) (static K
+    bounds: the next tile's TMA loads run ahead while this one is stored). Split tiles are summed in K order by
+    exactly one program (``stream_k_schedule``, ``accumulation_model``).
+    RANGE_REVERSE (stream-K only): program p runs stream-K range G-1-p (False: range p). It never changes the
+    split points or the sums, only which program arrives last: in the sequential CPU interpreter True makes a
+    split tile's head arrive last (the head path), False a tail (the last-arrival path); the tests run both.
+
+    Raises:
+        ValueError: a size that is not a power of two >= 1; EPILOGUE_SUBTILE not 1 or 2; STREAM_K not 0-3, or
+            STREAM_K with SPLIT_K > 1.
+    """
+
+    PROGRAMS_PER_SM: int = 1
+    EPILOGUE_SUBTILE: int = 1
+    STREAM_K: int = 0
+    RANGE_REVERSE: bool = True
+
+    _POWERS_OF_TWO = ("PROGRAMS_PER_SM",)
+
+    def __post_init__(self):
+        if self.EPILOGUE_SUBTILE not in (1, 2):
+            raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1 or 2")
+        if self.STREAM_K not in (0, 1, 2, 3) or (self.STREAM_K and self.SPLIT_K != 1):
+            raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2/3 with SPLIT_K=1")
+        super().__post_init__()
+
+
+# gemm_fp16's table, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct everywhere, tuned
+# only there). Chosen by ``python -m fp4ref.kernels.bench gemm_fp16 --tune``: per bucket of M, the candidate with
+# the lowest geometric-mean GPU time over the bucket's sample Ms, each candidate first checked (NaN-poisoned
+# output, bound, determinism); a TMA config only where it beats the best pointer config by > 3 us at M <= 256.
+# Small M is memory-bound on B (12.6 MB): split-K puts more programs on the SMs. Large M uses 128 x 256 TMA tiles
+# in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's loads
+# overlap this tile's store). See docs/kernels.md.
+CONFIGS = ConfigTable(
+    rows=(
+        (16, SplitKConfig(16, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+        (32, SplitKConfig(32, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
+        (64, SplitKConfig(64, 64, 128, SPLIT_K=2, num_warps=4, num_stages=4)),
+        (128, SplitKConfig(128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
+        (192, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
+        (256, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
+        (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                         STREAM_K=3)),
+        (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                         STREAM_K=3)),
+    ),
+    larger=TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+)
+
+# gemm_tma's defaults by M when the caller passes no config. NOT tuned for any workload except that the larger-M
+# config is the fp16 N=3072/K=2048 large-M kernel; callers with a known shape (e.g. the NVFP4 linear's bf16
+# N = K = 8192) pass their own TmaConfig per call.
+TMA_CONFIGS = ConfigTable(
+    rows=(
+        (64, TmaConfig(64, 128, 128, SPLIT_K=4, num_warps=4, num_stages=4, PROGRAMS_PER_SM=2)),
+        (256, TmaConfig(64, 128, 64, SPLIT_K=2, num_warps=4, num_stages=6, PROGRAMS_PER_SM=2)),
+    ),
+    larger=TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=8),
+)
+
+
+def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> SplitKConfig | TmaConfig:
+    """gemm_fp16's config for an [M, K] x [N, K]^T call: the ``CONFIGS`` entry for M (N, K and ``interpreter``
+    do not change the choice; None means ``_runtime.interpreting()``)."""
+    return CONFIGS.pick(M)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grid and stream-K schedule (host mirrors of the kernels' integer arithmetic)
+# ---------------------------------------------------------------------------------------------------------------
+def launch_programs(config: TmaConfig, M: int, N: int, K: int, num_sms: int) -> int:
+    """Grid size of a TMA launch: min(work units, PROGRAMS_PER_SM x num_sms); work units are (tile, K slice)
+    pairs, or for STREAM_K 1/2 (tile, K-iteration) pairs (so every program gets >= 1 iteration); STREAM_K 3:
+    tiles."""
+    tiles = -(-M // config.BLOCK_M) * -(-N // config.BLOCK_N)
+    units = tiles * (-(-K // config.BLOCK_K) if config.STREAM_K in (1, 2) else config.SPLIT_K)
+    return min(units, num_sms * config.PROGRAMS_PER_SM)
+
+
+def stream_k_schedule(config: TmaConfig, M: int, N: int, K: int, num_programs: int) -> dict:
+    """Host mirror of gemm_fp16_tma_streamk_kernel's split points (same integer arithmetic).
+
+    Returns dict(sk_tiles=tiles in the stream-K phase, dp_tiles=whole tiles of the data-parallel phase,
+    max_pieces=most pieces of any one tile, max_piece_len=most products (K elements) in one piece of a split tile
+    (K if none), split_tiles=stream-K tiles cut into >= 2 pieces, whole_tiles=tiles computed as one chain over
+    all of K, pieces={tile: [(program, kt0, kt1), ...] in K order}) for the stream-K tiles.
+
+    Raises:
+        ValueError: ``config`` is not a stream-K TmaConfig; a size < 1.
+    """
+    if not isinstance(config, TmaConfig) or not config.STREAM_K:
+        raise ValueError(f"config={config}: not a stream-K config")
+    if min(M, N, K, num_programs) < 1:
+        raise ValueError(f"M={M}, N={N}, K={K}, num_programs={num_programs}: expected all >= 1")
+    tiles = -(-M // config.BLOCK_M) * -(-N // config.BLOCK_N)
+    k_tiles = -(-K // config.BLOCK_K)
+    G = num_programs
+    sk_tiles = 0 if config.STREAM_K == 3 else tiles if config.STREAM_K == 1 or tiles <= G else tiles % G
+    base, extra = divmod(sk_tiles * k_tiles, G)
+    pieces: dict = {}
+    for p in range(G):
+        it = p * base + min(p, extra)
+        end = it + base + (p < extra)
+        while it < end:
+            t, kt0 = divmod(it, k_tiles)
+            kt1 = min(k_tiles, kt0 + end - it)
+            pieces.setdefault(t, []).append((p, kt0, kt1))
+            it += kt1 - kt0
+    BK = config.BLOCK_K
+    lens = [min(k1 * BK, K) - k0 * BK for ps in pieces.values() if len(ps) > 1 for _, k0, k1 in ps]
+    split = sum(len(ps) > 1 for ps in pieces.values())
+    return dict(sk_tiles=sk_tiles, dp_tiles=tiles - sk_tiles, max_pieces=max((len(ps) for ps in pieces.values()),
+                default=1), max_piece_len=max(lens, default=K), split_tiles=split,
+                whole_tiles=tiles - split, pieces=pieces)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numeric contract
+# ---------------------------------------------------------------------------------------------------------------
+def _dominating_model(inner: str, K: int, BK: int, max_len: int, pieces: int, whole: bool, fallback: str) -> str:
+    """The tightest ``splitk(inner, C)`` (C a multiple of BK, or ``inner`` itself for C >= K) whose eps(K)
+    bounds every tile of a stream-K launch: a split tile (<= ``pieces`` chains of <= ``max_len`` products, each
+    bounded by inner, summed in fp32 RN: eps_in(max_len) + gamma_{pieces-1}(2^-24) (1 + eps_in(max_len)),
+    Higham 2002 §3.1) and, when ``whole``, an unsplit tile (eps_in(K)). ``fallback`` when none does."""
+    from fp4ref.bounds import U32, gamma, get_model
+
+    e_max = get_model(inner).eps(max_len)
+    need = e_max + gamma(pieces - 1, U32) * (1 + e_max) if pieces > 1 else e_max
+    if whole:
+        need = max(need, get_model(inner).eps(K))
+    for C in range(-(-max_len // BK) * BK, K, BK):
+        name = f"splitk({inner}, {C})"
+        if get_model(name).eps(K) >= need:
+            return name
+    return inner if get_model(inner).eps(K) >= need else fallback
+
+
+def _grid_sms(interpreter: bool) -> int | None:
+    """SMs the host launch sizes a grid for: INTERPRETER_SMS in the interpreter (CPU tensors), else the current
+    CUDA device's count; None when there is no CUDA device to ask."""
+    import torch
+
+    if interpreter:
+        return _runtime.INTERPRETER_SMS
+    if not torch.cuda.is_available():
+        return None
+    return _runtime.num_sms(torch.device("cuda", torch.cuda.current_device()))
+
+
+def accumulation_model(config: SplitKConfig | TmaConfig, K: int, interpreter: bool = False, *,
+                       inputs="float16", M: int | None = None, N: int | None = None,
+                       num_programs: int | None = None) -> str:  # fmt: skip
+    """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
+
+    Per K slice of length L = ceil(ceil(K / BLOCK_K) / SPLIT_K) * BLOCK_K (clipped to K):
+
+    * GPU, wgmma tiles (``config.uses_wgmma``): ``hopper_fp16_wgmma`` (block FMA, 16 products per step, F = 25,
+      fp32 accumulator with RZ; docs/bounds.md).
+    * GPU, tiles with BLOCK_M < 64 (Triton emits mma.sync, not wgmma): ``tc_fp32_universal`` (L * 2^-22, any
+      fp32-accumulating tensor core): no bit-accurate model of Hopper's mma.sync path is established here.
+    * CPU interpreter (``interpreter=True``): tl.dot is a numpy fp32 product, bounded by ``fp32_rn`` (gamma_L,
+      any summation order; Higham 2002 §3.1).
+
+    SPLIT_K > 1 wraps it as ``splitk(<model>, L)``: the partial sums are added in fp32 with RNE in the fixed order
+    s = 0, 1, ..., SPLIT_K - 1 (fp4ref.bounds adds gamma_{ceil(K/L)-1}(2^-24)).
+
+    ``inputs``: "float16" (default) or "bfloat16" (a dtype name or torch dtype; gemm_tma's bf16 operands): bf16
+    wgmma is named ``hopper_bf16_wgmma``, the same fp4ref.bounds model as fp16.
+
+    Stream-K configs (``STREAM_K`` 1, 2): the pieces depend on M, N and the grid. With ``M`` and ``N`` the answer
+    is the tightest ``splitk(<model>, C)`` (or ``<model>``) bounding both the split tiles (<= P pieces of <= L
+    products, ``stream_k_schedule``) and the whole ones, for the grid ``num_programs``; without
+    ``num_programs`` the grid the host launch uses (``launch_programs`` with ``_runtime.num_sms`` of the current
+    CUDA device, or ``_runtime.INTERPRETER_SMS`` when ``interpreter``). Without M and N (or without a CUDA device
+    to size the grid) the answer bounds every schedule: ``fp32_rn`` in the interpreter, ``tc_fp32_universal`` on
+    the GPU (K * 2^-22 covers any split of a linear bound plus the sums). STREAM_K 3: one chain per tile.
+
+    Raises:
+        ValueError: ``inputs`` not float16/bfloat16; K < 1.
+        TypeError: ``config`` is not a SplitKConfig or TmaConfig.
+    """
+    if not isinstance(config, (SplitKConfig, TmaConfig)):
+        raise TypeError(f"config: expected a SplitKConfig or TmaConfig, got {type(config).__name__}")
+    inputs = str(inputs).replace("torch.", "")
+    if inputs not in ("float16", "bfloat16"):
+        raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
+    if K < 1:
+        raise ValueError(f"K={K}: expected >= 1")
+    if interpreter:
+        inner = "fp32_rn"
+    elif config.uses_wgmma:
+        inner = "hopper_bf16_wgmma" if inputs == "bfloat16" else "hopper_fp16_wgmma"
+    else:
+        inner = "tc_fp32_universal"
+    stream_k = getattr(config, "STREAM_K", 0)
+    if stream_k:
+        fallback = "fp32_rn" if interpreter else "tc_fp32_universal"
+        if stream_k == 3:  # data-parallel only: one chain over all of K per tile
+            return inner
+        if M is None or N is None:
+            return fallback
+        if num_programs is None:
+            sms = _grid_sms(interpreter)
+            if sms is None:
+                return fallback
+            num_programs = launch_programs(config, M, N, K, sms)
+        sch = stream_k_schedule(config, M, N, K, num_programs)
+        return _dominating_model(inner, K, config.BLOCK_K, sch["max_piece_len"], sch["max_pieces"],
+                                 sch["whole_tiles"] > 0, fallback)  # fmt: skip
+    k_tiles = -(-K // config.BLOCK_K)
+    L = min(K, -(-k_tiles // config.SPLIT_K) * config.BLOCK_K)
+    return f"splitk({inner}, {L})" if L < K else inner
+
+
+def _contract():
+    from fp4ref.bounds import NumericContract
+
+    return NumericContract(
+        inputs="float16",
+        output="float16",
+        # One model for every config and K, on the GPU and in the interpreter: K * 2^-22 (any fp32-accumulating
+        # tensor core; it also covers fp32 RN summation, gamma_K(2^-24) < K * 2^-22, and every split: splitting a
+        # linear bound into chunks only lowers it). The tight per-config model is accumulation_model(config, K).
+        model="tc_fp32_universal",
+        model_interpreter="tc_fp32_universal",
+        output_rounding="rne",  # one RNE from the fp32 accumulator to fp16 (cvt.rn.f16.f32; overflow -> +-inf)
+        output_rounding_interpreter="rne",  # the interpreter's fp16 stores round correctly (docs/kernels.md)
+        epilogue_multiplies=0,
+        deterministic=True,
+        config_model=accumulation_model,
+        pick_config=pick_config,
+        notes={
+            "products": "exact: fp16 x fp16 has at most 22 significant bits",
+            "split_k_reduction": "fp32 RNE partial sums in the fixed order s = 0, 1, ..., SPLIT_K - 1",
+            "stream_k_reduction": "a split tile's pieces summed in K order (piece 0, 1, ...) in fp32 RNE by exactly "
+                                  "one program",
+        },
+    )
+
+
+NUMERIC_CONTRACT = _contract()
