@@ -15,7 +15,9 @@ plumbing:
   different ones. ``zeroed=True`` buffers (split-K arrival counters) are zeroed once when allocated; the kernels
   leave them at zero.
 * ``Launch``: one kernel launch of a plan. Its first call goes through Triton's JIT (compiles, validates, and
-  hands back the CompiledKernel, which the Launch keeps); later calls launch the kept kernel directly.
+  hands back the CompiledKernel, which the Launch keeps); later calls launch the kept kernel directly. A
+  Launch's TMA descriptors keep the shapes, strides and blocks of its first call (the plan's key fixes them);
+  only their base pointers may change.
 
 Why direct launches. The JIT re-binds and re-specialises every argument on each call, tens of microseconds of
 Python on the GPU machine's CPU, which a CUDA-event timing of a ~5 us kernel measures as kernel time (the GPU
@@ -341,7 +343,9 @@ class Launch:
             direct = self.direct = raw_launcher(ck, nd) if FAST_LAUNCH else False
         if direct and FAST_LAUNCH and not hooks_installed():
             if nd:
-                key = tuple((d.base.data_ptr(), *d.shape, *d.strides, *d.block_shape) for d in args[:nd])
+                # a Launch's descriptors have fixed shapes, strides and blocks (its plan's key fixes them), so an
+                # encoding depends only on the base pointers
+                key = tuple([d.base.data_ptr() for d in args[:nd]])
                 enc = self.encodings.get(key)
                 if enc is None:
                     enc = direct.encode(args[:nd])

@@ -34,7 +34,8 @@ import threading
 import types
 from typing import Any, Mapping, Sequence
 
-__all__ = ["SM90_TARGET_ARCH", "SM90_MAX_SHARED_BYTES", "Sm90Build", "Sm90CompileError", "compile_for_sm90"]
+__all__ = ["SM90_TARGET_ARCH", "SM90_MAX_SHARED_BYTES", "Sm90Build", "Sm90CompileError", "compile_for_sm90",
+           "gluon_tensordesc", "sass_info"]
 
 SM90_TARGET_ARCH = 90  # compute capability 9.0 (Hopper), warp size 32
 SM90_MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory one CTA may use on H100/H200
@@ -61,7 +62,8 @@ def compile_for_sm90(
     """Build ``kernel`` for sm_90 (CUDA, warp size 32) without a GPU and return the compiled kernel.
 
     Args:
-        kernel: a ``@triton.jit`` function (a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1).
+        kernel: a ``@triton.jit`` function (a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1) or a
+            ``@gluon.jit`` function (built through Gluon's front end; ``gluon_tensordesc`` types its descriptors).
         signature: every runtime parameter name -> Triton type string, e.g. ``"*fp16"``, ``"*fp32"``, ``"*u8"``,
             ``"i32"``, ``"i64"``, ``"fp32"``, ``"tensordesc<fp16[128, 64]>"`` (host TensorDescriptor).
             Parameters given in ``constexprs`` may be left out (they are typed ``"constexpr"``).
@@ -98,9 +100,41 @@ def compile_for_sm90(
     opts = {"num_warps": int(num_warps), "num_stages": int(num_stages), **options}
     from triton.runtime.jit import JITFunction
 
-    if isinstance(kernel, JITFunction):
+    gluon = bool(getattr(kernel, "is_gluon", lambda: False)())
+    # Gluon kernels are never interpreted, but an interpreted tl kernel earlier in the process would still break
+    # an in-process build: under the interpreter they go to the helper process too.
+    if isinstance(kernel, JITFunction) and not (gluon and os.environ.get("TRITON_INTERPRET") == "1"):
         return _compile(kernel, *request, opts)
     return _helper().compile(fn, request, opts)
+
+
+def gluon_tensordesc(dtype: str, block_shape: Sequence[int], layout: Any) -> str:
+    """The signature type of a Gluon host TMA descriptor argument: element type (``"fp16"``, ``"u8"``, ...), the
+    block shape one copy moves, and its NVMMASharedLayout."""
+    return f"tensordesc<{dtype}[{', '.join(str(int(b)) for b in block_shape)}],{layout!r}>"
+
+
+def sass_info(cubin: bytes) -> dict:
+    """Registers, stack bytes, spill stores/loads (STL/LDL) and the counts of a few instructions (HGMMA, QGMMA,
+    UTMALDG) of an sm_90 cubin, read with the cuobjdump bundled with triton; {} where it is not available."""
+    import re
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    count = lambda op: len(re.findall(r"\b" + op + r"\b", sass))  # noqa: E731
+    return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+            "spill_stores": count("STL"), "spill_loads": count("LDL"), "hgmma": count("HGMMA"),
+            "qgmma": count("QGMMA"), "utmaldg": count("UTMALDG")}
 
 
 def _normalize(params, signature, constexprs, divisible_by_16):
@@ -135,7 +169,12 @@ def _compile(jit_fn, ordered, ce, attrs, opts):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=jit_fn, signature=ordered, constexprs=ce, attrs=attrs)
+    if getattr(jit_fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn=jit_fn, signature=ordered, constexprs=ce, attrs=attrs)
+    else:
+        src = ASTSource(fn=jit_fn, signature=ordered, constexprs=ce, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", SM90_TARGET_ARCH, 32), options=opts)
 
 

@@ -229,14 +229,16 @@ def test_inputs_not_modified():
 # Contract and table
 # ---------------------------------------------------------------------------------------------------------------
 def test_config_table_is_sorted_and_covers_every_m():
-    bounds = [b for b, _ in mod.CONFIGS.rows]
-    assert bounds == sorted(bounds) and isinstance(mod.CONFIGS.larger, T)
+    for table in (mod.CONFIGS, mod.INTERPRETER_CONFIGS):
+        bounds = [b for b, _ in table.rows]
+        assert bounds == sorted(bounds) and isinstance(table.larger, T)
     for M in (1, 16, 17, 256, 257, 972, 8192, 10**6):
-        cfg = mod.pick_config(M, 3072, 2048)
-        assert cfg is next((c for b, c in mod.CONFIGS.rows if M <= b), mod.CONFIGS.larger)
-        assert mod.pick_config(M, 3072, 2048, interpreter=True) is cfg
-        assert mod.NUMERIC_CONTRACT.config_for(M, 3072, 2048, False) is cfg
-    assert mod.pick_config(10**6, 3072, 2048) is mod.CONFIGS.larger
+        for interp, table in ((False, mod.CONFIGS), (True, mod.INTERPRETER_CONFIGS)):
+            cfg = mod.pick_config(M, 3072, 2048, interpreter=interp)
+            assert cfg is next((c for b, c in table.rows if M <= b), table.larger)
+            assert mod.NUMERIC_CONTRACT.config_for(M, 3072, 2048, interp) is cfg
+    assert mod.pick_config(10**6, 3072, 2048, interpreter=False) is mod.CONFIGS.larger
+    assert mod.pick_config(300, 3072, 2048, interpreter=True) == mod.pick_config(300, 3072, 2048, interpreter=False)
 
 
 @pytest.mark.parametrize("K", [8, 64, 264, 2048])
@@ -246,7 +248,7 @@ def test_declared_model_bounds_every_config(K):
     contract = mod.NUMERIC_CONTRACT
     declared = get_model(contract.model).eps(K)
     declared_interp = get_model(contract.model_interpreter).eps(K)
-    for cfg in mod.CONFIGS.configs():
+    for cfg in mod.CONFIGS.configs() + mod.INTERPRETER_CONFIGS.configs():
         for interp in (False, True):
             assert get_model(mod.accumulation_model(cfg, K, interpreter=interp)).eps(K) <= declared
             assert contract.model_for(cfg, K, interp).name == mod.accumulation_model(cfg, K, interpreter=interp)
@@ -296,7 +298,11 @@ def _build(cfg, N=3072, K=2048, dtype="fp16", has_scale=False):
                             divisible_by_16=ptrs + ints16)  # fmt: skip
 
 
-@pytest.mark.parametrize("cfg", sorted(set(mod.CONFIGS.configs() + mod.TMA_CONFIGS.configs()), key=repr), ids=repr)
+TL_TABLE_CONFIGS = sorted({c for c in mod.CONFIGS.configs() + mod.INTERPRETER_CONFIGS.configs() +
+                            mod.TMA_CONFIGS.configs() if not isinstance(c, mod.GluonConfig)}, key=repr)
+
+
+@pytest.mark.parametrize("cfg", TL_TABLE_CONFIGS, ids=repr)  # Gluon configs: tests/test_kernel_gemm_fp16_gluon.py
 def test_table_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]

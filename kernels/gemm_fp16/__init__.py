@@ -5,8 +5,10 @@ Workload (FlashInfer-Bench ``gemm_n3072_k2048``): A float16 [M, 2048], B float16
 
 Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotuning at start-up):
 
-* ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256): pointer loads, one program per (C tile,
-  K slice), deterministic last-arrival split-K reduction.
+* ``GluonConfig`` -> ``gluon.gemm_swapab_kernel`` (M <= 256 on a GPU): Gluon swap-AB wgmma (N on the wgmma M
+  side), TMA / mbarrier ring; sm_90 only.
+* ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256 in the CPU interpreter, which cannot run
+  Gluon): pointer loads, one program per (C tile, K slice), deterministic last-arrival split-K reduction.
 * ``TmaConfig`` -> ``tma.gemm_fp16_tma_kernel`` (persistent, TMA) or, with ``STREAM_K``,
   ``tma.gemm_fp16_tma_streamk_kernel`` (M > 256: 128 x 256 tiles, whole-tile mode STREAM_K=3).
 
@@ -30,13 +32,15 @@ import torch
 from .. import _runtime
 from . import configs as _configs
 from .._runtime import Desc, Launch, PlanCache
-from .configs import (CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, SplitKConfig, TmaConfig, accumulation_model,
-                      launch_programs, pick_config, stream_k_schedule)  # fmt: skip
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, GluonConfig, SplitKConfig,
+                      TmaConfig, accumulation_model, launch_programs, pick_config, stream_k_schedule)  # fmt: skip
+from .gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
 from .splitk import gemm_fp16_splitk_kernel, splitk_constexprs
 from .tma import tma_constexprs, tma_kernel
 
 __all__ = [
-    "ALIGN", "CONFIGS", "COUNTERS", "NUMERIC_CONTRACT", "PARTIALS", "SplitKConfig", "TMA_CONFIGS", "TmaConfig",
+    "ALIGN", "CONFIGS", "COUNTERS", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PARTIALS",
+    "SplitKConfig", "TMA_CONFIGS", "TmaConfig",
     "accumulation_model", "gemm_fp16", "gemm_tma", "launch_programs", "pick_config", "stream_k_schedule",
 ]
 
@@ -46,15 +50,15 @@ COUNTERS = "gemm_fp16.counters"  # workspace name: int32 arrival counter per spl
 _TMA_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig | None = None,
+def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig | GluonConfig | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """C = A @ B.T in fp16 with fp32 accumulation and one RNE rounding to fp16 (see NUMERIC_CONTRACT).
 
     Args:
         A: torch.float16 [M, K], any M >= 0, unit stride along K, row stride a multiple of 8, 16-byte aligned.
         B: torch.float16 [N, K], N >= 1 and K >= 1 multiples of 8 (ALIGN), same layout rules; same device as A.
-        config: a SplitKConfig or TmaConfig overriding the CONFIGS choice (tests and tuning); None picks
-            ``pick_config(M, N, K)``.
+        config: a SplitKConfig, TmaConfig or GluonConfig (CUDA only) overriding the table's choice (tests and
+            tuning); None picks ``pick_config(M, N, K)``.
         out: optional preallocated result, torch.float16 [M, N], contiguous, 16-byte aligned, on A's device
             (every element is written; tests pass a NaN-poisoned buffer). None allocates one.
 
@@ -63,9 +67,10 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
         [0, N].
 
     Raises:
-        TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig or TmaConfig.
+        TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig, TmaConfig or
+            GluonConfig.
         ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
-            ``out`` of the wrong shape/device or not contiguous.
+            ``out`` of the wrong shape/device or not contiguous; a GluonConfig for CPU tensors or M > 256.
 
     Concurrency: split-K and stream-K configs use workspaces per (device, stream); calls on one stream are safe,
     as are calls on different streams.
@@ -75,8 +80,9 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         bad = "A" if not isinstance(A, torch.Tensor) else "B"
         raise TypeError(f"{bad}: expected a torch.Tensor, got {type(A if bad == 'A' else B).__name__}")
-    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig)):
-        raise TypeError(f"config: expected a SplitKConfig, TmaConfig or None, got {type(config).__name__}")
+    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig or None, got "
+                        f"{type(config).__name__}")
     key = (A.dtype, B.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config)
     plan = _PLANS.get(key)
     if plan is None:
@@ -181,12 +187,13 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
 # pointers' 16-byte alignment is checked on every call), so the kept kernel is valid for it (kernels/_runtime.py).
 # ---------------------------------------------------------------------------------------------------------------
 class _Plan:
-    """One launch of one key: the Launch, sizes, row strides, descriptor blocks (TMA) and scratch sizes."""
+    """One launch of one key: the path ("splitk", "tma" or "gluon"), the Launch, sizes, row strides, the TMA
+    descriptor blocks ("tma") or the operands' shared layouts ("gluon"), and scratch sizes."""
 
-    __slots__ = ("launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters")
+    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters")
 
-    def __init__(self, launch, M, N, K, sa, sb, blocks, ws_elems, n_counters):
-        self.launch, self.M, self.N, self.K, self.sa, self.sb = launch, M, N, K, sa, sb
+    def __init__(self, path, launch, M, N, K, sa, sb, blocks, ws_elems, n_counters):
+        self.path, self.launch, self.M, self.N, self.K, self.sa, self.sb = path, launch, M, N, K, sa, sb
         self.blocks, self.ws_elems, self.n_counters = blocks, ws_elems, n_counters
 
 
@@ -204,17 +211,27 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
     num_tiles = -(-M // BM) * -(-N // BN)
     S = config.SPLIT_K
     split_tiles = num_tiles if S > 1 else 0  # tiles whose partials go through the workspace, S slots each
+    if isinstance(config, GluonConfig):
+        if A.device.type != "cuda" or M > 256:
+            raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90) with M <= 256, got M={M} on "
+                             f"{A.device}")
+        per, splits = config.k_split(K)
+        tiles = -(-N // BN) * -(-M // BM)
+        launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits, -(-M // BM)), gluon_constexprs(config, K),
+                        n_desc=2)  # num_warps is one of the kernel's constexprs
+        return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config),
+                     tiles * splits * BM * BN if splits > 1 else 0, tiles if splits > 1 else 0)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     if isinstance(config, SplitKConfig):  # (gemm_tma takes TmaConfigs only: no scale here)
         launch = Launch(gemm_fp16_splitk_kernel, (num_tiles, S), splitk_constexprs(config, K), **opts)
-        return _Plan(launch, M, N, K, sa, sb, None, S * split_tiles * BM * BN, split_tiles)
+        return _Plan("splitk", launch, M, N, K, sa, sb, None, S * split_tiles * BM * BN, split_tiles)
     nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
     if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
         sch = stream_k_schedule(config, M, N, K, nprog)
         S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
     launch = Launch(tma_kernel(config), (nprog,), tma_constexprs(config, nprog, has_scale), n_desc=3, **opts)
     blocks = ([BM, BK], [BN, BK], [BM, BN // config.EPILOGUE_SUBTILE])
-    return _Plan(launch, M, N, K, sa, sb, blocks, S * split_tiles * BM * BN, split_tiles)
+    return _Plan("tma", launch, M, N, K, sa, sb, blocks, S * split_tiles * BM * BN, split_tiles)
 
 
 def _run(plan: _Plan, A, B, C, scale) -> None:
@@ -227,7 +244,14 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     else:
         ws = cnt = C  # never read without split tiles
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
-    if plan.blocks is None:
+    if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A) shared layouts
+        ce = plan.launch.constexprs
+        b_layout, a_layout = plan.blocks
+        plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout),
+                           Desc(A, (M, K), (sa, 1), (ce["BLOCK_M"], ce["BLOCK_K"]), a_layout), C, ws, cnt, M, N,
+                           -(-K // ce["BLOCK_K"]), N)
+        return
+    if plan.path == "splitk":
         plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K, sa, sb, N)
         return
     ba, bb, bc = plan.blocks

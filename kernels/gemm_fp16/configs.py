@@ -5,6 +5,10 @@ One frozen dataclass per path; the type says which kernel serves a call:
 * ``SplitKConfig``: ``splitk.gemm_fp16_splitk_kernel`` (pointer loads, one program per (C tile, K slice)).
 * ``TmaConfig``: ``tma.gemm_fp16_tma_kernel`` (persistent, TMA descriptors) when ``STREAM_K == 0``, else
   ``tma.gemm_fp16_tma_streamk_kernel`` (deterministic stream-K on a grid of PROGRAMS_PER_SM x SMs).
+* ``GluonConfig``: ``gluon.gemm_swapab_kernel`` (Gluon, sm_90 only: swap-AB wgmma, TMA / mbarrier ring; M <= 256).
+
+On a GPU ``CONFIGS`` serves every M; the Triton CPU interpreter (which cannot run Gluon) uses
+``INTERPRETER_CONFIGS``, the ``tl`` paths.
 
 ``CONFIGS`` (gemm_fp16's table, tuned for the gemm_n3072_k2048 workload on the H200) and ``TMA_CONFIGS``
 (gemm_tma's defaults) are ``_runtime.ConfigTable``\\ s keyed on M; ``accumulation_model`` names the fp4ref.bounds
@@ -19,8 +23,8 @@ from .. import _runtime
 from .._runtime import ConfigTable
 
 __all__ = [
-    "SplitKConfig", "TmaConfig", "CONFIGS", "TMA_CONFIGS", "NUMERIC_CONTRACT", "pick_config", "accumulation_model",
-    "launch_programs", "stream_k_schedule",
+    "SplitKConfig", "TmaConfig", "GluonConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS", "NUMERIC_CONTRACT",
+    "pick_config", "accumulation_model", "launch_programs", "stream_k_schedule",
 ]
 
 
@@ -105,14 +109,94 @@ class TmaConfig(_Tiles):
         super().__post_init__()
 
 
-# gemm_fp16's table, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct everywhere, tuned
-# only there). Chosen by ``python -m fp4ref.kernels.bench gemm_fp16 --tune``: per bucket of M, the candidate with
-# the lowest geometric-mean GPU time over the bucket's sample Ms, each candidate first checked (NaN-poisoned
-# output, bound, determinism); a TMA config only where it beats the best pointer config by > 3 us at M <= 256.
-# Small M is memory-bound on B (12.6 MB): split-K puts more programs on the SMs. Large M uses 128 x 256 TMA tiles
-# in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's loads
-# overlap this tile's store). See docs/kernels.md.
+@dataclasses.dataclass(frozen=True)
+class GluonConfig:
+    """A launch of the Gluon swap-AB kernel (``gluon.gemm_swapab_kernel``; sm_90 only, M <= 256).
+
+    BLOCK_N: rows of B (= columns of C) per CTA: 64 per warpgroup row block (64, 128 or 256).
+    BLOCK_M: the padded M (the wgmma N width): a power of two in 8..256; M > BLOCK_M runs ceil(M / BLOCK_M) M
+        tiles, each re-reading B (mostly from L2).
+    BLOCK_K: K per pipeline stage (16, 32, 64 or 128).
+    STAGES: depth of the TMA / mbarrier ring (>= 2).
+    SPLIT_K: K slices per C tile; each covers ceil(K tiles / SPLIT_K) K tiles (``k_split``), summed by the last
+        arriving CTA in the fixed order s = 0, 1, ... (fp32 RN).
+    num_warps: 4 (one warpgroup) or 8 (two warpgroups stacked along BLOCK_N).
+    WARP_SPEC: a 1-warp TMA producer partition (``gl.warp_specialize``) feeds the ring through "empty" barriers.
+
+    Raises:
+        TypeError: a field of the wrong type. ValueError: a value the kernel cannot take, or an accumulator of
+            more than 128 fp32 registers per thread (it would spill).
+    """
+
+    BLOCK_N: int = 64
+    BLOCK_M: int = 64
+    BLOCK_K: int = 128
+    STAGES: int = 4
+    SPLIT_K: int = 1
+    num_warps: int = 4
+    WARP_SPEC: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.WARP_SPEC, bool):
+            raise TypeError(f"WARP_SPEC={self.WARP_SPEC!r}: expected a bool")
+        for name in ("BLOCK_N", "BLOCK_M", "BLOCK_K", "STAGES", "SPLIT_K", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name}={v!r}: expected an int")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
+        if self.BLOCK_N not in (64, 128, 256) or self.BLOCK_N < 16 * self.num_warps:
+            raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 and >= 16 * num_warps")
+        if self.BLOCK_M not in (8, 16, 32, 64, 128, 256):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected a power of two in 8..256 (the wgmma N width)")
+        if self.BLOCK_K not in (16, 32, 64, 128):
+            raise ValueError(f"BLOCK_K={self.BLOCK_K}: expected 16, 32, 64 or 128")
+        if self.STAGES < 2:
+            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
+        if self.SPLIT_K < 1:
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}: expected >= 1")
+        acc_regs = self.BLOCK_N * self.BLOCK_M // (32 * self.num_warps)
+        if acc_regs > 128:
+            raise ValueError(f"{self}: {acc_regs} fp32 accumulator registers per thread (> 128 spills)")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory of the TMA ring and its barriers."""
+        return self.STAGES * (self.BLOCK_N + self.BLOCK_M) * self.BLOCK_K * 2 + 16 * self.STAGES
+
+    def k_split(self, K: int) -> tuple[int, int]:
+        """(K tiles per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
+        k_tiles = -(-K // self.BLOCK_K)
+        per = -(-k_tiles // min(self.SPLIT_K, k_tiles))
+        return per, -(-k_tiles // per)
+
+
+# gemm_fp16's table on a GPU, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct
+# everywhere, tuned only there). M <= 256: the Gluon swap-AB kernel (per-bucket winners of a CUPTI sweep; every
+# winner has SPLIT_K = 1: the split-K reduction's serial tail cost ~1 us more than the extra SMs gained; 48 CTAs of
+# BLOCK_N = 64 with a deep ring of 128-wide K tiles keep ~100 KB of B in flight per SM). Larger M: 128 x 256 TMA
+# tiles in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's
+# loads overlap this tile's store). docs/kernels.md and docs/benchmarks.md.
+_G = GluonConfig
 CONFIGS = ConfigTable(
+    rows=(
+        (8, _G(BLOCK_N=64, BLOCK_M=8, BLOCK_K=128, STAGES=10)),
+        (16, _G(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, STAGES=7)),
+        (32, _G(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=8)),
+        (128, _G(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, STAGES=6)),
+        (192, _G(BLOCK_N=128, BLOCK_M=64, BLOCK_K=128, STAGES=4)),
+        (256, _G(BLOCK_N=64, BLOCK_M=128, BLOCK_K=64, STAGES=8)),
+        (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                         STREAM_K=3)),
+        (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
+                         STREAM_K=3)),
+    ),
+    larger=TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+)
+
+# The table in the Triton CPU interpreter (no Gluon there): the ``tl`` paths, chosen on the H200 before the Gluon
+# path existed (small M: pointer-load split-K; large M as CONFIGS). Also correct on a GPU.
+INTERPRETER_CONFIGS = ConfigTable(
     rows=(
         (16, SplitKConfig(16, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
         (32, SplitKConfig(32, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
@@ -140,10 +224,13 @@ TMA_CONFIGS = ConfigTable(
 )
 
 
-def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> SplitKConfig | TmaConfig:
-    """gemm_fp16's config for an [M, K] x [N, K]^T call: the ``CONFIGS`` entry for M (N, K and ``interpreter``
-    do not change the choice; None means ``_runtime.interpreting()``)."""
-    return CONFIGS.pick(M)
+def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> SplitKConfig | TmaConfig | GluonConfig:
+    """gemm_fp16's config for an [M, K] x [N, K]^T call: the ``CONFIGS`` entry for M on a GPU, the
+    ``INTERPRETER_CONFIGS`` entry in the CPU interpreter (None means ``_runtime.interpreting()``). N and K do not
+    change the choice."""
+    if interpreter is None:
+        interpreter = _runtime.interpreting()
+    return (INTERPRETER_CONFIGS if interpreter else CONFIGS).pick(M)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -228,7 +315,7 @@ def _grid_sms(interpreter: bool) -> int | None:
     return _runtime.num_sms(torch.device("cuda", torch.cuda.current_device()))
 
 
-def accumulation_model(config: SplitKConfig | TmaConfig, K: int, interpreter: bool = False, *,
+def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, interpreter: bool = False, *,
                        inputs="float16", M: int | None = None, N: int | None = None,
                        num_programs: int | None = None) -> str:  # fmt: skip
     """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
@@ -241,6 +328,8 @@ def accumulation_model(config: SplitKConfig | TmaConfig, K: int, interpreter: bo
       fp32-accumulating tensor core): no bit-accurate model of Hopper's mma.sync path is established here.
     * CPU interpreter (``interpreter=True``): tl.dot is a numpy fp32 product, bounded by ``fp32_rn`` (gamma_L,
       any summation order; Higham 2002 §3.1).
+
+    GluonConfig (GPU only): ``hopper_fp16_wgmma`` per slice of ``k_split(K)`` K tiles (all wgmma).
 
     SPLIT_K > 1 wraps it as ``splitk(<model>, L)``: the partial sums are added in fp32 with RNE in the fixed order
     s = 0, 1, ..., SPLIT_K - 1 (fp4ref.bounds adds gamma_{ceil(K/L)-1}(2^-24)).
@@ -258,15 +347,18 @@ def accumulation_model(config: SplitKConfig | TmaConfig, K: int, interpreter: bo
 
     Raises:
         ValueError: ``inputs`` not float16/bfloat16; K < 1.
-        TypeError: ``config`` is not a SplitKConfig or TmaConfig.
+        TypeError: ``config`` is not a SplitKConfig, TmaConfig or GluonConfig.
     """
-    if not isinstance(config, (SplitKConfig, TmaConfig)):
-        raise TypeError(f"config: expected a SplitKConfig or TmaConfig, got {type(config).__name__}")
+    if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig or GluonConfig, got {type(config).__name__}")
     inputs = str(inputs).replace("torch.", "")
     if inputs not in ("float16", "bfloat16"):
         raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
     if K < 1:
         raise ValueError(f"K={K}: expected >= 1")
+    if isinstance(config, GluonConfig):  # wgmma in every slice; the slices are [s C, (s + 1) C) exactly
+        per, slices = config.k_split(K)
+        return "hopper_fp16_wgmma" if slices == 1 else f"splitk(hopper_fp16_wgmma, {min(K, per * config.BLOCK_K)})"
     if interpreter:
         inner = "fp32_rn"
     elif config.uses_wgmma:

@@ -1,0 +1,198 @@
+"""Gluon path of gemm_fp16 for small M (``GluonConfig``): swap-AB wgmma with a TMA / mbarrier ring, on sm_90.
+
+At M <= 256 the GEMM streams B (N x K x 2 bytes) through the tensor cores, so the kernel is built around reading
+B at full HBM bandwidth on every SM:
+
+* swap-AB: wgmma computes the C^T tile = B tile @ A tile^T. N sits on the wgmma M side (64 rows per warpgroup);
+  M, padded to BLOCK_M (a power of two, 8..256), is the wgmma N width, so a tiny M is not padded to 64 rows.
+* TMA loads of B [BLOCK_N, BLOCK_K] and A [BLOCK_M, BLOCK_K] tiles through a STAGES-deep mbarrier ring; rows of A
+  beyond M are zero-filled by TMA (they add exact zeros to columns that are never stored).
+* async ``warpgroup_mma`` with ``warpgroup_mma_wait(1)``: one wgmma group stays in flight while the next tile
+  lands; the slot the retired group read is refilled at once.
+* optional split-K (SPLIT_K slices): each slice writes its fp32 partial tile to a workspace and bumps the tile's
+  arrival counter (atomic, acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order
+  s = 0, 1, ..., SPLIT_K-1 (fp32, RN), rounds once to fp16 (RNE) and resets the counter. Bitwise reproducible.
+* optional warp specialization (WARP_SPEC): a 1-warp TMA producer partition.
+
+Numerics: exact fp16 products, fp32 accumulation on wgmma (``hopper_fp16_wgmma``), one RNE rounding to fp16
+(``configs.accumulation_model``). There is no CPU interpreter for Gluon: the CPU tests build every config for
+sm_90 (kernels/_sm90.py) and the GPU tests run it.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+__all__ = ["gemm_swapab_kernel", "gluon_constexprs", "operand_layouts"]
+
+
+def operand_layouts(config):
+    """The NVMMA shared-memory layouts of the B and A tiles (the TMA destinations and wgmma operands)."""
+    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16),
+            gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_K], gl.float16))
+
+
+def gluon_constexprs(config, K: int) -> dict:
+    """``gemm_swapab_kernel``'s constexpr arguments for ``config`` at reduction length K, in parameter order."""
+    per, splits = config.k_split(K)
+    return dict(BLOCK_N=config.BLOCK_N, BLOCK_M=config.BLOCK_M, BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
+                SPLIT_K=splits, K_PER=per, WARP_SPEC=config.WARP_SPEC, num_warps=config.num_warps)
+
+
+@gluon.constexpr_function
+def _store_layout(BLOCK_N, BLOCK_M, num_warps):
+    """Blocked layout of a [BLOCK_N, BLOCK_M] C^T tile with N fastest: 8 consecutive N per thread (16 bytes of
+    fp16, 32 of fp32), so that a warp writes whole rows of C (and of the workspace) with wide stores."""
+    tpw_n = min(32, BLOCK_N // 8)
+    return gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1])
+
+
+@gluon.constexpr_function
+def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
+    """Columns per reduction chunk: SPLIT_K loaded partial chunks stay within ~64 registers per thread."""
+    rc = 8
+    while rc * 2 <= BLOCK_M and SPLIT_K * BLOCK_N * rc * 2 <= 64 * 32 * num_warps:
+        rc *= 2
+    return rc
+
+
+@gluon.jit
+def _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k):
+    """TMA: B[off_n:+BLOCK_N, k:+BLOCK_K] and A[off_m:+BLOCK_M, k:+BLOCK_K] into ring slot ``slot``."""
+    bar = bars.index(slot)
+    mbarrier.expect(bar, b_desc.block_type.nbytes + a_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
+    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
+
+
+@gluon.jit
+def _ws_loader(b_desc, a_desc, b_bufs, a_bufs, ready, empty, off_n, off_m, kt0, nk,
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    """Producer partition (1 warp): for each K tile, wait until its slot is empty, then TMA it in. The first pass
+    over the ring waits on parity 1 of fresh barriers, which counts as complete."""
+    for j in range(nk):
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        _issue_loads(b_desc, a_desc, b_bufs, a_bufs, ready, slot, off_n, off_m, (kt0 + j) * BLOCK_K)
+
+
+@gluon.jit
+def _ws_mma(b_bufs, a_bufs, ready, empty, nk, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
+            STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer partition (num_warps warps): wgmma each landed tile; free a slot once the wgmma reading it retired."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=acc_layout)
+    for i in range(nk):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if i > 0:
+            mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return (acc, )  # warp_specialize flattens the default partition's results: a tuple
+
+
+@gluon.jit(do_not_specialize=["M"])  # one build for every M of a config
+def gemm_swapab_kernel(
+    # operands: TMA descriptors of B [N, K] (block [BLOCK_N, BLOCK_K]) and A [M, K] (block [BLOCK_M, BLOCK_K])
+    b_desc, a_desc,
+    # output C [M, N] fp16 (row stride stride_cm), fp32 split-K workspace and per-N-tile arrival counters (int32,
+    # zero between launches)
+    c_ptr, ws_ptr, cnt_ptr,
+    # sizes: M rows of A/C, N rows of B, K tiles in all, C's row stride (elements)
+    M, N, k_tiles, stride_cm,
+    # tiling (see GluonGemmConfig); K_PER: K tiles per split (the last split takes the rest)
+    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+    STAGES: gl.constexpr, SPLIT_K: gl.constexpr, K_PER: gl.constexpr, WARP_SPEC: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
+    tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
+    off_n = pid_n * BLOCK_N
+    off_m = pid_m * BLOCK_M
+    kt0 = pid_k * K_PER
+    nk = gl.minimum(k_tiles - kt0, K_PER)  # >= 1: the host launches no empty split
+
+    # ---- shared memory: the TMA ring and its "full" barriers ------------------------------------------------
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    if WARP_SPEC:
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        acc = gl.warp_specialize(
+            [(_ws_mma, (b_bufs, a_bufs, bars, empty, nk, BLOCK_N, BLOCK_M, STAGES, num_warps)),
+             (_ws_loader, (b_desc, a_desc, b_bufs, a_bufs, bars, empty, off_n, off_m, kt0, nk, BLOCK_K, STAGES))],
+            [1], [40])[0]
+    else:
+        # ---- prologue: fill STAGES - 1 slots ------------------------------------------------------------------
+        for i in gl.static_range(STAGES - 1):
+            if i < nk:
+                _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K)
+
+        # ---- main loop: C^T tile [BLOCK_N, BLOCK_M] += B tile @ A tile^T on wgmma -----------------------------
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=acc_layout)
+        for i in range(nk):
+            slot = i % STAGES
+            mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+            acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            # retire the group of step i - 1: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            j = i + STAGES - 1
+            if j < nk:
+                _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
+                             (kt0 + j) * BLOCK_K)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    # ---- epilogue ---------------------------------------------------------------------------------------------
+    st_layout: gl.constexpr = _store_layout(BLOCK_N, BLOCK_M, num_warps)
+    part = gl.convert_layout(acc, st_layout)
+    rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    c_ptrs = c_ptr + gl.expand_dims(rm, 0) * stride_cm + gl.expand_dims(off_n + rn, 1)
+    c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
+    if SPLIT_K == 1:
+        gl.store(c_ptrs, part.to(gl.float16), mask=c_mask)
+    else:
+        # workspace [tile, split, BLOCK_M, BLOCK_N] fp32; element (n, m) of a partial at m * BLOCK_N + n. Columns
+        # m >= M (padding) are neither written nor read.
+        TILE: gl.constexpr = BLOCK_M * BLOCK_N
+        offs_t = gl.expand_dims(rm - off_m, 0) * BLOCK_N + gl.expand_dims(rn, 1)
+        ws_tile = ws_ptr + tile * (SPLIT_K * TILE)
+        gl.store(ws_tile + pid_k * TILE + offs_t, part, mask=c_mask, cache_modifier=".cg")
+        gl.thread_barrier()  # every thread's partial stores precede the release below
+        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # last to arrive: the fixed-order sum p_0 + p_1 + ... + p_{S-1} in fp32 (RN), one RNE rounding.
+            # Column chunks of RC; within a chunk the S loads are unrolled so that they are all in flight at once.
+            RC: gl.constexpr = _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps)
+            r_layout: gl.constexpr = _store_layout(BLOCK_N, RC, num_warps)
+            r_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+            r_c = gl.arange(0, RC, layout=gl.SliceLayout(0, r_layout))
+            offs_r = gl.expand_dims(r_c, 0) * BLOCK_N + gl.expand_dims(r_n, 1)
+            n_ok = gl.expand_dims(off_n + r_n < N, 1)
+            for m0 in range(0, gl.minimum(M - off_m, BLOCK_M), RC):
+                src = ws_tile + m0 * BLOCK_N + offs_r
+                total = gl.load(src, cache_modifier=".cg")
+                for s in gl.static_range(1, SPLIT_K):
+                    total = total + gl.load(src + s * TILE, cache_modifier=".cg")
+                m_idx = off_m + m0 + r_c
+                dst = c_ptr + gl.expand_dims(m_idx, 0) * stride_cm + gl.expand_dims(off_n + r_n, 1)
+                gl.store(dst, total.to(gl.float16), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
+            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch

@@ -1,0 +1,166 @@
+"""gemm_fp16's Gluon path (GluonConfig, kernels/gemm_fp16/gluon.py): the swap-AB wgmma kernel for M <= 256.
+
+CPU: every GluonConfig of CONFIGS, and the split-K and warp-specialized variants, is built for sm_90 with triton's
+compiler (there is no Gluon interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no register
+spills, shared memory within the sm_90 limit; config, table and accumulation-model checks.
+GPU (``-m gpu``): every workload M <= 256 against fp4ref's exact reference under the config's declared model,
+NaN-poisoned outputs, randn inputs, bitwise equality run to run; exact-accumulation inputs must give the correctly
+rounded result; shapes off the workload (N and K tails, several M tiles, split-K, warp specialization).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fp4ref.kernels.gemm_fp16 as mod
+from fp4ref.bounds import check, get_model
+from fp4ref.gemm import gemm_fp16 as reference
+from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90, gluon_tensordesc, sass_info
+from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
+
+GluonConfig = mod.GluonConfig
+ON_GPU = torch.cuda.is_available()
+NAN = float("nan")
+N, K = 3072, 2048
+WORKLOAD_M = [1, 2, 4, 7, 8, 15, 16, 24, 32, 35, 40, 48, 56, 64, 70, 72, 80, 88, 96, 104, 112, 120, 128, 136, 144,
+              152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256]
+TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
+VARIANTS = [GluonConfig(BLOCK_N=128, BLOCK_M=8, BLOCK_K=64, STAGES=8, SPLIT_K=3),
+            GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True)]
+
+
+def _build(cfg: GluonConfig, n: int = N, k: int = K):
+    b_layout, a_layout = operand_layouts(cfg)
+    sig = {"b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], b_layout),
+           "a_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_K], a_layout),
+           "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "k_tiles": "i32",
+           "stride_cm": "i32"}
+    return compile_for_sm90(gemm_swapab_kernel, sig, gluon_constexprs(cfg, k), num_warps=cfg.num_warps,
+                            divisible_by_16=["c_ptr", "ws_ptr", "cnt_ptr", "N", "stride_cm"])
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def test_gluon_config_builds_for_sm90(cfg):
+    ck = _build(cfg)
+    ptx = ck.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    info = sass_info(ck.asm["cubin"])
+    if info:  # SASS read with triton's bundled cuobjdump
+        assert info["hgmma"] > 0 and info["utmaldg"] > 0, info
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+
+
+def test_table_serves_small_m_with_gluon_on_the_gpu_and_tl_in_the_interpreter():
+    for M in range(1, 257):
+        assert isinstance(mod.pick_config(M, N, K, interpreter=False), GluonConfig)
+        assert isinstance(mod.pick_config(M, N, K, interpreter=True), mod.SplitKConfig)
+    assert isinstance(mod.pick_config(257, N, K, interpreter=False), mod.TmaConfig)
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def test_accumulation_model_matches_the_split(cfg):
+    name = mod.accumulation_model(cfg, K)
+    model = get_model(name)
+    per, slices = cfg.k_split(K)
+    if slices == 1:
+        assert name == "hopper_fp16_wgmma"
+    else:
+        assert name == f"splitk(hopper_fp16_wgmma, {per * cfg.BLOCK_K})"
+        assert -(-K // model.chunk) == slices  # fp4ref's chunk count is the number of launched slices
+    assert model.eps(K) <= get_model(mod.NUMERIC_CONTRACT.model).eps(K)  # within the contract's promise
+
+
+def test_k_split_never_launches_an_empty_slice():
+    for S in range(1, 40):
+        for k_tiles in (1, 5, 31, 32, 33):
+            cfg = GluonConfig(SPLIT_K=S)
+            per, slices = cfg.k_split(k_tiles * cfg.BLOCK_K)
+            assert (slices - 1) * per < k_tiles <= slices * per and slices <= S
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(BLOCK_M=96), "BLOCK_M=96"), (dict(BLOCK_N=32), "BLOCK_N=32"), (dict(num_warps=2), "num_warps=2"),
+    (dict(STAGES=1), "STAGES=1"), (dict(SPLIT_K=0), "SPLIT_K=0"), (dict(BLOCK_K=256), "BLOCK_K=256"),
+    (dict(BLOCK_N=128, BLOCK_M=256, num_warps=4), "accumulator registers"),
+])
+def test_bad_configs_raise(kw, words):
+    with pytest.raises(ValueError, match=words):
+        GluonConfig(**kw)
+
+
+def test_bad_config_types_raise():
+    with pytest.raises(TypeError, match="STAGES"):
+        GluonConfig(STAGES=2.0)
+    with pytest.raises(TypeError, match="WARP_SPEC"):
+        GluonConfig(WARP_SPEC=1)
+
+
+def test_gluon_config_on_cpu_tensors_is_refused():
+    A = torch.ones(4, 64, dtype=torch.float16)
+    B = torch.ones(16, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="Gluon path runs on CUDA"):
+        mod.gemm_fp16(A, B, config=GluonConfig(BLOCK_M=8))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
+
+
+@pytest.fixture(scope="module")
+def weights():
+    b = np.random.default_rng(0).standard_normal((N, K)).astype(np.float16)
+    return b, torch.from_numpy(b).cuda()
+
+
+def _run(A, B, cfg):
+    C = torch.full((A.shape[0], B.shape[0]), NAN, dtype=torch.float16, device="cuda")
+    assert mod.gemm_fp16(A, B, config=cfg, out=C) is C
+    return C
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M", WORKLOAD_M)
+def test_workload_m_within_declared_bound_and_deterministic(M, weights):
+    b, B = weights
+    a = np.random.default_rng(M).standard_normal((M, K)).astype(np.float16)
+    A = torch.from_numpy(a).cuda()
+    cfg = mod.pick_config(M, N, K)
+    assert isinstance(cfg, GluonConfig)
+    c1, c2 = _run(A, B, cfg), _run(A, B, cfg)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
+    check(c1.cpu(), reference(a, b), mod.accumulation_model(cfg, K), output_rounding="rne", poison=NAN).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M", [1, 7, 64, 136, 256])
+def test_exact_accumulation_is_correctly_rounded(M):
+    rng = np.random.default_rng(100 + M)
+    a = rng.integers(-4, 5, (M, K)).astype(np.float16)  # |partial sums| <= 16 * 2048 < 2^24: exact in fp32
+    b = rng.integers(-4, 5, (N, K)).astype(np.float16)
+    cfg = mod.pick_config(M, N, K)
+    c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
+    check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, K), output_rounding="rne", poison=NAN,
+          exact_accumulation=True).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_other_shapes_split_k_and_warp_specialization():
+    """N and K tails (TMA zero fill), M above BLOCK_M (several M tiles), split-K, warp specialization."""
+    rng = np.random.default_rng(7)
+    for M, n, k, cfg in ((5, 200, 328, GluonConfig(BLOCK_M=8, BLOCK_K=64, SPLIT_K=3)),
+                         (40, 264, 520, GluonConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64)),
+                         (100, 3072, 2048, GluonConfig(BLOCK_M=32, BLOCK_K=64, STAGES=4, SPLIT_K=4)),
+                         (64, 3072, 2048, GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True)),
+                         (24, 520, 1000, GluonConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=3, SPLIT_K=2))):
+        a = rng.standard_normal((M, k)).astype(np.float16)
+        b = rng.standard_normal((n, k)).astype(np.float16)
+        c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
+        check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, k), output_rounding="rne",
+              poison=NAN).assert_ok()
