@@ -97,8 +97,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         raise TypeError(f"config: expected a FusedConfig, an ExpandConfig or None, got {type(config).__name__}")
 
     # ---- the launch plan of this key (validated and built on its first call) ----
+    sa, sb = a_vals.stride(), b_fp8.stride()
     key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
-           a_vals.stride(), a_meta.stride(), b_fp8.stride(), a_vals.device, a_meta.device, b_fp8.device,
+           sa, a_meta.stride(), sb, a_vals.device, a_meta.device, b_fp8.device,
            a_vals.data_ptr() % 16 == 0, a_meta.data_ptr() % 16 == 0, b_fp8.data_ptr() % 16 == 0,
            None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
     plan = PLANS.get(key)
@@ -118,7 +119,7 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         PLANS.put(key, plan)  # only once the whole call validated
 
     # ---- launch ----
-    plan.run(_runtime.current_stream(device), a_vals, a_meta, b_fp8, out)
+    plan.run(_runtime.current_stream(device), a_vals, a_meta, b_fp8, out, sa, sb)
     return out
 
 
@@ -142,7 +143,7 @@ class _FusedPlan:
     def __init__(self, config, main, ws_elems, n_tiles):
         self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
 
-    def run(self, stream, a_vals, a_meta, b_fp8, out) -> None:
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
         if self.ws_elems:
             device = out.device
             ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
@@ -151,8 +152,8 @@ class _FusedPlan:
             ws = locks = out  # not read by the kernel
         m, g = a_vals.shape
         n = b_fp8.shape[0]
-        sam, sag = a_vals.stride()
-        sbn, sbk = b_fp8.stride()
+        sam, sag = sa
+        sbn, sbk = sb
         scm, scn = out.stride()
         self.main.launch(stream, a_vals, a_meta, b_fp8, out, ws, locks, m, n, 4 * g, sam, sag, sbn, sbk, scm, scn)
 
@@ -170,12 +171,12 @@ class _ExpandPlan:
         self.b_block = [config.block_n // config.n_split, config.block_k]
         self._a8 = (None, None, None)
 
-    def run(self, stream, a_vals, a_meta, b_fp8, out) -> None:
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
         device = out.device
         m, g = a_vals.shape
         n, k = b_fp8.shape
-        sam, sag = a_vals.stride()
-        sbn, sbk = b_fp8.stride()
+        sam, sag = sa
+        sbn, sbk = sb
         scm, scn = out.stride()
         a8 = _runtime.workspace(device, stream, WS_DENSE_A, self.a8_elems, torch.float8_e4m3fn)
         cached, a8w, a_desc = self._a8
