@@ -2,7 +2,7 @@
 
 CPU CI: the Triton interpreter (conftest sets TRITON_INTERPRET=1), checked by fp4ref.bounds.check under the
 kernel's declared model with FAITHFUL output rounding (interpreted fp32 -> bf16 stores truncate,
-facts/triton.md) and NaN-poisoned outputs; every CONFIGS entry compiled for sm_90 on the CPU.
+docs/kernels.md) and NaN-poisoned outputs; every CONFIGS entry compiled for sm_90 on the CPU.
 GPU (marked gpu, skipped without CUDA): the workload's M values, RNE output rounding, determinism.
 """
 from __future__ import annotations
@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 
 from fp4ref.bounds import check
 from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
+from fp4ref.kernels import _runtime
 from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
+from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, expand, fused
 from fp4ref.packing import compress_2to4
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 ROUNDING = "rne" if ON_GPU else "faithful"
-CONTRACT = mod.NUMERIC_CONTRACT["accumulation_model"]
+CONTRACT = mod.NUMERIC_CONTRACT.model
 NAN = float("nan")
 
 
@@ -42,6 +44,12 @@ def _assert_matches(c, vals_u8, meta_u8, b_u8, model=CONTRACT):
     ref = reference(vals_u8, meta_u8, b_u8)
     check(c, ref, model, output_rounding=ROUNDING, poison=NAN).assert_ok()
     return ref
+
+
+def _workspace(name, dtype, device=DEVICE):
+    """The package's workspace ``name`` on the current stream (a 1-element one when none was allocated yet)."""
+    dev = torch.device(device)
+    return _runtime.workspace(dev, _runtime.current_stream(dev), name, 0, dtype)
 
 
 def _b_bytes(rng, N, K, nan_rate=0.0):
@@ -99,7 +107,7 @@ def test_prepass_every_vals_byte_with_every_meta_nibble():
 
     from fp4ref.packing import decompress_2to4
 
-    G = mod.PREP_BLOCK_G
+    G = expand.PREP_BLOCK_G
     M = 256 * 16 // G
     vals = np.repeat(np.arange(256, dtype=np.uint8), 16).reshape(M, G)
     meta = (np.tile(np.arange(16, dtype=np.uint8), 256)
@@ -107,8 +115,8 @@ def test_prepass_every_vals_byte_with_every_meta_nibble():
     want = decompress_2to4(vals, meta).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     v, m = torch.from_numpy(vals.view(np.int8)), torch.from_numpy(meta.view(np.int8))
     w = torch.full((M, G), -1, dtype=torch.int32)
-    mod.sparse_expand_a_kernel[(triton.cdiv(M, mod.PREP_BLOCK_M), 1)](
-        v, m, w, M, G, v.stride(0), v.stride(1), w.stride(0), BLOCK_M=mod.PREP_BLOCK_M, BLOCK_G=G)
+    expand.sparse_expand_a_kernel[(triton.cdiv(M, expand.PREP_BLOCK_M), 1)](
+        v, m, w, M, G, v.stride(0), v.stride(1), w.stride(0), BLOCK_M=expand.PREP_BLOCK_M, BLOCK_G=G)
     got = w.numpy().view(np.uint8).reshape(M, 4 * G)
     np.testing.assert_array_equal(got.view(ml_dtypes.float8_e4m3fn).astype(np.float32),
                                   want.view(ml_dtypes.float8_e4m3fn).astype(np.float32))
@@ -182,12 +190,13 @@ def test_ragged_m_and_k_splitk_paths():
     vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
     meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
     b = _b_bytes(rng, N, 4 * G, nan_rate=0.002)
-    C = mod.SparseGemmConfig
-    for cfg in (C(64, 64, 128, split_k=1), C(64, 64, 128, split_k=3), C(16, 32, 64, split_k=2, mma="fp16"), C(2, 32, 64, split_k=2, mma="fma")):
+    C = FusedConfig
+    for cfg in (C(64, 64, 128, split_k=1), C(64, 64, 128, split_k=3), C(16, 32, 64, split_k=2, mma="fp16"),
+                C(2, 32, 64, split_k=2, mma="fma")):
         c = _run(vals, meta, b, cfg)
         _assert_matches(c, vals, meta, b)
         if not ON_GPU:  # the interpreted fp32 accumulation is within the config's own (tighter) model too
-            _assert_matches(c, vals, meta, b, model=mod.numeric_model(cfg, 4 * G))
+            _assert_matches(c, vals, meta, b, model=mod.accumulation_model(cfg, 4 * G, interpreter=True))
 
 
 def test_deterministic_and_inputs_untouched():
@@ -206,17 +215,16 @@ def test_deterministic_and_inputs_untouched():
 # ---------------------------------------------------------------------------------------------------------------
 # Large-M "expand" path: decode pre-pass + persistent TMA fp8 GEMM; NaN tiles recomputed by the exact slow path
 # ---------------------------------------------------------------------------------------------------------------
-EXPAND_CFG = mod.SparseGemmConfig(64, 32, 64, num_warps=4, num_stages=2, kernel="expand")
-EXPAND_CFG_SPLIT = mod.SparseGemmConfig(64, 64, 64, num_warps=4, num_stages=2, kernel="expand", n_split=2,
-                                        nan_fixup="inline")
+EXPAND_CFG = ExpandConfig(64, 32, 64, num_warps=4, num_stages=2)
+EXPAND_CFG_SPLIT = ExpandConfig(64, 64, 64, num_warps=4, num_stages=2, n_split=2, nan_fixup="inline")
 
 
 @pytest.mark.parametrize("cfg", [EXPAND_CFG, EXPAND_CFG_SPLIT], ids=["n_split1-fixup_launch", "n_split2-inline"])
 def test_expand_path_ragged_with_nan_selected_and_pruned(cfg):
-    """Ragged M and N (TMA zero padding), several tiles per persistent program, any bytes; NaN bytes of b at
-    positions some rows select and others prune: NaN exactly where the reference has it."""
+    """Ragged M and N (TMA zero padding), any bytes; NaN bytes of b at positions some rows select and others
+    prune: NaN exactly where the reference has it. (Several tiles per persistent program: test_expand_path_*.)"""
     rng = np.random.default_rng(21)
-    M, N, G = 67, 40, 48  # K = 192: 3 K-tiles of 64; 2 x 2 tiles on 2 persistent programs (interpreter)
+    M, N, G = 67, 40, 48  # K = 192: 3 K-tiles of 64; 2 x 2 (or 2 x 1) tiles on _runtime.INTERPRETER_SMS programs
     vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
     meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
     vals[0], meta[0] = 0x77, 0x0F  # 6 + 6 at index 3 of every group: the pre-pass must write 12 exactly
@@ -230,20 +238,36 @@ def test_expand_path_ragged_with_nan_selected_and_pruned(cfg):
     nan_ref = np.isnan(ref.exact)
     assert nan_ref[0, 5] and nan_ref[3, 33] and not nan_ref[4, 33]
     np.testing.assert_array_equal(np.isnan(c.float().numpy()), nan_ref)
-    assert all(int(f.abs().sum()) == 0 for f in mod._FLAGS.values())  # the fix-up leaves the flags at 0
+    flags = _workspace(mod.WS_NAN_FLAGS, torch.int32)
+    assert int(flags.abs().sum()) == 0  # the fix-up leaves the flags at 0
     # the pre-pass output itself, byte for byte, against a dense A built by torch ops (scatter-add, exact cast);
     # NaN tiles would hide a pre-pass error (the fix-up recomputes them from vals/meta), so check it directly
-    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import expand_a_e4m3
+    from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import expand_a_e4m3
 
     v8 = torch.from_numpy(vals.view(np.int8))
     m8 = torch.from_numpy(meta.view(np.int8))
-    a8 = mod._A8_WORKSPACES[(str(torch.device(DEVICE)), 0)][: M * 4 * G].view(M, 4 * G)
+    a8 = _workspace(mod.WS_DENSE_A, torch.float8_e4m3fn)[: M * 4 * G].view(M, 4 * G)
     dense = expand_a_e4m3(v8, m8)
     # values exact; compared as values because a -0 code decodes to -0 in the kernel, +0 in the scatter-add
     assert torch.equal(a8.float(), dense.float())
-    if cfg.nan_fixup == "launch":
-        assert mod._FLAGS  # this config went through the flag + fix-up launch
-    _assert_matches(c, vals, meta, b, model=mod.numeric_model(cfg, 4 * G))
+    if cfg.nan_fixup == "launch":  # this config went through the flag + fix-up launch (one flag per C tile)
+        assert flags.numel() >= -(-M // cfg.block_m) * -(-N // cfg.block_n)
+    _assert_matches(c, vals, meta, b, model=mod.accumulation_model(cfg, 4 * G, interpreter=True))
+
+
+def test_expand_path_several_tiles_per_program():
+    """More C tiles than persistent programs (3 x 2 tiles on _runtime.INTERPRETER_SMS = 4 programs in the
+    interpreter): the persistent loop's second pass, with NaN bytes of b (selected and pruned)."""
+    rng = np.random.default_rng(22)
+    M, N, G = 130, 40, 16  # K = 64: one K-tile
+    vals = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, G), dtype=np.uint8)
+    b = _b_bytes(rng, N, 4 * G, nan_rate=0.01)
+    assert (-(-M // EXPAND_CFG.block_m)) * (-(-N // EXPAND_CFG.block_n)) > _runtime.num_sms(torch.device(DEVICE)) \
+        or ON_GPU
+    c = _run(vals, meta, b, EXPAND_CFG)
+    ref = _assert_matches(c, vals, meta, b)
+    np.testing.assert_array_equal(np.isnan(c.float().numpy()), np.isnan(ref.exact))
 
 
 @settings(max_examples=8)
@@ -270,19 +294,24 @@ def test_expand_config_fallback_and_errors():
     b = torch.zeros(8, 24, dtype=torch.float8_e4m3fn)  # K = 24: rows of 24 bytes, not 16-byte multiples
     v = torch.zeros(4, 6, dtype=torch.int8)
     assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn))
-    with pytest.raises(ValueError, match="config.kernel='expand'"):
+    with pytest.raises(ValueError, match="ExpandConfig"):
         mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
-    with pytest.raises(ValueError, match="kernel='expand' needs"):
-        mod.SparseGemmConfig(64, 64, 64, split_k=2, kernel="expand")
-    with pytest.raises(ValueError, match="kernel="):
-        mod.SparseGemmConfig(64, 64, 64, kernel="nope")
+    # the expand path has no split-K and no other MMA; n_split is the expand path's: the types reject them
+    with pytest.raises(TypeError, match="split_k"):
+        ExpandConfig(64, 64, 64, split_k=2)
+    with pytest.raises(TypeError, match="mma"):
+        ExpandConfig(64, 64, 64, mma="fp16")
+    with pytest.raises(TypeError, match="n_split"):
+        FusedConfig(64, 64, 64, n_split=2)
     with pytest.raises(ValueError, match="n_split"):
-        mod.SparseGemmConfig(64, 64, 64, n_split=2)
+        ExpandConfig(64, 64, 64, n_split=3)
     with pytest.raises(ValueError, match="nan_fixup"):
-        mod.SparseGemmConfig(64, 64, 64, kernel="expand", nan_fixup="later")
-    big = mod.pick_config(1 << 20)
-    assert big.kernel == "expand"
-    assert mod.FALLBACK_CONFIG.kernel == "fused"
+        ExpandConfig(64, 64, 64, nan_fixup="later")
+    with pytest.raises(ValueError, match="mma"):
+        FusedConfig(64, 64, 64, mma="nope")
+    big = mod.pick_config(1 << 20, 2048, 2048, interpreter=False)
+    assert isinstance(big, ExpandConfig)
+    assert isinstance(mod.FALLBACK_CONFIG, FusedConfig)
 
 
 def test_launch_plan_cache():
@@ -292,9 +321,9 @@ def test_launch_plan_cache():
     meta = rng.integers(0, 256, (9, 16), dtype=np.uint8)
     b = _b_bytes(rng, 12, 64)
     c1 = _run(vals, meta, b)
-    n_plans = len(mod._PLANS)
+    n_plans = len(mod.PLANS)
     c2 = _run(vals, meta, b)
-    assert len(mod._PLANS) == n_plans  # reused
+    assert len(mod.PLANS) == n_plans  # reused
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))
     _assert_matches(c2, vals, meta, b)
     v = torch.from_numpy(vals.view(np.int8))
@@ -312,123 +341,23 @@ def test_launch_plan_cache():
     bs = torch.from_numpy(wide).view(torch.float8_e4m3fn)[:, ::2]
     c3 = mod.sparse_gemm_fp4_fp8(v, m, bs)
     assert torch.equal(c3.view(torch.int16), c1.view(torch.int16))
-    mod._PLANS.clear()  # bounded cache: clearing is always safe
-
-
-def _fake_expand_kernels(monkeypatch, plan):
-    """Recording stand-ins (tests/_fake_launcher.py) for the expand plan's three compiled kernels."""
-    from _fake_launcher import fake_compiled_kernel
-
-    ptr = "*i8"
-    prep = fake_compiled_kernel(monkeypatch, {"v": ptr, "m": ptr, "w": ptr, "M": "i32", "G": "i32", "sam": "i32",
-                                              "sag": "i32", "swm": "i32"})
-    ints = ("sam", "sag", "sbn", "sbk", "scm", "scn")
-    fix = fake_compiled_kernel(monkeypatch, {**{x: ptr for x in "vmbcf"}, **{x: "i32" for x in ("M", "N", "K", *ints)}})
-    # last: its tensor-map encoder is the one installed
-    main = fake_compiled_kernel(monkeypatch, {"a_desc": "tensordesc<fp8e4nv[64, 64]>",
-                                              "b_desc": "tensordesc<fp8e4nv[32, 64]>", **{x: ptr for x in "vmbcf"},
-                                              **{x: "i32" for x in ("M", "N", "K", "P", *ints)}})
-    plan.prep.ck, plan.main.ck, plan.fix.ck = prep[0], main[0], fix[0]
-    return prep[1], main[1], fix[1], main[2]
-
-
-def test_expand_direct_launch_passes_what_triton_passes(monkeypatch):
-    """The expand path's direct launches (_ExpandBinding through kernels/_launch.py) hand Triton's C launch
-    functions exactly the arguments Triton's own launchers pass (on Triton's real wrap_handle_tensordesc, with
-    recording stand-ins for the C functions and the tensor-map encoder); b's descriptor is encoded once per b
-    pointer; a grown dense-A workspace, a launch hook or FAST_LAUNCH=False go back to Triton's path."""
-    rng = np.random.default_rng(8)
-    v = torch.from_numpy(rng.integers(-128, 128, (40, 16), dtype=np.int8))
-    m = torch.from_numpy(rng.integers(-128, 128, (40, 16), dtype=np.int8))
-    b1 = torch.from_numpy(_b_bytes(rng, 24, 64)).view(torch.float8_e4m3fn)
-    b2 = b1.clone()
-    out = torch.empty(40, 24, dtype=torch.bfloat16)
-    mod._PLANS.clear()
-    mod.sparse_gemm_fp4_fp8(v, m, b1, EXPAND_CFG, out=out)  # interpreter: builds the plan and the workspaces
-    (plan,) = mod._PLANS.values()
-    assert plan.bound == {}  # no direct launches under the interpreter
-    prep, main, fix, encoded = _fake_expand_kernels(monkeypatch, plan)
-    for b in (b1, b2):  # Triton's path (ck.run), which binds the plan to the stream (0 here)
-        mod._expand_slow(plan, 0, v, m, b, out, True)
-    assert isinstance(plan.bound[0], mod._ExpandBinding) and len(encoded) == 4  # 2 descriptors per launch
-    slow = (prep[:], main[:], fix[:])
-    for lst in (prep, main, fix, encoded):
-        lst.clear()
-    for b in (b1, b2, b1, b2):  # direct launches: encode per new b pointer, then reuse
-        assert mod.sparse_gemm_fp4_fp8(v, m, b, EXPAND_CFG, out=out) is out
-    assert len(encoded) == 4 and len(prep) == len(main) == len(fix) == 4
-    for calls, ref in zip((prep, main, fix), slow):
-        assert calls[:2] == ref and calls[2:] == ref
-    assert main[0] != main[1] and prep[0] == prep[1]  # b's pointer reaches the GEMM only
-    # the dense-A workspace replaced (another plan grew it): the next call takes Triton's path and rebinds
-    key = plan.bound[0].skey
-    old = mod._A8_WORKSPACES[key]
-    mod._A8_WORKSPACES[key] = torch.empty(old.numel() + 16, dtype=old.dtype)
-    for lst in (prep, main, fix):
-        lst.clear()
-    mod._expand_slow(plan, 0, v, m, b1, out, True)
-    assert plan.bound[0].a8 is mod._A8_WORKSPACES[key] and prep[0][-5 - 3] == mod._A8_WORKSPACES[key].data_ptr()
-    # a launch hook installed: Triton's path (descriptors encoded per call), the binding kept
-    encoded.clear()
-    monkeypatch.setattr(mod, "hooks_installed", lambda: True)
-    mod.sparse_gemm_fp4_fp8(v, m, b1, EXPAND_CFG, out=out)
-    assert len(encoded) == 2 and main[-1] == main[0]
-    # FAST_LAUNCH off: no binding
-    plan.bound = {}
-    monkeypatch.setattr(mod, "FAST_LAUNCH", False)
-    mod._expand_slow(plan, 0, v, m, b1, out, True)
-    assert plan.bound == {}
-
-
-@pytest.mark.parametrize("split_k", [1, 2])
-def test_fused_direct_launch_passes_what_triton_passes(monkeypatch, split_k):
-    """The fused kernel's direct launch (_FusedBinding) hands Triton's C launch function exactly what Triton's own
-    launcher passes (recording stand-in, tests/_fake_launcher.py), with and without the split-K workspace; a
-    replaced workspace goes back to Triton's path and rebinds."""
-    from _fake_launcher import fake_compiled_kernel
-
-    rng = np.random.default_rng(9)
-    v = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
-    m = torch.from_numpy(rng.integers(-128, 128, (20, 16), dtype=np.int8))
-    b = torch.from_numpy(_b_bytes(rng, 24, 64)).view(torch.float8_e4m3fn)
-    out = torch.empty(20, 24, dtype=torch.bfloat16)
-    cfg = mod.SparseGemmConfig(16, 32, 32, split_k=split_k, mma="fp16", num_stages=1)
-    mod._PLANS.clear()
-    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # interpreter: plan, workspace
-    (plan,) = mod._PLANS.values()
-    assert plan.bound == {}
-    ck, calls, _ = fake_compiled_kernel(monkeypatch, {**{x: "*i8" for x in ("v", "m", "b", "c", "ws", "lk")},
-                                                      **{x: "i32" for x in ("M", "N", "K", "a", "b2", "c2", "d", "e", "f")}})
-    plan.main.ck = ck
-    dev = torch.device("cpu")
-    with monkeypatch.context() as mp:  # Triton's path through the recording CompiledKernel
-        mp.setattr(mod, "_launch", lambda launch, stream, args, is_cuda: mod.launch_compiled(
-            launch.ck, launch.grid, stream, (*args, *launch.constexprs.values())))
-        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
-    assert plan.bound == {} and len(calls) == 1  # CPU tensors: no binding
-    ws_cnt = mod._workspace(dev, 0, plan.ws_elems, plan.n_counters) if split_k > 1 else None  # as the wrapper
-    # the arguments after the six pointers, in the kernel's order: M, N, K, a, b, c strides (independent of the code)
-    mod._bind_fused(plan, 0, (str(dev), 0), ws_cnt, (20, 24, 64, 16, 1, 64, 1, 24, 1))
-    mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)  # direct
-    assert len(calls) == 2 and calls[1] == calls[0]
-    if split_k > 1:  # a replaced workspace: Triton's path (through the recording ck.run) again
-        mod._WORKSPACES[(str(dev), 0)] = (ws_cnt[0].clone(), ws_cnt[1].clone())
-        mod.sparse_gemm_fp4_fp8(v, m, b, cfg, out=out)
-        assert len(calls) == 3 and calls[2] != calls[0]
+    mod.PLANS.clear()  # bounded cache: clearing is always safe
+    assert torch.equal(_run(vals, meta, b).view(torch.int16), c1.view(torch.int16))
 
 
 def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     """The sweep picks by GPU time, but at M <= 256 an expand pick must also win on event time (host included)."""
-    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import pick_by_kind
+    from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import pick_by_kind
 
-    f, x = mod.pick_config(64), mod.pick_config(4096)
-    assert f.kernel == "fused" and x.kernel == "expand"
+    f, x = mod.pick_config(64, 2048, 2048, False), mod.pick_config(4096, 2048, 2048, False)
+    assert isinstance(f, FusedConfig) and isinstance(x, ExpandConfig)
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 42.0, x)}) is f  # host-bound expand
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 19.0, x)}) is x
     assert pick_by_kind(1024, {"fused": (30.0, 33.0, f), "expand": (19.0, 60.0, x)}) is x  # large M: GPU time
     assert pick_by_kind(64, {"fused": (12.0, 19.0, f), "expand": (12.3, 15.0, x)}) is f
     assert pick_by_kind(4096, {"expand": (49.0, 54.0, x)}) is x
-    assert {(c.kernel, c.group_m) for b, c in mod.CONFIGS if b > 256} == {("expand", 16)}
+    large = [c for b, c in mod.CONFIGS.rows if b > 256] + [mod.CONFIGS.larger]
+    assert {(type(c), c.group_m) for c in large} == {(ExpandConfig, 16)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -462,7 +391,9 @@ def test_bad_arguments(mutate, exc, match):
 def test_bad_config_and_out():
     v, m, b = _tensors()
     with pytest.raises(ValueError, match="block_k"):
-        mod.sparse_gemm_fp4_fp8(v, m, b, mod.SparseGemmConfig(64, 64, 256))
+        mod.sparse_gemm_fp4_fp8(v, m, b, FusedConfig(64, 64, 256))
+    with pytest.raises(ValueError, match="block_k"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, ExpandConfig(64, 64, 256))
     with pytest.raises(TypeError, match="out"):
         mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(2, 3, dtype=torch.float32))
     with pytest.raises(ValueError, match="out.shape"):
@@ -478,9 +409,15 @@ def test_contract_names_a_known_model():
 
     assert get_model(CONTRACT).promote_every == mod.PROMOTION_INTERVAL
     K = 2048
-    for _, cfg in mod.CONFIGS:
-        assert cfg.block_k <= mod.PROMOTION_INTERVAL or cfg.mma != "fp8"
-        assert get_model(mod.numeric_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
+    for cfg in mod.CONFIGS.configs():
+        assert cfg.block_k <= mod.PROMOTION_INTERVAL or (isinstance(cfg, FusedConfig) and cfg.mma != "fp8")
+        assert get_model(mod.accumulation_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
+    # the contract answers through model_for: the table's config at each workload M, its own model
+    for M in (1, 16, 64, 256, 4096):
+        cfg = mod.NUMERIC_CONTRACT.config_for(M, 2048, K, False)
+        assert cfg is mod.CONFIGS.pick(M)
+        assert mod.NUMERIC_CONTRACT.model_for(cfg, K, False, M=M, N=2048).name == mod.accumulation_model(cfg, K)
+    assert mod.NUMERIC_CONTRACT.config_for(4096, 2048, K, True) is mod.INTERPRETER_CONFIG
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -493,10 +430,10 @@ def _build(cfg, nan_check_bytes=False, even_k=True):
            "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr",
            "stride_bn": "i32", "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "MMA": mod.MMA_KINDS[cfg.mma],
+              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "MMA": mod.configs.MMA_KINDS[cfg.mma],
               "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
     div16 = [p for p, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_am", "stride_bn", "stride_cm"]
-    return compile_for_sm90(mod.sparse_gemm_fp4_fp8_kernel, sig, consts, num_warps=cfg.num_warps,
+    return compile_for_sm90(fused.sparse_gemm_fp4_fp8_kernel, sig, consts, num_warps=cfg.num_warps,
                             num_stages=cfg.num_stages, divisible_by_16=div16)
 
 
@@ -512,15 +449,15 @@ def _build_expand(cfg, nan_check_bytes=False, even_k=True):
               "GROUP_M": cfg.group_m, "N_SPLIT": cfg.n_split,
               "INLINE_FIXUP": cfg.nan_fixup == "inline", "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
     div16 = ["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K", "stride_am", "stride_bn", "stride_cm"]
-    return compile_for_sm90(mod.sparse_gemm_expanded_kernel, sig, consts, num_warps=cfg.num_warps,
+    return compile_for_sm90(expand.sparse_gemm_expanded_kernel, sig, consts, num_warps=cfg.num_warps,
                             num_stages=cfg.num_stages, divisible_by_16=div16)
 
 
 def _cfg_id(c):
-    return f"{c.block_m}x{c.block_n}x{c.block_k}{f'-expand-n{c.n_split}' if c.kernel == 'expand' else ''}"
+    return f"{c.block_m}x{c.block_n}x{c.block_k}{f'-expand-n{c.n_split}' if isinstance(c, ExpandConfig) else ''}"
 
 
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand"], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs() if isinstance(c, ExpandConfig)], ids=_cfg_id)
 def test_expand_configs_compile_for_sm90(cfg):
     """The persistent GEMM: TMA loads, fp8 wgmma with both operands from shared memory, the promotion into fp32
     every K-tile really in the build, within the shared-memory limit."""
@@ -541,8 +478,8 @@ def test_expand_configs_compile_for_sm90(cfg):
     assert len(dots) == len(adds) == cfg.n_split  # one promotion add per wgmma chain per K-tile
 
 
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "expand" and c.nan_fixup == "launch"],
-                         ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs()
+                                 if isinstance(c, ExpandConfig) and c.nan_fixup == "launch"], ids=_cfg_id)
 def test_expand_nan_fixup_compiles_for_sm90(cfg):
     from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90
 
@@ -551,7 +488,7 @@ def test_expand_nan_fixup_compiles_for_sm90(cfg):
            "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "BLOCK_K": cfg.block_k, "BN": cfg.block_n // cfg.n_split, "EVEN_K": True}
-    ck = compile_for_sm90(mod.sparse_nan_fixup_kernel, sig, consts, num_warps=cfg.num_warps, num_stages=2,
+    ck = compile_for_sm90(expand.sparse_nan_fixup_kernel, sig, consts, num_warps=cfg.num_warps, num_stages=2,
                           divisible_by_16=["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "flag_ptr", "N", "K",
                                            "stride_am", "stride_bn", "stride_cm"])
     assert ck.asm["cubin"] and ck.metadata.shared <= SM90_MAX_SHARED_BYTES
@@ -563,9 +500,9 @@ def test_expand_prepass_compiles_for_sm90():
 
     sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
            "stride_ag": "constexpr", "stride_wm": "i32"}
-    ck = compile_for_sm90(mod.sparse_expand_a_kernel, sig,
-                          {"stride_ag": 1, "BLOCK_M": mod.PREP_BLOCK_M, "BLOCK_G": mod.PREP_BLOCK_G},
-                          num_warps=mod.PREP_WARPS, num_stages=1,
+    ck = compile_for_sm90(expand.sparse_expand_a_kernel, sig,
+                          {"stride_ag": 1, "BLOCK_M": expand.PREP_BLOCK_M, "BLOCK_G": expand.PREP_BLOCK_G},
+                          num_warps=expand.PREP_WARPS, num_stages=1,
                           divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
@@ -575,7 +512,7 @@ def test_expand_prepass_compiles_for_sm90():
     assert "e4m3x2.f16x2" not in ptx
 
 
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS if c.kernel == "fused"], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs() if isinstance(c, FusedConfig)], ids=_cfg_id)
 def test_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
@@ -594,9 +531,9 @@ def test_configs_compile_for_sm90(cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", [c for _, c in mod.CONFIGS], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", mod.CONFIGS.configs(), ids=_cfg_id)
 def test_configs_compile_for_sm90_other_variants(cfg):
-    build = _build_expand if cfg.kernel == "expand" else _build
+    build = _build_expand if isinstance(cfg, ExpandConfig) else _build
     assert build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]
 
 
@@ -608,16 +545,14 @@ def test_configs_compile_for_sm90_other_variants(cfg):
 @pytest.mark.parametrize("M", [1, 7, 16, 64, 100, 256, 1024, 4096, 8192])
 @pytest.mark.parametrize("canonical", [False, True], ids=["random", "canonical"])
 def test_gpu_workload_sizes(M, canonical):
-    from fp4ref.kernels.bench_sparse_gemm_fp4_fp8 import make_operands
+    from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import make_operands
 
     gen = torch.Generator(device="cuda").manual_seed(M * 2 + canonical)
     v, m, b = make_operands(M, 2048, 2048, gen, canonical=canonical)
     outs = []
     for _ in range(2):
-        for ws, _cnt in mod._WORKSPACES.values():
-            ws.fill_(NAN)
-        for a8 in mod._A8_WORKSPACES.values():
-            a8.view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
+        _workspace(mod.WS_PARTIALS, torch.float32).fill_(NAN)
+        _workspace(mod.WS_DENSE_A, torch.float8_e4m3fn).view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
         out = torch.full((M, 2048), NAN, dtype=torch.bfloat16, device="cuda")
         outs.append(mod.sparse_gemm_fp4_fp8(v, m, b, out=out).cpu())
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))  # bitwise deterministic

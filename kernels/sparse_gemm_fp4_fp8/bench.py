@@ -4,22 +4,26 @@
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --check    # first: correctness on every M, then the table
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep    # time candidate configs per M (tuning only)
 
---sweep picks, per M, the candidate with the least GPU-only time (CUDA-graph diagnostic, host launch overhead
-excluded), then (with --check) checks and times the picked configs in the same run; paste them into CONFIGS.
+--sweep picks, per M, the candidate with the least GPU time (CUPTI), except that at M <= 256 an expand pick must
+also have the lower event time (host included) than the best fused config; then (with --check) checks and times
+the picked configs in the same run; paste them into configs.CONFIGS.
 
 Peers, timed in the same run on the same operands:
   (a) cuBLAS fp8 dense: torch._scaled_mm(A_e4m3, b.T, scale 1, out bf16) with A pre-expanded to E4M3FN outside
       the timed region (exact: E2M1 values and their duplicate-index sums are E4M3FN values);
   (b) naive: rebuild dense fp32 A from (vals, meta) with torch ops, then an fp32 matmul, bf16 out (timed whole).
-Timing: fp4ref.kernels._bench.time_cuda (CUDA events, 10 warm-up + 50 timed, L2 flushed before each iteration by
-writing 2 x L2 bytes, no CUDA graphs, median). Operands: a_vals, a_meta = torch.randint(-128, 128) int8 (as the
-public benchmark feeds them: any byte), b = randn fp32 cast to E4M3FN (never zeros).
-Bytes floor: (2 * M * K/4 + N * K + 2 * M * N) bytes at 4.25 TB/s (facts/h200-anchors.md copy rate).
+Timing: fp4ref.kernels._bench.time_gpu for every figure: CUPTI GPU time per call (the sum of the call's kernel
+durations) and CUDA-event time, L2 flushed before every call (2 x L2 write), 10 warm-up + 50 timed, medians.
+Operands: a_vals, a_meta = torch.randint(-128, 128) int8 (as the public benchmark feeds them: any byte),
+b = randn fp32 cast to E4M3FN (never zeros).
+Bytes floor: (2 * M * K/4 + N * K + 2 * M * N) bytes at 4.25 TB/s (the H200's measured device-to-device copy
+rate, read + write; docs/benchmarks.md), as % of our CUPTI time.
 
---check, per M: random-byte and canonical (compress_2to4 style: idx0 < idx1, bits 7:4 zero) metadata; output
-and split-K workspace poisoned with NaN; fp4ref.gemm.sparse_gemm_fp4_fp8 (exact) checked by fp4ref.bounds.check
-under NUMERIC_CONTRACT's model and under the config's own tighter model, poison=NaN; two runs bitwise equal;
-on a few M, NaN bytes in b (selected and pruned) must give exactly the reference's NaN pattern.
+--check, per M: random-byte and canonical (compress_2to4 style: idx0 < idx1, bits 7:4 zero) metadata; output,
+split-K workspace and dense-A workspace poisoned with NaN; fp4ref.gemm.sparse_gemm_fp4_fp8 (exact) checked by
+fp4ref.bounds.check under NUMERIC_CONTRACT's model and under the config's own tighter model
+(accumulation_model), poison=NaN; two runs bitwise equal; on a few M, NaN bytes in b (selected and pruned) must
+give exactly the reference's NaN pattern.
 """
 from __future__ import annotations
 
@@ -37,9 +41,9 @@ N_WORKLOAD = 2048
 K_WORKLOAD = 2048
 WORKLOAD_M = (1, 7, 16, 64, 100, 256, 1024, 4096, 8192)
 NAN_CHECK_M = (7, 256, 1024, 4096)  # 1024 and 4096: both expand tiles (NaN fix-up launch)
-COPY_BW_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts/h200-anchors.md)
+COPY_BW_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (measured; docs/benchmarks.md)
 
-# canonical metadata nibbles (idx0 < idx1): facts/numerics.md §10
+# canonical metadata nibbles (idx0 < idx1 in bits 1:0 and 3:2, bits 7:4 zero), as fp4ref.packing.compress_2to4 emits
 _CANONICAL_META = (0x4, 0x8, 0x9, 0xC, 0xD, 0xE)
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
@@ -63,7 +67,7 @@ def make_operands(M: int, N: int, K: int, gen, canonical: bool = False, device: 
 
 
 def _dense_a_f32(a_vals, a_meta):
-    """Dense fp32 A [M, K] from (vals, meta) with torch ops (design.md semantics: duplicate indices add)."""
+    """Dense fp32 A [M, K] from (vals, meta) with torch ops (docs/kernels.md semantics: duplicate indices add)."""
     import torch
 
     M, G = a_vals.shape
@@ -106,50 +110,48 @@ def _scaled_mm_fn(A8, b_fp8):
         return fn, f" (M padded to {Mp})"
 
 
+def _workspace(name, dtype, device):
+    """The kernel's workspace ``name`` on the current stream (a 1-element one when none was allocated yet)."""
+    from .. import _runtime
+
+    return _runtime.workspace(device, _runtime.current_stream(device), name, 0, dtype)
+
+
 def _poisoned_run(a_vals, a_meta, b, cfg=None):
-    """The kernel into a NaN-filled output, with the cached split-K workspaces NaN-filled too."""
+    """The kernel into a NaN-filled output, with the current stream's split-K and dense-A workspaces poisoned."""
     import torch
 
-    from .sparse_gemm_fp4_fp8 import _A8_WORKSPACES, _WORKSPACES, sparse_gemm_fp4_fp8
+    from . import WS_DENSE_A, WS_PARTIALS, sparse_gemm_fp4_fp8
 
-    for ws, _cnt in _WORKSPACES.values():
-        ws.fill_(float("nan"))
-    for a8 in _A8_WORKSPACES.values():  # the expand path's dense A: the pre-pass must write every element it reads
-        a8.view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
+    _workspace(WS_PARTIALS, torch.float32, b.device).fill_(float("nan"))
+    # the expand path's dense A: the pre-pass must write every element the GEMM reads
+    _workspace(WS_DENSE_A, torch.float8_e4m3fn, b.device).view(torch.uint8).fill_(0x7F)  # E4M3FN NaN bytes
     out = torch.full((a_vals.shape[0], b.shape[0]), float("nan"), dtype=torch.bfloat16, device=b.device)
     return sparse_gemm_fp4_fp8(a_vals, a_meta, b, cfg, out=out)
 
 
+def _path(cfg) -> str:
+    from . import ExpandConfig
+
+    return "expand" if isinstance(cfg, ExpandConfig) else "fused"
+
+
 def _cfg_name(cfg) -> str:
-    name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/{cfg.mma}"
+    from . import ExpandConfig
+
+    if isinstance(cfg, ExpandConfig):
+        name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
+        name += f"/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
+    else:
+        name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/{cfg.mma}"
     if cfg.group_m != 8:
         name += f"/g{cfg.group_m}"
-    if cfg.kernel == "expand":
-        name += f"/expand/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
     return name
-
-
-def graph_time_us(fn) -> float:
-    """``_bench.gpu_time_graph(fn)`` after one call of ``fn`` on torch's graph-capture stream: the kernel's
-    workspaces are cached per stream, so this keeps their first allocation (and the counters' zero fill) out of
-    the captured graph, where it would be timed as kernel work."""
-    import torch
-
-    from ._bench import gpu_time_graph
-
-    cls = torch.cuda.graph
-    if cls.default_capture_stream is None:
-        cls.default_capture_stream = torch.cuda.Stream()
-    cls.default_capture_stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(cls.default_capture_stream):
-        fn()
-    torch.cuda.synchronize()
-    return gpu_time_graph(fn)
 
 
 def host_time_us(fn, calls: int = 200) -> float:
     """Host (CPU) time per call of ``fn`` in MICROSECONDS (DIAGNOSTIC): ``calls`` back-to-back calls without
-    synchronising; the GPU work queues (no more than ~2 launches per call), so the wall time is the host's."""
+    synchronising; the GPU work queues, so the wall time is the host's."""
     import torch
 
     fn()
@@ -170,13 +172,13 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
     from fp4ref.bounds import check
     from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
 
-    from .sparse_gemm_fp4_fp8 import NUMERIC_CONTRACT, numeric_model, pick_config, sparse_gemm_fp4_fp8
+    from . import NUMERIC_CONTRACT, WS_DENSE_A, ExpandConfig, accumulation_model, pick_config, sparse_gemm_fp4_fp8
 
-    contract = NUMERIC_CONTRACT["accumulation_model"]
+    contract = NUMERIC_CONTRACT.model
     ok_all = True
     gen = torch.Generator(device="cuda").manual_seed(2024)
     for M in Ms:
-        cfg = (configs or {}).get(M) or pick_config(M)
+        cfg = (configs or {}).get(M) or pick_config(M, N, K)
         cases = [("random", False, False), ("canonical", True, False)]
         if M in NAN_CHECK_M:
             cases.append(("nan-in-b", False, True))
@@ -194,10 +196,9 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
                 torch.cuda.synchronize()
                 det = torch.equal(c1.view(torch.int16), c2.view(torch.int16))
                 prep = ""
-                if cfg.kernel == "expand":  # the pre-pass output byte for byte (a NaN tile's fix-up would hide errors)
-                    from .sparse_gemm_fp4_fp8 import _A8_WORKSPACES
-
-                    a8 = _A8_WORKSPACES[(str(b.device), torch.cuda.current_stream().cuda_stream)][: M * K].view(M, K)
+                if isinstance(cfg, ExpandConfig):  # the pre-pass output byte for byte (a NaN tile's fix-up would
+                    # hide errors)
+                    a8 = _workspace(WS_DENSE_A, torch.float8_e4m3fn, b.device)[: M * K].view(M, K)
                     prep_ok = torch.equal(a8.float(), expand_a_e4m3(vals, meta).float())  # values (-0 == +0)
                     prep = f" prepass_exact={prep_ok}"
                     det = det and prep_ok
@@ -205,11 +206,11 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
                 ref = reference(vals.cpu().numpy(), meta.cpu().numpy(), b.view(torch.uint8).cpu().numpy())
                 out = c1.cpu().view(torch.int16).numpy().view(ref.out.dtype)
                 rep = check(out, ref, contract, output_rounding="rne", poison=float("nan"))
-                own = numeric_model(cfg, K)
+                own = accumulation_model(cfg, K)
                 rep_own = check(out, ref, own, output_rounding="rne", poison=float("nan"))
                 n_nan = int(np.isnan(ref.exact).sum())
                 ok = rep.ok and rep_own.ok and det
-                line = (f"check M={M:5d} {label:9s} cfg={_cfg_name(cfg)} det={det}{prep} | {contract}: {rep.summary()} | "
+                line = (f"check M={M:5d} {label:9s} {_path(cfg)} cfg={_cfg_name(cfg)} det={det}{prep} | {contract}: {rep.summary()} | "
                         f"own {own}: max err/bound {rep_own.max_err_over_bound:.3g}, ok={rep_own.ok} | "
                         f"ref NaNs={n_nan} ({time.time() - t0:.1f}s)  {'OK' if ok else 'FAIL'}")
                 print(line, flush=True)
@@ -228,16 +229,14 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
     return ok_all
 
 
-def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
-    """Rows [M, config, kernel us, cuBLAS fp8 us, naive us, x vs fp8, x vs naive, % bytes floor] and, per row, the
-    (M, config, nan_check_bytes) it timed. ``configs(M)`` gives (config, nan_check_bytes) candidates (default:
-    pick_config(M)). ``graph=True`` appends two DIAGNOSTIC columns: kernel and cuBLAS GPU time without host launch
-    overhead (``_bench.gpu_time_graph``; not the reported method) and two more: host time per call of each
-    (``host_time_us``)."""
+def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None):
+    """Rows of COLUMNS (ours and both peers by CUPTI and by events, ratios peer/ours by CUPTI, % of the bytes
+    floor, path and config) and, per row, the (M, config, nan_check_bytes, Timing) it timed. ``configs(M)`` gives
+    (config, nan_check_bytes) candidates (default: pick_config(M, N, K))."""
     import torch
 
-    from ._bench import time_cuda
-    from .sparse_gemm_fp4_fp8 import pick_config, sparse_gemm_fp4_fp8
+    from .._bench import time_gpu
+    from . import pick_config, sparse_gemm_fp4_fp8
 
     rows, timed = [], []
     gen = torch.Generator(device="cuda").manual_seed(42)
@@ -245,28 +244,20 @@ def bench_sizes(Ms, N, K, configs=None, nan_check_bytes=None, graph=False):
         vals, meta, b = make_operands(M, N, K, gen)
         A8 = expand_a_e4m3(vals, meta)
         mm, note = _scaled_mm_fn(A8, b)
-        t_fp8 = time_cuda(mm)
-        t_naive = time_cuda(lambda: naive_sparse_gemm(vals, meta, b))
-        cands = configs(M) if configs is not None else [(pick_config(M), nan_check_bytes)]
+        t_fp8 = time_gpu(mm)
+        t_naive = time_gpu(lambda: naive_sparse_gemm(vals, meta, b))
+        cands = configs(M) if configs is not None else [(pick_config(M, N, K), nan_check_bytes)]
         for cfg, ncb in cands:
             try:
-                t_k = time_cuda(lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb))
+                t_k = time_gpu(lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb))
             except Exception as e:  # sweep: a config may not fit (shared memory); report and go on
                 print(f"M={M} {cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue
             name = _cfg_name(cfg) + ("/nanbytes" if ncb else "") + note
-            row = [M, name, t_k, t_fp8, t_naive, t_fp8 / t_k, t_naive / t_k, 100.0 * bytes_floor_us(M, N, K) / t_k]
-            if graph:
-                for fn in (lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg), mm):
-                    try:
-                        row.append(graph_time_us(fn))
-                    except Exception as e:  # diagnostic only
-                        print(f"M={M} graph timing failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                        row.append(float("nan"))
-                for fn in (lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg), mm):
-                    row.append(host_time_us(fn))
-            rows.append(row)
-            timed.append((M, cfg, ncb))
+            rows.append([M, _path(cfg), name, t_k.cupti_us, t_k.event_us, t_fp8.cupti_us, t_fp8.event_us,
+                         t_naive.cupti_us, t_naive.event_us, t_fp8.cupti_us / t_k.cupti_us,
+                         t_naive.cupti_us / t_k.cupti_us, 100.0 * bytes_floor_us(M, N, K) / t_k.cupti_us])
+            timed.append((M, cfg, ncb, t_k))
     return rows, timed
 
 
@@ -274,11 +265,12 @@ def sweep_candidates(M: int):
     """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
     block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator). M >= 100: the expand path
     (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
-    from .sparse_gemm_fp4_fp8 import SparseGemmConfig as C
+    from . import ExpandConfig
+    from . import FusedConfig as C
 
     def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
-        return C(bm, bn, 128, 1, group_m=g, num_warps=w, num_stages=s, kernel="expand", programs_per_sm=p,
-                 n_split=ns, nan_fixup=fix)
+        return ExpandConfig(bm, bn, 128, group_m=g, num_warps=w, num_stages=s, programs_per_sm=p, n_split=ns,
+                            nan_fixup=fix)
 
     out = []
     if M <= 2:
@@ -299,9 +291,9 @@ def sweep_candidates(M: int):
     if 100 <= M <= 256:
         out += [X(128, 128, 8, 4)]
     if M >= 1024:
-        # the 2026-11-30 sweep's leaders (/work/.device/3: 64 x 128 expand, 128 x 128 fused, programs_per_sm=2,
-        # 256 x 128 and 4 stages at 128 x 256 were slower at every M >= 1024; the 128 x 256 / 256 x 128 tiles spill
-        # without n_split=2; inline NaN fix-up: 255 registers)
+        # the leaders of earlier sweeps (64 x 128 expand, 128 x 128 fused, programs_per_sm=2, 256 x 128 and 4
+        # stages at 128 x 256 were slower at every M >= 1024; the 128 x 256 / 256 x 128 tiles spill without
+        # n_split=2; inline NaN fix-up: 255 registers)
         out += [C(64, 128, 128, 1, num_warps=4, num_stages=4),
                 X(128, 128, 8, 4), X(128, 128, 8, 4, g=16), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2),
                 X(128, 256, 8, 3, ns=2, fix="inline")]
@@ -315,16 +307,17 @@ SMALL_M_HOST_BOUND = 256  # at M <= this, the expand path (3 launches) must also
 
 
 def pick_by_kind(M: int, kinds: dict, log=None):
-    """The sweep's pick for M from {kernel kind: (GPU us, event us, config)}, the fastest of each kind by GPU time:
-    the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand pick must also have the lower
-    time_cuda (event) figure than the best fused config (its three launches' host time shows there); prints both."""
+    """The sweep's pick for M from {path: (GPU us, event us, config)} ("fused", "expand"), the fastest config of
+    each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand pick must
+    also have the lower event time than the best fused config (its three launches' host time shows there); prints
+    both."""
     g_f, e_f, c_f = kinds.get("fused", (float("inf"), float("inf"), None))
     g_x, e_x, c_x = kinds.get("expand", (float("inf"), float("inf"), None))
     pick = c_x if g_x < g_f else c_f
     if pick is c_x and c_f is not None and M <= SMALL_M_HOST_BOUND and e_x >= e_f:
         pick = c_f
     line = (f"M={M}: best fused {_cfg_name(c_f) if c_f else '-'} GPU {g_f:.2f} us / event {e_f:.2f} us; "
-            f"best expand {_cfg_name(c_x) if c_x else '-'} GPU {g_x:.2f} us / event {e_x:.2f} us -> {pick.kernel}")
+            f"best expand {_cfg_name(c_x) if c_x else '-'} GPU {g_x:.2f} us / event {e_x:.2f} us -> {_path(pick)}")
     print(line, flush=True)
     if log is not None:
         log.write(line + "\n")
@@ -335,11 +328,11 @@ def _compile_worker(job: str) -> str:
     """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.sparse_gemm_fp4_fp8 import SparseGemmConfig, sparse_gemm_fp4_fp8
+    from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, sparse_gemm_fp4_fp8
 
     d = json.loads(job)
     ncb = d.pop("nan_check_bytes")
-    cfg = SparseGemmConfig(**d)
+    cfg = (ExpandConfig if d.pop("path") == "expand" else FusedConfig)(**d)
     vals, meta, b = make_operands(300, N_WORKLOAD, K_WORKLOAD, torch.Generator(device="cuda").manual_seed(0))
     try:
         sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb)
@@ -353,13 +346,13 @@ def precompile(cands, workers: int) -> None:
     """Compile (config, nan_check_bytes) pairs in parallel processes (triton's cache is shared on disk)."""
     from ._bench import compile_in_pool
 
-    uniq = sorted({json.dumps({**dataclasses.asdict(c), "nan_check_bytes": n}, sort_keys=True) for c, n in cands})
+    uniq = sorted({json.dumps({**dataclasses.asdict(c), "path": _path(c), "nan_check_bytes": n}, sort_keys=True)
+                   for c, n in cands})
     compile_in_pool(_compile_worker, uniq, workers, "configs")
 
 
-COLUMNS = ["M", "config", "kernel us", "cuBLAS fp8 us", "naive us", "x vs fp8", "x vs naive", "% bytes floor"]
-GRAPH_COLUMNS = ["kernel GPU us (graph, diag.)", "cuBLAS GPU us (graph, diag.)", "kernel host us/call (diag.)",
-                 "cuBLAS host us/call (diag.)"]
+COLUMNS = ["M", "path", "config", "ours CUPTI us", "ours event us", "cuBLAS fp8 CUPTI us", "cuBLAS fp8 event us",
+           "naive CUPTI us", "naive event us", "cuBLAS/ours (CUPTI)", "naive/ours (CUPTI)", "% bytes floor (CUPTI)"]
 
 
 def main(argv=None) -> int:
@@ -376,8 +369,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ._bench import print_table
-    from .sparse_gemm_fp4_fp8 import pick_config, sparse_gemm_fp4_fp8
+    from .._bench import print_table
+    from . import pick_config
 
     if not torch.cuda.is_available():
         print("sparse_gemm_fp4_fp8 benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -395,30 +388,20 @@ def main(argv=None) -> int:
     ok = True
     results: dict = {"device": head}
     if args.sweep:
-        # tuning: time every candidate, pick the fastest per M (the bits-based NaN check is not a GPU default), then
-        # check and time the picked configs in this same run; CONFIGS in sparse_gemm_fp4_fp8.py is set from them.
+        # tuning: time every candidate, pick the fastest per M by CUPTI time (the bits-based NaN check is not a GPU
+        # default), then check and time the picked configs in this same run; configs.CONFIGS is set from them.
         precompile([c for M in Ms for c in sweep_candidates(M)], args.workers)
         rows, timed = bench_sizes(Ms, N, K, configs=sweep_candidates)
-        # pick by GPU-only (graph) time: at small M the time_cuda figures are dominated by host launch overhead,
-        # which is the same for every config and made the 2026-11-30 picks noise (docs/benchmarks.md)
-        best = {}
-        ops = {M: make_operands(M, N, K, torch.Generator(device="cuda").manual_seed(7)) for M in Ms}
-        for r, (M, cfg, ncb) in zip(rows, timed):
+        best: dict = {}
+        for M, cfg, ncb, t in timed:
             if ncb:
-                r.append(float("nan"))  # not a GPU default: never picked
-                continue
-            try:
-                g = graph_time_us(lambda: sparse_gemm_fp4_fp8(*ops[M], cfg))
-            except Exception as e:  # diagnostic path failed: fall back to the time_cuda figure
-                print(f"M={M} graph timing failed ({type(e).__name__}); using time_cuda", flush=True)
-                g = r[2]
-            r.append(g)
+                continue  # not a GPU default: never picked
             kind = best.setdefault(M, {})
-            if cfg.kernel not in kind or g < kind[cfg.kernel][0]:
-                kind[cfg.kernel] = (g, r[2], cfg)  # (GPU us, event us, config): fastest by GPU time per kernel kind
+            path = _path(cfg)
+            if path not in kind or t.cupti_us < kind[path][0]:
+                kind[path] = (t.cupti_us, t.event_us, cfg)  # fastest by GPU time per path
         results["sweep"] = rows
-        md = print_table("sweep (all candidates; last column: GPU-only us, graph, used to pick)",
-                         COLUMNS + GRAPH_COLUMNS[:1], rows, markdown=True)
+        md = print_table("sweep (all candidates; picked by CUPTI GPU time)", COLUMNS, rows, markdown=True)
         log.write(md + "\n")
         picked = {M: pick_by_kind(M, best[M], log) for M in best}
         table = ",\n".join(f"    ({M}, {picked[M]!r})" for M in sorted(picked))
@@ -430,50 +413,53 @@ def main(argv=None) -> int:
             print(f"check (picked configs): {'ALL OK' if ok else 'FAILURES'}", flush=True)
             log.write(f"check (picked configs): {'ALL OK' if ok else 'FAILURES'}\n")
             results["check_ok"] = ok
-        rows, _ = bench_sizes(Ms, N, K, configs=lambda M: [(picked[M], None)], graph=True)
+        rows, _ = bench_sizes(Ms, N, K, configs=lambda M: [(picked[M], None)])
         results["final"] = rows
         _final_table(rows, N, K, dev, log)
-        results["host"] = host_launch_diag([M for M in Ms if picked[M].kernel == "expand"][:2], N, K, picked, log)
+        results["host"] = host_launch_diag([M for M in Ms if _path(picked[M]) == "expand"][:2], N, K, picked, log)
         _write_json(args.out, results)
         return 0 if ok else 1
 
-    precompile([(pick_config(M), None) for M in Ms], args.workers)
+    precompile([(pick_config(M, N, K), None) for M in Ms], args.workers)
     if args.check:
         ok = check_sizes(Ms, N, K, log)
         print(f"check: {'ALL OK' if ok else 'FAILURES'}", flush=True)
         log.write(f"check: {'ALL OK' if ok else 'FAILURES'}\n")
         results["check_ok"] = ok
-    rows, _ = bench_sizes(Ms, N, K, graph=True)
+    rows, _ = bench_sizes(Ms, N, K)
     results["final"] = rows
     _final_table(rows, N, K, dev, log)
-    results["host"] = host_launch_diag([M for M in Ms if pick_config(M).kernel == "expand"][:2], N, K, None, log)
+    results["host"] = host_launch_diag([M for M in Ms if _path(pick_config(M, N, K)) == "expand"][:2], N, K, None,
+                                       log)
     _write_json(args.out, results)
     return 0 if ok else 1
 
 
 def host_launch_diag(Ms, N, K, configs, log) -> list:
-    """DIAGNOSTIC: host (CPU) us per call of the expand path with its direct launches (FAST_LAUNCH, the default)
-    and through Triton's launcher (per-call descriptor encoding), per M; lines printed and returned."""
+    """DIAGNOSTIC: host (CPU) us per call with the kept kernels launched directly (``_runtime.FAST_LAUNCH``, the
+    default) and through Triton's launcher (``ck.run``: per-call descriptor encoding), per M; lines printed and
+    returned."""
     import torch
 
-    from . import sparse_gemm_fp4_fp8 as sg
+    from .. import _runtime
+    from . import PLANS, pick_config, sparse_gemm_fp4_fp8
 
     lines = []
     for M in Ms:
-        cfg = (configs or {}).get(M) or sg.pick_config(M)
+        cfg = (configs or {}).get(M) or pick_config(M, N, K)
         vals, meta, b = make_operands(M, N, K, torch.Generator(device="cuda").manual_seed(3))
         t = {}
         for fast in (True, False):
-            sg.FAST_LAUNCH = fast
-            sg._PLANS.clear()
+            _runtime.FAST_LAUNCH = fast
+            PLANS.clear()
             try:
-                t[fast] = host_time_us(lambda: sg.sparse_gemm_fp4_fp8(vals, meta, b, cfg))
+                t[fast] = host_time_us(lambda: sparse_gemm_fp4_fp8(vals, meta, b, cfg))
             except Exception as e:  # diagnostic only
                 t[fast] = float("nan")
                 print(f"host diag M={M} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        sg.FAST_LAUNCH = True
-        sg._PLANS.clear()
-        lines.append(f"host (CPU) us per call, M={M} {_cfg_name(cfg)}: direct launches {t[True]:.1f}, "
+        _runtime.FAST_LAUNCH = True
+        PLANS.clear()
+        lines.append(f"host (CPU) us per call, M={M} {_path(cfg)} {_cfg_name(cfg)}: direct launches {t[True]:.1f}, "
                      f"Triton's launcher {t[False]:.1f}")
     for s in lines:
         print(s, flush=True)
@@ -485,24 +471,24 @@ def _write_json(out_dir, results) -> None:
     """All results of one run in ONE file (sparse_gemm.json): columns, sweep rows, picks, check, final rows."""
     if out_dir:
         with open(os.path.join(out_dir, "sparse_gemm.json"), "w") as f:
-            json.dump({"columns": COLUMNS + GRAPH_COLUMNS, **results}, f)
+            json.dump({"columns": COLUMNS, **results}, f)
 
 
 def _final_table(rows, N, K, dev, log) -> None:
-    from ._bench import geomean, print_table
+    from .._bench import geomean, print_table
 
     title = (f"sparse_gemm_fp4_fp8 vs cuBLAS fp8 dense (torch._scaled_mm, A pre-expanded) and naive rebuild + fp32 "
-             f"matmul, N={N} K={K}, {dev}, L2 flushed, median of 50 (CUDA events)")
-    md = print_table(title, COLUMNS + GRAPH_COLUMNS[: len(rows[0]) - len(COLUMNS)], rows, markdown=True)
+             f"matmul, N={N} K={K}, {dev}, L2 flushed, medians of 50 (CUPTI GPU time and CUDA events)")
+    md = print_table(title, COLUMNS, rows, markdown=True)
     log.write(md + "\n")
     summary = []
     small = [r for r in rows if r[0] <= 256]
     if small:
-        summary.append(f"M<=256: min {min(r[5] for r in small):.2f}x, geomean {geomean([r[5] for r in small]):.2f}x "
-                       f"vs cuBLAS fp8 (goal >= 2x)")
+        summary.append(f"M<=256: min {min(r[9] for r in small):.2f}x, geomean {geomean([r[9] for r in small]):.2f}x "
+                       f"vs cuBLAS fp8 by CUPTI (goal >= 2x)")
     for r in rows:
         if r[0] == 8192:
-            summary.append(f"M=8192: {r[5]:.3f}x vs cuBLAS fp8 (goal >= 0.9x)")
+            summary.append(f"M=8192: {r[9]:.3f}x vs cuBLAS fp8 by CUPTI (goal >= 0.9x)")
     for s in summary:
         print(s)
         log.write(s + "\n")

@@ -1,0 +1,272 @@
+"""2:4 structured-sparse E2M1 x E4M3FN GEMM, bf16 out (FlashInfer-Bench workload sparse_gemm_fp4_fp8_n2048_k2048).
+
+    c[m, n] = sum_g ( v0[m, g] * b[n, 4g + idx0[m, g]]  +  v1[m, g] * b[n, 4g + idx1[m, g]] )
+
+Operands (docs/kernels.md, "sparse_gemm_fp4_fp8"), K = 4 * G:
+    a_vals  int8 [M, G]  byte (read as unsigned): low nibble = E2M1 code of v0, high nibble = E2M1 code of v1
+    a_meta  int8 [M, G]  byte (read as unsigned): bits 1:0 = idx0, bits 3:2 = idx1, bits 7:4 ignored
+    b_fp8   torch.float8_e4m3fn [N, K]
+    c       torch.bfloat16 [M, N]
+Every byte pair is defined: idx0 == idx1 ADDS the two values, idx0 > idx1 is as good as idx0 < idx1.
+
+Policies (each a tested choice):
+- NaN: an E4M3FN NaN byte (0x7F / 0xFF) of b makes c[m, n] NaN iff the sum above READS it, i.e. it sits at a
+  position 4g + idx0 or 4g + idx1 that row m's metadata selects (IEEE: NaN * 0 = NaN, so a selected NaN times a
+  zero value still gives NaN). A NaN at a pruned position does not reach c.
+- Signed zero: a zero result may come out as +0 where the exact sum is -0 (tensor cores and fp32 adds give +0).
+- Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
+
+Paths (configs.py; the config's type picks the path): ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop,
+one launch, split-K) serves M <= 64; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, persistent
+TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _runtime
+from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, NUMERIC_CONTRACT, PROMOTION_INTERVAL,
+                      ExpandConfig, FusedConfig, accumulation_model, pick_config)
+from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
+                     sparse_nan_fixup_kernel)
+from .fused import sparse_gemm_fp4_fp8_kernel
+
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "INTERPRETER_CONFIG", "NUMERIC_CONTRACT",
+           "PLANS", "PROMOTION_INTERVAL", "WS_COUNTERS", "WS_DENSE_A", "WS_NAN_FLAGS", "WS_PARTIALS",
+           "accumulation_model", "pick_config", "sparse_gemm_fp4_fp8", "tma_eligible"]
+
+# Workspaces (_runtime.workspace, per device and stream): split-K fp32 partials and int32 arrival counters (zero
+# between launches), the expand path's dense E4M3FN A, its int32 NaN-tile flags (zero between launches).
+WS_PARTIALS = "sparse_gemm_fp4_fp8.splitk_partials"
+WS_COUNTERS = "sparse_gemm_fp4_fp8.splitk_counters"
+WS_DENSE_A = "sparse_gemm_fp4_fp8.dense_a"
+WS_NAN_FLAGS = "sparse_gemm_fp4_fp8.nan_flags"
+
+# Launch plans by key: dtypes, shapes, strides, devices, 16-byte alignment of every pointer, out's strides and
+# alignment, config, nan_check_bytes. The key fixes everything Triton specialises the kept kernels on (N, K and
+# the strides are in it; M and num_programs are do_not_specialize; workspaces are torch allocations).
+PLANS = _runtime.PlanCache("sparse_gemm_fp4_fp8")
+
+
+def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
+                        config: FusedConfig | ExpandConfig | None = None, *, out: torch.Tensor | None = None,
+                        nan_check_bytes: bool | None = None) -> torch.Tensor:
+    """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (module docstring).
+
+    Args:
+        a_vals: int8 [M, K/4]; per group of 4 K-columns, E2M1 codes v0 (bits 3:0) and v1 (bits 7:4), bytes read
+            as unsigned.
+        a_meta: int8 [M, K/4], same strides as a_vals; idx0 = bits 1:0, idx1 = bits 3:2 (positions 0..3 in the
+            group); bits 7:4 ignored. Any byte is accepted (non-canonical too: equal indices add, order is free).
+        b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
+            (an ExpandConfig also needs ``tma_eligible(b_fp8)``; the default pick falls back to FALLBACK_CONFIG
+            where it does not hold).
+        config: a FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)`` (benchmarks, tests).
+        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
+        nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
+            Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
+            +-480.
+
+    Returns:
+        torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
+        position the metadata selects gives NaN; one at a pruned position does not.
+
+    Raises:
+        TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
+            a FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
+        ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
+            strides; ``out`` not [M, N]; operands on different devices; an fp8 config with block_k > 128; an
+            explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read.
+
+    Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
+    plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels
+    (_runtime.Launch).
+
+    Source: workload sparse_gemm_fp4_fp8_n2048_k2048 (FlashInfer-Bench); layout and semantics in docs/kernels.md;
+    reference fp4ref.gemm.sparse_gemm_fp4_fp8.
+    """
+    for name, t in (("a_vals", a_vals), ("a_meta", a_meta), ("b_fp8", b_fp8)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
+        raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
+        raise TypeError(f"nan_check_bytes: expected None or a bool, got {type(nan_check_bytes).__name__}")
+    if config is not None and not isinstance(config, (FusedConfig, ExpandConfig)):
+        raise TypeError(f"config: expected a FusedConfig, an ExpandConfig or None, got {type(config).__name__}")
+
+    # ---- the launch plan of this key (validated and built on its first call) ----
+    sa, sb = a_vals.stride(), b_fp8.stride()
+    key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
+           sa, a_meta.stride(), sb, a_vals.device, a_meta.device, b_fp8.device,
+           a_vals.data_ptr() % 16 == 0, a_meta.data_ptr() % 16 == 0, b_fp8.data_ptr() % 16 == 0,
+           None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
+    plan = PLANS.get(key)
+    new = plan is None
+    if new:
+        plan = _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes)
+
+    # ---- output ----
+    m = a_vals.shape[0]
+    n = b_fp8.shape[0]
+    device = b_fp8.device
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+    elif tuple(out.shape) != (m, n) or out.device != device:
+        raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {device}")
+    if new:
+        PLANS.put(key, plan)  # only once the whole call validated
+
+    # ---- launch ----
+    plan.run(_runtime.current_stream(device), a_vals, a_meta, b_fp8, out, sa, sb)
+    return out
+
+
+def tma_eligible(b_fp8: torch.Tensor) -> bool:
+    """Whether b_fp8 [N, K] can feed the expand path's TMA descriptors: unit stride along K, 16-byte row stride
+    and base, K % 16 == 0 (the dense-A workspace rows). Where it fails, the default pick uses FALLBACK_CONFIG."""
+    n, k = b_fp8.shape
+    return (k % 16 == 0 and b_fp8.stride(1) == 1 and (n == 1 or b_fp8.stride(0) % 16 == 0)
+            and b_fp8.data_ptr() % 16 == 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------------------------
+class _FusedPlan:
+    """One launch of sparse_gemm_fp4_fp8_kernel; ``ws_elems`` fp32 split-K partials and ``n_tiles`` counters
+    (0 partials without split-K: ``out`` stands in for the unused workspace pointers)."""
+
+    __slots__ = ("config", "main", "ws_elems", "n_tiles")
+
+    def __init__(self, config, main, ws_elems, n_tiles):
+        self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
+
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        if self.ws_elems:
+            device = out.device
+            ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
+            locks = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
+        else:
+            ws = locks = out  # not read by the kernel
+        m, g = a_vals.shape
+        n = b_fp8.shape[0]
+        sam, sag = sa
+        sbn, sbk = sb
+        scm, scn = out.stride()
+        self.main.launch(stream, a_vals, a_meta, b_fp8, out, ws, locks, m, n, 4 * g, sam, sag, sbn, sbk, scm, scn)
+
+
+class _ExpandPlan:
+    """The expand path's launches: the decode pre-pass, the persistent TMA GEMM and (nan_fixup "launch") the NaN
+    fix-up; ``a8_elems`` bytes of dense A, ``n_tiles`` flags. ``_a8`` keeps the last dense-A workspace with its
+    int32 view and TMA descriptor (rebuilt when the workspace is another tensor: another stream, or grown)."""
+
+    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "b_block", "_a8")
+
+    def __init__(self, config, prep, main, fix, a8_elems, n_tiles):
+        self.config, self.prep, self.main, self.fix = config, prep, main, fix
+        self.a8_elems, self.n_tiles = a8_elems, n_tiles
+        self.b_block = [config.block_n // config.n_split, config.block_k]
+        self._a8 = (None, None, None)
+
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        device = out.device
+        m, g = a_vals.shape
+        n, k = b_fp8.shape
+        sam, sag = sa
+        sbn, sbk = sb
+        scm, scn = out.stride()
+        a8 = _runtime.workspace(device, stream, WS_DENSE_A, self.a8_elems, torch.float8_e4m3fn)
+        cached, a8w, a_desc = self._a8
+        if a8 is not cached:
+            a8w = a8.view(torch.int32)
+            a_desc = _runtime.Desc(a8, [m, k], [k, 1], [self.config.block_m, self.config.block_k])
+            self._a8 = (a8, a8w, a_desc)
+        self.prep.launch(stream, a_vals, a_meta, a8w, m, g, sam, sag, g)
+        b_desc = _runtime.Desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], self.b_block)
+        fix = self.fix
+        flags = out  # unused with the inline fix-up
+        if fix is not None:
+            flags = _runtime.workspace(device, stream, WS_NAN_FLAGS, self.n_tiles, torch.int32, zeroed=True)
+        self.main.launch(stream, a_desc, b_desc, a_vals, a_meta, b_fp8, out, flags, m, n, k, self.main.grid[0],
+                         sam, sag, sbn, sbk, scm, scn)
+        if fix is not None:
+            fix.launch(stream, a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn)
+
+
+def _check(name: str, t, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name}.dtype={t.dtype}: expected {dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
+
+
+def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
+    """Validate a new key's operands, pick path and config, and build its launch plan (raises as
+    sparse_gemm_fp4_fp8 documents)."""
+    _check("a_vals", a_vals, torch.int8)
+    _check("a_meta", a_meta, torch.int8)
+    _check("b_fp8", b_fp8, torch.float8_e4m3fn)
+    n, k = b_fp8.shape
+    m, g = a_vals.shape
+    if k < 4 or k % 4 != 0:
+        raise ValueError(f"b_fp8.shape={tuple(b_fp8.shape)}: K (dim 1) must be a positive multiple of 4, got K={k}")
+    if n < 1:
+        raise ValueError(f"b_fp8.shape={tuple(b_fp8.shape)}: N (dim 0) must be >= 1")
+    if m < 1:
+        raise ValueError(f"a_vals.shape={tuple(a_vals.shape)}: M (dim 0) must be >= 1")
+    if g != k // 4:
+        raise ValueError(f"a_vals.shape={tuple(a_vals.shape)}: expected [M, K/4] = [{m}, {k // 4}] for K={k} "
+                         f"(b_fp8.shape={tuple(b_fp8.shape)})")
+    if tuple(a_meta.shape) != tuple(a_vals.shape):
+        raise ValueError(f"a_meta.shape={tuple(a_meta.shape)}: expected {tuple(a_vals.shape)} (as a_vals)")
+    if not (a_vals.device == a_meta.device == b_fp8.device):
+        raise ValueError(f"operands on different devices: a_vals {a_vals.device}, a_meta {a_meta.device}, "
+                         f"b_fp8 {b_fp8.device}")
+    if a_vals.stride() != a_meta.stride():
+        raise ValueError(f"a_meta.stride()={a_meta.stride()}: expected a_vals' strides {a_vals.stride()} "
+                         "(the kernels index both with one set)")
+    interp = _runtime.interpreting()
+    explicit = config is not None
+    if config is None:
+        config = pick_config(m, n, k, interp)
+    expand = isinstance(config, ExpandConfig)
+    if (expand or config.mma == "fp8") and config.block_k > PROMOTION_INTERVAL:
+        raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
+                         "(the promotion interval of the numeric contract)")
+    if expand and not tma_eligible(b_fp8):
+        if explicit:
+            raise ValueError(f"config: an ExpandConfig (the expand path's TMA descriptors) needs b_fp8 with unit "
+                             f"stride along K, 16-byte row stride and base and K % 16 == 0; got shape "
+                             f"{tuple(b_fp8.shape)}, strides {b_fp8.stride()}")
+        config, expand = FALLBACK_CONFIG, False
+    ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
+    even_k = k % config.block_k == 0
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    if expand:
+        nprog = min(tiles, _runtime.num_sms(b_fp8.device) * config.programs_per_sm)
+        prep = _runtime.Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(g, PREP_BLOCK_G)),
+                               dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G), num_warps=PREP_WARPS, num_stages=1)
+        main = _runtime.Launch(sparse_gemm_expanded_kernel, (nprog,),
+                               dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                                    GROUP_M=config.group_m, N_SPLIT=config.n_split,
+                                    INLINE_FIXUP=config.nan_fixup == "inline", NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                               n_desc=2, num_warps=config.num_warps, num_stages=config.num_stages)
+        fix = None
+        if config.nan_fixup == "launch":
+            fix = _runtime.Launch(sparse_nan_fixup_kernel, (tiles,),
+                                  dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                                       BN=config.block_n // config.n_split, EVEN_K=even_k),
+                                  num_warps=config.num_warps, num_stages=2)
+        a8_elems = -(-(m * k) // 16) * 16  # int32-viewable
+        return _ExpandPlan(config, prep, main, fix, a8_elems, tiles)
+    split_k = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
+    main = _runtime.Launch(sparse_gemm_fp4_fp8_kernel, (tiles, split_k),
+                           dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                                SPLIT_K=split_k, GROUP_M=config.group_m, MMA=MMA_KINDS[config.mma],
+                                NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
+                           num_warps=config.num_warps, num_stages=config.num_stages)
+    ws_elems = tiles * split_k * config.block_m * config.block_n if split_k > 1 else 0
+    return _FusedPlan(config, main, ws_elems, tiles)

@@ -1,0 +1,167 @@
+"""Configs of sparse_gemm_fp4_fp8: one typed config per path, the table by M, and the numeric contract.
+
+Two paths (the config's type says which one serves a call):
+
+* ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
+  deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
+  (CUDA cores, GEMV-like M).
+* ``ExpandConfig`` (expand.py): large M; a decode pre-pass writes the dense E4M3FN A to a workspace, then a
+  persistent TMA fp8 wgmma GEMM (split_k 1), then (``nan_fixup="launch"``) a NaN fix-up launch.
+
+``CONFIGS`` picks by M (docs/kernels.md, "sparse_gemm_fp4_fp8"; the timings behind the picks are in
+docs/benchmarks.md). ``accumulation_model(config, K)`` is the fp4ref.bounds model of one config;
+``NUMERIC_CONTRACT.model`` bounds every config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fp4ref.bounds import NumericContract
+
+from .. import _runtime
+
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "INTERPRETER_CONFIG", "MMA_KINDS",
+           "NUMERIC_CONTRACT", "PROMOTION_INTERVAL", "accumulation_model", "pick_config"]
+
+PROMOTION_INTERVAL = 128  # most K-elements the fp8 wgmma accumulator (~14 bits) holds before the fp32 add
+
+MMA_KINDS = {"fp16": 0, "fp8": 1, "fma": 2}  # FusedConfig.mma -> the fused kernel's MMA constexpr
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """One launch of the fused kernel (fused.py): tile [block_m, block_n], K-tiles of block_k, split_k K-slices.
+
+    Raises:
+        ValueError: ``mma`` not one of "fp8" (wgmma, block_m % 64 == 0), "fp16" (tensor core), "fma" (CUDA cores).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    mma: str = "fp8"
+
+    def __post_init__(self):
+        if self.mma not in MMA_KINDS:
+            raise ValueError(f"mma={self.mma!r}: expected one of {tuple(MMA_KINDS)}")
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    """The expand path (expand.py): decode pre-pass, persistent TMA fp8 wgmma GEMM (split_k 1), NaN fix-up.
+
+    ``programs_per_sm``: persistent programs per SM. ``n_split``: the C tile as n_split column blocks of
+    block_n / n_split, each its own wgmma chain and fp32 accumulator (the promotion's fresh accumulator is then
+    [block_m, block_n / n_split]: fewer registers). ``nan_fixup``: where a tile whose accumulator holds a NaN is
+    recomputed by the exact slow path: "inline" (in the GEMM program; its registers then count for the whole
+    kernel: 255 and spills at 128 x 128) or "launch" (the GEMM flags the tile; a fix-up launch recomputes flagged
+    tiles, ~2 us when none is flagged).
+
+    Raises:
+        ValueError: ``n_split`` not 1 or 2; ``nan_fixup`` not "inline" or "launch".
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 1
+    n_split: int = 1
+    nan_fixup: str = "launch"
+
+    def __post_init__(self):
+        if self.nan_fixup not in ("inline", "launch"):
+            raise ValueError(f"nan_fixup={self.nan_fixup!r}: expected 'inline' or 'launch'")
+        if self.n_split not in (1, 2):
+            raise ValueError(f"n_split={self.n_split}: expected 1 or 2")
+
+
+# Picked per M by the H200 sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check), which ranks
+# by GPU time and, at M <= 256, takes the expand path only where its event time (host included) is also lower.
+# fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
+CONFIGS = _runtime.ConfigTable(
+    rows=(
+        (1, FusedConfig(1, 32, 128, split_k=8, num_warps=2, num_stages=3, mma="fma")),
+        (16, FusedConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3, mma="fp16")),
+        (64, FusedConfig(64, 64, 128, split_k=8, num_warps=4, num_stages=3)),
+        (256, ExpandConfig(64, 64, 128, num_warps=4, num_stages=4, nan_fixup="inline")),
+        (1024, ExpandConfig(128, 128, 128, group_m=16, num_warps=8, num_stages=4)),
+    ),
+    larger=ExpandConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, n_split=2),
+)
+
+# Large M when b_fp8 cannot feed TMA descriptors (the host's tma_eligible): the fused kernel's large-M pick.
+FALLBACK_CONFIG = FusedConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)
+
+# Small tiles for the CPU interpreter (cost ~ programs x K-steps there). Not used on a GPU.
+INTERPRETER_CONFIG = FusedConfig(64, 64, 128, split_k=2, num_warps=4, num_stages=1)
+
+
+def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
+    """The config a call with M rows runs: ``INTERPRETER_CONFIG`` in the CPU interpreter, else ``CONFIGS.pick(M)``.
+
+    ``interpreter``: None means ``_runtime.interpreting()``. N and K do not change the pick (the table is tuned for
+    the workload's N = K = 2048). The host takes ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot
+    feed TMA descriptors (it depends on b's strides, not on the sizes).
+    """
+    if interpreter is None:
+        interpreter = _runtime.interpreting()
+    return INTERPRETER_CONFIG if interpreter else CONFIGS.pick(M)
+
+
+def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> str:
+    """The tightest fp4ref.bounds model name for ``config`` at reduction length K (GPU and interpreter alike).
+
+    fp8 configs (every ExpandConfig, FusedConfig with mma "fp8"): ``hopper_fp8_wgmma_promote(block_k)``. fp16
+    configs: each K slice (the K-tiles one program owns, length <= ceil(K/block_k/split_k)*block_k) accumulates in
+    fp32 on the tensor core (wgmma when block_m >= 64, otherwise mma.sync, bounded by the universal fp32
+    tensor-core model), then the split_k partials are summed in fp32: ``splitk(<model>, slice)``. fma configs:
+    ``fp32_rn`` per slice. Every one is within ``NUMERIC_CONTRACT.model``. The interpreter's fp32 products and
+    sums meet the same models. ``launch`` (M, N) is accepted and not needed.
+
+    Raises:
+        TypeError: ``config`` is not a FusedConfig or ExpandConfig.
+    """
+    if isinstance(config, ExpandConfig):
+        return f"hopper_fp8_wgmma_promote({config.block_k})"
+    if not isinstance(config, FusedConfig):
+        raise TypeError(f"config: expected a FusedConfig or ExpandConfig, got {type(config).__name__}")
+    if config.mma == "fp8":
+        return f"hopper_fp8_wgmma_promote({config.block_k})"
+    if config.mma == "fma":
+        inner = "fp32_rn"  # exact products, fp32 RN sums in a fixed order
+    else:
+        inner = "hopper_fp16_wgmma" if config.block_m >= 64 else "tc_fp32_universal"
+    k_tiles = -(-K // config.block_k)
+    split = max(1, min(config.split_k, k_tiles))
+    chunk = min(K, -(-k_tiles // split) * config.block_k)
+    return f"splitk({inner}, {chunk})" if split > 1 else inner
+
+
+# fp8 wgmma whose accumulator is added into fp32 every <= 128 K-elements bounds EVERY config; the K/BLOCK_K fp32
+# chunk sums (promotions and the split-K partials, in any fixed order) are the gamma_{K/128}(2^-24) term of it.
+_CONTRACT_MODEL = f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})"
+
+NUMERIC_CONTRACT = NumericContract(
+    inputs="E2M1 (2:4 sparse, decoded exactly to E4M3FN) x E4M3FN",
+    output="bfloat16",
+    model=_CONTRACT_MODEL,
+    model_interpreter=_CONTRACT_MODEL,
+    output_rounding="rne",  # fp32 -> bf16 once (GPU)
+    output_rounding_interpreter="faithful",  # interpreted fp32 -> bf16 stores truncate (docs/kernels.md)
+    epilogue_multiplies=0,
+    deterministic=True,  # bitwise, run to run (fixed reduction order, no float atomics)
+    config_model=accumulation_model,
+    pick_config=pick_config,
+    notes={
+        "products": "exact (E2M1 x E4M3FN has <= 6 significant bits)",
+        "split_k_reduction": "fp32_rn_fixed_order (partials summed in split order 0..SPLIT_K-1)",
+        "nan": "NaN iff a selected b position holds an E4M3FN NaN byte",
+    },
+)
