@@ -4,8 +4,8 @@
   fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") for every finite input (Hypothesis: ties, all-zero blocks and
   tensors, -0.0, subnormal block scales and inputs, huge amax; fp32 / bf16 / fp16 inputs).
 * Linear: within fp4ref.bounds' per-element bound around fp4ref.gemm.nvfp4_linear's exact value, under the
-  model the contract declares for the config that served the call (NUMERIC_CONTRACT), NaN-poisoned outputs; faithful output rounding in the CPU
-  interpreter (it truncates bf16 stores), RNE on the GPU.
+  model the contract declares for the config that served the call (NUMERIC_CONTRACT), NaN-poisoned outputs;
+  faithful output rounding in the CPU interpreter (it truncates bf16 stores), RNE on the GPU.
 * Every config compiles for sm_90 on the CPU (fp4ref.kernels._sm90).
 * GPU only (@pytest.mark.gpu): the workload's sizes (N = K = 8192, M = 1, 16, 64 and the 16 public M values),
   the public tolerance for the record, bitwise determinism.

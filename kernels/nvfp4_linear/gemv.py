@@ -38,7 +38,8 @@ __all__ = ["GEMV_VEC", "GemvLaunch", "nvfp4_gemv_kernel"]
 # * the fp32 accumulator adds K / 16 / SPLIT_K such terms per program (per slot of the [BLOCK_M, BLOCK_N,
 #   BLOCK_K/16] accumulator, then one tl.sum over the slots: a fixed tree for a fixed layout), RN; split-K adds
 #   the SPLIT_K partials in the fixed order s = 0, 1, .... Model: splitk(fp32_rn_block16, K / SPLIT_K)
-#   (configs.accumulation_model). Scaling every term by 2^-26 changes no rounding (all stay normal), and acc * 2^26 is exact.
+#   (configs.accumulation_model). Scaling every term by 2^-26 changes no rounding (all stay normal), and acc * 2^26
+#   is exact.
 # * epilogue as the other paths: acc * 2^26 (exact) * fp32(x_gdec * w_gdec), one RNE rounding to bf16.
 # Deterministic: fixed reduction orders only (tl.sum over a fixed layout compiles to a fixed shuffle tree, the
 # same on every run on the same GPU and build), no floating-point atomics.
