@@ -469,6 +469,21 @@ def test_gemv_model_is_registered_and_tighter():
         nvl.accumulation_model(cfg, 24)
 
 
+def test_pick_config_serves_each_M_by_its_path():
+    """CONFIGS: the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass above; the contract picks the
+    same config and gives each its own model (what fp4ref verify asks)."""
+    paths = {m: type(nvl.pick_config(m, 8192, 8192)) for m in (1, 2, 16, 64, 256, 257, 16384)}
+    assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
+                     256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
+    c = nvl.NUMERIC_CONTRACT
+    assert c.config_for(1, 8192, 8192) == nvl.pick_config(1, 8192, 8192)
+    assert c.model_for(c.config_for(1, 8192, 8192), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
+    assert c.model_for(c.config_for(64, 8192, 8192), 8192).name == "hopper_fp16_wgmma"
+    assert c.model_for(c.config_for(4096, 8192, 8192), 8192, interpreter=True).name == "fp32_rn"
+    for cfg in nvl.CONFIGS.configs():  # the contract-wide model bounds every tabled config
+        assert bounds.get_model(nvl.accumulation_model(cfg, 8192)).eps(8192) <= bounds.get_model(c.model).eps(8192)
+
+
 def test_sync_words_are_left_at_zero():
     """The split-K tile counters are reset by the kernels themselves."""
     rng = np.random.default_rng(11)
