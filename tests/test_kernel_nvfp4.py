@@ -4,8 +4,8 @@
   fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") for every finite input (Hypothesis: ties, all-zero blocks and
   tensors, -0.0, subnormal block scales and inputs, huge amax; fp32 / bf16 / fp16 inputs).
 * Linear: within fp4ref.bounds' per-element bound around fp4ref.gemm.nvfp4_linear's exact value, under the
-  kernel's declared model (NUMERIC_CONTRACT), NaN-poisoned outputs; faithful output rounding in the CPU
-  interpreter (it truncates bf16 stores), RNE on the GPU.
+  model the contract declares for the config that served the call (NUMERIC_CONTRACT), NaN-poisoned outputs;
+  faithful output rounding in the CPU interpreter (it truncates bf16 stores), RNE on the GPU.
 * Every config compiles for sm_90 on the CPU (fp4ref.kernels._sm90).
 * GPU only (@pytest.mark.gpu): the workload's sizes (N = K = 8192, M = 1, 16, 64 and the 16 public M values),
   the public tolerance for the record, bitwise determinism.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 
 import ml_dtypes
 import numpy as np
@@ -25,14 +24,17 @@ from hypothesis import strategies as st
 
 from fp4ref import bounds, gemm, testing
 from fp4ref.blockscale import nvfp4_quantize as ref_quantize
+from fp4ref.kernels import _runtime
 from fp4ref.kernels import nvfp4_linear as nvl
+from fp4ref.kernels.gemm_fp16 import TmaConfig
+from fp4ref.kernels.nvfp4_linear import gemv, prepass, quantize, tensorcore
 from fp4ref.strategies import nvfp4_inputs, nvfp4_operands
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-MODEL = nvl.NUMERIC_CONTRACT["accumulation_model_interpreter" if INTERPRETED else "accumulation_model"]
-ROUNDING = nvl.NUMERIC_CONTRACT["output_rounding_interpreter" if INTERPRETED else "output_rounding"]
+MODEL = nvl.NUMERIC_CONTRACT.model_interpreter if INTERPRETED else nvl.NUMERIC_CONTRACT.model
+ROUNDING = nvl.NUMERIC_CONTRACT.rounding_for(INTERPRETED)
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -159,7 +161,7 @@ def _check_linear(x_np: np.ndarray, codes: np.ndarray, scales: np.ndarray, gw: n
                          config=config, out=out)
     assert y.data_ptr() == out.data_ptr()
     ref = gemm.nvfp4_linear(x_np, codes, scales, float(gw), recipe="sol")
-    cfg = nvl.pick_linear_config(y.numel() // n) if config is None else config
+    cfg = nvl.pick_config(y.numel() // n, n, x_np.shape[-1]) if config is None else config
     model = nvl.accumulation_model(cfg, x_np.shape[-1], interpreter=INTERPRETED)  # the config's declared model
     report = bounds.check(_bf16_to_numpy(y), ref, model, output_rounding=ROUNDING, poison=float("nan"))
     assert report.ok, report.message()
@@ -167,24 +169,23 @@ def _check_linear(x_np: np.ndarray, codes: np.ndarray, scales: np.ndarray, gw: n
 
 
 _SMALL_CONFIGS = [
-    None,  # pick_linear_config(M)
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2),
+    None,  # pick_config(M, N, K)
+    nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2),
+    nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2),
     # block scales as int32 words (used when K % 64 == 0; K = 16, 48 fall back to bytes)
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2, SCALE_WORDS=True),
+    nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2, SCALE_WORDS=True),
     # decode by bit placement (fp16 E2M1 * 2^-14 times scale * 2^6, accumulator times 2^8), unsplit and split-K
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, DECODE_BITS=True),
-    nvl.LinearConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, DECODE_BITS=True),
+    nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2, DECODE_BITS=True),
+    nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, SPLIT_K=3, num_warps=4, num_stages=2, DECODE_BITS=True),
     # the large-M path: W pre-decoded to fp16, x dequantized to fp16, the TMA GEMM with the fp32 epilogue scale
-    nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2)),
-    nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 64, 64, SPLIT_K=2, num_warps=4,
-                                                              num_stages=2)),
+    nvl.PrepassConfig(gemm=TmaConfig(64, 32, 32, num_warps=4, num_stages=2)),
+    nvl.PrepassConfig(gemm=TmaConfig(64, 64, 64, SPLIT_K=2, num_warps=4, num_stages=2)),
     # the CUDA-core GEMV (block dot products exact, fp32 sum of block terms): 1 and 4 rows per program, split-K
-    nvl.LinearConfig(BLOCK_N=16, BLOCK_M=1, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=1, GEMV=True),
-    nvl.LinearConfig(BLOCK_N=32, BLOCK_M=4, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=1, GEMV=True),
+    nvl.GemvConfig(BLOCK_N=16, BLOCK_M=1, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=1),
+    nvl.GemvConfig(BLOCK_N=32, BLOCK_M=4, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=1),
 ]
-_GEMV_CONFIGS = [c for c in _SMALL_CONFIGS if c is not None and c.GEMV] + [
-    nvl.LinearConfig(BLOCK_N=32, BLOCK_M=2, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=1, GEMV=True)]
+_GEMV_CONFIGS = [c for c in _SMALL_CONFIGS if isinstance(c, nvl.GemvConfig)] + [
+    nvl.GemvConfig(BLOCK_N=32, BLOCK_M=2, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=1)]
 
 
 @given(data=st.data())
@@ -227,7 +228,7 @@ def test_linear_scale_words_equal_scale_bytes():
     x = _to_torch(rng.standard_normal((1, 7, 192)).astype(np.float32).astype(ml_dtypes.bfloat16))
     args = (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
             float(wq.global_decode_scale))
-    outs = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, 3, 4, 2, SCALE_WORDS=words))
+    outs = [nvl.nvfp4_linear(*args, config=nvl.TensorCoreConfig(64, 16, 64, 3, 4, 2, SCALE_WORDS=words))
             for words in (False, True)]
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
@@ -244,10 +245,10 @@ def test_linear_decode_bits_equals_cvt_decode(split_k):
     x_np = (rng.standard_normal((1, 9, k)) * np.exp2(rng.integers(-8, 8, (1, 9, 1)))).astype(np.float32)
     x_np = x_np.astype(ml_dtypes.bfloat16)
     outs = [_check_linear(x_np, codes, scales, np.float32(0.75),
-                          nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits)) for bits in (False, True)]
+                          nvl.TensorCoreConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits)) for bits in (False, True)]
     del outs
     args = (_to_torch(x_np), torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), 0.75)
-    y = [nvl.nvfp4_linear(*args, config=nvl.LinearConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits))
+    y = [nvl.nvfp4_linear(*args, config=nvl.TensorCoreConfig(64, 16, 64, split_k, 4, 2, DECODE_BITS=bits))
          for bits in (False, True)]
     assert torch.equal(y[0].view(torch.int16), y[1].view(torch.int16))
 
@@ -258,7 +259,7 @@ def test_linear_prepass_into_unaligned_out():
     rng = np.random.default_rng(29)
     wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
     x = _to_torch(rng.standard_normal((1, 3, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
-    cfg = nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4, num_stages=2))
+    cfg = nvl.PrepassConfig(gemm=TmaConfig(64, 32, 32, num_warps=4, num_stages=2))
     args = (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
             float(wq.global_decode_scale))
     y = nvl.nvfp4_linear(*args, config=cfg)
@@ -294,6 +295,29 @@ def test_linear_rejects():
         nvl.nvfp4_linear(x, w_off, s, 1.0)
 
 
+def test_linear_validates_new_keys_after_a_cached_call():
+    """After a call has cached the launch plan of its shapes, the same shapes give the same bytes again (a fresh
+    output each call) and calls that differ (weight_global_decode_scale, weight shape, config, out) are
+    validated as on a first call."""
+    rng = np.random.default_rng(31)
+    wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 2, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    w = torch.from_numpy(wq.codes).to(DEVICE)
+    ws = torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).to(DEVICE)
+    gw = float(wq.global_decode_scale)
+    y1, y2 = nvl.nvfp4_linear(x, w, ws, gw), nvl.nvfp4_linear(x, w, ws, gw)
+    assert y1.data_ptr() != y2.data_ptr() and torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+    for bad in (-0.5, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="weight_global_decode_scale"):
+            nvl.nvfp4_linear(x, w, ws, bad)
+    with pytest.raises(ValueError, match="weight_fp4.shape"):
+        nvl.nvfp4_linear(x, w[:, :16].clone(), ws, gw)
+    with pytest.raises(TypeError, match="config"):
+        nvl.nvfp4_linear(x, w, ws, gw, config="gemv")
+    with pytest.raises(ValueError, match="out"):
+        nvl.nvfp4_linear(x, w, ws, gw, out=torch.empty(1, 2, 31, dtype=torch.bfloat16, device=DEVICE))
+
+
 def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Exact float64 decode of packed E2M1 codes [N, K/2] and E4M3FN block-scale bytes [N, K/16] (sign ignored),
     by tables (independent of the kernels' bit tricks)."""
@@ -319,7 +343,8 @@ def test_decode_weight_prepass_is_exact(dtype, tile, k):
     scales[scales & 0x7F == 0x7F] = 0x7E  # NaN bytes are not valid block scales
     scales[1, :5] = [0x00, 0x01, 0x07, 0x08, 0x7E]  # zero, subnormals 2^-9 and 7 * 2^-9, 2^-6, 448
     out = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
-    nvl._decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out, tile)
+    tile_kw = {} if tile is None else dict(zip(("BLOCK_R", "BLOCK_C", "num_warps", "mode"), tile))
+    prepass.decode_weight(torch.from_numpy(codes).to(DEVICE), torch.from_numpy(scales).to(DEVICE), out, **tile_kw)
     want = _e2m1_e4m3_values(codes, scales)
     got = out.float().cpu().numpy().astype(np.float64)
     assert not np.isnan(got).any()
@@ -432,16 +457,31 @@ def test_gemv_model_is_registered_and_tighter():
     tensor-core path's declared one (no bound was weakened)."""
     m = bounds.get_model("fp32_rn_block16")
     assert m.eps(8192) == pytest.approx(bounds.gamma(512, 2.0**-24), rel=1e-12)
-    cfg = nvl.LinearConfig(64, 1, 256, 4, 4, 1, GEMV=True)
+    cfg = nvl.GemvConfig(64, 1, 256, 4, 4, 1)
     name = nvl.accumulation_model(cfg, 8192)
     assert name == "splitk(fp32_rn_block16, 2048)"
     e = bounds.get_model(name).eps(8192)
     assert e == pytest.approx(bounds.gamma(128, 2.0**-24) + bounds.gamma(3, 2.0**-24) * (1 + bounds.gamma(128, 2.0**-24)))
-    assert e < bounds.get_model(nvl.NUMERIC_CONTRACT["accumulation_model"]).eps(8192)
+    assert e < bounds.get_model(nvl.NUMERIC_CONTRACT.model).eps(8192)
     with pytest.raises(TypeError, match="config"):
         nvl.accumulation_model("gemv", 16)
     with pytest.raises(ValueError, match="K"):
         nvl.accumulation_model(cfg, 24)
+
+
+def test_pick_config_serves_each_M_by_its_path():
+    """CONFIGS: the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass above; the contract picks the
+    same config and gives each its own model (what fp4ref verify asks)."""
+    paths = {m: type(nvl.pick_config(m, 8192, 8192)) for m in (1, 2, 16, 64, 256, 257, 16384)}
+    assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
+                     256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
+    c = nvl.NUMERIC_CONTRACT
+    assert c.config_for(1, 8192, 8192) == nvl.pick_config(1, 8192, 8192)
+    assert c.model_for(c.config_for(1, 8192, 8192), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
+    assert c.model_for(c.config_for(64, 8192, 8192), 8192).name == "hopper_fp16_wgmma"
+    assert c.model_for(c.config_for(4096, 8192, 8192), 8192, interpreter=True).name == "fp32_rn"
+    for cfg in nvl.CONFIGS.configs():  # the contract-wide model bounds every tabled config
+        assert bounds.get_model(nvl.accumulation_model(cfg, 8192)).eps(8192) <= bounds.get_model(c.model).eps(8192)
 
 
 def test_sync_words_are_left_at_zero():
@@ -450,27 +490,29 @@ def test_sync_words_are_left_at_zero():
     x = _to_torch(rng.standard_normal((1, 3, 128)).astype(np.float32).astype(ml_dtypes.bfloat16))
     wq = ref_quantize(rng.standard_normal((64, 128), dtype=np.float32), recipe="sol")
     nvl.nvfp4_quantize(x)
-    cfg = nvl.LinearConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=32, SPLIT_K=4, num_warps=4, num_stages=2)
+    cfg = nvl.TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=32, SPLIT_K=4, num_warps=4, num_stages=2)
     nvl.nvfp4_linear(x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE),
                      float(wq.global_decode_scale), config=cfg)
-    words = nvl._sync_words(x.device)
+    words = _runtime.workspace(x.device, _runtime.current_stream(x.device), tensorcore.COUNTERS_WORKSPACE, 0,
+                               torch.int32, zeroed=True)
+    assert words.numel() >= 4096  # the counters the launch used (not a fresh one-element buffer)
     assert int(torch.count_nonzero(words)) == 0
 
 
 def test_contract_names_fp4ref_models():
-    for key in ("accumulation_model", "accumulation_model_interpreter"):
-        bounds.get_model(nvl.NUMERIC_CONTRACT[key])  # raises on an unknown name
-    assert nvl.NUMERIC_CONTRACT["quantize_recipe"] == "sol"
-    assert nvl.NUMERIC_CONTRACT["epilogue_multiplies"] == 2
+    for name in (nvl.NUMERIC_CONTRACT.model, nvl.NUMERIC_CONTRACT.model_interpreter):
+        bounds.get_model(name)  # raises on an unknown name
+    assert nvl.NUMERIC_CONTRACT.notes["quantize_recipe"] == "sol"
+    assert nvl.NUMERIC_CONTRACT.epilogue_multiplies == 2
 
 
 def test_bench_sanity_reference_equals_fp4ref_quantization():
-    """The benchmark sweep's reference (bench_nvfp4_linear.torch_dequant_linear with w_u8=None: x's recipe in torch
+    """The benchmark sweep's reference (nvfp4_linear.bench.torch_dequant_linear with w_u8=None: x's recipe in torch
     ops) equals fp4ref's "sol" quantization bit for bit, on an x whose amax makes torch's ``2688.0 / amax``
     (computed by torch as reciprocal(amax) * 2688, two roundings) differ from the recipe's IEEE division. That
     ulp in the global encode scale made every M = 64 candidate of the first GPU sweep "WRONG" (max |y - ref| 9.01
     against 3.53 allowed) while the kernel matched fp4ref (fp4ref verify, M = 64: 100% bitwise-equal)."""
-    from fp4ref.kernels import bench_nvfp4_linear as b
+    from fp4ref.kernels.nvfp4_linear import bench as b
 
     def f32(v):
         return np.float32(v)
@@ -497,177 +539,38 @@ def test_bench_picks_install_and_check(monkeypatch):
     """The GPU benchmark's tune path without a GPU: picks (an in-kernel config, a pre-pass config) installed as
     the defaults, then the benchmark's own correctness check (fp4ref bound, NaN poison, determinism, quantizer
     bytes) passes on them, at N = K = 64. Guards the one-command GPU run against logic errors."""
-    from fp4ref.kernels import bench_nvfp4_linear as b
+    from fp4ref.kernels.nvfp4_linear import bench as b
+
+    from fp4ref.kernels.nvfp4_linear import configs
 
     monkeypatch.setattr(b, "DEVICE", DEVICE)
     monkeypatch.setattr(b, "N", 64)
     monkeypatch.setattr(b, "K", 64)
-    monkeypatch.setattr(nvl, "LINEAR_CONFIGS", dict(nvl.LINEAR_CONFIGS))
-    monkeypatch.setattr(nvl, "QUANT_CONFIGS", dict(nvl.QUANT_CONFIGS))
+    for mod in (configs, nvl):  # restored after the test (the picks replace the tables)
+        monkeypatch.setattr(mod, "CONFIGS", configs.CONFIGS)
+        monkeypatch.setattr(mod, "QUANTIZE_CONFIGS", configs.QUANTIZE_CONFIGS)
     w = b._setup()
-    best = {1: (nvl.LinearConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
-            32: (nvl.LinearConfig(64, 16, 64, 1, 4, 2, GEMM=nvl.GemmConfig("tma", 64, 32, 32, num_warps=4,
-                                                                           num_stages=2)), 1.0)}
-    default_16 = nvl.pick_linear_config(16)  # M = 16: no valid candidate in this "sweep": keeps the in-file default
+    best = {1: (nvl.TensorCoreConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),
+            32: (nvl.PrepassConfig(gemm=TmaConfig(64, 32, 32, num_warps=4, num_stages=2)), 1.0)}
+    default_16 = nvl.pick_config(16, 64, 64)  # M = 16: no valid candidate in this "sweep": keeps the in-file default
     b._install_picks(best, {1: ((1, 64, 4), 1.0), 32: ((8, 1024, 4), 1.0)}, ms=(1, 16, 32))
-    assert nvl.pick_linear_config(1) == best[1][0] and nvl.pick_linear_config(33) == best[32][0]
-    assert nvl.pick_linear_config(2) == nvl.pick_linear_config(16) == default_16
-    assert nvl._quant_tile(1, 64) == (1, 64, 4) and nvl._quant_tile(32, 64) == (32, 64, 4)
-    assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
-    assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
-    nvl.clear_workspaces()
-
-
-# ------------------------------------------------------------------------------------ host: direct plan launches
-_HEAD = 13  # the C launcher's arguments before the kernel's: grid (3), stream, function, 8 launch fields
-
-
-def _fake_linear_plan(monkeypatch, M=2, N=32, K=64):
-    """A _LinearPlan (GEMV shape: amax, quantize, linear) on CPU tensors whose three compiled kernels are recording
-    stand-ins on Triton's real launcher wrapper (tests/_fake_launcher.py); returns (plan, calls per kernel, tensors)."""
-    from _fake_launcher import fake_compiled_kernel
-
-    P = "*i8"
-    amax = fake_compiled_kernel(monkeypatch, {"x": P, "p": P, "numel": "i32", "iters": "i32", "BLOCK": "constexpr"})
-    quant = fake_compiled_kernel(monkeypatch, {**{c: P for c in ("x", "p", "pk", "sc", "dq", "g")}, "wg": "fp32",
-                                               "M": "i32", "K": "i32", "sx": "i32", "np": "i32",
-                                               **{c: "constexpr" for c in ("BR", "BC", "WP", "WD", "AP")}})
-    lin = fake_compiled_kernel(monkeypatch, {**{c: P for c in ("w", "ws", "dq", "g", "out", "part", "cnt")},
-                                             "wg": "fp32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32",
-                                             **{c: "constexpr" for c in ("BN", "BM", "BK", "SK", "V")}})
-    t = types.SimpleNamespace(
-        parts=torch.zeros(512, dtype=torch.int32), xg=torch.zeros(2), deq=torch.zeros(M, K),
-        w=torch.zeros(N, K // 16, dtype=torch.int64), ws=torch.zeros(N, K // 16, dtype=torch.uint8),
-        part=torch.zeros(2, M, N), cnt=torch.zeros(64, dtype=torch.int32))
-    plan = nvl._LinearPlan()
-    plan.amax, plan.quant, plan.lin = (amax[0], (1, 1, 1), (8192,)), (quant[0], (1, 2, 1), (2, 64, False, True, 512)), \
-        (lin[0], (2, 1, 2), (16, 1, 32, 2, 2))
-    plan.amax_args = (t.parts, M * K, 1)
-    plan.quant_args = (t.parts, t.xg, t.xg, t.deq, t.xg, 1.0, M, K, K, 1)
-    plan.lin_args = (t.w, t.ws, t.deq, t.xg, t.part, t.cnt, 0.75, M, N, K, K // 16)
-    plan.out_shape, plan.device, plan.stream, plan.bound = (1, M, N), torch.device("cpu"), 5, None
-    return plan, (amax[1], quant[1], lin[1]), t
-
-
-def test_linear_plan_direct_launch_passes_what_triton_passes(monkeypatch):
-    """The bound plan (_LinearBinding, kernels/_launch.py) hands Triton's C launch functions exactly what Triton's
-    own launcher wrapper passes on the plan's Triton path, in the kernels' parameter order (checked independently),
-    with the call's x and a fresh out; the binding is built once and reused."""
-    plan, (ca, cq, cl), t = _fake_linear_plan(monkeypatch)
-    x1, x2 = torch.ones(1, 2, 64, dtype=torch.bfloat16), torch.ones(1, 2, 64, dtype=torch.bfloat16)
-    outs = [plan.run(x) for x in (x1, x2)]  # Triton's path (no binding)
-    ref = (ca[:], cq[:], cl[:])
-    for c in (ca, cq, cl):
-        c.clear()
-    plan.bound = nvl._bind_linear(plan)
-    bd = plan.bound
-    assert isinstance(bd, nvl._LinearBinding)
-    outs += [plan.run(x) for x in (x1, x2)]
-    assert plan.bound is bd
-    for o in outs:
-        assert o.dtype == torch.bfloat16 and tuple(o.shape) == (1, 2, 32)
-    assert len({o.data_ptr() for o in outs}) == 4  # a fresh output per call
-
-    def out_free(call):  # the output pointer (per call) masked
-        return call[:_HEAD + 4] + (None,) + call[_HEAD + 5:]
-
-    for got, want in zip((ca, cq, cl), ref):
-        assert len(got) == len(want) == 2
-        for i in range(2):
-            assert out_free(got[i]) == out_free(want[i])
-    assert [c[_HEAD + 4] for c in ref[2] + cl] == [o.data_ptr() for o in outs]
-    p = lambda a: a.data_ptr()  # noqa: E731
-    for i, x in enumerate((x1, x2)):  # the kernels' parameter order, independently of the plan code
-        assert ca[i][:4] == (1, 1, 1, 5) and ca[i][_HEAD:] == (p(x), p(t.parts), 128, 1, 8192)
-        assert cq[i][:4] == (1, 2, 1, 5) and cq[i][_HEAD:] == (p(x), p(t.parts), p(t.xg), p(t.xg), p(t.deq), p(t.xg),
-                                                               1.0, 2, 64, 64, 1, 2, 64, False, True, 512)
-        assert cl[i][:4] == (2, 1, 2, 5) and cl[i][_HEAD:] == (p(t.w), p(t.ws), p(t.deq), p(t.xg), p(outs[2 + i]),
-                                                               p(t.part), p(t.cnt), 0.75, 2, 32, 64, 4, 16, 1, 32, 2, 2)
-
-
-def test_linear_plan_direct_launch_fallbacks(monkeypatch):
-    """Triton's path whenever kernels/_launch.py says so: a launcher of another shape or FAST_LAUNCH off (no
-    binding), a launch hook installed (that call; the binding kept), a C launcher that rejects the arguments
-    (from then on); the arguments stay Triton's."""
-    plan, (ca, cq, cl), _ = _fake_linear_plan(monkeypatch)
-    x = torch.ones(1, 2, 64, dtype=torch.float32)
-    plan.run(x)
-    ref = (ca[0], cq[0], cl[0])
-
-    def check(n, n_lin=None, hooked=False):  # grid, stream, the kernel's arguments (out masked); no hook: all
-        assert len(ca) == len(cq) == n and len(cl) == (n if n_lin is None else n_lin)
-        for c, r in zip((ca[-1], cq[-1], cl[-1]), ref):
-            assert c[_HEAD:_HEAD + 4] == r[_HEAD:_HEAD + 4] and c[_HEAD + 5:] == r[_HEAD + 5:]
-            assert c[:4] == r[:4] and (hooked or c[:_HEAD] == r[:_HEAD])
-
-    with monkeypatch.context() as mp:
-        mp.setattr(nvl, "raw_launcher", lambda ck, n_desc: False)
-        assert nvl._bind_linear(plan) is None
-        mp.setattr(nvl, "FAST_LAUNCH", False)
-        assert nvl._bind_linear(plan) is None
-    bd = plan.bound = nvl._bind_linear(plan)
-    assert bd is not None
-    with monkeypatch.context() as mp:  # a hook: Triton's path, which builds the hooks' metadata
-        seen = []
-        mp.setattr(nvl, "hooks_installed", lambda: True)
-        for rec in (plan.amax, plan.quant, plan.lin):
-            mp.setattr(rec[0], "launch_metadata", lambda *a: seen.append(a[0]))
-        mp.setattr(nvl.launch_compiled.__globals__["knobs"].runtime, "launch_enter_hook", lambda *a: None)
-        plan.run(x)
-        check(2, hooked=True)
-        assert plan.bound is bd and seen == [(1, 1, 1), (1, 2, 1), (2, 1, 2)]
-    plan.run(x)  # direct again
-    check(3)
-
-    def reject(*a):
-        raise TypeError("argument packing rejected")
-
-    bd.lin_fn = reject  # the third launch rejected: all three again through Triton's path, binding dropped
-    plan.run(x)
-    assert plan.bound is None
-    check(5, n_lin=4)
-    assert ca[-1] == ca[-2] and cq[-1] == cq[-2]  # the direct launches before the rejection passed the same
-
-
-class _CudaLooking(torch.Tensor):
-    """A CPU tensor that says it is on CUDA: reaches nvfp4_linear's plan lookup on a machine without a GPU."""
-
-    @property
-    def is_cuda(self):
-        return True
-
-
-def test_linear_plan_lookup_reuses_plan_and_validates_new_keys(monkeypatch):
-    """nvfp4_linear's plan lookup: the same key (shapes, dtypes, weight storage, w_gdec, stream) reuses the plan
-    (one direct launch per kernel per call, a fresh output each); a call with another key (w_gdec, weight shape,
-    config, out) does not take it, and a new key's arguments are validated as before."""
-    plan, (ca, cq, cl), _ = _fake_linear_plan(monkeypatch)
-    plan.bound = nvl._bind_linear(plan)
-    monkeypatch.setattr(nvl, "_raw_stream", lambda dev: 5)
-    monkeypatch.setattr(nvl, "_PLANS", {})
-    x = torch.ones(1, 2, 64, dtype=torch.bfloat16).as_subclass(_CudaLooking)
-    w, ws = torch.zeros(32, 32, dtype=torch.uint8), torch.zeros(32, 4, dtype=torch.float8_e4m3fn)
-    nvl._PLANS[nvl._plan_key(x, w, ws, 0.5)] = plan
-    y1, y2 = nvl.nvfp4_linear(x, w, ws, 0.5), nvl.nvfp4_linear(x, w, ws, 0.5)
-    assert len(ca) == len(cq) == len(cl) == 2 and y1.data_ptr() != y2.data_ptr()
-    assert [c[_HEAD + 4] for c in cl] == [y1.data_ptr(), y2.data_ptr()]
-    with pytest.raises(ValueError, match="weight_global_decode_scale"):
-        nvl.nvfp4_linear(x, w, ws, -0.5)
-    with pytest.raises(ValueError, match="weight_fp4.shape"):
-        nvl.nvfp4_linear(x, w[:, :16].clone(), ws, 0.5)
-    with pytest.raises(TypeError, match="config"):
-        nvl.nvfp4_linear(x, w, ws, 0.5, config="gemv")
-    with pytest.raises(ValueError, match="out"):
-        nvl.nvfp4_linear(x, w, ws, 0.5, out=torch.empty(1, 2, 31, dtype=torch.bfloat16))
-    assert len(cl) == 2  # none of these took the plan
+    try:
+        assert nvl.pick_config(1, 64, 64) == best[1][0] and nvl.pick_config(33, 64, 64) == best[32][0]
+        assert nvl.pick_config(2, 64, 64) == nvl.pick_config(16, 64, 64) == default_16
+        assert nvl.pick_quantize_config(1, 64) == nvl.QuantizeConfig(1, 64, 4)
+        assert nvl.pick_quantize_config(32, 64) == nvl.QuantizeConfig(32, 64, 4)
+        assert b._check_picks((1, 32), *w, quant_ms=(1, 32))
+        assert all(b._cfg_from_json(b._cfg_json(c)) == c for c in b.all_linear_candidates())
+    finally:
+        _runtime.clear_plans()  # plans made with the installed picks
 
 
 # ----------------------------------------------------------------------------------------- sm_90 compilation
 
 
-# what the GPU benchmark may pick: every candidate must build for sm_90 (kernels/bench_nvfp4_linear.py)
+# what the GPU benchmark may pick: every candidate must build for sm_90 (kernels/nvfp4_linear/bench.py)
 def _bench_candidates():
-    from fp4ref.kernels import bench_nvfp4_linear as b
+    from fp4ref.kernels.nvfp4_linear import bench as b
 
     return b.all_linear_candidates(), b.QUANT_TILES
 
@@ -681,68 +584,70 @@ def _compile_all():
     built = []
     lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
-    cfgs = list(nvl.LINEAR_CONFIGS.values()) + [c for c in _SMALL_CONFIGS if c is not None]
-    cfgs = [c for c in cfgs if c.GEMM is None and not c.GEMV]
+    tabled = nvl.CONFIGS.configs()
+    cfgs = [c for c in tabled + _SMALL_CONFIGS if isinstance(c, nvl.TensorCoreConfig)]
     variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
-    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES if c.GEMM is None and not c.GEMV and c not in cfgs]
-    variants += [(cfg, cfg.BLOCK_K, True) for cfg in nvl.LINEAR_CONFIGS.values()]  # scales as words (prepared)
+    variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES
+                 if isinstance(c, nvl.TensorCoreConfig) and c not in cfgs]
+    variants += [(cfg, cfg.BLOCK_K, True) for cfg in tabled
+                 if isinstance(cfg, nvl.TensorCoreConfig)]  # scales as words (prepared)
     for cfg, block_k, words in variants:
         built.append(compile_for_sm90(
-            nvl.nvfp4_linear_kernel, dict(lin_sig, ws_ptr="*i32" if words else "*u8"),
+            tensorcore.nvfp4_linear_kernel, dict(lin_sig, ws_ptr="*i32" if words else "*u8"),
             dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=block_k, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
                  SCALE_WORDS=words, DECODE_BITS=cfg.DECODE_BITS),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
                              "K"]))  # as at run time
     # M == 1 is specialised to a constant by the runtime: the split-K epilogue must compile with it
-    cfg = nvl.LINEAR_CONFIGS[16]
+    cfg = nvl.CONFIGS.pick(16)
     built.append(compile_for_sm90(
-        nvl.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
+        tensorcore.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
         dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
              SCALE_WORDS=False, DECODE_BITS=cfg.DECODE_BITS),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"]))
     # every GEMV config (defaults, tests, sweep candidates), as the runtime specialises it: M = 1 a constant
     gemv_sig = dict(lin_sig, w_ptr="*i64", a_ptr="*fp32", KB="i32")
-    gemv = {c for c in list(nvl.LINEAR_CONFIGS.values()) + _SMALL_CONFIGS + _GEMV_CONFIGS + list(LINEAR_CANDIDATES)
-            if c is not None and c.GEMV}
-    for cfg in sorted(gemv, key=repr):
+    gemv_cfgs = {c for c in tabled + _SMALL_CONFIGS + _GEMV_CONFIGS + list(LINEAR_CANDIDATES)
+                 if isinstance(c, nvl.GemvConfig)}
+    for cfg in sorted(gemv_cfgs, key=repr):
         sig, ce = (({k: v for k, v in gemv_sig.items() if k != "M"}, {"M": 1}) if cfg.BLOCK_M == 1
                    else (gemv_sig, {}))
         built.append(compile_for_sm90(
-            nvl.nvfp4_gemv_kernel, sig,
+            gemv.nvfp4_gemv_kernel, sig,
             dict(ce, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K,
-                 VEC=min(nvl._GEMV_VEC, cfg.BLOCK_K // 16)),
+                 VEC=min(gemv.GEMV_VEC, cfg.BLOCK_K // 16)),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_reflect_ftz=False,
             divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K",
                              "KB"]))
-    built.append(compile_for_sm90(nvl._amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
-                                                     "ITERS": "i32"},
-                                  dict(BLOCK=nvl._AMAX_BLOCK), num_warps=8))
+    built.append(compile_for_sm90(quantize.amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
+                                                         "ITERS": "i32"},
+                                  dict(BLOCK=quantize.AMAX_BLOCK), num_warps=8))
     # the weight pre-pass: the default tile and every tile a config or the sweep may use, both modes
-    tiles = {nvl._DECODE_TILE} | {c.PREPASS for c in list(nvl.LINEAR_CONFIGS.values()) + list(LINEAR_CANDIDATES)
-                                  if c.PREPASS is not None}
+    prepass_cfgs = [c for c in tabled + _SMALL_CONFIGS + list(LINEAR_CANDIDATES) if isinstance(c, nvl.PrepassConfig)]
+    tiles = {(c.BLOCK_R, c.BLOCK_C, c.num_warps, c.mode) for c in prepass_cfgs}
     for br, bc, nw, mode in sorted(tiles):
-        kern, wty, ce = ((nvl.nvfp4_decode_weight_kernel, "*u8", {}) if mode == "fp32" else
-                         (nvl.nvfp4_decode_weight_words_kernel, "*i32", {"DECODE_PTX": True}))
+        kern, wty, ce = ((prepass.nvfp4_decode_weight_kernel, "*u8", {}) if mode == "fp32" else
+                         (prepass.nvfp4_decode_weight_words_kernel, "*i32", {"DECODE_PTX": True}))
         built.append(compile_for_sm90(kern, {"w_ptr": wty, "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
                                       dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
                                       divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
-    defaults = sorted({nvl._quant_tile(m, 8192) for m in (1, 4, 8192)})
+    defaults = sorted({dataclasses.astuple(nvl.pick_quantize_config(m, 8192)) for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
     jobs = [(mode, t) for mode in modes for t in defaults]
     jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
     for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
         built.append(compile_for_sm90(
-            nvl.nvfp4_quantize_kernel,
+            quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=nvl._AMAX_MAX_PROGRAMS),
+                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
-    gemms = {c.GEMM for c in list(nvl.LINEAR_CONFIGS.values()) + list(LINEAR_CANDIDATES) if c.GEMM is not None}
+    gemms = {c.gemm for c in prepass_cfgs}
     from fp4ref.kernels import gemm_fp16
 
     for g in sorted(gemms, key=repr):

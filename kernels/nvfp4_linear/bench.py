@@ -1,21 +1,25 @@
 """Benchmark of the NVFP4 linear layer (in = out = 8192) and the NVFP4 quantizer on a CUDA GPU.
 
-``python -m fp4ref.kernels.bench nvfp4_linear [--m 1 128 ...] [--markdown] [--sweep] [--json PATH]``
+``python -m fp4ref.kernels.bench nvfp4_linear [--m 1 128 ...] [--markdown] [--sweep] [--check] [--json PATH]``
 
-Per M (rows of x = batch * seq; the 16 public workloads have M = 128, 256, 512 x2, 1024 x3, 2048 x4, 4096,
-8192 x3, 16384; decode sizes 1, 16, 64 are added), in ONE run, each timed by fp4ref.kernels._bench.time_cuda
-(CUDA events, 10 warm-up + 50 timed iterations, L2 flushed before every iteration, median; facts/seeds.md):
+Per M (rows of x = batch * seq; the 16 public SOL-ExecBench nvfp4_linear_layer workloads have M = 128, 256,
+512 x2, 1024 x3, 2048 x4, 4096, 8192 x3, 16384; decode sizes 1, 16, 64 are added), in ONE run, each timed by
+fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call, the headline figure, and CUDA-event time beside it;
+10 warm-up + 50 timed calls, L2 flushed before every call, medians: FlashInfer's bench_gpu_time method):
 
 * ours: ``nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale)`` (quantize x + GEMM);
 * (a) torch dequantize + matmul: the recipe in torch ops (quantize x, decode x and W to bf16 every call), bf16
   torch.matmul, times the global scales;
 * (b) bf16 torch.matmul(x, W_bf16.T) on weights decoded ahead of time (cuBLAS; needs 4x the weight memory);
-* the limit max(bytes floor, bf16 compute floor): bytes = x + packed W + W scales + y at the device-to-device
+* the floor max(bytes floor, bf16 compute floor): bytes = x + packed W + W scales + y at the device-to-device
   copy bandwidth measured in the same run; compute = 2 M N K at the bf16 matmul rate measured in the same run
   (torch.matmul 8192^3);
 * quantize alone (``nvfp4_quantize``) against its bytes floor (read x once, write codes + scales).
 
-``--sweep`` times the candidate configs of ``nvfp4_linear`` per M instead and prints the best.
+Every table prints CUPTI us and event us for ours and each peer, the ratio peer / ours by CUPTI, % of the floor
+(by CUPTI) and the path + config that served the call. ``--sweep`` times the candidate configs of
+``nvfp4_linear`` per M (CUPTI), installs the fastest checked ones and prints the table with them. ``--check``
+only checks the default configs (fp4ref bound, NaN poison, determinism, quantizer bytes) and exits 0 / 1.
 Weights: randn fp32 [8192, 8192] quantized with the same 'sol' recipe (by our quantizer; the tests check it equals
 fp4ref's). x: randn bf16. Nothing runs at import.
 """
@@ -30,7 +34,7 @@ __all__ = ["main", "torch_dequant_linear", "WORKLOAD_M"]
 
 N = K = 8192
 DEVICE = "cuda"  # the CPU smoke test sets "cpu" (and small N, K) to run the check logic under the interpreter
-# M -> how many of the 16 public workloads have it (facts/seeds.md §2)
+# M -> how many of the 16 public SOL-ExecBench nvfp4_linear_layer workloads have it
 WORKLOAD_M = {128: 1, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 1, 8192: 3, 16384: 1}
 DECODE_M = (1, 16, 64)
 _FLT_MAX = 3.4028234663852886e38
@@ -41,8 +45,8 @@ def torch_dequant_linear(x, w_u8, w_scales, w_gdec: float):
     import torch
 
     # Every division is tensor / tensor: torch computes ``c / t`` as reciprocal(t) * c and, on CUDA, ``t / c`` as
-    # t * fp32(1 / c), each two roundings, not the recipe's one IEEE division (the first GPU sweep's "WRONG" at
-    # M = 64 was this reference's genc one ulp off; tests/test_kernel_nvfp4.py checks it against fp4ref).
+    # t * fp32(1 / c), each two roundings, not the recipe's one IEEE division (tests/test_kernel_nvfp4.py checks
+    # this reference against fp4ref on an x where that matters).
     k = x.shape[-1]
     x2 = x.reshape(-1, k).float()
     amax = x2.abs().amax()
@@ -77,18 +81,23 @@ def _decode_weight(w_u8, w_scales):
     return vals.view(n, -1).to(torch.bfloat16)
 
 
-def _gemm_candidates():
-    from fp4ref.kernels.gemm_fp16 import GemmConfig as G
+# The largest M the GEMV candidates are swept at: the GEMV costs one decode plus M FMAs per weight element on CUDA
+# cores, so it loses to the tensor-core kernel beyond a few rows (the sweep finds where).
+GEMV_MAX_M = 8
 
-    return [G("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
-            G("tma", 128, 256, 64, SPLIT_K=1, GROUP_M=4, num_warps=8, num_stages=3),
-            G("tma", 128, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4),
-            G("tma", 256, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
-            G("tma", 128, 128, 64, SPLIT_K=2, GROUP_M=8, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2)]
+
+def _gemm_candidates():
+    from fp4ref.kernels.gemm_fp16 import TmaConfig as G
+
+    return [G(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+            G(128, 256, 64, SPLIT_K=1, GROUP_M=4, num_warps=8, num_stages=3),
+            G(128, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4),
+            G(256, 128, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+            G(128, 128, 64, SPLIT_K=2, GROUP_M=8, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2)]
 
 
 def _candidates_in_kernel(m: int):
-    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
+    from fp4ref.kernels.nvfp4_linear import TensorCoreConfig as C
 
     if m <= 16:
         # BLOCK_K = 256 builds use 178 registers (2 CTAs of 4 warps per SM); BLOCK_K = 128 ~100 (5 per SM)
@@ -105,11 +114,10 @@ def _candidates_in_kernel(m: int):
 
 
 def _gemv_candidates(m: int):
-    """CUDA-core GEMV configs (LinearConfig.GEMV) for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows
-    per program, (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to
-    2048, i.e. 2-16 per SM). Each thread holds rows of 2 consecutive blocks (16-byte loads; nvfp4_linear._GEMV_VEC)."""
-    from fp4ref.kernels.nvfp4_linear import GEMV_MAX_M
-    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
+    """GemvConfig candidates for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows per program,
+    (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to 2048, i.e.
+    2-16 per SM). Each thread holds rows of 2 consecutive blocks (16-byte loads; gemv.GEMV_VEC)."""
+    from fp4ref.kernels.nvfp4_linear import GemvConfig as C
 
     if m > GEMV_MAX_M:
         return []
@@ -120,23 +128,23 @@ def _gemv_candidates(m: int):
     else:  # small tiles: BLOCK_N 64 x BLOCK_K 256 with 4 warps needs 250 registers at BLOCK_M 4 (2 CTAs per SM)
         tiles = [(32, 256, 4, 4, 1), (32, 256, 8, 4, 1), (32, 512, 4, 4, 1), (16, 512, 4, 4, 1), (16, 256, 8, 4, 1),
                  (32, 128, 8, 4, 1), (64, 256, 4, 8, 1), (32, 256, 2, 4, 1)]
-    return [C(bn, bm, bk, sk, nw, ns, GEMV=True) for bn, bk, sk, nw, ns in tiles]
+    return [C(bn, bm, bk, sk, nw, ns) for bn, bk, sk, nw, ns in tiles]
 
 
 def linear_candidates(m: int):
-    """nvfp4_linear candidates at M = m: the CUDA-core GEMV configs (m <= GEMV_MAX_M), the in-kernel decode
-    configs (cvt decode and DECODE_BITS twins) and, for m >= 128, the large-M pre-pass path with each TMA GEMM
-    tile candidate."""
+    """nvfp4_linear candidates at M = m: the GEMV configs (m <= GEMV_MAX_M), the tensor-core configs (cvt decode
+    and DECODE_BITS twins) and, for m >= 128, the pre-pass path with each TMA GEMM tile candidate (the "fp32"
+    pre-pass), for m >= 512 also the word ("cvt") pre-pass tiles with the first GEMM tile."""
     import dataclasses
 
-    from fp4ref.kernels.nvfp4_linear import LinearConfig as C
+    from fp4ref.kernels.nvfp4_linear import PrepassConfig
 
     base = _candidates_in_kernel(m)
     out = _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
-        out += [C(128, 256, 64, 1, 8, 3, GEMM=g) for g in _gemm_candidates()]
-    if m >= 512:  # the word-decode pre-pass tiles with the fastest GEMM tile of the first GPU sweep
-        out += [C(128, 256, 64, 1, 8, 3, GEMM=_gemm_candidates()[0], PREPASS=t) for t in PREPASS_TILES]
+        out += [PrepassConfig(gemm=g) for g in _gemm_candidates()]
+    if m >= 512:
+        out += [PrepassConfig(_gemm_candidates()[0], *t) for t in PREPASS_TILES]
     return out
 
 
@@ -150,43 +158,46 @@ def all_linear_candidates():
     return seen
 
 
-# weight pre-pass tiles (BLOCK_R, BLOCK_C, num_warps, mode) swept at M >= 512 (LinearConfig.PREPASS): "cvt" word
-# decode, ~5.1 SASS instructions per element on sm_90 against ~14.6 for the "fp32" default (all 16-byte stores)
+# weight pre-pass tiles (BLOCK_R, BLOCK_C, num_warps, mode) swept at M >= 512 (PrepassConfig): "cvt" word decode,
+# ~5.1 SASS instructions per element on sm_90 against ~14.6 for "fp32" (all 16-byte stores)
 PREPASS_TILES = [(16, 512, 4, "cvt"), (8, 1024, 4, "cvt"), (32, 512, 4, "cvt"), (16, 1024, 4, "cvt"),
                  (32, 512, 8, "cvt"), (64, 256, 8, "cvt")]
-# quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for nvfp4_linear.QUANT_CONFIGS
+# quantize tiles (BLOCK_R, BLOCK_C, num_warps) swept for QUANTIZE_CONFIGS
 QUANT_TILES = [(4, 1024, 4), (8, 1024, 4), (8, 1024, 8), (16, 1024, 4), (16, 1024, 8), (32, 1024, 8), (16, 512, 8)]
 SWEEP_M = (1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _cfg_label(cfg) -> str:
-    if cfg.GEMM is not None:
-        g = cfg.GEMM
-        pre = "" if cfg.PREPASS is None else "[{},{},w{},{}]".format(*cfg.PREPASS)
-        return (f"prepass{pre}+tma {g.BLOCK_M}x{g.BLOCK_N}x{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/"
-                f"s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
-    return (f"{cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
-            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else "")
-            + (",gemv" if cfg.GEMV else ""))
+    """The path and its config, short: gemv / tc / prepass."""
+    t = type(cfg).__name__
+    if t == "PrepassConfig":
+        g = cfg.gemm
+        return (f"prepass[{cfg.BLOCK_R},{cfg.BLOCK_C},w{cfg.num_warps},{cfg.mode}]+tma {g.BLOCK_M}x{g.BLOCK_N}x"
+                f"{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
+    if t == "GemvConfig":
+        return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
+    return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
+            + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 
 
-def _cfg_json(cfg):
+def _cfg_json(cfg) -> dict:
     import dataclasses
 
-    d = dataclasses.asdict(cfg)
-    return d
+    return {"type": type(cfg).__name__, **dataclasses.asdict(cfg)}
 
 
 def _cfg_from_json(d):
-    from fp4ref.kernels.gemm_fp16 import GemmConfig
-    from fp4ref.kernels.nvfp4_linear import LinearConfig
+    from fp4ref.kernels import nvfp4_linear as nvl
+    from fp4ref.kernels.gemm_fp16 import TmaConfig
 
     d = dict(d)
-    if d.get("GEMM") is not None:
-        d["GEMM"] = GemmConfig(**d["GEMM"])
-    if d.get("PREPASS") is not None:
-        d["PREPASS"] = tuple(d["PREPASS"])
-    return LinearConfig(**d)
+    cls = {"GemvConfig": nvl.GemvConfig, "TensorCoreConfig": nvl.TensorCoreConfig,
+           "PrepassConfig": nvl.PrepassConfig}[d.pop("type")]
+    if "gemm" in d:
+        g = dict(d["gemm"])
+        g.pop("kernel", None)
+        d["gemm"] = TmaConfig(**g)
+    return cls(**d)
 
 
 def _compile_worker(job: str) -> str:
@@ -200,8 +211,7 @@ def _compile_worker(job: str) -> str:
     try:
         x = torch.randn((m, K), device="cuda", dtype=torch.float32).to(torch.bfloat16)
         if "tile" in d:
-            nvl._quantize_launch(x, True, False, tile=tuple(d["tile"]))
-            nvl._quantize_launch(x, False, True, tile=tuple(d["tile"]))
+            nvl.nvfp4_quantize(x, config=nvl.QuantizeConfig(*d["tile"]))
         else:
             w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
             s = torch.randint(0, 0x70, (N, K // 16), dtype=torch.uint8, device="cuda")
@@ -214,7 +224,7 @@ def _compile_worker(job: str) -> str:
 
 def precompile(jobs, workers: int) -> None:
     """Compile jobs (dicts: {"m", "cfg"} or {"m", "tile"}) in parallel spawned processes (shared on-disk cache)."""
-    from ._bench import compile_in_pool
+    from .._bench import compile_in_pool
 
     compile_in_pool(_compile_worker, sorted({json.dumps(j, sort_keys=True) for j in jobs}), workers, "jobs")
 
@@ -229,12 +239,6 @@ def _precompile_jobs(ms):
     jobs = [{"m": _spec_m(m), "cfg": _cfg_json(c)} for m in ms for c in linear_candidates(m)]
     jobs += [{"m": _spec_m(m), "tile": list(t)} for m in ms for t in QUANT_TILES]
     return jobs
-
-
-def nvl_mod():
-    from fp4ref.kernels import nvfp4_linear
-
-    return nvfp4_linear
 
 
 def _profile(ms, w_u8, w_scales, w_gdec):
@@ -287,29 +291,31 @@ def _x(m: int, device=None):
 
 
 def _ceilings():
-    """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s), measured now (L2 flushed)."""
+    """(copy bandwidth bytes/s counting read + write, bf16 matmul FLOP/s), measured now by CUPTI (L2 flushed)."""
     import torch
 
-    from fp4ref.kernels._bench import time_cuda
+    from .._bench import time_gpu
 
     a = torch.empty(2**28, dtype=torch.float32, device="cuda").normal_()
     b = torch.empty_like(a)
-    t_copy = time_cuda(lambda: b.copy_(a), warmup=5, iters=20)
+    t_copy = time_gpu(lambda: b.copy_(a), warmup=5, iters=20).cupti_us
     bw = 2 * a.numel() * 4 / (t_copy * 1e-6)
     del a, b
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    t_mm = time_cuda(lambda: x @ y.T, warmup=5, iters=20)
+    t_mm = time_gpu(lambda: x @ y.T, warmup=5, iters=20).cupti_us
     return bw, 2 * 8192**3 / (t_mm * 1e-6)
 
 
-def _sweep(ms, w_u8, w_scales, w_gdec, reps):
-    """Time every candidate per M on the GPU alone (gpu_time_graph: L2 flushed, CUDA graphs); returns
-    (rows, best linear config per M, best quantize tile per M)."""
-    from fp4ref.kernels import nvfp4_linear as nvl
-    from fp4ref.kernels._bench import gpu_time_graph
-
+def _sweep(ms, w_u8, w_scales, w_gdec, iters):
+    """Time every candidate per M by CUPTI (time_gpu, L2 flushed); returns (rows, best linear config per M, best
+    quantize tile per M). A candidate is timed only after its output passed a sanity reference (fp32 matmul)."""
     import torch
+
+    from fp4ref.kernels import nvfp4_linear as nvl
+    from fp4ref.kernels.nvfp4_linear import prepass
+
+    from .._bench import time_gpu
 
     rows, best, best_q = [], {}, {}
     w_f32 = _decode_weight(w_u8, w_scales).float()  # exact
@@ -318,18 +324,20 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
     wdq = torch.empty((N, K), dtype=torch.float16, device=w_u8.device)
     ws_u8 = w_scales.view(torch.uint8)
     pre_bytes = N * K // 2 + N * K // 16 + 2 * N * K
-    for tile in [nvl._DECODE_TILE] + PREPASS_TILES:
+    for tile in [(16, 512, 4, "fp32")] + PREPASS_TILES:
+        kw = dict(zip(("BLOCK_R", "BLOCK_C", "num_warps", "mode"), tile))
         try:
             wdq.fill_(float("nan"))
-            nvl._decode_weight(w_u8, ws_u8, wdq, tile)
+            prepass.decode_weight(w_u8, ws_u8, wdq, **kw)
             if not torch.equal(wdq.float(), w_f32):
-                rows.append([0, f"W pre-pass {tile}", "WRONG: not the exact decode"])
+                rows.append([0, f"W pre-pass {tile}", "WRONG: not the exact decode", "", ""])
                 continue
-            t = gpu_time_graph(lambda: nvl._decode_weight(w_u8, ws_u8, wdq, tile), reps=reps, replays=3)
+            t = time_gpu(lambda: prepass.decode_weight(w_u8, ws_u8, wdq, **kw), iters=iters)
         except Exception as exc:  # noqa: BLE001 - report, keep going
-            rows.append([0, f"W pre-pass {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+            rows.append([0, f"W pre-pass {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}", "", ""])
             continue
-        rows.append([0, f"W pre-pass {tile} ({pre_bytes / (t * 1e-6) / 1e12:.2f} TB/s)", t])
+        rows.append([0, f"W pre-pass {tile} ({pre_bytes / (t.cupti_us * 1e-6) / 1e12:.2f} TB/s)", t.cupti_us,
+                     t.event_us, t.kernels])
     del wdq
     for m in ms:
         x = _x(m)
@@ -347,55 +355,55 @@ def _sweep(ms, w_u8, w_scales, w_gdec, reps):
                 y = nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg).reshape(m, N).float()
                 err = float((y - ref).abs().max())
                 if not err <= tol:
-                    rows.append([m, _cfg_label(cfg), f"WRONG: max |y - ref| {err:.3g} > {tol:.3g}"])
+                    rows.append([m, _cfg_label(cfg), f"WRONG: max |y - ref| {err:.3g} > {tol:.3g}", "", ""])
                     continue
                 del y
-                t = gpu_time_graph(lambda: nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg), reps=reps,
-                                   replays=3)
+                t = time_gpu(lambda: nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec, config=cfg), iters=iters)
             except Exception as exc:  # noqa: BLE001 - a config the GPU rejects: report, keep going
-                rows.append([m, _cfg_label(cfg), f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+                rows.append([m, _cfg_label(cfg), f"failed: {type(exc).__name__}: {str(exc)[:80]}", "", ""])
                 continue
-            rows.append([m, _cfg_label(cfg), t])
-            if m not in best or t < best[m][1]:
-                best[m] = (cfg, t)
+            rows.append([m, _cfg_label(cfg), t.cupti_us, t.event_us, t.kernels])
+            if m not in best or t.cupti_us < best[m][1]:
+                best[m] = (cfg, t.cupti_us)
         x2 = x.reshape(m, K)
         for tile in QUANT_TILES:  # packed output (nvfp4_quantize)
+            qc = nvl.QuantizeConfig(*tile)
             try:
-                t = gpu_time_graph(lambda: nvl._quantize_launch(x2, True, False, tile=tile), reps=reps, replays=3)
+                t = time_gpu(lambda: nvl.nvfp4_quantize(x2, config=qc), iters=iters)
             except Exception as exc:  # noqa: BLE001
-                rows.append([m, f"quantize tile {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}"])
+                rows.append([m, f"quantize tile {tile}", f"failed: {type(exc).__name__}: {str(exc)[:80]}", "", ""])
                 continue
-            rows.append([m, f"quantize tile {tile}", t])
-            if m not in best_q or t < best_q[m][1]:
-                best_q[m] = (tile, t)
+            rows.append([m, f"quantize tile {tile}", t.cupti_us, t.event_us, t.kernels])
+            if m not in best_q or t.cupti_us < best_q[m][1]:
+                best_q[m] = (tile, t.cupti_us)
         del x, x2, ref
     del w_f32
     return rows, best, best_q
 
 
 def _install_picks(best, best_q, ms=()):
-    """Make the picks the defaults of this process: LINEAR_CONFIGS / QUANT_CONFIGS keyed by the sweep's M values
-    (each key covers the M values above the previous key; the last is open-ended). An M of ``ms`` without a pick
-    (every candidate failed its check) keeps what the in-file defaults give it."""
+    """Make the picks the defaults of this process: CONFIGS / QUANTIZE_CONFIGS rows at the sweep's M values (each
+    row covers the M values above the previous one; the last M's pick serves every larger M). An M of ``ms``
+    without a pick (every candidate failed its check) keeps what the in-file defaults give it. Forgets the
+    launch plans made with the old tables."""
+    from fp4ref.kernels import _runtime
     from fp4ref.kernels import nvfp4_linear as nvl
+    from fp4ref.kernels.nvfp4_linear import configs
 
     ms = sorted(set(best) | set(best_q) | set(ms))
     if not ms:
         return
-    lin = {m: best[m][0] if m in best else nvl.pick_linear_config(m) for m in ms}
-    qt = {m: best_q[m][0] if m in best_q else nvl.QUANT_CONFIGS[min(k for k in nvl.QUANT_CONFIGS if k >= m)]
-          for m in ms}
-    nvl.LINEAR_CONFIGS.clear()
-    nvl.LINEAR_CONFIGS.update({m: lin[m] for m in ms[:-1]})
-    nvl.LINEAR_CONFIGS[1 << 62] = lin[ms[-1]]
-    nvl.QUANT_CONFIGS.clear()
-    nvl.QUANT_CONFIGS.update({m: qt[m] for m in ms[:-1]})
-    nvl.QUANT_CONFIGS[1 << 62] = qt[ms[-1]]
-    nvl.clear_workspaces()
+    lin = {m: best[m][0] if m in best else nvl.pick_config(m, N, K) for m in ms}
+    qt = {m: nvl.QuantizeConfig(*best_q[m][0]) if m in best_q else configs.QUANTIZE_CONFIGS.pick(m) for m in ms}
+    table = _runtime.ConfigTable(rows=tuple((m, lin[m]) for m in ms[:-1]), larger=lin[ms[-1]])
+    qtable = _runtime.ConfigTable(rows=tuple((m, qt[m]) for m in ms[:-1]), larger=qt[ms[-1]])
+    configs.CONFIGS = nvl.CONFIGS = table  # pick_config reads configs.CONFIGS
+    configs.QUANTIZE_CONFIGS = nvl.QUANTIZE_CONFIGS = qtable
+    _runtime.clear_plans()
 
 
 def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
-    """Correctness of the installed defaults on the GPU: NaN-poisoned output, fp4ref's exact reference and
+    """Correctness of the installed defaults: NaN-poisoned output, fp4ref's exact reference and the config's
     bound on a row subset, two calls bitwise equal; the quantizer's bytes equal fp4ref's (whole x) at quant_ms."""
     import dataclasses
 
@@ -412,6 +420,8 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
     wq = dataclasses.replace(ref_quantize(np.zeros((len(cols), K), np.float32), recipe="sol"),
                              codes=w_u8.cpu().numpy()[cols], scales=w_scales.view(torch.uint8).cpu().numpy()[cols],
                              global_decode_scale=np.float32(w_gdec), shape=(len(cols), K))
+    interp = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU smoke test
+    contract = nvl.NUMERIC_CONTRACT
     ok_all = True
     for m in ms:
         x = _x(m)
@@ -427,11 +437,9 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
         ref = gemm.nvfp4_gemm(xs, wq)
         got = y.reshape(m, N)[torch.from_numpy(rows).to(y.device)][:, torch.from_numpy(cols).to(y.device)]
         got = got.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        interp = os.environ.get("TRITON_INTERPRET") == "1"  # the CPU smoke test
-        model = nvl.accumulation_model(nvl.pick_linear_config(m), K, interpreter=interp)  # per config (GEMV)
-        rep = bounds.check(got, ref, model,
-                           output_rounding=nvl.NUMERIC_CONTRACT["output_rounding" + ("_interpreter" if interp else "")],
-                           poison=float("nan"))
+        cfg = contract.config_for(m, N, K, interp)
+        model = contract.model_for(cfg, K, interp, M=m, N=N)  # per config (the GEMV's is tighter)
+        rep = bounds.check(got, ref, model, output_rounding=contract.rounding_for(interp), poison=float("nan"))
         qok = None
         if m in quant_ms:
             xq = ref_quantize(x_np, recipe="sol")
@@ -441,7 +449,7 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
                        and np.float32(g.item()).view(np.uint32) == np.float32(xq.global_decode_scale).view(np.uint32))
         ok = rep.ok and det and nan == 0 and qok is not False
         ok_all &= ok
-        print(f"check M={m} ({_cfg_label(nvl.pick_linear_config(m))}): {'OK' if ok else 'FAIL'}; bound "
+        print(f"check M={m} ({_cfg_label(cfg)}): {'OK' if ok else 'FAIL'}; bound "
               f"{'ok' if rep.ok else 'VIOLATED'} (max err/bound {rep.max_err_over_bound:.3g}, bitwise-equal "
               f"{100 * rep.bitwise_equal_fraction:.1f}%), NaN left {nan}, deterministic {det}, quantizer bytes "
               f"{'-' if qok is None else qok}", flush=True)
@@ -451,30 +459,37 @@ def _check_picks(ms, w_u8, w_scales, w_gdec, quant_ms=(1, 128, 1024)):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench nvfp4_linear", description=__doc__.split("\n")[0])
     p.add_argument("--m", type=int, nargs="*", help="rows of x (default: 1 16 64 and the public sizes)")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (for docs/benchmarks.md)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown (for docs/benchmarks.md)")
     p.add_argument("--sweep", action="store_true",
-                   help="tune: precompile and time every candidate per M (GPU time), install the picks, check them "
+                   help="tune: precompile and time every candidate per M (CUPTI), install the picks, check them "
                         "(fp4ref, NaN-poisoned), then print the table with the picks")
-    p.add_argument("--sweep-reps", type=int, default=5, help="reps per CUDA graph in the sweep (default 5)")
+    p.add_argument("--check", action="store_true",
+                   help="only check the default configs at each M (fp4ref bound, NaN poison, determinism, quantizer "
+                        "bytes); exit status 0 when all pass")
+    p.add_argument("--sweep-iters", type=int, default=20, help="timed calls per candidate in the sweep (default 20)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
-    p.add_argument("--iters", type=int, default=50, help="timed iterations (default 50, as the public benchmarks)")
+    p.add_argument("--iters", type=int, default=50, help="timed calls (default 50, as the public benchmarks)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     p.add_argument("--profile", action="store_true", help="print GPU time per kernel (torch.profiler) instead")
     args = p.parse_args(argv)
 
     import torch
 
-    from fp4ref.kernels._bench import gpu_time_graph, print_table, time_cuda
-    from fp4ref.kernels.nvfp4_linear import nvfp4_linear, nvfp4_quantize
-
     if not torch.cuda.is_available():
         print("nvfp4_linear benchmark: needs a CUDA GPU (torch.cuda.is_available() is False)")
         return 2
+
+    from fp4ref.kernels import nvfp4_linear as nvl
+
+    from .._bench import print_table, time_gpu
+
     ms = args.m or list(SWEEP_M)
     result = {}
     if args.sweep:
         precompile(_precompile_jobs(ms), args.workers)
     w_u8, w_scales, w_gdec = _setup()
+    if args.check:
+        return 0 if _check_picks(ms, w_u8, w_scales, w_gdec) else 1
     if args.profile:
         _profile(ms, w_u8, w_scales, w_gdec)
         return 0
@@ -482,20 +497,19 @@ def main(argv=None) -> int:
         import time
 
         t0 = time.time()
-        rows, best, best_q = _sweep(ms, w_u8, w_scales, w_gdec, args.sweep_reps)
-        print_table("nvfp4_linear sweep, GPU-only us (CUDA graphs, L2 flushed; BLOCK_N,BLOCK_M,BLOCK_K,SPLIT_K,"
-                    "warps,stages[,bits] or prepass+tma GEMM tile)", ["M", "config", "GPU us"], rows,
-                    markdown=args.markdown)
+        rows, best, best_q = _sweep(ms, w_u8, w_scales, w_gdec, args.sweep_iters)
+        print_table("nvfp4_linear sweep (us per call, L2 flushed; path BLOCK_N,BLOCK_M,BLOCK_K,SPLIT_K,warps,stages"
+                    "[,bits] or prepass tile + TMA GEMM tile)", ["M", "path config", "CUPTI us", "event us",
+                                                                 "kernels"], rows, markdown=args.markdown)
         print(f"sweep took {time.time() - t0:.1f} s", flush=True)
         for m in ms:
             lin = (f"{_cfg_label(best[m][0])} {best[m][1]:.1f} us" if m in best else "NONE valid (every candidate "
-                   f"failed; keeps the in-file default {_cfg_label(nvl_mod().pick_linear_config(m))})")
+                   f"failed; keeps the in-file default {_cfg_label(nvl.pick_config(m, N, K))})")
             qt = f"{best_q[m][0]} {best_q[m][1]:.1f} us" if m in best_q else "NONE valid (keeps the in-file default)"
             print(f"pick M={m}: {lin}; quantize tile {qt}", flush=True)
         _install_picks(best, best_q, ms)
-        print("LINEAR_CONFIGS = {\n" + "".join(f"    {k}: {v!r},\n" for k, v in
-                                                 sorted(nvl_mod().LINEAR_CONFIGS.items())) + "}")
-        print(f"QUANT_CONFIGS = {dict(sorted(nvl_mod().QUANT_CONFIGS.items()))!r}", flush=True)
+        print(f"CONFIGS = {nvl.CONFIGS!r}")
+        print(f"QUANTIZE_CONFIGS = {nvl.QUANTIZE_CONFIGS!r}", flush=True)
         result["sweep"] = rows
         result["picks"] = {m: [_cfg_json(best[m][0]) if m in best else None, best[m][1] if m in best else None,
                                list(best_q[m][0]) if m in best_q else None, best_q[m][1] if m in best_q else None]
@@ -513,48 +527,43 @@ def main(argv=None) -> int:
 
     bw, flops = _ceilings()
     w_bf16 = _decode_weight(w_u8, w_scales)
-    rows, records = [], []
+    rows, qrows, records = [], [], []
     for m in ms:
         x = _x(m)
-        t_ours = time_cuda(lambda: nvfp4_linear(x, w_u8, w_scales, w_gdec), iters=args.iters)
-        t_a = time_cuda(lambda: torch_dequant_linear(x, w_u8, w_scales, w_gdec), iters=args.iters)
-        t_b = time_cuda(lambda: torch.matmul(x, w_bf16.T), iters=args.iters)
-        t_q = time_cuda(lambda: nvfp4_quantize(x), iters=args.iters)
+        t_ours = time_gpu(lambda: nvl.nvfp4_linear(x, w_u8, w_scales, w_gdec), iters=args.iters)
+        t_a = time_gpu(lambda: torch_dequant_linear(x, w_u8, w_scales, w_gdec), iters=args.iters)
+        t_b = time_gpu(lambda: torch.matmul(x, w_bf16.T), iters=args.iters)
+        t_q = time_gpu(lambda: nvl.nvfp4_quantize(x), iters=args.iters)
+        t_qa = time_gpu(lambda: torch_dequant_linear(x, None, None, w_gdec), iters=args.iters)
         bytes_lin = m * K * 2 + N * K // 2 + N * K // 16 + m * N * 2
-        limit = max(bytes_lin / bw, 2.0 * m * N * K / flops) * 1e6
+        floor = max(bytes_lin / bw, 2.0 * m * N * K / flops) * 1e6
         q_floor = (m * K * 2 + m * K // 2 + m * K // 16) / bw * 1e6
-        rec = dict(m=m, ours_us=t_ours, torch_dequant_us=t_a, bf16_predequant_us=t_b, limit_us=limit,
-                   quantize_us=t_q, quantize_floor_us=q_floor)
+        label = _cfg_label(nvl.pick_config(m, N, K))
+        rec = dict(m=m, config=label, ours=t_ours, torch_dequant=t_a, bf16_predequant=t_b, floor_us=floor,
+                   quantize=t_q, quantize_torch=t_qa, quantize_floor_us=q_floor)
         records.append(rec)
-        rows.append([m, t_ours, t_a, t_b, t_a / t_ours, t_b / t_ours, limit, 100.0 * limit / t_ours,
-                     t_q, q_floor, t_q / q_floor])
-    title = (f"NVFP4 linear N = K = 8192 on {torch.cuda.get_device_name()} (us, median of {args.iters}, L2 flushed; "
-             f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s measured in this run)")
-    cols = ["M", "ours", "(a) torch dequant+mm", "(b) bf16 mm, W pre-dequant", "(a)/ours", "(b)/ours", "limit",
-            "ours % of limit", "quantize", "quantize floor", "quantize/floor"]
+        rows.append([m, label, t_ours.cupti_us, t_ours.event_us, t_a.cupti_us, t_a.event_us,
+                     t_a.cupti_us / t_ours.cupti_us, t_b.cupti_us, t_b.event_us, t_b.cupti_us / t_ours.cupti_us,
+                     floor, 100.0 * floor / t_ours.cupti_us])
+        qrows.append([m, t_q.cupti_us, t_q.event_us, t_qa.cupti_us, t_qa.event_us, t_qa.cupti_us / t_q.cupti_us,
+                      q_floor, 100.0 * q_floor / t_q.cupti_us])
+    dev = torch.cuda.get_device_name()
+    title = (f"NVFP4 linear N = K = 8192 on {dev} (us per call, medians of {args.iters}, L2 flushed; CUPTI = GPU "
+             f"time, event = CUDA events; copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s "
+             "measured in this run)")
+    cols = ["M", "path config", "ours CUPTI", "ours event", "(a) torch dequant+mm CUPTI", "(a) event",
+            "(a)/ours", "(b) bf16 mm, W pre-dequant CUPTI", "(b) event", "(b)/ours", "floor", "ours % of floor"]
     print_table(title, cols, rows, markdown=args.markdown)
+    print_table(f"NVFP4 quantize of x [M, 8192] on {dev} (us per call; peer: the recipe in torch ops, x dequantized)",
+                ["M", "ours CUPTI", "ours event", "torch recipe CUPTI", "torch event", "torch/ours", "floor",
+                 "ours % of floor"], qrows, markdown=args.markdown)
     pub = [r for r in records if r["m"] in WORKLOAD_M]
     if pub:
         weights = [WORKLOAD_M[r["m"]] for r in pub]
-        gm = lambda key: math.exp(sum(w * math.log(r[key] / r["ours_us"]) for w, r in zip(weights, pub))  # noqa: E731
-                                  / sum(weights))
-        print(f"16 public workloads, geometric mean speed-up of ours: vs (a) {gm('torch_dequant_us'):.2f}x, "
-              f"vs (b) {gm('bf16_predequant_us'):.2f}x")
-    # Diagnostic, not the reported methodology: GPU time alone (CUDA-graph replays, L2 flushed), i.e. without the
-    # host launch overhead that time_cuda includes whenever the host is slower than the L2 flush.
-    diag = []
-    for rec in records:
-        x = _x(rec["m"])
-        try:
-            rec["ours_gpu_only_us"] = gpu_time_graph(lambda: nvfp4_linear(x, w_u8, w_scales, w_gdec), reps=10,
-                                                     replays=3)
-        except Exception as exc:  # noqa: BLE001 - a diagnostic must not hide the table above
-            print(f"gpu_time_graph failed at M={rec['m']}: {type(exc).__name__}: {exc}")
-            break
-        diag.append([rec["m"], rec["ours_us"], rec["ours_gpu_only_us"], rec["bf16_predequant_us"]])
-    if diag:
-        print_table("diagnostic: ours GPU-only (CUDA graph) vs event-timed (includes host launch time)",
-                    ["M", "ours (events)", "ours GPU-only", "(b) (events)"], diag, markdown=args.markdown)
+        gm = lambda key: math.exp(sum(w * math.log(r[key].cupti_us / r["ours"].cupti_us)  # noqa: E731
+                                      for w, r in zip(weights, pub)) / sum(weights))
+        print(f"16 public workloads, geometric mean speed-up of ours (CUPTI): vs (a) {gm('torch_dequant'):.2f}x, "
+              f"vs (b) {gm('bf16_predequant'):.2f}x")
     if args.sweep:  # where the GPU time of the picks goes, per kernel
         try:
             _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
@@ -562,8 +571,9 @@ def main(argv=None) -> int:
             print(f"profile failed: {type(exc).__name__}: {exc}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "bf16_flops": flops,
-                       "rows": records, **result}, f, indent=1, default=str)
+            json.dump({"device": dev, "copy_bytes_per_s": bw, "bf16_flops": flops,
+                       "rows": [{k: (v.__dict__ if hasattr(v, "cupti_us") else v) for k, v in r.items()}
+                                for r in records], **result}, f, indent=1, default=str)
     return 0
 
 

@@ -1,0 +1,249 @@
+"""NVFP4 quantize and the NVFP4 linear layer (in = out = 8192 workload) for Hopper (sm_90), in Triton.
+
+Workload: SOL-ExecBench ``nvfp4_linear_layer``: y = x @ W^T with x (bf16) quantized per call to NVFP4 by the recipe
+fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode scale), bf16 out.
+docs/kernels.md, section nvfp4_linear, describes the paths and their numerics.
+
+A call: quantize x (quantize.py: amax, then codes * block scales, exact), then one path, chosen by M from
+``CONFIGS`` (configs.py; the config's type names the path):
+
+* ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode;
+* ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;
+* ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M).
+
+Epilogue on every path: acc * fp32(x_global_decode * weight_global_decode), one RNE rounding to bf16.
+Bitwise deterministic (no floating-point atomics, fixed reduction orders); no host synchronisation. Host
+plumbing (launch plans, workspaces, direct launches) is kernels/_runtime.py's: after the first call of a shape,
+a call is a plan lookup, a few checks and the plan's launches. Workspaces are per (device, stream): calls on one
+stream are ordered; concurrent calls from several host threads on one stream are not supported. Nothing runs at
+import.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._runtime import PlanCache, current_stream, workspace
+from .configs import (CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig, PrepassConfig,
+                      QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config, pick_quantize_config)
+from .gemv import GemvLaunch
+from .prepass import PrepassLaunch
+from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
+from .tensorcore import TensorCoreLaunch
+
+__all__ = [
+    "CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "GemvConfig", "PrepassConfig", "QuantizeConfig",
+    "TensorCoreConfig", "accumulation_model", "nvfp4_linear", "nvfp4_quantize", "pick_config",
+    "pick_quantize_config",
+]
+
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
+_AMAX_PARTS = "nvfp4_linear.amax_parts"  # _runtime.workspace names (int32 amax partials, fp32 global scales)
+_GDEC = "nvfp4_linear.gdec"
+_DEQUANT = {torch.float16: "nvfp4_linear.x_fp16", torch.float32: "nvfp4_linear.x_fp32"}  # dequantized x
+
+_QPLANS = PlanCache("nvfp4_quantize")
+_PLANS = PlanCache("nvfp4_linear")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nvfp4_quantize
+# ---------------------------------------------------------------------------------------------------------------
+def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
+    """Quantize ``x`` to NVFP4 with the workload's recipe ("sol"), on the GPU, without host synchronisation.
+
+    Args:
+        x: torch float32 / bfloat16 / float16 tensor [..., K], contiguous, K a positive multiple of 16. Rows are
+            the leading dimensions flattened: M = x.numel() // K.
+        config: the quantize tile to force (default ``pick_quantize_config(M, K)``).
+
+    Returns:
+        (x_fp4, x_scales, global_decode):
+        x_fp4 uint8 [M, K/2]: E2M1 codes, two per byte, element 2i in bits 3:0;
+        x_scales torch.float8_e4m3fn [M, K/16]: block scales, plain row-major;
+        global_decode float32 [] (0-d tensor, on x's device).
+
+    Rule (fp4ref.blockscale recipe "sol", the SOL-ExecBench nvfp4_linear_layer quantizer), all fp32, IEEE
+    division, in this order: amax = max|x|; global_encode = min(2688 / amax, FLT_MAX), 1 if that is 0
+    (amax = inf); global_decode = 1 / global_encode; block scale = E4M3FN_RNE(min((block_amax / 6) *
+    global_encode, 448)); encode = min(1 / (block_scale * global_decode), FLT_MAX); code = E2M1_RNE(clamp(x *
+    encode, -6, 6)), where [-0.25, 0) -> 0x8 and -0.0 -> 0x0. Bit for bit equal to fp4ref's for every non-NaN
+    input (zeros, ties, subnormal block scales and inputs, huge amax, +-inf included).
+
+    Raises:
+        TypeError: x is not a tensor of a supported dtype; config is not a QuantizeConfig.
+        ValueError: K not a positive multiple of 16, no rows, or x not contiguous.
+    """
+    try:
+        key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
+    except AttributeError:
+        key = None
+    plan = _QPLANS.get(key)
+    new = plan is None
+    if new:
+        M, K = _check_x(x)
+        cfg = pick_quantize_config(M, K) if config is None else config
+        if not isinstance(cfg, QuantizeConfig):
+            raise TypeError(f"config: expected a QuantizeConfig or None, got {type(cfg).__name__}")
+        plan = QuantizeLaunches(M, K, cfg, write_packed=True, write_dequant=False)
+    dev = x.device
+    st = current_stream(dev)
+    packed = torch.empty((plan.M, plan.K // 2), dtype=torch.uint8, device=dev)
+    scales = torch.empty((plan.M, plan.K // 16), dtype=torch.uint8, device=dev)
+    gdec = torch.empty((2,), dtype=torch.float32, device=dev)
+    parts = workspace(dev, st, _AMAX_PARTS, AMAX_MAX_PROGRAMS, torch.int32)
+    plan.run(st, x, parts, packed, scales, gdec, gdec, 1.0)
+    if new:
+        _QPLANS.put(key, plan)
+    return packed, scales.view(torch.float8_e4m3fn), gdec[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nvfp4_linear
+# ---------------------------------------------------------------------------------------------------------------
+class _LinearPlan:
+    """The launches of one nvfp4_linear call shape: the quantizer (into the dequantized-x workspace) and a path."""
+
+    __slots__ = ("quant", "path", "deq_name", "deq_dtype", "quant_w_gdec", "out_shape", "numel")
+
+    def run(self, x, weight_fp4, weight_scales, w_gdec: float, out):
+        dev = x.device
+        st = current_stream(dev)
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=dev)
+        parts = workspace(dev, st, _AMAX_PARTS, AMAX_MAX_PROGRAMS, torch.int32)
+        gdec = workspace(dev, st, _GDEC, 2, torch.float32)
+        deq = workspace(dev, st, self.deq_name, self.numel, self.deq_dtype)
+        # gdec = [x global decode, fp32(x global decode * w_gdec)] (the pre-pass GEMM's epilogue scale)
+        self.quant.run(st, x, parts, gdec, gdec, deq, gdec, w_gdec if self.quant_w_gdec else 1.0)
+        self.path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out, w_gdec)
+        return out
+
+
+def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch.Tensor,
+                 weight_global_decode_scale: float, *, config=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (exact decode to fp16).
+
+    Args:
+        x: bfloat16 (or float16 / float32) [..., K], contiguous; quantized per call with the "sol" recipe.
+        weight_fp4: torch.float4_e2m1fn_x2 or uint8 [N, K/2], E2M1 codes, element 2i in bits 3:0; contiguous,
+            16-byte aligned.
+        weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
+            ignored: UE4M3); contiguous, 16-byte aligned.
+        weight_global_decode_scale: python float (rounded to fp32 once, RNE), finite and positive.
+        config: a GemvConfig, TensorCoreConfig or PrepassConfig to force (default: ``pick_config(M, N, K)``).
+        out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
+
+    Returns:
+        y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
+        exact products and fp32 accumulation (``accumulation_model(config, K)``; NUMERIC_CONTRACT). Any M >= 1;
+        N, K multiples of 16. The PrepassConfig path keeps a decoded-weight workspace of 2 N K bytes (128 MiB at
+        N = K = 8192) per device and stream; ``_runtime.clear_workspaces()`` frees it.
+
+    Raises:
+        TypeError: wrong tensor types or dtypes, config of another type.
+        ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices, not
+            contiguous or not 16-byte aligned; weight_global_decode_scale not finite and positive.
+    """
+    w_gdec = weight_global_decode_scale
+    try:
+        key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(),
+               weight_fp4.shape, weight_fp4.dtype, weight_fp4.device, weight_fp4.data_ptr() % 16 == 0,
+               weight_fp4.is_contiguous(), weight_scales.shape, weight_scales.dtype, weight_scales.device,
+               weight_scales.data_ptr() % 16 == 0, weight_scales.is_contiguous(), type(w_gdec), config,
+               None if out is None else (out.shape, out.dtype, out.device, out.data_ptr() % 16 == 0,
+                                         out.is_contiguous()))
+    except AttributeError:
+        key = None
+    plan = _PLANS.get(key)
+    if plan is not None and 0.0 < w_gdec < math.inf:
+        return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+
+    M, K = _check_x(x)
+    N = _check_weight(x, weight_fp4, weight_scales, K)
+    _check_w_gdec(w_gdec)
+    cfg = pick_config(M, N, K) if config is None else config
+    if not isinstance(cfg, (GemvConfig, TensorCoreConfig, PrepassConfig)):
+        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig, PrepassConfig or None, got "
+                        f"{type(cfg).__name__}")
+    out_shape = (*x.shape[:-1], N)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
+                            or tuple(out.shape) != out_shape or not out.is_contiguous() or out.device != x.device):
+        raise ValueError(f"out: expected a contiguous bfloat16 tensor of shape {out_shape} on {x.device}, "
+                         f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+
+    plan = _LinearPlan()
+    plan.out_shape, plan.numel = out_shape, M * K
+    # the quantizer writes x dequantized (code * block scale, exact) in the dtype the path multiplies: fp32 for the
+    # GEMV's FMAs, fp16 for the tensor cores
+    plan.deq_dtype = torch.float32 if isinstance(cfg, GemvConfig) else torch.float16
+    plan.deq_name = _DEQUANT[plan.deq_dtype]
+    plan.quant_w_gdec = isinstance(cfg, PrepassConfig)
+    plan.quant = QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False, write_dequant=True)
+    path = GemvLaunch if isinstance(cfg, GemvConfig) else TensorCoreLaunch if isinstance(
+        cfg, TensorCoreConfig) else PrepassLaunch
+    plan.path = path(cfg, M, N, K)
+    y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+    if key is not None:
+        _PLANS.put(key, plan)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument checks (first call of a shape)
+# ---------------------------------------------------------------------------------------------------------------
+def _check_x(x, name: str = "x") -> tuple[int, int]:
+    """(M, K) of x [..., K]; raises TypeError / ValueError as the public functions document."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _X_DTYPES:
+        raise TypeError(f"{name}.dtype={x.dtype}: expected one of torch.float32, torch.bfloat16, torch.float16")
+    if x.dim() < 1:
+        raise ValueError(f"{name}.shape={tuple(x.shape)}: expected [..., K] with at least one dimension")
+    K = x.shape[-1]
+    if K == 0 or K % 16:
+        raise ValueError(f"{name}.shape[-1]=K={K}: expected a positive multiple of 16 (NVFP4 blocks of 16 along K)")
+    if x.numel() == 0:
+        raise ValueError(f"{name}.shape={tuple(x.shape)}: expected at least one row")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {x.stride()}): pass x.contiguous()")
+    return x.numel() // K, K
+
+
+def _check_weight(x, weight_fp4, weight_scales, K: int) -> int:
+    """N of the NVFP4 weight; raises TypeError / ValueError as nvfp4_linear documents."""
+    for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2 dimensions")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} is not contiguous (strides {t.stride()})")
+        if t.device != x.device:
+            raise ValueError(f"{name}.device={t.device}: expected x's device {x.device}")
+    if weight_fp4.dtype not in _FP4_DTYPES:
+        raise TypeError(f"weight_fp4.dtype={weight_fp4.dtype}: expected torch.float4_e2m1fn_x2 or torch.uint8")
+    if weight_scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"weight_scales.dtype={weight_scales.dtype}: expected torch.float8_e4m3fn or torch.uint8")
+    N = weight_fp4.shape[0]
+    if N == 0 or N % 16:
+        raise ValueError(f"weight_fp4.shape[0]=N={N}: expected a positive multiple of 16")
+    if tuple(weight_fp4.shape) != (N, K // 2):
+        raise ValueError(f"weight_fp4.shape={tuple(weight_fp4.shape)}: expected (N, K/2)=({N}, {K // 2}) for x K={K}")
+    if tuple(weight_scales.shape) != (N, K // 16):
+        raise ValueError(f"weight_scales.shape={tuple(weight_scales.shape)}: expected (N, K/16)=({N}, {K // 16})")
+    for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}.data_ptr() % 16 = {t.data_ptr() % 16}: expected a 16-byte aligned base (the "
+                             "kernels read it in 4-16-byte words; .clone() aligns it)")
+    return N
+
+
+def _check_w_gdec(w_gdec) -> None:
+    if not isinstance(w_gdec, (float, int)) or isinstance(w_gdec, bool):
+        raise TypeError(f"weight_global_decode_scale: expected a python float, got {type(w_gdec).__name__}")
+    if not (math.isfinite(w_gdec) and w_gdec > 0):
+        raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a finite positive float "
+                         "(the recipe's global decode scale amax / (448 * 6), or 1 for an all-zero weight)")

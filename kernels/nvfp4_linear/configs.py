@@ -1,0 +1,232 @@
+"""Configs of nvfp4_linear: one typed config per path, the table that picks one by M, the numeric contract.
+
+Paths (the config's type says which one serves a call):
+
+* ``GemvConfig``: ``nvfp4_gemv_kernel`` (gemv.py), CUDA cores, batch-1 decode.
+* ``TensorCoreConfig``: ``nvfp4_linear_kernel`` (tensorcore.py), W decoded in registers, tensor cores, split-K.
+* ``PrepassConfig``: the large-M path (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM.
+
+``QuantizeConfig`` is the tile of the quantizer that runs before every path (and in ``nvfp4_quantize``).
+Workload: SOL-ExecBench ``nvfp4_linear_layer`` (in = out = 8192); docs/kernels.md, section nvfp4_linear.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+from fp4ref.bounds import NumericContract
+
+from .._runtime import ConfigTable, interpreting
+from ..gemm_fp16 import TmaConfig
+
+__all__ = [
+    "CONFIGS", "GemvConfig", "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS",
+    "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
+    "pick_quantize_config",
+]
+
+RECIPE = "sol"  # fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") bytes, for every finite input
+
+
+def _check_pow2(cfg, *names):
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+            raise ValueError(f"{name}={v!r}: expected a power of two >= 1")
+
+
+def _check_positive(cfg, *names):
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r}: expected an int >= 1")
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """The CUDA-core GEMV (``nvfp4_gemv_kernel``): BLOCK_N weight rows x BLOCK_K columns per step, BLOCK_M rows
+    of x per program (1-4: the rows share each decoded weight element: one decode + BLOCK_M FMAs), SPLIT_K
+    programs along K (fixed-order last-arrival sum), num_warps, num_stages (1: no software pipelining)."""
+
+    BLOCK_N: int
+    BLOCK_M: int
+    BLOCK_K: int  # >= 16
+    SPLIT_K: int
+    num_warps: int
+    num_stages: int = 1
+
+    def __post_init__(self):
+        _check_pow2(self, "BLOCK_N", "BLOCK_K", "num_warps")
+        _check_positive(self, "SPLIT_K", "num_stages")
+        if self.BLOCK_M not in (1, 2, 3, 4):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M!r}: expected 1, 2, 3 or 4")
+        if self.BLOCK_K < 16:
+            raise ValueError(f"BLOCK_K={self.BLOCK_K}: expected >= 16 (one NVFP4 block)")
+
+
+@dataclass(frozen=True)
+class TensorCoreConfig:
+    """The in-kernel decode path (``nvfp4_linear_kernel``, swap AB: MMA rows = weight rows N, MMA columns = x
+    rows M)."""
+
+    BLOCK_N: int  # weight rows per program (wgmma M dimension; multiple of 64 for wgmma)
+    BLOCK_M: int  # x rows per program (wgmma N dimension; >= 16)
+    BLOCK_K: int  # K per step (multiple of 32: two E2M1 per byte, 16-element blocks)
+    SPLIT_K: int  # programs along K; > 1: fp32 partials, summed by the tile's last program (fixed order)
+    num_warps: int
+    num_stages: int
+    # block scales as int32 words (used where K % 64 == 0): bitwise equal on the H200, 0.77-1.02x the byte loads
+    SCALE_WORDS: bool = False
+    # decode by bit placement + an f16x2 multiply instead of cvt e4m3x2 (decode.DECODE_BITS_PTX)
+    DECODE_BITS: bool = False
+
+    def __post_init__(self):
+        _check_pow2(self, "BLOCK_N", "BLOCK_M", "BLOCK_K", "num_warps")
+        _check_positive(self, "SPLIT_K", "num_stages")
+
+
+PREPASS_MODES = ("fp32", "cvt")
+
+
+@dataclass(frozen=True)
+class PrepassConfig:
+    """The large-M path: W decoded per call to an fp16 workspace [N, K] (2 N K bytes) by a [BLOCK_R, BLOCK_C]
+    tile pre-pass with ``num_warps``, then gemm_fp16.gemm_tma with ``gemm`` (a TmaConfig) and the fp32 epilogue
+    scale.
+
+    ``mode`` "fp32": ``nvfp4_decode_weight_kernel`` (byte loads, fp32 value x fp32 scale, converted); "cvt":
+    ``nvfp4_decode_weight_words_kernel`` (32-bit code words, the in-kernel path's cvt.rn.f16x2.e4m3x2 decode,
+    8 consecutive fp16 per word: 16-byte stores; BLOCK_C narrowed to a power of two dividing K)."""
+
+    gemm: TmaConfig
+    BLOCK_R: int = 16
+    BLOCK_C: int = 512  # multiple of 32
+    num_warps: int = 4
+    mode: str = "fp32"
+
+    def __post_init__(self):
+        _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
+        if self.mode not in PREPASS_MODES:
+            raise ValueError(f"mode={self.mode!r}: expected one of {PREPASS_MODES}")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """The quantizer's tile: BLOCK_R rows x BLOCK_C columns per program, num_warps. ``pick_quantize_config``
+    caps BLOCK_C at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's."""
+
+    BLOCK_R: int
+    BLOCK_C: int  # multiple of 16
+    num_warps: int
+
+    def __post_init__(self):
+        _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
+
+
+# Chosen by M (rows of x): the fastest checked candidate per M of the H200 sweep
+# (python -m fp4ref.kernels.bench nvfp4_linear --sweep; docs/benchmarks.md). Small M is bound by the weight bytes
+# (36 MiB): many programs, split-K for parallelism. M = 1: the CUDA-core GEMV (exact 16-element block sums). Up to
+# M = 256: the in-kernel decode on tensor cores. Larger M is bound by tensor-core throughput: W decoded once per
+# call by the word pre-pass, then the TMA GEMM 128x256x64.
+CONFIGS = ConfigTable(
+    rows=(
+        (1, GemvConfig(BLOCK_N=64, BLOCK_M=1, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=1)),
+        (16, TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4)),
+        (64, TensorCoreConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4)),
+        (256, TensorCoreConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
+    ),
+    larger=PrepassConfig(gemm=TmaConfig(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+                         BLOCK_R=16, BLOCK_C=512, num_warps=4, mode="cvt"),
+)
+
+# The quantizer's tile by M (same table shape).
+QUANTIZE_CONFIGS = ConfigTable(rows=(), larger=QuantizeConfig(BLOCK_R=4, BLOCK_C=1024, num_warps=4))
+
+
+def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
+    """The config (GemvConfig, TensorCoreConfig or PrepassConfig) that serves x [M, K] times W [N, K]: the
+    CONFIGS row for M. N, K and ``interpreter`` (None: ``_runtime.interpreting()``) do not change the choice."""
+    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
+        raise ValueError(f"M={M!r}: expected an int >= 1")
+    return CONFIGS.pick(M)
+
+
+def pick_quantize_config(M: int, K: int) -> QuantizeConfig:
+    """The quantize tile for x [M, K]: the QUANTIZE_CONFIGS row for M, BLOCK_C capped at K's next power of two
+    (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's."""
+    t = QUANTIZE_CONFIGS.pick(M)
+    block_c = min(triton.next_power_of_2(K), t.BLOCK_C)
+    block_r = max(1, min(t.BLOCK_R * t.BLOCK_C // block_c, triton.next_power_of_2(M)))
+    return QuantizeConfig(block_r, block_c, t.num_warps)
+
+
+def block_k_for(K: int, block_k: int) -> int:
+    """The largest power of two <= block_k that divides K (>= 16 since K % 16 == 0): no K masks in the loop."""
+    b = block_k
+    while K % b:
+        b //= 2
+    return b
+
+
+_CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig)
+
+
+def accumulation_model(config, K: int, interpreter: bool | None = False, **launch) -> str:
+    """The fp4ref.bounds model name of ``config`` at reduction length ``K`` (NUMERIC_CONTRACT).
+
+    GemvConfig: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps,
+    split evenly as the kernel does), GPU and interpreter alike. TensorCoreConfig and PrepassConfig: the
+    contract's ``model`` (``hopper_fp16_wgmma``), or ``fp32_rn`` in the interpreter (None: ``interpreting()``).
+    ``launch`` (M, N) does not change the model.
+
+    Raises:
+        TypeError: config is not one of the three config types.
+        ValueError: K is not a positive multiple of 16.
+    """
+    if not isinstance(config, _CONFIG_TYPES):
+        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig or PrepassConfig, got "
+                        f"{type(config).__name__}")
+    if isinstance(K, bool) or not isinstance(K, int) or K <= 0 or K % 16:
+        raise ValueError(f"K={K!r}: expected a positive multiple of 16")
+    if isinstance(config, GemvConfig):
+        bk = block_k_for(K, config.BLOCK_K)
+        steps = K // bk
+        chunk = -(-steps // config.SPLIT_K) * bk
+        return f"splitk(fp32_rn_block16, {chunk})"
+    if interpreter is None:
+        interpreter = interpreting()
+    return NUMERIC_CONTRACT.model_interpreter if interpreter else NUMERIC_CONTRACT.model
+
+
+NUMERIC_CONTRACT = NumericContract(
+    inputs="x bfloat16 / float16 / float32 [M, K] (quantized per call to NVFP4, recipe 'sol'); W NVFP4 [N, K]",
+    output="bfloat16",
+    # Tensor-core paths on the GPU: exact fp16 products (E2M1 x E4M3 values), Hopper wgmma fp32 accumulation (k = 16
+    # products per step, F = 25 alignment bits, RZ). Split-K configs accumulate chunks of K/SPLIT_K with the same
+    # model and add the SPLIT_K fp32 partials in fixed order (RN); that error, eps(K/S) + gamma_{S-1}(2^-24), stays
+    # below eps(K) of the unsplit model for every K >= 16. The GEMV's model (accumulation_model) is tighter still,
+    # so this one model bounds every config.
+    model="hopper_fp16_wgmma",
+    # In the CPU interpreter tl.dot is a numpy fp32 matmul: recursive fp32 RN summation, any order.
+    model_interpreter="fp32_rn",
+    output_rounding="rne",
+    output_rounding_interpreter="faithful",  # the interpreter truncates fp32 -> bf16 stores
+    # epilogue: acc * fp32(x_global_decode * weight_global_decode): two fp32 RNE multiplies, then ONE rounding to
+    # bf16 (fp4ref.gemm's Reference.epilogue_multiplies = 2)
+    epilogue_multiplies=2,
+    config_model=accumulation_model,
+    pick_config=pick_config,
+    notes={
+        "quantize_recipe": RECIPE,
+        "quantizer": "fp4ref.blockscale.nvfp4_quantize(x, recipe='sol') bit for bit (codes, scale bytes, global "
+                     "decode scale) for every finite x; NaN/inf in x are outside the contract (the recipe has no NaN "
+                     "policy and the op does not synchronise to check)",
+        "gemv": "GemvConfig: each 16-element block's dot product is EXACT in fp32 and only the K/16 block terms are "
+                "added in fp32 (RN), per K split, then the fixed-order split-K sum: splitk(fp32_rn_block16, C) with "
+                "C the split's length in products (GPU and interpreter alike)",
+        "split_k": "partials summed in the fixed order s = 0, 1, ... by the tile's last program: bitwise "
+                   "deterministic",
+        "weight_global_decode_scale": "rounded to fp32 (RNE) once; the workload passes fp32 values (exact)",
+    },
+)

@@ -1,0 +1,195 @@
+"""The NVFP4 quantizer of x, recipe "sol" bit for bit: ``amax_kernel`` + ``nvfp4_quantize_kernel``.
+
+1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
+   sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
+2. ``nvfp4_quantize_kernel``: every program reduces the partials to the global amax, derives the global
+   encode/decode scales and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol"
+   recipe (fp4ref.blockscale, recipe "sol": SOL-ExecBench nvfp4_linear_layer's quantizer): IEEE divisions (div.rn,
+   no FTZ), the E4M3 rounding in integer arithmetic, the E2M1 rounding by an exact magic add. Writes packed E2M1
+   codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or, for the linear layer, the dequantized values
+   code * block scale (fp16 or fp32, exact) and the epilogue scale.
+
+Triton behaviour worked around (docs/kernels.md): the CPU interpreter's fp32 -> fp8 conversion and bf16 -> fp32
+widening of subnormals are wrong, so the codes come from integer arithmetic and bf16 is widened by its bits; fp32
+division is not correctly rounded by default, so the recipe's divisions are tl.math.div_rn.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .._runtime import Launch
+from .configs import QuantizeConfig
+from .decode import e4m3_byte_to_fp32
+
+__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "QuantizeLaunches", "amax_kernel", "nvfp4_quantize_kernel"]
+
+AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
+AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
+
+
+@triton.jit
+def _widen_to_fp32(x):
+    """Exact fp32 value of x (fp32 / bf16 / fp16). bf16 by its bits (<< 16): exact for every input, also where
+    the CPU interpreter's bf16 -> fp32 conversion is wrong (it maps bf16 subnormals to 2^-127)."""
+    if x.dtype == tl.bfloat16:
+        # zero-extended (uint16 -> uint32), not sign-extended: one instruction on sm_90 instead of three
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def amax_kernel(
+    x_ptr,  # *fp32|bf16|fp16, numel contiguous elements
+    part_ptr,  # *i32 [>= num_programs]: this program's max |x| as fp32 bits, at part_ptr[program id]
+    numel,
+    ITERS,  # grid-stride steps per program
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    best = tl.zeros([BLOCK], dtype=tl.int32)
+    for it in range(0, ITERS):
+        idx = (it * nprog + pid).to(tl.int64) * BLOCK + offs
+        x = _widen_to_fp32(tl.load(x_ptr + idx, mask=idx < numel, other=0.0))
+        # |x| as bits: clearing the sign bit orders non-negative floats like integers (NaN bits exceed +inf)
+        best = tl.maximum(best, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    # one partial per program, no atomics and nothing to reset: the quantize kernel takes the max of all partials
+    # (max is order-free: deterministic)
+    tl.store(part_ptr + pid, tl.max(best, axis=0))
+
+
+@triton.jit
+def _e4m3_rne_byte(s):
+    """E4M3FN byte (RNE) of s, fp32 in [0, 448]; integer arithmetic on the fp32 bits (exact, FTZ-free)."""
+    sb = s.to(tl.int32, bitcast=True)
+    e = sb >> 23  # biased fp32 exponent (s >= 0)
+    mant = (sb & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)  # 24-bit significand; s = mant * 2^(max(e,1) - 150)
+    e = tl.maximum(e, 1)
+    # E4M3 grid step: 2^(max(E, -6) - 3) for s in [2^E, 2^(E+1)); in units of the fp32 significand LSB that is
+    # 2^shift with shift = 20 (normal E4M3, e >= 121) or 141 - e (E4M3 subnormals, step 2^-9). Capped at 30:
+    # mant < 2^24 < 2^29 = half-step, so the result is 0 either way.
+    shift = tl.minimum(tl.where(e >= 121, 20, 141 - e), 30)
+    q = mant >> shift
+    rem = mant & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)  # ties to even
+    # normal: ((e - 120) << 3) + (q - 8); a carry q = 16 bumps the exponent naturally. Subnormal: q (q = 8 -> 2^-6).
+    return tl.where(e >= 121, ((e - 120) << 3) + q - 8, q)
+
+
+
+@triton.jit
+def nvfp4_quantize_kernel(
+    x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
+    amax_ptr,  # *i32 [n_amax] per-program max |x| (fp32 bits) from amax_kernel
+    q_ptr,  # *u8 [M, K/2] packed E2M1 codes (element 2i in bits 3:0)         (WRITE_PACKED)
+    s_ptr,  # *u8 [M, K/16] E4M3FN block-scale bytes                          (WRITE_PACKED)
+    deq_ptr,  # *fp16|bf16 [M, K] code value * block scale (exact in both)     (WRITE_DEQUANT)
+    gdec_ptr,  # *fp32 [2]: [0] global decode scale, [1] fp32(global decode * w_gdec) (the GEMM epilogue scale)
+    w_gdec,  # fp32 weight global decode scale (for gdec_ptr[1]; 1.0 for nvfp4_quantize)
+    M,
+    K,
+    stride_xm,
+    n_amax,  # number of amax partials (<= AMAX_PARTS)
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # multiple of 16
+    WRITE_PACKED: tl.constexpr,
+    WRITE_DEQUANT: tl.constexpr,
+    AMAX_PARTS: tl.constexpr = 512,
+):
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+
+    # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
+    parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
+    amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
+    genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
+    genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
+    genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
+    gdec = tl.math.div_rn(tl.full([], 1.0, tl.float32), genc)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(gdec_ptr, gdec)
+        tl.store(gdec_ptr + 1, gdec * w_gdec)  # fp32 RNE (no FMA contraction: enable_fp_fusion=False)
+
+    # --- the tile ----------------------------------------------------------------------------------------------
+    NB: tl.constexpr = BLOCK_C // 16
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)  # K % 16 == 0: a block is all in or all out
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+    x = _widen_to_fp32(x).reshape(BLOCK_R, NB, 16)
+
+    # block amax (exact, via bits), block scale = (block_amax / 6) * global_encode, clamp 448, E4M3 RNE
+    bamax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    s = tl.math.div_rn(bamax, tl.full([BLOCK_R, NB], 6.0, tl.float32)) * genc
+    s = tl.minimum(s, 448.0)  # s >= 0; the -448 side of the clamp never applies
+    sbyte = _e4m3_rne_byte(s)
+    sval = e4m3_byte_to_fp32(sbyte)
+
+    # element encode = min(1 / (float(block_scale) * global_decode), fp32 max); element = x * encode
+    enc = tl.minimum(tl.math.div_rn(tl.full([BLOCK_R, NB], 1.0, tl.float32), sval * gdec), 3.4028234663852886e38)
+    y = x * enc[:, :, None]
+
+    # E2M1 RNE of clamp(y, -6, 6), on a = |y| clamped (8 instructions per element on sm_90):
+    #   the E2M1 grid step in a's binade is 2^(e-1), e = max(exponent of a, 0) (0.5 below 2, 1 in [2, 4), 2 in
+    #   [4, 6]); C = 2^(e+22) has that ulp, so r = (a + C) - C is a rounded to the grid, ties to even (an even
+    #   multiple of the step is an even code: 2.5 -> 2, 3.5 -> 4, 5 -> 4, 0.25 -> 0, 0.75 -> 1, 1.25 -> 1), and
+    #   the subtraction is exact. r in {0, 0.5, 1, 1.5, 2, 3, 4, 6}; r * 2^-126 is exactly the fp32 whose bits
+    #   >> 22 are the E2M1 magnitude code (0.5 -> the subnormal 2^-127 = 0x00400000 -> 1; 1 -> 2^-126 -> 2; ...;
+    #   6 -> 1.5 * 2^-124 -> 7). Needs IEEE adds (no reassociation: no fast-math in Triton) and no FTZ on the
+    #   multiply (the kernel is built with enable_reflect_ftz=False; the sm_90 compile test checks the PTX).
+    # Sign bit iff y < 0: [-0.25, 0) -> code 8, -0.0 -> 0 (the recipe's comparison cast). NaN: outside the contract.
+    a = tl.minimum(tl.abs(y), 6.0)
+    cb = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000) + (22 << 23)
+    c = cb.to(tl.float32, bitcast=True)
+    r = (a + c) - c
+    mag = (r * 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 22  # r * 2^-126
+    neg = y < 0.0
+    code = mag | tl.where(neg, 8, 0)
+
+    if WRITE_PACKED:
+        code2 = code.reshape(BLOCK_R, BLOCK_C // 2, 2)
+        lo, hi = tl.split(code2)
+        packed = (lo | (hi << 4)).to(tl.uint8)
+        pcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
+        pmask = (rows[:, None] < M) & (pcols[None, :] < K // 2)
+        tl.store(q_ptr + rows[:, None].to(tl.int64) * (K // 2) + pcols[None, :], packed, mask=pmask)
+        bcols = pid_c * NB + tl.arange(0, NB)
+        bmask = (rows[:, None] < M) & (bcols[None, :] < K // 16)
+        tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
+    if WRITE_DEQUANT:
+        # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
+        v = tl.where(neg, -r, r) * sval[:, :, None]
+        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+                 v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
+
+
+
+class QuantizeLaunches:
+    """The two launches that quantize x [M, K] (contiguous) with ``config``'s tile.
+
+    ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
+    ``deq`` (the linear paths). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    [>= AMAX_MAX_PROGRAMS] amax partials; ``gdec`` fp32 [2] receives [x global decode, fp32(x global decode *
+    w_gdec)]; unused outputs may be any tensor (``gdec``).
+    """
+
+    __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
+
+    def __init__(self, M: int, K: int, config: QuantizeConfig, write_packed: bool, write_dequant: bool):
+        self.M, self.K, self.numel = M, K, M * K
+        self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
+        self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
+        self.amax = Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK}, num_warps=8)
+        self.quant = Launch(
+            nvfp4_quantize_kernel, (triton.cdiv(M, config.BLOCK_R), triton.cdiv(K, config.BLOCK_C)),
+            dict(BLOCK_R=config.BLOCK_R, BLOCK_C=config.BLOCK_C, WRITE_PACKED=write_packed,
+                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS),
+            num_warps=config.num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
+
+    def run(self, stream: int, x, parts, q, s, deq, gdec, w_gdec: float) -> None:
+        self.amax.launch(stream, x, parts, self.numel, self.iters)
+        self.quant.launch(stream, x, parts, q, s, deq, gdec, w_gdec, self.M, self.K, self.K, self.nprog)
