@@ -1,4 +1,4 @@
-"""A recording stand-in for a compiled Triton kernel and its C launcher, for testing kernels/_launch.py users.
+"""A recording stand-in for a compiled Triton kernel and its C launcher, for testing kernels/_runtime.py.
 
 ``fake_compiled_kernel(monkeypatch, sig)`` builds, on Triton's REAL launcher wrapper
 (``triton.backends.nvidia.driver.wrap_handle_tensordesc``), a CompiledKernel-shaped object whose C launch function

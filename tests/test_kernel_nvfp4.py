@@ -470,17 +470,26 @@ def test_gemv_model_is_registered_and_tighter():
 
 
 def test_pick_config_serves_each_M_by_its_path():
-    """CONFIGS: the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass above; the contract picks the
-    same config and gives each its own model (what fp4ref verify asks)."""
-    paths = {m: type(nvl.pick_config(m, 8192, 8192)) for m in (1, 2, 16, 64, 256, 257, 16384)}
+    """INTERPRETER_CONFIGS (the tl paths): the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass
+    above; on a GPU the Gluon path up to M = 256 where it fits N and K; the contract picks the same config and gives
+    each its own model (what fp4ref verify asks)."""
+    paths = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=True)) for m in (1, 2, 16, 64, 256, 257, 16384)}
     assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
                      256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
+    gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 16, 64, 256, 257)}
+    assert gpu == {1: nvl.GluonConfig, 2: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
+                   256: nvl.GluonConfig, 257: nvl.PrepassConfig}
+    # K not a multiple of 256 (or of 256 * SPLIT_K): the tl paths serve it on a GPU too
+    assert type(nvl.pick_config(1, 8192, 8192 + 128, interpreter=False)) is nvl.GemvConfig
+    assert type(nvl.pick_config(8, 4096, 768, interpreter=False)) is nvl.TensorCoreConfig  # 3 steps, SPLIT_K 4
     c = nvl.NUMERIC_CONTRACT
-    assert c.config_for(1, 8192, 8192) == nvl.pick_config(1, 8192, 8192)
-    assert c.model_for(c.config_for(1, 8192, 8192), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
-    assert c.model_for(c.config_for(64, 8192, 8192), 8192).name == "hopper_fp16_wgmma"
+    assert c.config_for(1, 8192, 8192, True) == nvl.pick_config(1, 8192, 8192, interpreter=True)
+    assert c.model_for(c.config_for(1, 8192, 8192, True), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
+    assert c.model_for(c.config_for(1, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 2048)"
+    assert c.model_for(c.config_for(64, 8192, 8192, True), 8192).name == "hopper_fp16_wgmma"
+    assert c.model_for(c.config_for(64, 8192, 8192, False), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(4096, 8192, 8192), 8192, interpreter=True).name == "fp32_rn"
-    for cfg in nvl.CONFIGS.configs():  # the contract-wide model bounds every tabled config
+    for cfg in nvl.CONFIGS.configs() + nvl.INTERPRETER_CONFIGS.configs():  # the contract bounds every config
         assert bounds.get_model(nvl.accumulation_model(cfg, 8192)).eps(8192) <= bounds.get_model(c.model).eps(8192)
 
 
@@ -584,7 +593,7 @@ def _compile_all():
     built = []
     lin_sig = {"w_ptr": "*i32", "ws_ptr": "*u8", "a_ptr": "*fp16", "xgdec_ptr": "*fp32", "out_ptr": "*bf16",
                "part_ptr": "*fp32", "count_ptr": "*i32", "w_gdec": "fp32", "M": "i32", "N": "i32", "K": "i32"}
-    tabled = nvl.CONFIGS.configs()
+    tabled = nvl.CONFIGS.configs() + nvl.INTERPRETER_CONFIGS.configs()  # Gluon: tests/test_kernel_nvfp4_gluon.py
     cfgs = [c for c in tabled + _SMALL_CONFIGS if isinstance(c, nvl.TensorCoreConfig)]
     variants = [(cfg, bk, False) for cfg in cfgs for bk in sorted({cfg.BLOCK_K, 16})]
     variants += [(c, c.BLOCK_K, False) for c in LINEAR_CANDIDATES
@@ -600,7 +609,7 @@ def _compile_all():
             divisible_by_16=["w_ptr", "ws_ptr", "a_ptr", "xgdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N",
                              "K"]))  # as at run time
     # M == 1 is specialised to a constant by the runtime: the split-K epilogue must compile with it
-    cfg = nvl.CONFIGS.pick(16)
+    cfg = nvl.INTERPRETER_CONFIGS.pick(16)
     built.append(compile_for_sm90(
         tensorcore.nvfp4_linear_kernel, {k: v for k, v in lin_sig.items() if k != "M"},
         dict(M=1, BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_K=cfg.BLOCK_K, SPLIT_K=cfg.SPLIT_K, DECODE_PTX=True,
@@ -643,17 +652,17 @@ def _compile_all():
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS),
+                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
     gemms = {c.gemm for c in prepass_cfgs}
-    from fp4ref.kernels import gemm_fp16
+    from fp4ref.kernels.gemm_fp16 import tma as gemm_fp16_tma
 
     for g in sorted(gemms, key=repr):
         bm, bn, bk, sub = g.BLOCK_M, g.BLOCK_N, g.BLOCK_K, g.EPILOGUE_SUBTILE
         built.append(compile_for_sm90(
-            gemm_fp16.gemm_fp16_tma_kernel,
+            gemm_fp16_tma.gemm_fp16_tma_kernel,
             {"a_desc": f"tensordesc<fp16[{bm}, {bk}]>", "b_desc": f"tensordesc<fp16[{bn}, {bk}]>",
              "c_desc": f"tensordesc<bf16[{bm}, {bn // sub}]>", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
              "scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"},

@@ -144,9 +144,13 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
 
 
 def cfg_name(cfg) -> str:
-    """Path and config in one short name: ``splitk:16x32x128/S4/w4/s4``, ``tma:128x256x64/S1/w8/s4/g4/e2/sk3``."""
-    from . import TmaConfig
+    """Path and config in one short name: ``splitk:16x32x128/S4/w4/s4``, ``tma:128x256x64/S1/w8/s4/g4/e2/sk3``,
+    ``gluon:n64xm8xk128/S1/w4/st10``."""
+    from . import GluonConfig, TmaConfig
 
+    if isinstance(cfg, GluonConfig):
+        return (f"gluon:n{cfg.BLOCK_N}xm{cfg.BLOCK_M}xk{cfg.BLOCK_K}/S{cfg.SPLIT_K}/w{cfg.num_warps}/st{cfg.STAGES}"
+                + ("/ws" if cfg.WARP_SPEC else ""))
     tma = isinstance(cfg, TmaConfig)
     s = f"{'tma' if tma else 'splitk'}:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/S{cfg.SPLIT_K}/w{cfg.num_warps}"
     s += f"/s{cfg.num_stages}"

@@ -7,7 +7,8 @@ docs/kernels.md, section nvfp4_linear, describes the paths and their numerics.
 A call: quantize x (quantize.py: amax, then codes * block scales, exact), then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
-* ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode;
+* ``GluonConfig`` (gluon.py, GPU, M <= 256): W decoded in registers straight into the wgmma A operand (Gluon);
+* ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode (the CPU interpreter's M = 1 path);
 * ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;
 * ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M).
 
@@ -25,15 +26,18 @@ import math
 import torch
 
 from .._runtime import PlanCache, current_stream, workspace
-from .configs import (CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig, PrepassConfig,
-                      QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config, pick_quantize_config)
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig,
+                      GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config,
+                      pick_quantize_config)
 from .gemv import GemvLaunch
+from .gluon import GluonLaunch
 from .prepass import PrepassLaunch
 from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
 from .tensorcore import TensorCoreLaunch
 
 __all__ = [
-    "CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "GemvConfig", "PrepassConfig", "QuantizeConfig",
+    "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "GemvConfig", "GluonConfig",
+    "PrepassConfig", "QuantizeConfig",
     "TensorCoreConfig", "accumulation_model", "nvfp4_linear", "nvfp4_quantize", "pick_config",
     "pick_quantize_config",
 ]
@@ -133,7 +137,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
             ignored: UE4M3); contiguous, 16-byte aligned.
         weight_global_decode_scale: python float (rounded to fp32 once, RNE), finite and positive.
-        config: a GemvConfig, TensorCoreConfig or PrepassConfig to force (default: ``pick_config(M, N, K)``).
+        config: a GluonConfig (CUDA only, ``GluonConfig.fits(N, K)``), GemvConfig, TensorCoreConfig or
+            PrepassConfig to force (default: ``pick_config(M, N, K)``).
         out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
 
     Returns:
@@ -165,9 +170,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     N = _check_weight(x, weight_fp4, weight_scales, K)
     _check_w_gdec(w_gdec)
     cfg = pick_config(M, N, K) if config is None else config
-    if not isinstance(cfg, (GemvConfig, TensorCoreConfig, PrepassConfig)):
-        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig, PrepassConfig or None, got "
+    if not isinstance(cfg, (GluonConfig, GemvConfig, TensorCoreConfig, PrepassConfig)):
+        raise TypeError(f"config: expected a GluonConfig, GemvConfig, TensorCoreConfig, PrepassConfig or None, got "
                         f"{type(cfg).__name__}")
+    if isinstance(cfg, GluonConfig) and (x.device.type != "cuda" or not cfg.fits(N, K)):
+        raise ValueError(f"config={cfg}: the Gluon path runs on CUDA (sm_90) with K % 256 == 0 and "
+                         f"(K / 256) % SPLIT_K == 0; got K={K} on {x.device}")
     out_shape = (*x.shape[:-1], N)
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
                             or tuple(out.shape) != out_shape or not out.is_contiguous() or out.device != x.device):
@@ -180,10 +188,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     # GEMV's FMAs, fp16 for the tensor cores
     plan.deq_dtype = torch.float32 if isinstance(cfg, GemvConfig) else torch.float16
     plan.deq_name = _DEQUANT[plan.deq_dtype]
-    plan.quant_w_gdec = isinstance(cfg, PrepassConfig)
-    plan.quant = QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False, write_dequant=True)
-    path = GemvLaunch if isinstance(cfg, GemvConfig) else TensorCoreLaunch if isinstance(
-        cfg, TensorCoreConfig) else PrepassLaunch
+    # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
+    plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
+    plan.quant = QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False, write_dequant=True,
+                                  permute_k=isinstance(cfg, GluonConfig))
+    path = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
+            PrepassConfig: PrepassLaunch}[type(cfg)]
     plan.path = path(cfg, M, N, K)
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
     if key is not None:

@@ -176,6 +176,9 @@ def _cfg_label(cfg) -> str:
                 f"{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     if t == "GemvConfig":
         return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
+    if t == "GluonConfig":
+        return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
+                + ("" if cfg.W_SWIZZLE else ",noswz"))
     return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 
@@ -192,7 +195,7 @@ def _cfg_from_json(d):
 
     d = dict(d)
     cls = {"GemvConfig": nvl.GemvConfig, "TensorCoreConfig": nvl.TensorCoreConfig,
-           "PrepassConfig": nvl.PrepassConfig}[d.pop("type")]
+           "PrepassConfig": nvl.PrepassConfig, "GluonConfig": nvl.GluonConfig}[d.pop("type")]
     if "gemm" in d:
         g = dict(d["gemm"])
         g.pop("kernel", None)

@@ -21,7 +21,7 @@ from .._runtime import ConfigTable, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "GemvConfig", "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS",
+    "CONFIGS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS",
     "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
     "pick_quantize_config",
 ]
@@ -86,6 +86,39 @@ class TensorCoreConfig:
         _check_positive(self, "SPLIT_K", "num_stages")
 
 
+@dataclass(frozen=True)
+class GluonConfig:
+    """The Gluon path (``gluon.nvfp4_gluon_kernel``, sm_90 only): W decoded in registers straight into the wgmma
+    A operand, swap-AB, TMA / mbarrier ring of STAGES 256-element K steps; BN weight rows per program (64 per
+    warpgroup: num_warps 4 -> 64, 8 -> 128), BM rows of x per program (8..128, the wgmma N width), SPLIT_K
+    programs along K (fixed-order last-arrival sum); W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no
+    bank conflicts on the decode's 16-byte loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
+
+    BN: int
+    BM: int
+    SPLIT_K: int
+    STAGES: int
+    W_SWIZZLE: bool = True
+    num_warps: int = 4
+
+    def __post_init__(self):
+        _check_pow2(self, "SPLIT_K")
+        _check_positive(self, "STAGES")
+        if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
+            raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
+                             "BN = 16 * num_warps (64 rows per warpgroup)")
+        if self.BM not in (8, 16, 32, 64, 128):
+            raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64 or 128 (the wgmma N width)")
+        if self.STAGES < 2:
+            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
+        if not isinstance(self.W_SWIZZLE, bool):
+            raise TypeError(f"W_SWIZZLE={self.W_SWIZZLE!r}: expected a bool")
+
+    def fits(self, N: int, K: int) -> bool:
+        """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
+        return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
+
+
 PREPASS_MODES = ("fp32", "cvt")
 
 
@@ -124,20 +157,34 @@ class QuantizeConfig:
         _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
 
 
-# Chosen by M (rows of x): the fastest checked candidate per M of the H200 sweep
-# (python -m fp4ref.kernels.bench nvfp4_linear --sweep; docs/benchmarks.md). Small M is bound by the weight bytes
-# (36 MiB): many programs, split-K for parallelism. M = 1: the CUDA-core GEMV (exact 16-element block sums). Up to
-# M = 256: the in-kernel decode on tensor cores. Larger M is bound by tensor-core throughput: W decoded once per
-# call by the word pre-pass, then the TMA GEMM 128x256x64.
+# On a GPU, chosen by M (rows of x). M <= 256: the Gluon path, per-bucket winners of an H200 CUPTI sweep of the
+# kernel (docs/benchmarks.md): bound by the weight bytes (36 MiB) and the decode, so every program streams W with
+# a deep TMA ring, split-K where the grid would otherwise underfill the SMs. Larger M is bound by tensor-core
+# throughput: W decoded once per call by the word pre-pass, then the TMA GEMM 128x256x64. Shapes the Gluon path
+# cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 CONFIGS = ConfigTable(
+    rows=(
+        (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
+        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4)),
+        (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
+        (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
+        (256, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
+    ),
+    larger=PrepassConfig(gemm=TmaConfig(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+                         BLOCK_R=16, BLOCK_C=512, num_warps=4, mode="cvt"),
+)
+
+# The Triton paths (the CPU interpreter cannot run Gluon; also every shape on a GPU): M = 1 the CUDA-core GEMV
+# (exact 16-element block sums); up to M = 256 the in-kernel decode on tensor cores (tl: W decoded in registers,
+# through shared memory into wgmma); larger M the pre-pass path, as in CONFIGS.
+INTERPRETER_CONFIGS = ConfigTable(
     rows=(
         (1, GemvConfig(BLOCK_N=64, BLOCK_M=1, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=1)),
         (16, TensorCoreConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4)),
         (64, TensorCoreConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4)),
         (256, TensorCoreConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
     ),
-    larger=PrepassConfig(gemm=TmaConfig(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
-                         BLOCK_R=16, BLOCK_C=512, num_warps=4, mode="cvt"),
+    larger=CONFIGS.larger,
 )
 
 # The quantizer's tile by M (same table shape).
@@ -145,11 +192,17 @@ QUANTIZE_CONFIGS = ConfigTable(rows=(), larger=QuantizeConfig(BLOCK_R=4, BLOCK_C
 
 
 def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
-    """The config (GemvConfig, TensorCoreConfig or PrepassConfig) that serves x [M, K] times W [N, K]: the
-    CONFIGS row for M. N, K and ``interpreter`` (None: ``_runtime.interpreting()``) do not change the choice."""
+    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig that does not
+    fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
+    (``interpreter`` None: ``_runtime.interpreting()``)."""
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"M={M!r}: expected an int >= 1")
-    return CONFIGS.pick(M)
+    if interpreter is None:
+        interpreter = interpreting()
+    cfg = INTERPRETER_CONFIGS.pick(M) if interpreter else CONFIGS.pick(M)
+    if isinstance(cfg, GluonConfig) and not cfg.fits(N, K):
+        cfg = INTERPRETER_CONFIGS.pick(M)
+    return cfg
 
 
 def pick_quantize_config(M: int, K: int) -> QuantizeConfig:
@@ -169,14 +222,16 @@ def block_k_for(K: int, block_k: int) -> int:
     return b
 
 
-_CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig)
+_CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig, GluonConfig)
 
 
 def accumulation_model(config, K: int, interpreter: bool | None = False, **launch) -> str:
     """The fp4ref.bounds model name of ``config`` at reduction length ``K`` (NUMERIC_CONTRACT).
 
     GemvConfig: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps,
-    split evenly as the kernel does), GPU and interpreter alike. TensorCoreConfig and PrepassConfig: the
+    split evenly as the kernel does), GPU and interpreter alike. GluonConfig (GPU only): ``hopper_fp16_wgmma``,
+    ``splitk(hopper_fp16_wgmma, K / SPLIT_K)`` when split (the K permutation within a step changes only the order
+    of the products, which the block-FMA model does not depend on). TensorCoreConfig and PrepassConfig: the
     contract's ``model`` (``hopper_fp16_wgmma``), or ``fp32_rn`` in the interpreter (None: ``interpreting()``).
     ``launch`` (M, N) does not change the model.
 
@@ -185,7 +240,7 @@ def accumulation_model(config, K: int, interpreter: bool | None = False, **launc
         ValueError: K is not a positive multiple of 16.
     """
     if not isinstance(config, _CONFIG_TYPES):
-        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig or PrepassConfig, got "
+        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig, PrepassConfig or GluonConfig, got "
                         f"{type(config).__name__}")
     if isinstance(K, bool) or not isinstance(K, int) or K <= 0 or K % 16:
         raise ValueError(f"K={K!r}: expected a positive multiple of 16")
@@ -194,6 +249,8 @@ def accumulation_model(config, K: int, interpreter: bool | None = False, **launc
         steps = K // bk
         chunk = -(-steps // config.SPLIT_K) * bk
         return f"splitk(fp32_rn_block16, {chunk})"
+    if isinstance(config, GluonConfig):
+        return f"splitk(hopper_fp16_wgmma, {K // config.SPLIT_K})" if config.SPLIT_K > 1 else "hopper_fp16_wgmma"
     if interpreter is None:
         interpreter = interpreting()
     return NUMERIC_CONTRACT.model_interpreter if interpreter else NUMERIC_CONTRACT.model

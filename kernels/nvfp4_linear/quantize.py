@@ -99,6 +99,9 @@ def nvfp4_quantize_kernel(
     WRITE_PACKED: tl.constexpr,
     WRITE_DEQUANT: tl.constexpr,
     AMAX_PARTS: tl.constexpr = 512,
+    # WRITE_DEQUANT in the Gluon path's K order: within each 256-element chunk, physical element
+    # p = 64 q + 4 i + 2 j1 + j0 goes to column 16 i + 8 j1 + 2 q + j0 (gluon.py; BLOCK_C % 256 == 0)
+    PERMUTE_K: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -163,7 +166,11 @@ def nvfp4_quantize_kernel(
     if WRITE_DEQUANT:
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
         v = tl.where(neg, -r, r) * sval[:, :, None]
-        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+        dcols = cols
+        if PERMUTE_K:
+            p = cols % 256
+            dcols = cols - p + 16 * ((p // 4) % 16) + 8 * ((p // 2) % 2) + 2 * (p // 64) + p % 2
+        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + dcols[None, :],
                  v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
 
 
@@ -172,14 +179,18 @@ class QuantizeLaunches:
     """The two launches that quantize x [M, K] (contiguous) with ``config``'s tile.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
-    ``deq`` (the linear paths). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
+    256; ValueError otherwise). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS] amax partials; ``gdec`` fp32 [2] receives [x global decode, fp32(x global decode *
     w_gdec)]; unused outputs may be any tensor (``gdec``).
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
-    def __init__(self, M: int, K: int, config: QuantizeConfig, write_packed: bool, write_dequant: bool):
+    def __init__(self, M: int, K: int, config: QuantizeConfig, write_packed: bool, write_dequant: bool,
+                 permute_k: bool = False):
+        if permute_k and (K % 256 or config.BLOCK_C % 256):
+            raise ValueError(f"K={K}, BLOCK_C={config.BLOCK_C}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
@@ -187,7 +198,7 @@ class QuantizeLaunches:
         self.quant = Launch(
             nvfp4_quantize_kernel, (triton.cdiv(M, config.BLOCK_R), triton.cdiv(K, config.BLOCK_C)),
             dict(BLOCK_R=config.BLOCK_R, BLOCK_C=config.BLOCK_C, WRITE_PACKED=write_packed,
-                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS),
+                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k),
             num_warps=config.num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
 
     def run(self, stream: int, x, parts, q, s, deq, gdec, w_gdec: float) -> None:

@@ -1,0 +1,194 @@
+"""Gluon path of nvfp4_linear for M <= 256 (``GluonConfig``): W decoded in registers straight into the wgmma A
+operand (sm_90 only).
+
+Swap-AB: the MMA computes y^T tile [BN, BM] = W tile [BN, K] @ x^T, N on the wgmma M side (64 rows per
+warpgroup), M (padded to BM, 8..128) the wgmma N width. Per 256-element K step:
+
+* TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes, block scales [BN, 16] bytes, and
+  x dequantized to fp16 [BM, 256] (zero-filled past row M);
+* each thread decodes ITS OWN part of the wgmma A fragment from shared memory: 32 contiguous code bytes of two
+  rows (two 16-byte loads each) and 4 scale bytes, by bit placement (an E2M1 code c = s e1 e0 m placed as the
+  fp16 bits s << 15 | (e1 e0 m) << 9 is exactly E2M1(c) * 2^-14) and one f16x2 multiply by fp16(block scale) *
+  2^6: E2M1(c) * scale * 2^-8, exact in fp16 (<= 6 significant bits, magnitude <= 10.5, >= 2^-18). No shared
+  memory round trip of the decoded W; the accumulator is multiplied by 2^8 at the end (exact).
+* ``warpgroup_mma`` with A from registers, B = the x tile from shared memory, async, one group in flight.
+
+The K permutation. wgmma's A fragment gives lane 4 g + q of a warp the rows g and g + 8 of its 16 and, per k16
+instruction i, the logical columns {2q, 2q+1, 2q+8, 2q+9}. Within each 256-element step the kernel computes
+with logical k = 16 i + 8 j1 + 2 q + j0 holding the physical (storage) element p = 64 q + 4 i + 2 j1 + j0, so
+that a thread's 64 elements of a row are the physical bytes [32 q, 32 q + 32): contiguous. x is stored by the
+quantizer in the same permuted order (``PERMUTE_K``), so sum_k x[m, k] W[n, k] is the same sum; only the order
+of the products in the accumulation changes, which the block-FMA model does not depend on.
+
+Split-K (SPLIT_K slices of the K steps): fp32 partials, summed by the last arriving program of the tile in the
+fixed order s = 0, 1, ... (fp32 RN), then acc * fp32(x_gdec * w_gdec) and one RNE rounding to bf16.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .._runtime import Desc, Launch
+from .configs import GluonConfig
+from .decode import DECODE_BITS_PTX
+from .tensorcore import splitk_buffers
+
+__all__ = ["GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K"]
+
+STEP_K = 256  # K elements per step: the period of the K permutation (K must be a multiple)
+
+
+def shared_layouts(config: GluonConfig):
+    """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x (the default
+    NVMMA layout of an fp16 [BM, 256] tile)."""
+    w = gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8, rank=2)
+    s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    x = gl.NVMMASharedLayout.get_default_for([config.BM, STEP_K], gl.float16)
+    return w, s, x
+
+
+@gluon.constexpr_function
+def _warp_rows(num_warps):
+    """Warp bases of the A fragment: warp w owns rows [16 w, 16 w + 16)."""
+    return [[16 << i, 0] for i in range(num_warps.bit_length() - 1)]
+
+
+@gluon.jit
+def _decode_words(words, s16):
+    """words int32 (8 codes each, element j in bits 4j..4j+3), s16 fp16 (block scale * 2^6) -> 8 fp16 per word
+    in element order along a new trailing axis of 8 (three nested joins take their operands bit-reversed)."""
+    e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
+        DECODE_BITS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, s16], dtype=(gl.float16,) * 8, is_pure=True,
+        pack=1)
+    return gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))
+
+
+@gluon.jit
+def _issue(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, NBYTES: gl.constexpr):
+    mbarrier.expect(bar, NBYTES)
+    tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem)
+    tma.async_copy_global_to_shared(s_desc, [off_n, k // 16], bar, s_smem)
+    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem)
+
+
+@gluon.jit
+def nvfp4_gluon_kernel(
+    # TMA descriptors: W codes uint8 [N, K/2], block scales uint8 [N, K/16], x dequantized fp16 [M, K] (permuted)
+    w_desc, s_desc, x_desc,
+    # fp32 [2] from the quantizer ([1] = fp32(x_gdec * w_gdec)); out bf16 [M, N]; split-K partials fp32
+    # [SPLIT_K, M, N] and per-tile arrival counters (int32, 0 between launches)
+    gdec_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K,
+    BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, W_SWIZZLE: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BK: gl.constexpr = 256
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_k = gl.program_id(2)
+    off_n = pid_n * BN
+    off_m = pid_m * BM
+    k_steps = K // BK // SPLIT_K  # the host launches SPLIT_K dividing K / 256
+    k0 = pid_k * k_steps * BK
+
+    w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 2], w_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 16], s_desc.layout)
+    x_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    NBYTES: gl.constexpr = BN * BK // 2 + BN * BK // 16 + BM * BK * 2
+    for i in gl.static_range(STAGES - 1):
+        if i < k_steps:
+            _issue(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i), ready.index(i),
+                   off_n, off_m, k0 + i * BK, NBYTES)
+
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    # lane 4 g + q of warp w: rows 16 w + g and 16 w + g + 8; code words [8 q, 8 q + 8) (bytes [32 q, 32 q + 32))
+    # and scale bytes [4 q, 4 q + 4) of the step: exactly the A fragment after the K permutation
+    words_layout: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [8, 0], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
+        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 8])
+    scale_layout: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[8, 0], [0, 1], [0, 2]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 16])
+    if W_SWIZZLE:  # the TMA's 128-byte swizzle: 16-byte chunk c of row r stored at chunk c ^ (r % 8)
+        words_smem: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    else:
+        words_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    for i in range(k_steps):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        words = w_smem.index(s)._reinterpret(gl.int32, [BN, BK // 8], words_smem).load(words_layout)
+        sb = s_smem.index(s).load(scale_layout)
+        s16 = (sb & 0x7F).to(gl.float8e4nv, bitcast=True).to(gl.float16) * 64.0  # UE4M3: sign ignored; exact
+        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BN, BK // 8]), words_layout, assert_trivial=True)
+        v = gl.reshape(_decode_words(words, s16), [BN, 4, 16, 2, 2])  # physical (q, i, j1, j0)
+        a = gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, BK])  # logical (i, j1, q, j0)
+        a = gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
+        acc = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        nxt = i + STAGES - 1  # step i - 1's wgmma retired: its slot takes step i + STAGES - 1
+        if nxt < k_steps:
+            t = nxt % STAGES
+            _issue(w_desc, s_desc, x_desc, w_smem.index(t), s_smem.index(t), x_smem.index(t), ready.index(t),
+                   off_n, off_m, k0 + nxt * BK, NBYTES)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    acc = acc * 256.0  # undo the decode's 2^-8 (exact: every product carries the same power of two)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [num_warps, 1], [0, 1])
+    accb = gl.convert_layout(acc, out_layout)
+    offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
+    offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
+    idx = gl.expand_dims(offs_m, 0).to(gl.int64) * N + gl.expand_dims(offs_n, 1)
+    mask = (gl.expand_dims(offs_m, 0) < M) & (gl.expand_dims(offs_n, 1) < N)
+    scale = gl.load(gdec_ptr + 1)
+    if SPLIT_K == 1:
+        gl.store(out_ptr + idx, (accb * scale).to(gl.bfloat16), mask=mask)  # fp32 RNE, one RNE to bf16
+    else:
+        MN = M.to(gl.int64) * N
+        gl.store(part_ptr + pid_k * MN + idx, accb, mask=mask, cache_modifier=".cg")
+        gl.thread_barrier()  # every thread's partial stores precede the (release) arrival
+        tile = pid_m * gl.num_programs(0) + pid_n
+        prev = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if prev == SPLIT_K - 1:  # last to arrive: the fixed-order sum s = 0, 1, ..., SPLIT_K - 1
+            tot = gl.load(part_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
+            for j in gl.static_range(1, SPLIT_K):
+                tot += gl.load(part_ptr + j * MN + idx, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.store(out_ptr + idx, (tot * scale).to(gl.bfloat16), mask=mask)
+            gl.store(count_ptr + tile, 0)  # ready for the next launch
+
+
+class GluonLaunch:
+    """``nvfp4_gluon_kernel`` for x [M, K] (dequantized to fp16 by the quantizer in the permuted K order) times
+    W [N, K] with ``config`` (K % 256 == 0, (K / 256) % SPLIT_K == 0: ``configs.gluon_fits``).
+
+    ``run(stream, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec)`` as the other paths."""
+
+    __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K")
+
+    def __init__(self, config: GluonConfig, M: int, N: int, K: int):
+        grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
+        self.M, self.N, self.K, self.config = M, N, K, config
+        self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts(config)
+        self.launch = Launch(
+            nvfp4_gluon_kernel, grid,
+            dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES,
+                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps), n_desc=3)
+
+    def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
+        M, N, K, cfg = self.M, self.N, self.K, self.config
+        wl, sl, xl = self.layouts
+        part, cnt = splitk_buffers(device, stream, self.split_k, M, N, self.tiles, out)
+        self.launch.launch(
+            stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
+            Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
+            Desc(deq, (M, K), (K, 1), (cfg.BM, STEP_K), xl), gdec, out, part, cnt, M, N, K)

@@ -1,0 +1,170 @@
+"""nvfp4_linear's Gluon path (GluonConfig, kernels/nvfp4_linear/gluon.py): W decoded in registers into wgmma.
+
+CPU: every GluonConfig of CONFIGS (and the unswizzled and 8-warp variants) is built for sm_90 (there is no Gluon
+interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no spills, no shared-memory round trip of
+the decoded W (no STS in the main loop's SASS), shared memory within the limit. The quantizer's permuted K order
+is checked in the interpreter against numpy on every element; config checks.
+GPU (``-m gpu``): every tabled M against fp4ref's exact NVFP4 reference (recipe "sol") under the config's model,
+NaN-poisoned outputs, bitwise determinism, and an exact-accumulation case (integer-valued products whose fp32 sums
+are exact) equal to the correctly rounded output.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import fp4ref.kernels.nvfp4_linear as nvl
+from fp4ref import bounds, gemm
+from fp4ref.blockscale import nvfp4_quantize as ref_quantize
+from fp4ref.kernels import _runtime
+from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90, gluon_tensordesc, sass_info
+from fp4ref.kernels.nvfp4_linear import gluon
+from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
+
+G = nvl.GluonConfig
+CUDA = torch.cuda.is_available()
+TABLE = [c for c in nvl.CONFIGS.configs() if isinstance(c, G)]
+VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=16, SPLIT_K=2, STAGES=3, num_warps=8)]
+
+
+def _build(cfg):
+    wl, sl, xl = gluon.shared_layouts(cfg)
+    sig = {"w_desc": gluon_tensordesc("u8", [cfg.BN, 128], wl), "s_desc": gluon_tensordesc("u8", [cfg.BN, 16], sl),
+           "x_desc": gluon_tensordesc("fp16", [cfg.BM, 256], xl), "gdec_ptr": "*fp32", "out_ptr": "*bf16",
+           "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, W_SWIZZLE=cfg.W_SWIZZLE,
+              num_warps=cfg.num_warps)
+    return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps,
+                            divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def test_gluon_config_builds_for_sm90(cfg):
+    ck = _build(cfg)
+    ptx = ck.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
+    info = sass_info(ck.asm["cubin"])
+    if info:
+        assert info["hgmma"] > 0 and info["utmaldg"] > 0, info
+        if cfg.BM <= 64:
+            assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+        else:  # BM = 128: a 64 x 128 fp32 accumulator beside the decode's registers; ptxas spills ~70 words, and
+            # the H200 still measured it faster than two 64-row M tiles (docs/kernels.md): bounded, not zero
+            assert info["spill_stores"] < 128, info
+
+
+def _reference_permutation(K: int) -> np.ndarray:
+    """dst[c] for every physical column c: within each 256-chunk p = 64 q + 4 i + 2 j1 + j0 -> 16 i + 8 j1 + 2 q +
+    j0, spelled out digit by digit (independent of the kernel's formula)."""
+    dst = np.empty(K, np.int64)
+    for base in range(0, K, 256):
+        for q in range(4):
+            for i in range(16):
+                for j1 in range(2):
+                    for j0 in range(2):
+                        dst[base + 64 * q + 4 * i + 2 * j1 + j0] = base + 16 * i + 8 * j1 + 2 * q + j0
+    return dst
+
+
+@pytest.mark.skipif(CUDA, reason="interpreter check (the GPU tests run the whole path)")
+def test_quantizer_writes_the_permuted_k_order():
+    M, K = 3, 512
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((M, K)).astype(np.float32))
+    dev = torch.device("cpu")
+    outs = []
+    for permute in (False, True):
+        cfg = nvl.pick_quantize_config(M, K)
+        q = QuantizeLaunches(M, K, cfg, write_packed=False, write_dequant=True, permute_k=permute)
+        parts = torch.zeros(AMAX_MAX_PROGRAMS, dtype=torch.int32)
+        gdec = torch.zeros(2, dtype=torch.float32)
+        deq = torch.full((M * K,), float("nan"), dtype=torch.float16)
+        q.run(0, x, parts, gdec, gdec, deq, gdec, 1.0)
+        outs.append(deq.view(M, K).numpy())
+    plain, permuted = outs
+    assert not np.isnan(plain).any() and not np.isnan(permuted).any()
+    want = np.empty_like(plain)
+    want[:, _reference_permutation(K)] = plain
+    np.testing.assert_array_equal(permuted.view(np.uint16), want.view(np.uint16))
+    assert not np.array_equal(permuted, plain)  # the permutation is not the identity
+    with pytest.raises(ValueError, match="256"):
+        QuantizeLaunches(M, 128, nvl.pick_quantize_config(M, 128), False, True, permute_k=True)
+
+
+def test_gluon_config_checks_and_model():
+    with pytest.raises(ValueError, match="BN"):
+        G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps
+    with pytest.raises(ValueError, match="BM"):
+        G(BN=64, BM=256, SPLIT_K=1, STAGES=3)
+    with pytest.raises(ValueError, match="STAGES"):
+        G(BN=64, BM=16, SPLIT_K=1, STAGES=1)
+    with pytest.raises(TypeError, match="W_SWIZZLE"):
+        G(BN=64, BM=16, SPLIT_K=1, STAGES=2, W_SWIZZLE=1)
+    assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
+    assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
+    assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)
+    assert nvl.accumulation_model(G(BN=64, BM=8, SPLIT_K=4, STAGES=4), 8192) == "splitk(hopper_fp16_wgmma, 2048)"
+    assert nvl.accumulation_model(G(BN=64, BM=64, SPLIT_K=1, STAGES=4), 8192) == "hopper_fp16_wgmma"
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="Gluon path runs on CUDA"):
+        nvl.nvfp4_linear(x, torch.zeros(64, 128, dtype=torch.uint8), torch.zeros(64, 16, dtype=torch.uint8), 1.0,
+                         config=G(BN=64, BM=8, SPLIT_K=1, STAGES=2))
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (Hopper)")
+
+
+@pytest.fixture(scope="module")
+def weight():
+    wq = ref_quantize(np.random.default_rng(99).standard_normal((2048, 8192), dtype=np.float32), recipe="sol")
+    return wq, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).cuda()
+
+
+def _bf16(t):
+    return t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m, cfg", [(m, c) for m in (1, 5, 16, 32, 64, 100, 256) for c in TABLE + VARIANTS
+                                    if m <= c.BM * 2 or c is nvl.pick_config(m, 2048, 8192, interpreter=False)])
+def test_gluon_within_bound_and_deterministic(m, cfg, weight):
+    wq, wc, ws = weight
+    x_np = np.random.default_rng(m).standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    x = torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
+        nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=out)
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
+    bounds.check(_bf16(outs[0]), ref, nvl.accumulation_model(cfg, 8192), output_rounding="rne",
+                 poison=float("nan")).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_gluon_exact_accumulation_is_correctly_rounded(m):
+    """Every x block holds a 6 (block amax 6: block scale 448, codes = the x values {0, +-0.5, +-1, 6}, dequantized
+    x a multiple of 224), W codes {0, +-0.5, +-1} with block scale 1: every product is a multiple of 16 and every
+    |partial sum| <= K * 2688 < 2^24 * 16, so the fp32 accumulation (and wgmma's alignment to 25 bits) is exact
+    and the output must be the correctly rounded value."""
+    rng = np.random.default_rng(7 + m)
+    K, N = 8192, 1024
+    codes = rng.choice(np.array([0, 1, 2, 8, 9, 10], np.uint8), size=(N, K))
+    wc = torch.from_numpy((codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)).cuda()
+    ws = torch.full((N, K // 16), 0x38, dtype=torch.uint8, device="cuda")  # E4M3 1.0
+    xv = rng.choice(np.array([0, 0.5, 1, -0.5, -1], np.float32), size=(m, K))
+    xv[:, ::16] = 6.0
+    x_np = xv.astype(ml_dtypes.bfloat16)
+    out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvl.nvfp4_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda(), wc, ws, 1.0, out=out)
+    ref = gemm.nvfp4_linear(x_np, wc.cpu().numpy(), ws.cpu().numpy(), 1.0, recipe="sol")
+    cfg = nvl.pick_config(m, N, K, interpreter=False)
+    bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"),
+                 exact_accumulation=True).assert_ok()
