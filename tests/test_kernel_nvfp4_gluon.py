@@ -150,17 +150,18 @@ def test_gluon_within_bound_and_deterministic(m, cfg, weight):
 @needs_gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
 def test_gluon_exact_accumulation_is_correctly_rounded(m):
-    """Every x block holds a 6 (block amax 6: block scale 448, codes = the x values {0, +-0.5, +-1, 6}, dequantized
-    x a multiple of 224), W codes {0, +-0.5, +-1} with block scale 1: every product is a multiple of 16 and every
-    |partial sum| <= K * 2688 < 2^24 * 16, so the fp32 accumulation (and wgmma's alignment to 25 bits) is exact
-    and the output must be the correctly rounded value."""
+    """Every x block holds a 10.5 (tensor amax 10.5: global encode 256, a power of two; block amax 10.5: block scale
+    448, so x's codes are {0, +-0.5, 6} and dequantized x a multiple of 224), W codes {0, +-0.5, +-1} with block
+    scale 1 and global scale 1: every product is a multiple of 16 and every |partial sum| <= K * 2688 < 2^24 * 16,
+    so the fp32 accumulation (and wgmma's 25-bit alignment) is exact, the epilogue multiplies by 2^-8 exactly, and
+    the output must be the correctly rounded value."""
     rng = np.random.default_rng(7 + m)
     K, N = 8192, 1024
     codes = rng.choice(np.array([0, 1, 2, 8, 9, 10], np.uint8), size=(N, K))
     wc = torch.from_numpy((codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)).cuda()
     ws = torch.full((N, K // 16), 0x38, dtype=torch.uint8, device="cuda")  # E4M3 1.0
     xv = rng.choice(np.array([0, 0.5, 1, -0.5, -1], np.float32), size=(m, K))
-    xv[:, ::16] = 6.0
+    xv[:, ::16] = 10.5
     x_np = xv.astype(ml_dtypes.bfloat16)
     out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     nvl.nvfp4_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda(), wc, ws, 1.0, out=out)

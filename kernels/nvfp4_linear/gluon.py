@@ -154,7 +154,7 @@ def nvfp4_gluon_kernel(
     if SPLIT_K == 1:
         gl.store(out_ptr + idx, (accb * scale).to(gl.bfloat16), mask=mask)  # fp32 RNE, one RNE to bf16
     else:
-        MN = M.to(gl.int64) * N
+        MN = N.to(gl.int64) * M  # (M may be the constant 1 after specialisation: no .to on it)
         gl.store(part_ptr + pid_k * MN + idx, accb, mask=mask, cache_modifier=".cg")
         gl.thread_barrier()  # every thread's partial stores precede the (release) arrival
         tile = pid_m * gl.num_programs(0) + pid_n
