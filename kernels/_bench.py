@@ -83,8 +83,9 @@ def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bo
             flush_l2_cache()  # always: the flush kernels delimit the calls in the trace
             fn()
         torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                      and _is_kernel(e)), key=lambda e: e.time_range.start)
+    # every device activity (kernels, and the memcpy / memset a call may issue) counts as the call's GPU time
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
     calls: list = []
     for e in kernels:
         if _FLUSH_KERNEL in e.name:
@@ -96,12 +97,6 @@ def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bo
                            f"{[len(c) for c in calls][:8]}... ({len(calls)} calls)")
     return Timing(cupti_us=statistics.median(sum(c) for c in calls), event_us=event_us,
                   kernels=int(statistics.median(len(c) for c in calls)))
-
-
-def _is_kernel(e) -> bool:
-    """A kernel event (not a memcpy / memset / sync record) of the trace."""
-    name = e.name.lower()
-    return not (name.startswith("memcpy") or name.startswith("memset") or "synchron" in name)
 
 
 def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2: bool = True) -> float:

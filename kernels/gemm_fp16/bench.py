@@ -502,10 +502,10 @@ def _compile_worker(job_json: str) -> str:
     """Compile one (config, M) by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.gemm_fp16 import SplitKConfig, TmaConfig, gemm_fp16
+    from fp4ref.kernels.gemm_fp16 import GluonConfig, SplitKConfig, TmaConfig, gemm_fp16
 
     job = json.loads(job_json)
-    cfg = {"SplitKConfig": SplitKConfig, "TmaConfig": TmaConfig}[job["type"]](**job["cfg"])
+    cfg = {"SplitKConfig": SplitKConfig, "TmaConfig": TmaConfig, "GluonConfig": GluonConfig}[job["type"]](**job["cfg"])
     A = torch.randn(job["M"], job["K"], device=DEVICE, dtype=torch.float16)
     B = torch.randn(job["N"], job["K"], device=DEVICE, dtype=torch.float16)
     try:

@@ -344,7 +344,7 @@ def _compile_worker(job: str) -> str:
 
 def precompile(cands, workers: int) -> None:
     """Compile (config, nan_check_bytes) pairs in parallel processes (triton's cache is shared on disk)."""
-    from ._bench import compile_in_pool
+    from .._bench import compile_in_pool
 
     uniq = sorted({json.dumps({**dataclasses.asdict(c), "path": _path(c), "nan_check_bytes": n}, sort_keys=True)
                    for c, n in cands})
