@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "time_gpu", "l2_flush_buffer", "flush_l2_cache", "time_cuda", "gpu_time_graph", "print_table",
+__all__ = ["Timing", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda", "gpu_time_graph", "print_table",
            "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
@@ -132,6 +132,24 @@ def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def host_us_per_call(fn: Callable[[], Any], calls: int = 200) -> float:
+    """CPU time per call of ``fn`` in MICROSECONDS: the wall clock of ``calls`` back-to-back calls (launches
+    queued, no synchronisation inside the loop) divided by ``calls``, after 10 warm-up calls."""
+    import time
+
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
 
 
 def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5,

@@ -17,23 +17,8 @@ and CUPTI GPU us (L2 flushed, ``_bench.time_gpu``).
 from __future__ import annotations
 
 import argparse
-import time
 
 __all__ = ["main"]
-
-
-def _host_us(fn, calls: int = 200) -> float:
-    import torch
-
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def _graph_of(fn):
@@ -102,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             rt.FAST_LAUNCH = mode in ("direct", "graph")
             try:
                 call = _graph_of(fn) if mode == "graph" else fn
-                host = _host_us(call)
+                host = _bench.host_us_per_call(call)
                 ev = _bench.time_cuda(call, flush_l2=False)
                 t = _bench.time_gpu(call)
                 same = "yes" if mode == "graph" or torch.equal(fn().view(torch.int16), want.view(torch.int16)) else "NO"
@@ -111,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((name, args.m, mode, host, ev, t.cupti_us, same))
         for mode in ("call", "graph"):
             call = _graph_of(peer) if mode == "graph" else peer
-            rows.append((peer_name, args.m, mode, _host_us(call), _bench.time_cuda(call, flush_l2=False),
+            rows.append((peer_name, args.m, mode, _bench.host_us_per_call(call), _bench.time_cuda(call, flush_l2=False),
                          _bench.time_gpu(call).cupti_us, ""))
     _bench.print_table(f"Host time per call ({torch.cuda.get_device_name()})",
                        ["kernel", "M", "launch", "host us", "event us (no flush)", "CUPTI us", "same bytes"], rows,

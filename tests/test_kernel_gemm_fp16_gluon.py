@@ -16,8 +16,9 @@ import torch
 import fp4ref.kernels.gemm_fp16 as mod
 from fp4ref.bounds import check, get_model
 from fp4ref.gemm import gemm_fp16 as reference
-from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90, gluon_tensordesc, sass_info
+from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
+from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
 GluonConfig = mod.GluonConfig
 ON_GPU = torch.cuda.is_available()
@@ -42,14 +43,7 @@ def _build(cfg: GluonConfig, n: int = N, k: int = K):
 
 @pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
-    ck = _build(cfg)
-    ptx = ck.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
-    info = sass_info(ck.asm["cubin"])
-    if info:  # SASS read with triton's bundled cuobjdump
-        assert info["hgmma"] > 0 and info["utmaldg"] > 0, info
-        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+    assert_gluon_build(_build(cfg))
 
 
 def test_table_serves_small_m_with_gluon_on_the_gpu_and_tl_in_the_interpreter():

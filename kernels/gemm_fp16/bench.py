@@ -165,21 +165,6 @@ def cfg_name(cfg) -> str:
     return s
 
 
-def host_us_per_call(fn, calls: int = 200) -> float:
-    """CPU time per call of ``fn`` in microseconds (launches queued, no synchronisation inside the loop)."""
-    import torch
-
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
-
-
 BENCH_COLUMNS = ["M", "path:config", "ours CUPTI us", "ours event us", "torch CUPTI us", "torch event us",
                  "torch/ours (CUPTI)", "% of bytes floor (CUPTI)", "verified"]
 
@@ -536,6 +521,7 @@ def precompile(cfgs, workers: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> 
 
 
 def main(argv=None) -> int:
+    from .._bench import host_us_per_call
     p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench gemm_fp16", description=__doc__.split("\n")[0])
     p.add_argument("--m", type=int, nargs="*", default=None, help="M values (default: the 43 workload sizes)")
     p.add_argument("--n", type=int, default=N_WORKLOAD)
