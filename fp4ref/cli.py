@@ -48,6 +48,11 @@ def _usage_error(command: str, message: str) -> int:
     return 2
 
 
+#: One line under the verify table: which columns decide, which are shown for comparison.
+TABLE_CAPTION = ("FIB and SOL: the FlashInfer-Bench and SOL-ExecBench checkers' verdicts on the same outputs, shown "
+                 "for comparison only; the fp4ref column decides the exit status")
+
+
 def _cmd_verify(args) -> int:
     import json
     import os
@@ -122,6 +127,7 @@ def _cmd_verify(args) -> int:
                       "-" if r.bitwise_equal_pct != r.bitwise_equal_pct else f"{r.bitwise_equal_pct:.2f}%",
                       num(r.sqnr_db, ".1f"), verdict(r.fib_ok), verdict(r.sol_ok), verdict(r.fp4ref_ok))
     console.print(table)
+    console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
     for r in result.rows:
         if r.note:
             console.print(f"[yellow]{r.workload} M={r.m} {r.family}:[/] {r.note}")

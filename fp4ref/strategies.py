@@ -14,8 +14,8 @@ strategy                           draws
 ``meta_bytes``                     2:4 metadata bytes: canonical (0x04 0x08 0x09 0x0C 0x0D 0x0E) or any byte
 ``sparse_a_operands``              (a_vals, a_meta) for the sparse workload, uint8 or int8
 ``fp16_matrices``                  float16 matrices with adversarial magnitude patterns
-``nvfp4_operands``                 raw NVFP4 operand dicts (codes, scale bytes, global scale) with ties, zero
-                                   blocks, subnormal and near-overflow block scales
+``nvfp4_operands``                 raw NVFP4 operands (NVFP4Tensor: codes, scale bytes, global scale) with ties,
+                                   zero blocks, subnormal and near-overflow block scales
 ``mx_operands``                    raw MX operand dicts (element codes, UE8M0 scale bytes incl. 0 = 2^-127, 254)
 ``nvfp4_inputs``                   bf16 activations that exercise an NVFP4 quantizer (ties, zero blocks, ...)
 ``exact_accumulation_fp16``        fp16 (A, B) whose fp32 partial sums are exact in ANY order and on any tensor
@@ -32,6 +32,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from .blockscale import NVFP4Tensor
 from .packing import CANONICAL_META
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "sparse_a_operands",
     "fp16_matrices",
     "nvfp4_operands",
+    "NVFP4Operand",
     "nvfp4_inputs",
     "mx_operands",
     "exact_accumulation_fp16",
@@ -401,12 +403,29 @@ def _sparse_run_floor(k, promote_every=None) -> float:
 _E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 
 
-def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[dict]:
-    """Raw NVFP4 operands: {"codes": uint8 [rows, k/2] packed, "scales": uint8 [rows, k/16] E4M3FN bytes,
-    "global_decode_scale": float32}. Block scale classes: zero blocks (scale 0x00), subnormal scales
-    (0x01..0x07), typical, near-overflow (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes
-    only with ``allow_nan_scale``. ``global_scale``: a float, or None to draw one (powers of two and odd
-    float32s). Pass them to :class:`fp4ref.blockscale.NVFP4Tensor`."""
+class NVFP4Operand(NVFP4Tensor):
+    """An :class:`fp4ref.blockscale.NVFP4Tensor` (so ``gemm.nvfp4_gemm`` and ``blockscale.nvfp4_dequantize``
+    take it as it is) that also reads like the dict :func:`nvfp4_operands` used to yield: ``op["codes"]``,
+    ``op["scales"]``, ``op["global_decode_scale"]`` (kept for existing tests; new code uses the attributes)."""
+
+    _KEYS = ("codes", "scales", "global_decode_scale")
+
+    def __getitem__(self, key):
+        if key not in self._KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self):
+        return self._KEYS
+
+
+def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[NVFP4Operand]:
+    """Raw NVFP4 operands [rows, k] quantized along K (axis 1, 16-element blocks), as :class:`NVFP4Operand`
+    (an NVFP4Tensor with ``recipe="raw"``): ``codes`` uint8 [rows, k/2] packed, ``scales`` uint8 [rows, k/16]
+    E4M3FN bytes, ``global_decode_scale`` float32; pass two of them to ``gemm.nvfp4_gemm(xq, wq)`` as they are.
+    Block scale classes: zero blocks (scale 0x00), subnormal scales (0x01..0x07), typical, near-overflow
+    (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes only with ``allow_nan_scale``.
+    ``global_scale``: a float, or None to draw one (powers of two and odd float32s)."""
     _check_int("rows", rows, 1)
     _check_int("k", k, 16)
     if k % 16:
@@ -423,7 +442,8 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
             g = draw(st.sampled_from([1.0, 2.0**-8, 2.0**6]) | st.floats(2.0**-20, 2.0**10, width=32))
         else:
             g = global_scale
-        return {"codes": codes, "scales": scales, "global_decode_scale": np.float32(g)}
+        return NVFP4Operand(codes=codes, scales=scales, global_decode_scale=np.float32(g), shape=(rows, k),
+                            recipe="raw", block=(1, 16), axis=1)
 
     return _draw()
 

@@ -49,3 +49,8 @@ def returns_none(A, B):
 def meta_output(A, B):
     """Returns a meta tensor (no data): the output cannot be read."""
     return torch.empty((A.shape[0], B.shape[0]), dtype=torch.float16, device="meta")
+
+
+def raises_long(A, B):
+    """Raises with a message longer than any console line: the JSON report must keep all of it."""
+    raise RuntimeError("x" * 300 + " END-OF-MESSAGE")

@@ -119,3 +119,38 @@ def test_misbehaving_kernels_are_failing_rows(tmp_path, bad, why):
     assert status == 1 and rep["ok"] is False and not row["fp4ref_ok"] and why in row["note"]
     # no example completed: no metrics (strict JSON strings), never a vacuous 100% / inf
     assert row["examples"] == 0 and row["bitwise_equal_pct"] == "nan" and row["sqnr_db"] == "nan"
+
+
+def test_notes_are_never_truncated_and_the_table_names_the_comparison_columns(tmp_path, capsys):
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:raises_long",
+                       "--device", "cpu", "--sizes", "1", "--families", "public")
+    (row,) = rep["rows"]
+    assert status == 1 and row["note"] == "kernel raised RuntimeError: " + "x" * 300 + " END-OF-MESSAGE"
+    lines = capsys.readouterr().out.splitlines()
+    from fp4ref.cli import TABLE_CAPTION
+
+    assert TABLE_CAPTION in lines  # one line, whole
+    assert "FIB" in TABLE_CAPTION and "SOL" in TABLE_CAPTION and "comparison" in TABLE_CAPTION
+
+
+def test_failing_row_note_leads_with_the_failed_count(tmp_path):
+    # truncating_store on exact_acc: the note starts with how many elements are not correctly rounded, counted
+    # here independently from the same operands
+    import numpy as np
+
+    from fp4ref import gemm
+    from fp4ref.workloads import get_workload
+    from tests import _verify_kernels as K
+
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:truncating_store",
+                       "--device", "cpu", "--sizes", "2", "--families", "exact_acc")
+    (row,) = rep["rows"]
+    w = get_workload("gemm_n3072_k2048")
+    n, k = w.dims(True)
+    rng = np.random.default_rng([0, 0, 2, sum(map(ord, w.name + "exact_acc"))])
+    ops = w.families["exact_acc"](rng, 2, n, k)
+    out = K.truncating_store(torch.from_numpy(ops["A"]), torch.from_numpy(ops["B"])).numpy()
+    bad = int(np.sum(out != gemm.gemm_fp16(ops["A"], ops["B"]).out))
+    assert 0 < bad < out.size
+    assert row["note"].startswith(f"FAILED: {bad} / {out.size} (")
+    assert "not equal to the correctly rounded output" in row["note"]
