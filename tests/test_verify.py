@@ -11,9 +11,13 @@ torch = pytest.importorskip("torch")
 
 
 def _run(tmp_path, *argv):
+    """Run the CLI; the report with only its numeric rows (the integrity rows are under "integrity")."""
     path = tmp_path / "report.json"
     status = main(["verify", *argv, "--json", str(path)])
-    return status, json.loads(path.read_text())
+    rep = json.loads(path.read_text())
+    rep["integrity"] = {r["family"].split(":", 1)[1]: r for r in rep["rows"] if r["kind"] == "integrity"}
+    rep["rows"] = [r for r in rep["rows"] if r["kind"] == "numeric"]
+    return status, rep
 
 
 def test_project_gemm_kernel_passes_in_interpreter(tmp_path):
@@ -154,3 +158,46 @@ def test_failing_row_note_leads_with_the_failed_count(tmp_path):
     assert 0 < bad < out.size
     assert row["note"].startswith(f"FAILED: {bad} / {out.size} (")
     assert "not equal to the correctly rounded output" in row["note"]
+
+
+# ------------------------------------------------------------------------------------------- integrity verdicts
+
+# planted bug -> the integrity verdicts it must fail (every other verdict of its run must pass, except for the
+# aliased output: it is written into an input, so that input changes too)
+INTEGRITY_BUGS = {
+    "mutates_on_second_call": {"inputs_unchanged"},
+    "aliases_input": {"output_not_aliased", "inputs_unchanged"},
+    "pointer_cache": {"fresh_inputs_same_buffers"},
+    "fingerprint_cache": {"fresh_inputs_same_buffers"},
+    "nondeterministic": {"repeat_bitwise"},
+    "reuses_output_buffer": {"mid_run_output_kept"},
+    "subclass_output": {"plain_dense_output"},
+}
+
+
+def _integrity_run(name):
+    res = V.verify(["gemm_n3072_k2048"], kernel=f"tests._verify_kernels:{name}", device="cpu", sizes=[2],
+                   families=["public"])
+    return res, {r.family.split(":", 1)[1]: r for r in res.rows if r.kind == "integrity"}
+
+
+@pytest.mark.parametrize("name", list(INTEGRITY_BUGS))
+def test_integrity_verdict_catches_its_planted_bug(name):
+    from tests import _verify_kernels as K
+
+    K._calls["n"] = 0
+    K._cache.clear()
+    res, integ = _integrity_run(name)
+    assert set(integ) == set(V.INTEGRITY_CHECKS)
+    failed = {c for c, r in integ.items() if not r.fp4ref_ok}
+    must = INTEGRITY_BUGS[name]
+    # an output written into B also corrupts later calls' inputs and itself changes: more verdicts may follow
+    assert must <= failed if name == "aliases_input" else failed == must, {c: integ[c].note for c in failed}
+    assert not res.ok and all(integ[c].note for c in failed)
+
+
+@pytest.mark.parametrize("name", ["right", "noncontiguous_ok"])
+def test_integrity_verdicts_pass_a_right_kernel(name):
+    res, integ = _integrity_run(name)
+    assert res.ok and len(integ) == len(V.INTEGRITY_CHECKS)
+    assert all(r.fp4ref_ok and not r.note for r in integ.values()), {c: r.note for c, r in integ.items()}
