@@ -288,6 +288,8 @@ WORKLOADS: dict = {
             gpu_m=(1, 2, 4, 7, 8, 15, 16, 24, 32, 35, 40, 48, 56, 64, 70, 72, 80, 88, 96, 104, 112, 120, 128, 136,
                    144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256, 972, 2053, 2379, 8192),
             cpu_m=(1, 7),
+            cpu_n=768,
+            cpu_k=1024,
             families={"public": _gemm_public, "exact_acc": _gemm_exact_acc, "extreme": _gemm_extreme},
             reference=_gemm_reference,
             description="C = A @ B.T, fp16 [M, 2048] x fp16 [3072, 2048] -> fp16 (FlashInfer-Bench)",
@@ -303,6 +305,7 @@ WORKLOADS: dict = {
             k=2048,
             gpu_m=(1, 7, 16, 64, 100, 256, 1024, 4096, 8192),
             cpu_m=(1, 5),
+            cpu_n=512,  # K stays 2048: the exact_acc run must pass 2^13 within the promotion bound
             families={
                 "public": _sparse_public,
                 "canonical": _sparse_canonical,
@@ -323,6 +326,8 @@ WORKLOADS: dict = {
             k=8192,
             gpu_m=(1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384),
             cpu_m=(1,),
+            cpu_n=1024,
+            cpu_k=2048,
             families={"public": _nvfp4_public, "adversarial": _nvfp4_adversarial},
             reference=_nvfp4_reference,
             description="y = x @ W.T, x bf16 quantized to NVFP4 per call ('sol'), NVFP4 W [8192, 8192] -> bf16 (SOL)",

@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from fp4ref import verify as V
@@ -201,3 +202,52 @@ def test_integrity_verdicts_pass_a_right_kernel(name):
     res, integ = _integrity_run(name)
     assert res.ok and len(integ) == len(V.INTEGRITY_CHECKS)
     assert all(r.fp4ref_ok and not r.note for r in integ.values()), {c: r.note for c, r in integ.items()}
+
+
+def test_repro_shrinks_and_writes_a_script_that_fails_while_the_bug_is_there(tmp_path):
+    import subprocess
+    import sys
+
+    from fp4ref.repro import load_operands
+
+    d = tmp_path / "repro"
+    res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:truncating_store", device="cpu", sizes=[7],
+                   families=["exact_acc"], integrity=False, repro=str(d))
+    assert not res.ok and "repro.py" in res.settings["repro"]
+    ops = load_operands(str(d / "inputs.npz"))
+    # shrunk: one row, and N, K from the sweep below the workload's
+    assert ops["A"].shape[0] == 1 and ops["B"].shape[0] < 768 and ops["A"].shape[1] < 1024
+    from fp4ref import gemm
+    from tests import _verify_kernels as K
+
+    out = K.truncating_store(torch.from_numpy(ops["A"]), torch.from_numpy(ops["B"])).numpy()
+    assert np.any(out != gemm.gemm_fp16(ops["A"], ops["B"]).out)  # independently: the bug shows on them
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    run = lambda: subprocess.run([sys.executable, str(d / "repro.py")], cwd=root, capture_output=True, text=True,
+                                 timeout=300)
+    p = run()
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Not equal to the correctly rounded output" in p.stdout
+    script = (d / "repro.py").read_text().replace("tests._verify_kernels:truncating_store",
+                                                   "tests._verify_kernels:right")
+    (d / "repro.py").write_text(script)
+    p = run()
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_shapes_sweep_finds_a_k_tail_bug_that_fixed_shapes_miss():
+    kw = dict(kernel="tests._verify_kernels:drops_k_tail", device="cpu", families=["public"], integrity=False)
+    fixed = V.verify(["gemm_n3072_k2048"], sizes=[1], **kw)
+    assert fixed.ok and {(r.n, r.k) for r in fixed.rows} == {(768, 1024)}  # 64 divides K: nothing to drop
+    swept = V.verify(["gemm_n3072_k2048"], sizes=[1, 7], shapes="sweep", **kw)
+    shapes = {(r.n, r.k) for r in swept.rows}
+    assert shapes == set(V.sweep_shapes(V.get_workload("gemm_n3072_k2048")))
+    assert any(k % 64 for _, k in shapes) and any(k < 64 for _, k in shapes) and any(n % 64 for n, _ in shapes)
+    failed = [r for r in swept.rows if not r.fp4ref_ok]
+    assert not swept.ok and {r.k for r in failed} == {k for _, k in shapes if k % 64}
+    assert any("dropped_k_tail" in r.diagnosis for r in failed), [r.note for r in failed]
+    with pytest.raises(SystemExit) as e:  # argparse: usage error, exit status 2
+        main(["verify", "--workload", "gemm_n3072_k2048", "--shapes", "diagonal"])
+    assert e.value.code == 2
+    with pytest.raises(ValueError, match="shapes="):
+        V.verify(["gemm_n3072_k2048"], device="cpu", shapes="diagonal")
