@@ -360,10 +360,10 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
     ``canonical=False`` draws any meta byte.
 
     The first ``k // 2`` K-columns (``k // 8`` groups) are a same-sign run: row i of A holds v0 = 6 s_i and
-    v1 in {0.5, 1.5, 3, 6} s_i there, row j of B magnitudes >= 8 (``_sparse_run_bmin``) with one sign t_j, so
-    every output element's partial sums grow monotonically over the run, by 6.5 * 8 = 52 or more per group, to at least
-    ``_sparse_run_floor(k)`` (13312 = 1.6 * 2^13 at k = 2048), while the half-odd products (0.5 b, 1.5 b, b odd)
-    keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above 2^13) drops them. The rest is
+    v1 in {0.5, 1.5, 3, 6} s_i there, row j of B magnitudes >= bmin (``_sparse_run_bmin``: 8 at k = 2048) with
+    one sign t_j, so every output element's partial sums grow monotonically over the run, by 6.5 bmin or more per
+    group, to at least ``_sparse_run_floor(k)`` (13312 = 1.6 * 2^13 at k = 2048, 12480 at k = 1024), while the
+    half-odd products (0.5 b, 1.5 b, b odd) keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above 2^13) drops them. The rest is
     uniform over the allowed codes (cancellation, output ties). The 128-product chunk bound of ``promote_every``
     holds everywhere (the run uses the same B bytes, |v0| + |v1| <= 12)."""
     ok = _exact_sparse_b_bytes(k, promote_every, positive)
@@ -390,9 +390,13 @@ def _sparse_run_groups(k) -> int:
 
 
 def _sparse_run_bmin(k, promote_every) -> float:
-    """Smallest |b| in the run: 8, or the largest allowed B value when bmax < 8."""
-    ok = _exact_sparse_b_bytes(k, promote_every, True)
-    return float(min(8.0, _E4M3_VALUES[ok].max()))
+    """Smallest |b| in the run: the smallest allowed B value that takes the run's sum to 1.5 * 2^13 (8 at
+    k = 2048, 15 at k = 1024 with promotion every 128), or the largest allowed one when none does."""
+    vals = np.sort(_E4M3_VALUES[_exact_sparse_b_bytes(k, promote_every, True)])
+    groups = _sparse_run_groups(k)
+    need = 1.5 * 2.0**13 / (6.5 * groups) if groups else np.inf
+    big = vals[vals >= need]
+    return float(big[0] if big.size else vals[-1])
 
 
 def _sparse_run_floor(k, promote_every=None) -> float:

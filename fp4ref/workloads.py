@@ -305,7 +305,7 @@ WORKLOADS: dict = {
             k=2048,
             gpu_m=(1, 7, 16, 64, 100, 256, 1024, 4096, 8192),
             cpu_m=(1, 5),
-            cpu_n=512,  # K stays 2048: the exact_acc run must pass 2^13 within the promotion bound
+            cpu_n=256,  # K stays 2048: there the unpromoted fp8 model fails exact_acc on most elements
             families={
                 "public": _sparse_public,
                 "canonical": _sparse_canonical,
