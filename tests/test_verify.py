@@ -23,7 +23,7 @@ def _run(tmp_path, *argv):
 
 def test_project_gemm_kernel_passes_in_interpreter(tmp_path):
     status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--device", "cpu", "--sizes", "3",
-                       "--families", "exact_acc")
+                       "--families", "exact_acc", "--no-integrity")  # the default run covers its integrity
     assert status == 0 and rep["ok"] is True, rep
     (row,) = rep["rows"]
     assert (row["workload"], row["m"], row["family"], row["checked_rows"]) == ("gemm_n3072_k2048", 3, "exact_acc", 3)
@@ -86,6 +86,9 @@ def test_usage_error_leaves_an_existing_json_report_alone(tmp_path):
     for bad in (["--sizes", "0"], ["--examples", "0"], ["--families", "bogus"]):
         assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(old), *bad]) == 2
         assert old.read_text() == '{"previous": 1}'
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--repro", str(afile), "--sizes", "1"]) == 2
     new = tmp_path / "new.json"
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(new), "--sizes", "0"]) == 2
     assert not new.exists()  # the writability probe leaves no empty file behind
