@@ -219,7 +219,9 @@ def test_repro_shrinks_and_writes_a_script_that_fails_while_the_bug_is_there(tmp
     assert not res.ok and "repro.py" in res.settings["repro"]
     ops = load_operands(str(d / "inputs.npz"))
     # shrunk: one row, and N, K from the sweep below the workload's
-    assert ops["A"].shape[0] == 1 and ops["B"].shape[0] < 768 and ops["A"].shape[1] < 1024
+    w = V.get_workload("gemm_n3072_k2048")
+    n, k = w.dims(True)
+    assert ops["A"].shape[0] == 1 and ops["B"].shape[0] < n and ops["A"].shape[1] < k
     from fp4ref import gemm
     from tests import _verify_kernels as K
 
@@ -241,7 +243,8 @@ def test_repro_shrinks_and_writes_a_script_that_fails_while_the_bug_is_there(tmp
 def test_shapes_sweep_finds_a_k_tail_bug_that_fixed_shapes_miss():
     kw = dict(kernel="tests._verify_kernels:drops_k_tail", device="cpu", families=["public"], integrity=False)
     fixed = V.verify(["gemm_n3072_k2048"], sizes=[1], **kw)
-    assert fixed.ok and {(r.n, r.k) for r in fixed.rows} == {(768, 1024)}  # 64 divides K: nothing to drop
+    cpu_nk = V.get_workload("gemm_n3072_k2048").dims(True)
+    assert fixed.ok and {(r.n, r.k) for r in fixed.rows} == {cpu_nk} and cpu_nk[1] % 64 == 0  # nothing to drop
     swept = V.verify(["gemm_n3072_k2048"], sizes=[1, 7], shapes="sweep", **kw)
     shapes = {(r.n, r.k) for r in swept.rows}
     assert shapes == set(V.sweep_shapes(V.get_workload("gemm_n3072_k2048")))
