@@ -497,6 +497,8 @@ def _integrity(case, device, seed, max_check_rows, args, ops, out_t, out, change
         fail("plain_dense_output", f"the result is a {type(out_t).__module__}.{type(out_t).__qualname__}"
                                    + (f" ({out_t.layout}{', meta' if out_t.is_meta else ''})"
                                       if isinstance(out_t, torch.Tensor) else ""))
+    elif out_t.dtype != {"float16": torch.float16, "bfloat16": torch.bfloat16}[w.output_dtype]:
+        fail("plain_dense_output", f"the result is {out_t.dtype}, the workload declares {w.output_dtype}")
     elif tensors and out_t.device != tensors[0][1].device:
         fail("plain_dense_output", f"the result is on {out_t.device}, the inputs on {tensors[0][1].device}")
     aliased = [n for n, a in tensors if isinstance(out_t, torch.Tensor) and _same_memory(out_t, a)]
