@@ -152,7 +152,7 @@ def _cmd_verify(args) -> int:
     for name, why in result.missing:
         console.print(f"[red]{escape(name)}: no kernel to verify[/] ({escape(why)})")
     if s.get("repro"):
-        console.print(f"reproducer written: {escape(s['repro'])}")
+        console.print(f"--repro: {escape(s['repro'])}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result.to_json(), fh, indent=2, allow_nan=False)

@@ -217,4 +217,4 @@ def write_repro(directory: str, case, ops: dict, *, seed: int, device: str) -> s
                                 interpret="1" if device == "cpu" else "0", kernel=c.spec, workload=c.w.name,
                                 device=device, model=c.model, rounding=c.rounding,
                                 exact=c.family in c.w.exact_families))
-    return f"{os.path.join(directory, 'repro.py')} ({what})"
+    return f"wrote {os.path.join(directory, 'repro.py')} and inputs.npz ({what})"

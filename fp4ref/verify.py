@@ -455,7 +455,10 @@ def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> li
             if repro is not None and not result.settings.get("repro"):
                 from .repro import write_repro
 
-                result.settings["repro"] = write_repro(repro, case, ops, seed=seed, device=device)
+                try:
+                    result.settings["repro"] = write_repro(repro, case, ops, seed=seed, device=device)
+                except Exception as rexc:  # the verdict stands; say why no reproducer was written
+                    result.settings["repro"] = f"not written ({type(rexc).__name__}: {rexc})"
     row.seconds = time.perf_counter() - t0
     if case.integrity and not extra:  # the first example never reached the checks: they cannot pass
         extra = [Row(workload=w.name, m=case.m, family=f"integrity:{c}", model=case.model, n=case.n, k=case.k,
