@@ -138,6 +138,10 @@ def test_notes_are_never_truncated_and_the_table_names_the_comparison_columns(tm
     from fp4ref.cli import TABLE_CAPTION
 
     assert TABLE_CAPTION in lines  # one line, whole
+    # not a terminal: one plain progress line per row (1 numeric + 6 integrity), counted and named
+    progress = [ln for ln in lines if ln.startswith("[") and " s] gemm_n3072_k2048 M=1 " in ln]
+    assert len(progress) == 7 and progress[0].startswith("[1/7 ") and progress[0].endswith(")")
+    assert "public: FAIL" in progress[0] and "integrity:inputs_unchanged: FAIL" in progress[1]
     assert "FIB" in TABLE_CAPTION and "SOL" in TABLE_CAPTION and "comparison" in TABLE_CAPTION
 
 
@@ -162,6 +166,8 @@ def test_failing_row_note_leads_with_the_failed_count(tmp_path):
     assert 0 < bad < out.size
     assert row["note"].startswith(f"FAILED: {bad} / {out.size} (")
     assert "not equal to the correctly rounded output" in row["note"]
+    # and names the bug from the error pattern
+    assert row["diagnosis"] == ["rounded_toward_zero"] and "likely bug: rounded_toward_zero" in row["note"]
 
 
 # ------------------------------------------------------------------------------------------- integrity verdicts
