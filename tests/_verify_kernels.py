@@ -132,3 +132,11 @@ def drops_k_tail(A, B):
     """Accumulates only whole 64-column K tiles: the partial last tile is dropped (right when 64 divides K)."""
     keep = A.shape[1] - A.shape[1] % 64
     return right(A[:, :keep], B[:, :keep])
+
+
+def wrong_fourth_k_block(A, B):
+    """Doubles the contribution of K columns 192..255 (one 64-column K-block): only that block matters."""
+    out = A.double() @ B.double().T
+    if A.shape[1] > 192:
+        out += A[:, 192:256].double() @ B[:, 192:256].double().T
+    return out.to(torch.float16)

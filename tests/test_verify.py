@@ -263,3 +263,15 @@ def test_shapes_sweep_finds_a_k_tail_bug_that_fixed_shapes_miss():
     assert e.value.code == 2
     with pytest.raises(ValueError, match="shapes="):
         V.verify(["gemm_n3072_k2048"], device="cpu", shapes="diagonal")
+
+
+def test_repro_keeps_only_the_k_block_that_shows_the_bug(tmp_path):
+    from fp4ref.repro import load_operands
+
+    d = tmp_path / "r"
+    res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:wrong_fourth_k_block", device="cpu",
+                   sizes=[2], families=["public"], integrity=False, repro=str(d))
+    assert not res.ok and "1 of " in res.settings["repro"], res.settings["repro"]
+    A = load_operands(str(d / "inputs.npz"))["A"]
+    blocks = np.unique(np.flatnonzero(np.any(A != 0, axis=0)) // 64)
+    assert blocks.tolist() == [3] and A.shape[0] == 1  # one row, one K-block: the one the bug reads wrong
