@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ._interop import to_numpy
 from .gemm import OUTPUT_FORMATS, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -288,7 +289,7 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     """Name the known bugs a failing output matches, with evidence (see the module docstring).
 
     Args:
-        out: the kernel output (numpy; shape and dtype of ``ref.out``).
+        out: the kernel output (numpy or torch; the shape of ``ref.out``).
         ref: the :class:`fp4ref.gemm.Reference` it failed against.
         workload: the :class:`fp4ref.workloads.Workload` (or None: output patterns only).
         operands: the workload's numpy operands (the whole input, before any row subset).
@@ -299,9 +300,14 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
 
     Raises:
-        ValueError: ``out`` and ``ref.out`` differ in shape.
+        ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
+            only one of ``workload`` and ``operands`` is given.
     """
-    o = np.asarray(out).astype(np.float64)
+    if output_rounding not in ("rne", "faithful"):
+        raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
+    if (workload is None) != (operands is None):
+        raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
+    o = np.asarray(to_numpy(out, "out")).astype(np.float64)
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
     found = _unwritten(o, ref) + _flushed(o, ref)

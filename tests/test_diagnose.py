@@ -193,3 +193,7 @@ def test_diagnose_rejects_a_shape_mismatch():
     ref = GEMM.reference(**ops)
     with pytest.raises(ValueError, match="shape"):
         diagnose(ref.out[:1], ref)
+    with pytest.raises(ValueError, match="output_rounding="):
+        diagnose(ref.out, ref, output_rounding="rz")
+    with pytest.raises(ValueError, match="operands"):
+        diagnose(ref.out, ref, workload=GEMM)
