@@ -140,3 +140,29 @@ def wrong_fourth_k_block(A, B):
     if A.shape[1] > 192:
         out += A[:, 192:256].double() @ B[:, 192:256].double().T
     return out.to(torch.float16)
+
+
+# ------------------------------------------------------------- sparse_gemm_fp4_fp8 stand-ins (fp8 accumulators)
+
+
+def _sparse_simulated(a_vals, a_meta, b_fp8, model):
+    import ml_dtypes
+    import numpy as np
+
+    from fp4ref import bounds, gemm
+    from fp4ref.packing import decompress_2to4
+
+    A = decompress_2to4(a_vals.numpy().view(np.uint8), a_meta.numpy().view(np.uint8)).astype(np.float64)
+    B = b_fp8.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    acc = gemm.round_float64(bounds.simulate(A, B, model), "bfloat16").astype(np.float32)
+    return torch.from_numpy(acc).to(torch.bfloat16)  # exact: acc already holds bf16 values
+
+
+def sparse_fp8_unpromoted(a_vals, a_meta, b_fp8):
+    """Hopper fp8 wgmma whose 14-bit accumulator is never promoted (Triton's sm_90 default), simulated."""
+    return _sparse_simulated(a_vals, a_meta, b_fp8, "hopper_fp8_wgmma")
+
+
+def sparse_fp8_promoted(a_vals, a_meta, b_fp8):
+    """The same accumulator promoted into fp32 every 128 products (max_num_imprecise_acc=128), simulated."""
+    return _sparse_simulated(a_vals, a_meta, b_fp8, "hopper_fp8_wgmma_promote(128)")

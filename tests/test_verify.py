@@ -275,3 +275,15 @@ def test_repro_keeps_only_the_k_block_that_shows_the_bug(tmp_path):
     A = load_operands(str(d / "inputs.npz"))["A"]
     blocks = np.unique(np.flatnonzero(np.any(A != 0, axis=0)) // 64)
     assert blocks.tolist() == [3] and A.shape[0] == 1  # one row, one K-block: the one the bug reads wrong
+
+
+def test_sparse_exact_acc_fails_an_unpromoted_fp8_kernel_end_to_end():
+    # the miss: an fp8 accumulator never promoted to fp32 passed every verdict; now exact_acc fails it
+    # (and names it), while the same accumulator promoted every 128 products passes
+    kw = dict(device="cpu", sizes=[1], families=["exact_acc"], integrity=False)
+    bad = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_unpromoted", **kw)
+    (row,) = bad.rows
+    assert not bad.ok and row.bitwise_equal_pct < 90 and row.note.startswith("FAILED: ")
+    assert row.diagnosis == ["unpromoted_fp8_accumulation"], row.note
+    good = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_promoted", **kw)
+    assert good.ok and good.rows[0].bitwise_equal_pct == 100.0
