@@ -194,14 +194,16 @@ INTEGRITY_CHECKS = {
 }
 
 #: ``--shapes sweep``: (N, K) around tile boundaries, for a kernel that claims general shapes; q is the
-#: workload's K granule (fp16 rows of 16 bytes: 8; 2:4 groups: 4; NVFP4 blocks: 16).
+#: workload's K granule (fp16 rows of 16 bytes: 8; 2:4 groups: 4; NVFP4 blocks: 16), r its N granule (8; for
+#: NVFP4 16: weight rows in 16-row groups, as the project's kernel requires).
 _SWEEP_M = (1, 7, 65)
 
 
 def sweep_shapes(workload) -> list:
     """(N, K) pairs of ``--shapes sweep``: K and N below one tile, K not a multiple of 64 / 128, N tails."""
     q = {"gemm_n3072_k2048": 8, "sparse_gemm_fp4_fp8_n2048_k2048": 4}.get(workload.name, 16)
-    return [(8, q), (64 + 8, 64 - q), (128 - 8, 128 + q), (192 + 8, 320 + q)]
+    r = 16 if workload.name.startswith("nvfp4") else 8
+    return [(r, q), (64 + r, 64 - q), (128 - r, 128 + q), (192 + r, 320 + q)]
 
 
 @dataclass(frozen=True)
