@@ -505,15 +505,32 @@ class Report:
     violations: list = field(default_factory=list)
     description: dict = field(default_factory=dict)
 
+    def failures(self) -> list:
+        """What failed, each with its count, the rule that decides first: e.g. ``["37 / 6144 elements not equal to
+        the correctly rounded output (exact-accumulation input)", "2 NaN mismatches"]``. Empty when ``ok``."""
+        pct = lambda n: f"{n} / {self.size} ({100.0 * n / max(self.size, 1):.3g}%)"  # noqa: E731
+        out = []
+        if self.not_equal_exact:
+            out.append(f"{pct(self.not_equal_exact)} elements not equal to the correctly rounded output "
+                       "(exact-accumulation input)")
+        if self.n_violations:
+            out.append(f"{pct(self.n_violations)} elements over the K-aware bound")
+        if self.unwritten:
+            out.append(f"{pct(self.unwritten)} elements unwritten (still poisoned)")
+        if self.nan_mismatch:
+            out.append(f"{pct(self.nan_mismatch)} NaN mismatches")
+        if self.inf_mismatch:
+            out.append(f"{pct(self.inf_mismatch)} Inf mismatches")
+        return out
+
     def summary(self) -> str:
-        """One line with the headline numbers."""
-        verdict = "OK" if self.ok else "FAILED"
+        """One line: what failed and how many first (``FAILED: ...``), then the headline numbers."""
+        head = "OK" if self.ok else "FAILED: " + "; ".join(self.failures() or ["check failed"])
         return (
-            f"{verdict}: {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
-            f"max err/bound {self.max_err_over_bound:.3g}, {self.n_violations} over the bound, "
-            f"max {self.max_ulps} ulp, {100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded "
-            f"output, SQNR {self.sqnr_db:.1f} dB, "
-            f"{self.nan_mismatch} NaN / {self.inf_mismatch} Inf mismatches, {self.unwritten} unwritten"
+            f"{head} -- {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
+            f"max err/bound {self.max_err_over_bound:.3g}, max {self.max_ulps} ulp, "
+            f"{100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded output, "
+            f"SQNR {self.sqnr_db:.1f} dB"
         )
 
     def message(self) -> str:

@@ -48,9 +48,15 @@ def _usage_error(command: str, message: str) -> int:
     return 2
 
 
+#: One line under the verify table: which columns decide, which are shown for comparison.
+TABLE_CAPTION = ("FIB and SOL: the FlashInfer-Bench and SOL-ExecBench checkers' verdicts on the same outputs, shown "
+                 "for comparison only; the fp4ref column decides the exit status")
+
+
 def _cmd_verify(args) -> int:
     import json
     import os
+    import time
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -95,38 +101,58 @@ def _cmd_verify(args) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw = dict(kernel=args.kernel, device=device, sizes=args.sizes, families=args.families, examples=args.examples,
+              seed=args.seed, model=args.model, output_rounding=args.output_rounding,
+              max_check_rows=args.max_check_rows or None, shapes=args.shapes, integrity=not args.no_integrity,
+              repro=args.repro)
     try:
-        total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task("verify", total=total)
-            result = V.verify(
-                workloads, kernel=args.kernel, device=device, sizes=args.sizes, families=args.families,
-                examples=args.examples, seed=args.seed, model=args.model, output_rounding=args.output_rounding,
-                max_check_rows=args.max_check_rows or None,
-                progress=lambda n, d: bar.update(task, advance=n, description=d),
-            )
+        total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families, shapes=args.shapes,
+                            integrity=not args.no_integrity)
+        if console.is_terminal:
+            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                          TimeElapsedColumn(), console=console, transient=True) as bar:
+                task = bar.add_task("verify", total=total)
+                result = V.verify(workloads, progress=lambda n, d: bar.update(task, advance=n, description=d), **kw)
+        else:  # piped or logged: one plain line per row, flushed, so a log shows where the run is
+            done = [0]
+            t0 = time.perf_counter()
+
+            def line(n, d):
+                done[0] += n
+                sys.stdout.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
+                sys.stdout.flush()
+
+            result = V.verify(workloads, progress=line, **kw)
     except ValueError as exc:  # argument checks inside verify() run before any kernel
         return _usage_error("verify", str(exc))
     s = result.settings
     title = f"fp4ref verify on {s['gpu'] or s['device']} (examples={s['examples']}, seed={s['seed']})"
     table = Table(title=title)
-    for col in ("workload", "M", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =", "SQNR dB",
-                "FIB", "SOL", "fp4ref"):
+    for col in ("workload", "M", "N", "K", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
+                "SQNR dB", "FIB", "SOL", "fp4ref"):
         table.add_column(col, justify="right" if col not in ("workload", "family") else "left")
     verdict = lambda ok: "[green]pass[/]" if ok else "[red]FAIL[/]"
     num = lambda x, f: "-" if x != x else format(x, f)  # NaN: no example completed
     for r in result.rows:
-        table.add_row(r.workload, str(r.m), r.family, str(r.examples), str(r.checked_rows),
+        integrity = r.kind == "integrity"  # no metrics, no public-checker verdicts: fp4ref's own check
+        table.add_row(r.workload, str(r.m), str(r.n), str(r.k), r.family, str(r.examples),
+                      "-" if integrity else str(r.checked_rows),
                       num(r.max_err_over_bound, ".3g"), num(r.max_ulps, ".3g"),
                       "-" if r.bitwise_equal_pct != r.bitwise_equal_pct else f"{r.bitwise_equal_pct:.2f}%",
-                      num(r.sqnr_db, ".1f"), verdict(r.fib_ok), verdict(r.sol_ok), verdict(r.fp4ref_ok))
+                      num(r.sqnr_db, ".1f"), "-" if integrity else verdict(r.fib_ok),
+                      "-" if integrity else verdict(r.sol_ok), verdict(r.fp4ref_ok))
     console.print(table)
+    console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
+    from rich.markup import escape
+
     for r in result.rows:
         if r.note:
-            console.print(f"[yellow]{r.workload} M={r.m} {r.family}:[/] {r.note}")
+            console.print(f"[yellow]{escape(f'{r.workload} M={r.m} N={r.n} K={r.k} {r.family}')}:[/] "
+                          f"{escape(r.note)}")
     for name, why in result.missing:
-        console.print(f"[red]{name}: no kernel to verify[/] ({why})")
+        console.print(f"[red]{escape(name)}: no kernel to verify[/] ({escape(why)})")
+    if s.get("repro"):
+        console.print(f"--repro: {escape(s['repro'])}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result.to_json(), fh, indent=2, allow_nan=False)
@@ -175,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the kernel's declared rounding (rne on GPU)")
     p.add_argument("--max-check-rows", type=int, default=256,
                    help="check at most this many rows of a large-M output (default 256; 0 = all)")
+    p.add_argument("--shapes", choices=("fixed", "sweep"), default="fixed",
+                   help="fixed: the workload's N and K (default); sweep: N and K around tile boundaries (K not a "
+                        "multiple of 64/128, N tails, below one tile), for a kernel that claims general shapes")
+    p.add_argument("--no-integrity", action="store_true",
+                   help="skip the integrity verdicts (no mutation or aliasing, fresh inputs in the same buffers, "
+                        "repeatable, mid-run output kept, plain dense output)")
+    p.add_argument("--repro", metavar="DIR",
+                   help="on the first failing row, shrink the case and write DIR/inputs.npz + DIR/repro.py (exits "
+                        "non-zero while the bug is there)")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.set_defaults(func=_cmd_verify)
 

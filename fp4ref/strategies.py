@@ -14,8 +14,8 @@ strategy                           draws
 ``meta_bytes``                     2:4 metadata bytes: canonical (0x04 0x08 0x09 0x0C 0x0D 0x0E) or any byte
 ``sparse_a_operands``              (a_vals, a_meta) for the sparse workload, uint8 or int8
 ``fp16_matrices``                  float16 matrices with adversarial magnitude patterns
-``nvfp4_operands``                 raw NVFP4 operand dicts (codes, scale bytes, global scale) with ties, zero
-                                   blocks, subnormal and near-overflow block scales
+``nvfp4_operands``                 raw NVFP4 operands (NVFP4Tensor: codes, scale bytes, global scale) with ties,
+                                   zero blocks, subnormal and near-overflow block scales
 ``mx_operands``                    raw MX operand dicts (element codes, UE8M0 scale bytes incl. 0 = 2^-127, 254)
 ``nvfp4_inputs``                   bf16 activations that exercise an NVFP4 quantizer (ties, zero blocks, ...)
 ``exact_accumulation_fp16``        fp16 (A, B) whose fp32 partial sums are exact in ANY order and on any tensor
@@ -32,6 +32,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from .blockscale import NVFP4Tensor
 from .packing import CANONICAL_META
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "sparse_a_operands",
     "fp16_matrices",
     "nvfp4_operands",
+    "NVFP4Operand",
     "nvfp4_inputs",
     "mx_operands",
     "exact_accumulation_fp16",
@@ -250,8 +252,9 @@ def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
     Construction (CUTLASS-style small integers, scaled): a = ia 2^-sa, b = ib 2^-sb with integers
     |ia|, |ib| <= imax, k imax^2 < 2^24, and sa + sb chosen so that |sum| <= k |a| |b| <= 2^15 (finite fp16
     outputs). All partial sums lie on 2^-(sa+sb) Z below 2^15, i.e. need <= 24 bits: exact in fp32, and a block
-    FMA aligned to a term <= 2^15 keeps 2^(15-24) = 2^-9 >= the grid. Row 0 of A and B are planted same-sign and
-    large so some sums reach ~2^14.
+    FMA aligned to a term <= 2^15 keeps 2^(15-24) = 2^-9 >= the grid. Two mirrored same-sign runs open every row
+    (:func:`exact_accumulation_fp16_arrays`): every element's partial sums pass 2^11, so an fp16 or bf16
+    accumulator cannot be exact on any element (tests/test_exact_families.py).
     """
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
@@ -267,17 +270,41 @@ def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
 
 
 def exact_accumulation_fp16_arrays(rng, m, n, k) -> tuple:
-    """The construction of :func:`exact_accumulation_fp16` with a numpy Generator (deterministic for a seed)."""
+    """The construction of :func:`exact_accumulation_fp16` with a numpy Generator (deterministic for a seed).
+
+    Every row opens with two mirrored same-sign runs of ``k // 4`` columns each: in the first, row i of A has one
+    sign and row j of B one sign, with |ia|, |ib| >= ceil(0.7 imax), so every output element's partial sums grow
+    monotonically to at least ``_fp16_run_floor(k)`` (>= 2^11: there an fp16 accumulator's ulp is >= 2, bf16's
+    >= 16, while the products lie on 2^-(sa+sb) Z, so fp16/bf16 accumulation cannot keep them); the second run
+    holds -A and B of the first, so it brings every sum back to exactly 0 and the results are those of the
+    remaining columns, uniform in [-imax, imax] (cancellation, exact fp16 output ties)."""
     imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
     if imax < 2:
         raise ValueError(f"k={k} is too large for an exact-accumulation family (k * imax^2 < 2^24)")
-    shift = max(0, int(np.ceil(np.log2(k * imax * imax))) - 15)
+    shift = _fp16_shift(k, imax)
     sa, sb = shift // 2, shift - shift // 2
     a = rng.integers(-imax, imax + 1, (m, k))
     b = rng.integers(-imax, imax + 1, (n, k))
-    a[0] = rng.integers(imax // 2, imax + 1, k)
-    b[0] = rng.integers(imax // 2, imax + 1, k)
+    run, lo = k // 4, _fp16_run_min(imax)
+    a[:, :run] = rng.integers(lo, imax + 1, (m, run)) * rng.choice([-1, 1], (m, 1))
+    b[:, :run] = rng.integers(lo, imax + 1, (n, run)) * rng.choice([-1, 1], (n, 1))
+    a[:, run:2 * run] = -a[:, :run]
+    b[:, run:2 * run] = b[:, :run]
     return np.ldexp(a, -sa).astype(np.float16), np.ldexp(b, -sb).astype(np.float16)
+
+
+def _fp16_shift(k, imax):
+    return max(0, int(np.ceil(np.log2(k * imax * imax))) - 15)
+
+
+def _fp16_run_min(imax):
+    return -(-7 * imax // 10)
+
+
+def _fp16_run_floor(k) -> float:
+    """A lower bound on the largest |partial sum| of every output element of exact_accumulation_fp16_arrays."""
+    imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
+    return (k // 4) * _fp16_run_min(imax) ** 2 * 2.0 ** -_fp16_shift(k, imax)
 
 
 def _exact_sparse_b_bytes(k, promote_every, positive) -> np.ndarray:
@@ -305,7 +332,9 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
     ``promote_every=N`` (Hopper fp8 wgmma promoted to fp32 every N products): bmax is lowered so that every chunk
     of N products also sums exactly in the 14-bit e8m13 accumulator (|chunk| <= 3 N bmax < 2^13, on 2^-1 Z: 14 bits,
     and the block-FMA alignment to 2^(E - 13) >= 2^-1 keeps the grid); the total still needs more than 14 bits when
-    3 k bmax >= 2^14, so an UNpromoted kernel is caught. ``positive``: only positive values (no cancellation)."""
+    3 k bmax >= 2^14, so an UNpromoted kernel is caught: a same-sign run over the first half of K
+    (:func:`exact_accumulation_sparse_arrays`) takes every element's partial sums past 2^13 (>= 13312 at
+    k = 2048) with half-odd products still to come. ``positive``: only positive values (no cancellation)."""
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
     if k % 4:
@@ -328,7 +357,15 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
 
 def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positive=False, canonical=True) -> tuple:
     """The construction of :func:`exact_accumulation_sparse` with a numpy Generator (deterministic for a seed);
-    ``canonical=False`` draws any meta byte."""
+    ``canonical=False`` draws any meta byte.
+
+    The first ``k // 2`` K-columns (``k // 8`` groups) are a same-sign run: row i of A holds v0 = 6 s_i and
+    v1 in {0.5, 1.5, 3, 6} s_i there, row j of B magnitudes >= bmin (``_sparse_run_bmin``: 8 at k = 2048) with
+    one sign t_j, so every output element's partial sums grow monotonically over the run, by 6.5 bmin or more per
+    group, to at least ``_sparse_run_floor(k)`` (13312 = 1.6 * 2^13 at k = 2048, 12480 at k = 1024), while the
+    half-odd products (0.5 b, 1.5 b, b odd) keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above 2^13) drops them. The rest is
+    uniform over the allowed codes (cancellation, output ties). The 128-product chunk bound of ``promote_every``
+    holds everywhere (the run uses the same B bytes, |v0| + |v1| <= 12)."""
     ok = _exact_sparse_b_bytes(k, promote_every, positive)
     val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
     pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
@@ -336,15 +373,63 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
     metas = np.array(CANONICAL_META if canonical else range(256), dtype=np.uint8)
     meta = metas[rng.integers(0, metas.size, (m, k // 4))]
     b = ok[rng.integers(0, ok.size, (n, k))].astype(np.uint8)
+    g_run = _sparse_run_groups(k)
+    if g_run:
+        sign_a = (rng.integers(0, 2, (m, 1)) * 8 if not positive else np.zeros((m, 1), np.int64)).astype(np.uint8)
+        hi = np.array([1, 3, 5, 7], np.uint8)[rng.integers(0, 4, (m, g_run))]
+        vals[:, :g_run] = (7 | sign_a) | ((hi | sign_a) << 4)
+        mags = ok[((ok & 0x80) == 0) & (_E4M3_VALUES[ok] >= _sparse_run_bmin(k, promote_every))]
+        sign_b = (rng.integers(0, 2, (n, 1)) * 0x80 if not positive else np.zeros((n, 1), np.int64)).astype(np.uint8)
+        b[:, :4 * g_run] = mags[rng.integers(0, mags.size, (n, 4 * g_run))].astype(np.uint8) | sign_b
     return vals, meta, b
 
 
-def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[dict]:
-    """Raw NVFP4 operands: {"codes": uint8 [rows, k/2] packed, "scales": uint8 [rows, k/16] E4M3FN bytes,
-    "global_decode_scale": float32}. Block scale classes: zero blocks (scale 0x00), subnormal scales
-    (0x01..0x07), typical, near-overflow (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes
-    only with ``allow_nan_scale``. ``global_scale``: a float, or None to draw one (powers of two and odd
-    float32s). Pass them to :class:`fp4ref.blockscale.NVFP4Tensor`."""
+def _sparse_run_groups(k) -> int:
+    """Groups of 4 K-columns in the same-sign run of :func:`exact_accumulation_sparse_arrays`."""
+    return k // 8
+
+
+def _sparse_run_bmin(k, promote_every) -> float:
+    """Smallest |b| in the run: the smallest allowed B value that takes the run's sum to 1.5 * 2^13 (8 at
+    k = 2048, 15 at k = 1024 with promotion every 128), or the largest allowed one when none does."""
+    vals = np.sort(_E4M3_VALUES[_exact_sparse_b_bytes(k, promote_every, True)])
+    groups = _sparse_run_groups(k)
+    need = 1.5 * 2.0**13 / (6.5 * groups) if groups else np.inf
+    big = vals[vals >= need]
+    return float(big[0] if big.size else vals[-1])
+
+
+def _sparse_run_floor(k, promote_every=None) -> float:
+    """A lower bound on |the run's sum| of every output element of :func:`exact_accumulation_sparse_arrays`."""
+    return _sparse_run_groups(k) * (6 + 0.5) * _sparse_run_bmin(k, promote_every)
+
+
+_E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+class NVFP4Operand(NVFP4Tensor):
+    """An :class:`fp4ref.blockscale.NVFP4Tensor` (so ``gemm.nvfp4_gemm`` and ``blockscale.nvfp4_dequantize``
+    take it as it is) that also reads like the dict :func:`nvfp4_operands` used to yield: ``op["codes"]``,
+    ``op["scales"]``, ``op["global_decode_scale"]`` (kept for existing tests; new code uses the attributes)."""
+
+    _KEYS = ("codes", "scales", "global_decode_scale")
+
+    def __getitem__(self, key):
+        if key not in self._KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def keys(self):
+        return self._KEYS
+
+
+def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.SearchStrategy[NVFP4Operand]:
+    """Raw NVFP4 operands [rows, k] quantized along K (axis 1, 16-element blocks), as :class:`NVFP4Operand`
+    (an NVFP4Tensor with ``recipe="raw"``): ``codes`` uint8 [rows, k/2] packed, ``scales`` uint8 [rows, k/16]
+    E4M3FN bytes, ``global_decode_scale`` float32; pass two of them to ``gemm.nvfp4_gemm(xq, wq)`` as they are.
+    Block scale classes: zero blocks (scale 0x00), subnormal scales (0x01..0x07), typical, near-overflow
+    (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes only with ``allow_nan_scale``.
+    ``global_scale``: a float, or None to draw one (powers of two and odd float32s)."""
     _check_int("rows", rows, 1)
     _check_int("k", k, 16)
     if k % 16:
@@ -361,7 +446,8 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
             g = draw(st.sampled_from([1.0, 2.0**-8, 2.0**6]) | st.floats(2.0**-20, 2.0**10, width=32))
         else:
             g = global_scale
-        return {"codes": codes, "scales": scales, "global_decode_scale": np.float32(g)}
+        return NVFP4Operand(codes=codes, scales=scales, global_decode_scale=np.float32(g), shape=(rows, k),
+                            recipe="raw", block=(1, 16), axis=1)
 
     return _draw()
 

@@ -22,7 +22,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -51,6 +51,10 @@ class Row:
     fp4ref_ok: bool = True
     seconds: float = 0.0
     note: str = ""
+    n: int = 0
+    k: int = 0
+    kind: str = "numeric"  # or "integrity" (family "integrity:<check>"; FIB/SOL repeat the verdict)
+    diagnosis: list = field(default_factory=list)  # fp4ref.diagnose bug names when the check failed
 
 
 @dataclass
@@ -150,7 +154,7 @@ def _row_subset(m: int, limit: int | None, rng) -> np.ndarray | None:
     return np.unique(np.concatenate([head, mid, tail]))
 
 
-def _check_one(out, ref, rows, n: int, model, output_rounding, exact_accumulation):
+def _check_one(out, ref, rows, n: int, model, output_rounding, exact_accumulation=False):
     from . import bounds, testing
 
     if rows is not None:
@@ -176,6 +180,46 @@ def _inputs_changed(args, ops, names) -> list:
     return changed
 
 
+#: The integrity verdicts, each a row of the table (family column ``integrity:<name>``), run once per workload
+#: at its first size on fresh ``public`` inputs.
+INTEGRITY_CHECKS = {
+    "inputs_unchanged": "no call changes the bytes of an input tensor (the workloads' no-mutation constraint)",
+    "output_not_aliased": "the output shares no memory with an input tensor",
+    "fresh_inputs_same_buffers": "new values written into the same input tensors give the new, correct output "
+                                 "(no output cache keyed on pointers or input fingerprints)",
+    "repeat_bitwise": "a second call on the same inputs returns a bitwise equal output",
+    "mid_run_output_kept": "an output taken before further calls still holds its verified values after them",
+    "plain_dense_output": "the result is a plain torch.Tensor (no subclass, not lazy or meta; strided) of the "
+                          "declared dtype on the inputs' device",
+}
+
+#: ``--shapes sweep``: (N, K) around tile boundaries, for a kernel that claims general shapes; q is the
+#: workload's K granule (fp16 rows of 16 bytes: 8; 2:4 groups: 4; NVFP4 blocks: 16), r its N granule (8; for
+#: NVFP4 16: weight rows in 16-row groups, as the project's kernel requires).
+_SWEEP_M = (1, 7, 65)
+
+
+def sweep_shapes(workload) -> list:
+    """(N, K) pairs of ``--shapes sweep``: K and N below one tile, K not a multiple of 64 / 128, N tails."""
+    q = {"gemm_n3072_k2048": 8, "sparse_gemm_fp4_fp8_n2048_k2048": 4}.get(workload.name, 16)
+    r = 16 if workload.name.startswith("nvfp4") else 8
+    return [(r, q), (64 + r, 64 - q), (128 - r, 128 + q), (192 + r, 320 + q)]
+
+
+@dataclass(frozen=True)
+class _Case:
+    w: Workload
+    fn: object
+    spec: str
+    model: str
+    rounding: str
+    m: int
+    n: int
+    k: int
+    family: str
+    integrity: bool  # run the integrity checks after this case's first example
+
+
 def verify(
     workloads=None,
     *,
@@ -188,6 +232,9 @@ def verify(
     model=None,
     output_rounding: str | None = None,
     max_check_rows: int | None = 256,
+    shapes: str = "fixed",
+    integrity: bool = True,
+    repro: str | None = None,
     progress=None,
 ) -> VerifyResult:
     """Verify kernels on workloads. See the module docstring; ``fp4ref verify --help`` for the options.
@@ -203,7 +250,13 @@ def verify(
             fp32-accumulating tensor-core model).
         output_rounding: "rne" or "faithful" (default: the kernel's declared one for the device; rne otherwise).
         max_check_rows: check at most this many rows of a large-M output (None: all).
-        progress: a callable(advance: int, description: str) or None.
+        shapes: "fixed" (the workload's N and K: the GPU's, or the CPU sizes in the interpreter) or "sweep"
+            (:func:`sweep_shapes`, for a kernel that claims general shapes; M from ``sizes`` or 1, 7, 65).
+        integrity: run the :data:`INTEGRITY_CHECKS` (one row each per workload).
+        repro: a directory: for the first failing row, shrink the case and write a reproducer there
+            (:func:`fp4ref.repro.write_repro`).
+        progress: a callable(advance: int, description: str) or None; called after each row with a line that
+            names the row and its verdict.
 
     Returns:
         :class:`VerifyResult`.
@@ -215,6 +268,8 @@ def verify(
         raise ValueError(f"device={device!r} must be 'cuda' or 'cpu'")
     if output_rounding not in (None, "rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r} must be 'rne' or 'faithful'")
+    if shapes not in ("fixed", "sweep"):
+        raise ValueError(f"shapes={shapes!r} must be 'fixed' or 'sweep'")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ValueError(f"examples={examples!r} must be a positive int")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -227,6 +282,8 @@ def verify(
     if max_check_rows is not None and (not isinstance(max_check_rows, int) or max_check_rows < 129):
         raise ValueError(f"max_check_rows={max_check_rows!r} must be None (all rows) or an int >= 129 "
                          "(the first 64, the last 64 and at least one row between)")
+    if repro is not None and (not isinstance(repro, str) or (os.path.exists(repro) and not os.path.isdir(repro))):
+        raise ValueError(f"repro={repro!r} must be a directory path")
     for name in names:
         get_workload(name)
     if families is not None:
@@ -250,12 +307,10 @@ def verify(
         # Must be set before any @triton.jit module is imported.
         os.environ["TRITON_INTERPRET"] = "1"
 
-    from ._interop import to_numpy
-
     result = VerifyResult(settings={
         "device": device if not interpreted else "cpu (Triton interpreter)",
         "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-        "examples": examples, "seed": seed, "kernel": kernel, "max_check_rows": max_check_rows,
+        "examples": examples, "seed": seed, "kernel": kernel, "max_check_rows": max_check_rows, "shapes": shapes,
     })
     plan = []
     for name in names:
@@ -270,82 +325,250 @@ def verify(
         # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
         rounding = output_rounding or (contract.rounding_for(interpreted) if contract else "rne")
         fams = [f for f in (families or w.families) if f in w.families]
-        ms = list(sizes or (w.cpu_m if interpreted else w.gpu_m))
-        for m in ms:
-            # Each M is checked under the model of the path and config that serves it (a GEMV, a split-K or a
-            # persistent tile path of one kernel differ); in the interpreter tl.dot is a numpy fp32 product.
-            if model is not None:
-                model_name = bounds.get_model(model).name
-            elif contract is not None:
-                cfg = contract.config_for(int(m), w.n, w.k, interpreted)
-                model_name = contract.model_for(cfg, w.k, interpreted, M=int(m), N=w.n).name
-            else:
-                model_name = bounds.DEFAULT_MODEL
-            for f in fams:
-                plan.append((w, fn, model_name, rounding, int(m), f))
+        dims = sweep_shapes(w) if shapes == "sweep" else [w.dims(interpreted)]
+        ms = list(sizes or (_SWEEP_M if shapes == "sweep" else (w.cpu_m if interpreted else w.gpu_m)))
+        first = True
+        for n, k in dims:
+            for m in ms:
+                # Each M is checked under the model of the path and config that serves it (a GEMV, a split-K or
+                # a persistent tile path of one kernel differ); in the interpreter tl.dot is a numpy fp32 product.
+                if model is not None:
+                    model_name = bounds.get_model(model).name
+                elif contract is not None:
+                    cfg = contract.config_for(int(m), n, k, interpreted)
+                    model_name = contract.model_for(cfg, k, interpreted, M=int(m), N=n).name
+                else:
+                    model_name = bounds.DEFAULT_MODEL
+                for f in fams:
+                    plan.append(_Case(w, fn, spec, model_name, rounding, int(m), n, k, f,
+                                      integrity and first and f == fams[0]))
+                    first = False
 
-    for w, fn, model_name, rounding, m, fam in plan:
-        row = Row(workload=w.name, m=m, family=fam, model=model_name)
-        t0 = time.perf_counter()
-        for ex in range(examples):
-            rng = np.random.default_rng([seed, ex, m, sum(map(ord, w.name + fam))])
-            ops = w.families[fam](rng, m, w.n, w.k)
-            rows = _row_subset(m, max_check_rows, rng) if w.slice_rows else None
-            # The reference first, from the operands themselves; the kernel then gets copies of them.
-            ref = w.reference(**(ops if rows is None else w.slice_rows(ops, rows)))
-            args = [_to_torch(ops[a], device) for a in w.args]
-            out_shape = w.output_shape(m)
-            _poison_allocator(out_shape, w.output_dtype, device)
-            try:
-                with warnings.catch_warnings():
-                    if interpreted:  # the interpreter's numpy casts warn on inf/NaN lanes that kernels mask off
-                        warnings.simplefilter("ignore", RuntimeWarning)
-                    out_t = fn(*args)
-                if device == "cuda":
-                    torch.cuda.synchronize()
-            except (Exception, SystemExit) as exc:  # a user kernel must not end the run, nor pass by exiting
-                row.fp4ref_ok = row.fib_ok = row.sol_ok = False
-                row.note = f"kernel raised {type(exc).__name__}: {exc}"[:200]
-                break
-            try:
-                out = to_numpy(out_t, "output")  # e.g. a meta tensor cannot be copied out: a failing row
-            except Exception as exc:
-                out = exc
-            try:
-                if isinstance(out, Exception):
-                    raise ValueError(f"the kernel's output cannot be read ({type(out).__name__}: {out})")
-                changed = _inputs_changed(args, ops, w.args)
-                if changed:
-                    raise ValueError(f"the kernel modified its input(s) {changed}")
-                if getattr(out, "shape", None) != out_shape or getattr(out, "dtype", None) != np.dtype(
-                        _dtype_of(w.output_dtype)):
-                    raise ValueError(f"the kernel returned {getattr(out, 'dtype', type(out).__name__)} "
-                                     f"{getattr(out, 'shape', '')}; the workload's output is {w.output_dtype} "
-                                     f"{out_shape}")
-                report, fib, sol, nrows = _check_one(out, ref, rows, w.n, model_name, rounding,
-                                                    exact_accumulation=fam in w.exact_families)
-            except (ValueError, TypeError) as exc:
-                row.fp4ref_ok = row.fib_ok = row.sol_ok = False
-                row.note = f"output rejected: {exc}"[:200]
-                break
-            row.examples += 1
-            row.checked_rows = nrows
-            first = row.examples == 1
-            row.max_err_over_bound = _worse(row.max_err_over_bound, float(report.max_err_over_bound), max, first)
-            row.max_ulps = _worse(row.max_ulps, float(report.max_ulps), max, first)
-            row.bitwise_equal_pct = _worse(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction), min,
-                                           first)
-            row.sqnr_db = _worse(row.sqnr_db, float(report.sqnr_db), min, first)
-            row.fib_ok &= fib
-            row.sol_ok &= sol
-            row.fp4ref_ok &= bool(report.ok)
-            if not report.ok and not row.note:
-                row.note = report.summary()[:200] if hasattr(report, "summary") else "bound violated"
-        row.seconds = time.perf_counter() - t0
-        result.rows.append(row)
-        if progress is not None:
-            progress(1, f"{w.name} M={m} {fam}")
+    for case in plan:
+        rows = _run_case(case, device, examples, seed, max_check_rows, repro, result)
+        for row in rows:
+            result.rows.append(row)
+            if progress is not None:
+                progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: "
+                            f"{'pass' if row.fp4ref_ok else 'FAIL'} ({row.seconds:.1f} s)")
     return result
+
+
+def _poisoned_call(case, args, device):
+    """Call the kernel with the allocator poisoned; the output (a torch object) or the exception it raised."""
+    import torch
+
+    w = case.w
+    _poison_allocator(w.output_shape(case.m, case.n), w.output_dtype, device)
+    try:
+        with warnings.catch_warnings():
+            if device == "cpu":  # the interpreter's numpy casts warn on inf/NaN lanes that kernels mask off
+                warnings.simplefilter("ignore", RuntimeWarning)
+            out = case.fn(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out, None
+    except (Exception, SystemExit) as exc:  # a user kernel must not end the run, nor pass by exiting
+        return None, exc
+
+
+def _read_output(case, out_t):
+    """The output as numpy, validated against the workload's shape and dtype (ValueError says why not)."""
+    import torch
+
+    from ._interop import to_numpy
+
+    if isinstance(out_t, torch.Tensor) and type(out_t) is not torch.Tensor:
+        out_t = out_t.as_subclass(torch.Tensor)  # read a subclass's values (plain_dense_output judges its type)
+    try:
+        out = to_numpy(out_t, "output")  # e.g. a meta tensor cannot be copied out: a failing row
+    except Exception as exc:
+        raise ValueError(f"the kernel's output cannot be read ({type(exc).__name__}: {exc})") from None
+    shape = case.w.output_shape(case.m, case.n)
+    if getattr(out, "shape", None) != shape or getattr(out, "dtype", None) != np.dtype(
+            _dtype_of(case.w.output_dtype)):
+        raise ValueError(f"the kernel returned {getattr(out, 'dtype', type(out).__name__)} "
+                         f"{getattr(out, 'shape', '')}; the workload's output is {case.w.output_dtype} {shape}")
+    return out
+
+
+def _example(case, seed, ex, max_check_rows):
+    """Operands, checked row subset and reference of one example."""
+    w = case.w
+    rng = np.random.default_rng([seed, ex, case.m, sum(map(ord, w.name + case.family))])
+    ops = w.families[case.family](rng, case.m, case.n, case.k)
+    rows = _row_subset(case.m, max_check_rows, rng) if w.slice_rows else None
+    # The reference first, from the operands themselves; the kernel then gets copies of them.
+    ref = w.reference(**(ops if rows is None else w.slice_rows(ops, rows)))
+    return ops, rows, ref
+
+
+def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> list:
+    w = case.w
+    row = Row(workload=w.name, m=case.m, family=case.family, model=case.model, n=case.n, k=case.k)
+    extra = []
+    t0 = time.perf_counter()
+    exact = case.family in w.exact_families
+    for ex in range(examples):
+        ops, rows, ref = _example(case, seed, ex, max_check_rows)
+        args = [_to_torch(ops[a], device) for a in w.args]
+        out_t, exc = _poisoned_call(case, args, device)
+        if exc is not None:
+            row.fp4ref_ok = row.fib_ok = row.sol_ok = False
+            row.note = f"kernel raised {type(exc).__name__}: {exc}"
+            break
+        try:
+            out = _read_output(case, out_t)
+            changed = _inputs_changed(args, ops, w.args)
+            if case.integrity and ex == 0:  # before the row's verdict: a failing call still gets its integrity rows
+                extra = _integrity(case, device, seed, max_check_rows, args, ops, out_t, out, changed)
+            if changed:
+                raise ValueError(f"the kernel modified its input(s) {changed}")
+            report, fib, sol, nrows = _check_one(out, ref, rows, case.n, case.model, case.rounding,
+                                                exact_accumulation=exact)
+        except (ValueError, TypeError) as exc:
+            row.fp4ref_ok = row.fib_ok = row.sol_ok = False
+            row.note = f"output rejected: {exc}"
+            break
+        row.examples += 1
+        row.checked_rows = nrows
+        first = row.examples == 1
+        row.max_err_over_bound = _worse(row.max_err_over_bound, float(report.max_err_over_bound), max, first)
+        row.max_ulps = _worse(row.max_ulps, float(report.max_ulps), max, first)
+        row.bitwise_equal_pct = _worse(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction), min,
+                                       first)
+        row.sqnr_db = _worse(row.sqnr_db, float(report.sqnr_db), min, first)
+        row.fib_ok &= fib
+        row.sol_ok &= sol
+        row.fp4ref_ok &= bool(report.ok)
+        if not report.ok and not row.note:
+            row.note = report.summary()
+            checked = out if rows is None else out.reshape(-1, case.n)[rows].reshape(ref.out.shape)
+            try:
+                from .diagnose import diagnose
+
+                found = diagnose(checked, ref, workload=w, operands=ops, rows=rows, output_rounding=case.rounding)
+            except Exception as dexc:  # a diagnosis must never hide the verdict
+                found = []
+                row.note += f" | no diagnosis ({type(dexc).__name__}: {dexc})"
+            row.diagnosis = [d.bug for d in found]
+            if found:
+                row.note += " | likely bug: " + "; ".join(str(d) for d in found)
+            if repro is not None and not result.settings.get("repro"):
+                from .repro import write_repro
+
+                try:
+                    result.settings["repro"] = write_repro(repro, case, ops, seed=seed, device=device)
+                except Exception as rexc:  # the verdict stands; say why no reproducer was written
+                    result.settings["repro"] = f"not written ({type(rexc).__name__}: {rexc})"
+    row.seconds = time.perf_counter() - t0
+    if case.integrity and not extra:  # the first example never reached the checks: they cannot pass
+        extra = [Row(workload=w.name, m=case.m, family=f"integrity:{c}", model=case.model, n=case.n, k=case.k,
+                     fp4ref_ok=False, fib_ok=False, sol_ok=False, kind="integrity",
+                     note=f"not run: the first call failed ({row.note})") for c in INTEGRITY_CHECKS]
+    return [row] + extra
+
+
+def _same_memory(a, b) -> bool:
+    try:
+        sa, sb = a.untyped_storage(), b.untyped_storage()
+        a0, b0 = sa.data_ptr(), sb.data_ptr()
+        return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes() and sa.nbytes() > 0 and sb.nbytes() > 0
+    except Exception:  # e.g. a meta tensor has no storage to share
+        return False
+
+
+def _integrity(case, device, seed, max_check_rows, args, ops, out_t, out, changed) -> list:
+    """The INTEGRITY_CHECKS after the first call (``out_t``, read as ``out``) on ``args`` (copies of ``ops``;
+    ``changed``: the inputs that call modified)."""
+    import torch
+
+    from ._interop import is_torch_tensor, to_numpy
+
+    w = case.w
+    verdict, why = {}, {}
+
+    def fail(check, reason):
+        if verdict.get(check, True):
+            verdict[check], why[check] = False, reason
+
+    for c in INTEGRITY_CHECKS:
+        verdict[c] = True
+    if changed:
+        fail("inputs_unchanged", f"the kernel modified its input(s) {changed}")
+    tensors = [(n, a) for n, a in zip(w.args, args) if is_torch_tensor(a)]
+    ok_type = type(out_t) is torch.Tensor and out_t.layout == torch.strided and not out_t.is_meta
+    if not ok_type:
+        fail("plain_dense_output", f"the result is a {type(out_t).__module__}.{type(out_t).__qualname__}"
+                                   + (f" ({out_t.layout}{', meta' if out_t.is_meta else ''})"
+                                      if isinstance(out_t, torch.Tensor) else ""))
+    elif out_t.dtype != {"float16": torch.float16, "bfloat16": torch.bfloat16}[w.output_dtype]:
+        fail("plain_dense_output", f"the result is {out_t.dtype}, the workload declares {w.output_dtype}")
+    elif tensors and out_t.device != tensors[0][1].device:
+        fail("plain_dense_output", f"the result is on {out_t.device}, the inputs on {tensors[0][1].device}")
+    aliased = [n for n, a in tensors if isinstance(out_t, torch.Tensor) and _same_memory(out_t, a)]
+    if aliased:
+        fail("output_not_aliased", f"the output shares memory with input(s) {aliased}")
+    before = np.ascontiguousarray(out).view(np.uint8).copy()
+
+    # a second call on the same tensors: bitwise the same output
+    again_t, exc = _poisoned_call(case, args, device)
+    if exc is not None:
+        fail("repeat_bitwise", f"the second call raised {type(exc).__name__}: {exc}")
+    else:
+        try:
+            again = _read_output(case, again_t)
+            if not np.array_equal(np.ascontiguousarray(again).view(np.uint8), before):
+                n_diff = int(np.sum(again.astype(np.float64) != out.astype(np.float64)))
+                fail("repeat_bitwise", f"{n_diff} of {out.size} elements differ between two calls on the same "
+                                       "inputs")
+        except ValueError as e:
+            fail("repeat_bitwise", str(e))
+    changed = _inputs_changed(args, ops, w.args)
+    if changed:
+        fail("inputs_unchanged", f"the kernel modified its input(s) {changed} (second call)")
+
+    # fresh values written into the same tensors: the new, correct output
+    rng_seed = seed + 7919  # another example of the same family and size
+    fresh_case = replace(case, family="public")
+    ops2, rows2, ref2 = _example(fresh_case, rng_seed, 0, max_check_rows)
+    same = []
+    for name, a in zip(w.args, args):
+        if is_torch_tensor(a):
+            a.copy_(_to_torch(ops2[name], device))
+            same.append(a)
+        else:
+            same.append(ops2[name])
+    fresh_t, exc = _poisoned_call(case, same, device)
+    if exc is not None:
+        fail("fresh_inputs_same_buffers", f"the call on the rewritten inputs raised {type(exc).__name__}: {exc}")
+    else:
+        try:
+            fresh = _read_output(case, fresh_t)
+            report, _, _, _ = _check_one(fresh, ref2, rows2, case.n, case.model, case.rounding, False)
+            if not report.ok:
+                stale = np.array_equal(np.ascontiguousarray(fresh).view(np.uint8), before)
+                fail("fresh_inputs_same_buffers", ("the output of the previous inputs came back (an output cache?)"
+                                                   if stale else "wrong output") + f": {report.summary()}")
+        except ValueError as e:
+            fail("fresh_inputs_same_buffers", str(e))
+    changed = _inputs_changed(same, ops2, w.args)
+    if changed:
+        fail("inputs_unchanged", f"the kernel modified its input(s) {changed} (rewritten inputs)")
+
+    # the first output, taken before those calls, still holds what was verified
+    try:
+        now = np.ascontiguousarray(to_numpy(out_t, "output")).view(np.uint8)
+        if not np.array_equal(now, before):
+            n_diff = int(np.sum(now != before))
+            fail("mid_run_output_kept", f"the first call's output changed by later calls ({n_diff} bytes): the "
+                                        "kernel returns a buffer it reuses")
+    except Exception as e:
+        fail("mid_run_output_kept", f"the first call's output cannot be read again ({type(e).__name__}: {e})")
+
+    return [Row(workload=w.name, m=case.m, family=f"integrity:{c}", model=case.model, n=case.n, k=case.k,
+                fp4ref_ok=verdict[c], fib_ok=verdict[c], sol_ok=verdict[c], kind="integrity",
+                note=why.get(c, ""), examples=1) for c in INTEGRITY_CHECKS]
 
 
 def _worse(old: float, new: float, pick, first: bool) -> float:
@@ -363,13 +586,15 @@ def _json_safe(x):
     return x
 
 
-def plan_size(workloads=None, *, device="cpu", sizes=None, families=None) -> int:
+def plan_size(workloads=None, *, device="cpu", sizes=None, families=None, shapes="fixed", integrity=True) -> int:
     """Number of table rows ``verify`` will produce (for a progress bar)."""
     n = 0
     for name in workloads or WORKLOADS:
         w = get_workload(name)
-        ms = sizes or (w.cpu_m if device == "cpu" else w.gpu_m)
-        n += len(ms) * len([f for f in (families or w.families) if f in w.families])
+        ms = sizes or (_SWEEP_M if shapes == "sweep" else (w.cpu_m if device == "cpu" else w.gpu_m))
+        dims = len(sweep_shapes(w)) if shapes == "sweep" else 1
+        n += dims * len(ms) * len([f for f in (families or w.families) if f in w.families])
+        n += len(INTEGRITY_CHECKS) if integrity else 0
     return n
 
 

@@ -93,8 +93,26 @@ def test_fp16_matrices_validate():
 
 @given(fst.nvfp4_operands(3, 64, allow_nan_scale=True))
 def test_nvfp4_operands(ops):
-    assert ops["codes"].shape == (3, 32) and ops["scales"].shape == (3, 4)
-    assert ops["codes"].dtype == ops["scales"].dtype == np.uint8 and isinstance(ops["global_decode_scale"], np.float32)
+    assert ops.codes.shape == (3, 32) and ops.scales.shape == (3, 4) and ops.shape == (3, 64)
+    assert ops.codes.dtype == ops.scales.dtype == np.uint8 and isinstance(ops.global_decode_scale, np.float32)
+    assert ops["codes"] is ops.codes and set(ops.keys()) == {"codes", "scales", "global_decode_scale"}  # old dict
+
+
+@given(fst.nvfp4_operands(2, 32), fst.nvfp4_operands(3, 32, global_scale=2.0))
+def test_nvfp4_operands_go_into_nvfp4_gemm_as_they_are(xq, wq):
+    from fractions import Fraction
+
+    from fp4ref.blockscale import nvfp4_dequantize
+
+    ref = gemm.nvfp4_gemm(xq, wq)
+    assert ref.out.shape == (2, 3)
+    # independent value: the dequantized operands' exact dot product (Fractions), rounded once to bf16
+    x, w = nvfp4_dequantize(xq, np.float64), nvfp4_dequantize(wq, np.float64)  # exact
+    for i in range(2):
+        for j in range(3):
+            exact = sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(x[i], w[j]))
+            err = Fraction(float(np.broadcast_to(ref.exact_err, ref.out.shape)[i, j]))
+            assert abs(Fraction(float(ref.exact[i, j])) - exact) <= err
 
 
 @given(fst.nvfp4_inputs(2, 64))

@@ -324,3 +324,22 @@ def test_assert_gemm_close_message_names_the_rule():
         testing.assert_gemm_close(bad, ref, "hopper_fp16_wgmma")
     msg = str(ei.value)
     assert "hopper_fp16_wgmma" in msg and "(1, 2)" in msg and "Elements over the bound: 1 / 32" in msg
+
+
+def test_summary_leads_with_what_failed_and_how_many():
+    out, ref, kw = case_ties_away()
+    rep = bounds.check(out, ref, **kw)
+    n = int(np.sum(out.astype(np.float64) != ref.out.astype(np.float64)))  # the ties, rounded the other way
+    assert 0 < n < out.size
+    s = rep.summary()
+    assert s.startswith(f"FAILED: {n} / {out.size} (") and s.index("not equal to the correctly rounded") < s.index(
+        "--"), s
+    assert rep.failures()[0].startswith(f"{n} / {out.size}")
+    ok = bounds.check(ref.out.copy(), ref, **kw)
+    assert ok.summary().startswith("OK -- ") and ok.failures() == []
+    # several kinds: the count of each, the exact-accumulation rule first
+    bad = ref.out.copy()
+    bad[0, :3] = np.nan
+    rep2 = bounds.check(bad, ref, poison=float("nan"), model="fp32_rn", exact_accumulation=True)
+    assert rep2.summary().startswith(f"FAILED: 3 / {out.size} (") and "3 / " in rep2.failures()[1]
+    assert "unwritten" in rep2.failures()[1]

@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from fp4ref import verify as V
@@ -11,14 +12,18 @@ torch = pytest.importorskip("torch")
 
 
 def _run(tmp_path, *argv):
+    """Run the CLI; the report with only its numeric rows (the integrity rows are under "integrity")."""
     path = tmp_path / "report.json"
     status = main(["verify", *argv, "--json", str(path)])
-    return status, json.loads(path.read_text())
+    rep = json.loads(path.read_text())
+    rep["integrity"] = {r["family"].split(":", 1)[1]: r for r in rep["rows"] if r["kind"] == "integrity"}
+    rep["rows"] = [r for r in rep["rows"] if r["kind"] == "numeric"]
+    return status, rep
 
 
 def test_project_gemm_kernel_passes_in_interpreter(tmp_path):
     status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--device", "cpu", "--sizes", "3",
-                       "--families", "exact_acc")
+                       "--families", "exact_acc", "--no-integrity")  # the default run covers its integrity
     assert status == 0 and rep["ok"] is True, rep
     (row,) = rep["rows"]
     assert (row["workload"], row["m"], row["family"], row["checked_rows"]) == ("gemm_n3072_k2048", 3, "exact_acc", 3)
@@ -81,6 +86,9 @@ def test_usage_error_leaves_an_existing_json_report_alone(tmp_path):
     for bad in (["--sizes", "0"], ["--examples", "0"], ["--families", "bogus"]):
         assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(old), *bad]) == 2
         assert old.read_text() == '{"previous": 1}'
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--repro", str(afile), "--sizes", "1"]) == 2
     new = tmp_path / "new.json"
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(new), "--sizes", "0"]) == 2
     assert not new.exists()  # the writability probe leaves no empty file behind
@@ -119,3 +127,163 @@ def test_misbehaving_kernels_are_failing_rows(tmp_path, bad, why):
     assert status == 1 and rep["ok"] is False and not row["fp4ref_ok"] and why in row["note"]
     # no example completed: no metrics (strict JSON strings), never a vacuous 100% / inf
     assert row["examples"] == 0 and row["bitwise_equal_pct"] == "nan" and row["sqnr_db"] == "nan"
+
+
+def test_notes_are_never_truncated_and_the_table_names_the_comparison_columns(tmp_path, capsys):
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:raises_long",
+                       "--device", "cpu", "--sizes", "1", "--families", "public")
+    (row,) = rep["rows"]
+    assert status == 1 and row["note"] == "kernel raised RuntimeError: " + "x" * 300 + " END-OF-MESSAGE"
+    lines = capsys.readouterr().out.splitlines()
+    from fp4ref.cli import TABLE_CAPTION
+
+    assert TABLE_CAPTION in lines  # one line, whole
+    # not a terminal: one plain progress line per row (1 numeric + 6 integrity), counted and named
+    progress = [ln for ln in lines if ln.startswith("[") and " s] gemm_n3072_k2048 M=1 " in ln]
+    assert len(progress) == 7 and progress[0].startswith("[1/7 ") and progress[0].endswith(")")
+    assert "public: FAIL" in progress[0] and "integrity:inputs_unchanged: FAIL" in progress[1]
+    assert "FIB" in TABLE_CAPTION and "SOL" in TABLE_CAPTION and "comparison" in TABLE_CAPTION
+
+
+def test_failing_row_note_leads_with_the_failed_count(tmp_path):
+    # truncating_store on exact_acc: the note starts with how many elements are not correctly rounded, counted
+    # here independently from the same operands
+    import numpy as np
+
+    from fp4ref import gemm
+    from fp4ref.workloads import get_workload
+    from tests import _verify_kernels as K
+
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", "tests._verify_kernels:truncating_store",
+                       "--device", "cpu", "--sizes", "2", "--families", "exact_acc")
+    (row,) = rep["rows"]
+    w = get_workload("gemm_n3072_k2048")
+    n, k = w.dims(True)
+    rng = np.random.default_rng([0, 0, 2, sum(map(ord, w.name + "exact_acc"))])
+    ops = w.families["exact_acc"](rng, 2, n, k)
+    out = K.truncating_store(torch.from_numpy(ops["A"]), torch.from_numpy(ops["B"])).numpy()
+    bad = int(np.sum(out != gemm.gemm_fp16(ops["A"], ops["B"]).out))
+    assert 0 < bad < out.size
+    assert row["note"].startswith(f"FAILED: {bad} / {out.size} (")
+    assert "not equal to the correctly rounded output" in row["note"]
+    # and names the bug from the error pattern
+    assert row["diagnosis"] == ["rounded_toward_zero"] and "likely bug: rounded_toward_zero" in row["note"]
+
+
+# ------------------------------------------------------------------------------------------- integrity verdicts
+
+# planted bug -> the integrity verdicts it must fail (every other verdict of its run must pass, except for the
+# aliased output: it is written into an input, so that input changes too)
+INTEGRITY_BUGS = {
+    "mutates_on_second_call": {"inputs_unchanged"},
+    "aliases_input": {"output_not_aliased", "inputs_unchanged"},
+    "pointer_cache": {"fresh_inputs_same_buffers"},
+    "fingerprint_cache": {"fresh_inputs_same_buffers"},
+    "nondeterministic": {"repeat_bitwise"},
+    "reuses_output_buffer": {"mid_run_output_kept"},
+    "subclass_output": {"plain_dense_output"},
+}
+
+
+def _integrity_run(name):
+    res = V.verify(["gemm_n3072_k2048"], kernel=f"tests._verify_kernels:{name}", device="cpu", sizes=[2],
+                   families=["public"])
+    return res, {r.family.split(":", 1)[1]: r for r in res.rows if r.kind == "integrity"}
+
+
+@pytest.mark.parametrize("name", list(INTEGRITY_BUGS))
+def test_integrity_verdict_catches_its_planted_bug(name):
+    from tests import _verify_kernels as K
+
+    K._calls["n"] = 0
+    K._cache.clear()
+    res, integ = _integrity_run(name)
+    assert set(integ) == set(V.INTEGRITY_CHECKS)
+    failed = {c for c, r in integ.items() if not r.fp4ref_ok}
+    must = INTEGRITY_BUGS[name]
+    # an output written into B also corrupts later calls' inputs and itself changes: more verdicts may follow
+    assert must <= failed if name == "aliases_input" else failed == must, {c: integ[c].note for c in failed}
+    assert not res.ok and all(integ[c].note for c in failed)
+
+
+@pytest.mark.parametrize("name", ["right", "noncontiguous_ok"])
+def test_integrity_verdicts_pass_a_right_kernel(name):
+    res, integ = _integrity_run(name)
+    assert res.ok and len(integ) == len(V.INTEGRITY_CHECKS)
+    assert all(r.fp4ref_ok and not r.note for r in integ.values()), {c: r.note for c, r in integ.items()}
+
+
+def test_repro_shrinks_and_writes_a_script_that_fails_while_the_bug_is_there(tmp_path):
+    import subprocess
+    import sys
+
+    from fp4ref.repro import load_operands
+
+    d = tmp_path / "repro"
+    res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:truncating_store", device="cpu", sizes=[7],
+                   families=["exact_acc"], integrity=False, repro=str(d))
+    assert not res.ok and "repro.py" in res.settings["repro"]
+    ops = load_operands(str(d / "inputs.npz"))
+    # shrunk: one row, and N, K from the sweep below the workload's
+    w = V.get_workload("gemm_n3072_k2048")
+    n, k = w.dims(True)
+    assert ops["A"].shape[0] == 1 and ops["B"].shape[0] < n and ops["A"].shape[1] < k
+    from fp4ref import gemm
+    from tests import _verify_kernels as K
+
+    out = K.truncating_store(torch.from_numpy(ops["A"]), torch.from_numpy(ops["B"])).numpy()
+    assert np.any(out != gemm.gemm_fp16(ops["A"], ops["B"]).out)  # independently: the bug shows on them
+    root = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
+    run = lambda: subprocess.run([sys.executable, str(d / "repro.py")], cwd=root, capture_output=True, text=True,
+                                 timeout=300)
+    p = run()
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Not equal to the correctly rounded output" in p.stdout
+    script = (d / "repro.py").read_text().replace("tests._verify_kernels:truncating_store",
+                                                   "tests._verify_kernels:right")
+    (d / "repro.py").write_text(script)
+    p = run()
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_shapes_sweep_finds_a_k_tail_bug_that_fixed_shapes_miss():
+    kw = dict(kernel="tests._verify_kernels:drops_k_tail", device="cpu", families=["public"], integrity=False)
+    fixed = V.verify(["gemm_n3072_k2048"], sizes=[1], **kw)
+    cpu_nk = V.get_workload("gemm_n3072_k2048").dims(True)
+    assert fixed.ok and {(r.n, r.k) for r in fixed.rows} == {cpu_nk} and cpu_nk[1] % 64 == 0  # nothing to drop
+    swept = V.verify(["gemm_n3072_k2048"], sizes=[1, 7], shapes="sweep", **kw)
+    shapes = {(r.n, r.k) for r in swept.rows}
+    assert shapes == set(V.sweep_shapes(V.get_workload("gemm_n3072_k2048")))
+    assert any(k % 64 for _, k in shapes) and any(k < 64 for _, k in shapes) and any(n % 64 for n, _ in shapes)
+    failed = [r for r in swept.rows if not r.fp4ref_ok]
+    assert not swept.ok and {r.k for r in failed} == {k for _, k in shapes if k % 64}
+    assert any("dropped_k_tail" in r.diagnosis for r in failed), [r.note for r in failed]
+    with pytest.raises(SystemExit) as e:  # argparse: usage error, exit status 2
+        main(["verify", "--workload", "gemm_n3072_k2048", "--shapes", "diagonal"])
+    assert e.value.code == 2
+    with pytest.raises(ValueError, match="shapes="):
+        V.verify(["gemm_n3072_k2048"], device="cpu", shapes="diagonal")
+
+
+def test_repro_keeps_only_the_k_block_that_shows_the_bug(tmp_path):
+    from fp4ref.repro import load_operands
+
+    d = tmp_path / "r"
+    res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:wrong_fourth_k_block", device="cpu",
+                   sizes=[2], families=["public"], integrity=False, repro=str(d))
+    assert not res.ok and "1 of " in res.settings["repro"], res.settings["repro"]
+    A = load_operands(str(d / "inputs.npz"))["A"]
+    blocks = np.unique(np.flatnonzero(np.any(A != 0, axis=0)) // 64)
+    assert blocks.tolist() == [3] and A.shape[0] == 1  # one row, one K-block: the one the bug reads wrong
+
+
+def test_sparse_exact_acc_fails_an_unpromoted_fp8_kernel_end_to_end():
+    # the issue's miss: an fp8 accumulator never promoted to fp32 passed every verdict; now exact_acc fails it
+    # (and names it), while the same accumulator promoted every 128 products passes
+    kw = dict(device="cpu", sizes=[1], families=["exact_acc"], integrity=False)
+    bad = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_unpromoted", **kw)
+    (row,) = bad.rows
+    assert not bad.ok and row.bitwise_equal_pct < 90 and row.note.startswith("FAILED: ")
+    assert row.diagnosis == ["unpromoted_fp8_accumulation"], row.note
+    good = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_promoted", **kw)
+    assert good.ok and good.rows[0].bitwise_equal_pct == 100.0

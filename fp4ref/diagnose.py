@@ -1,0 +1,321 @@
+"""Bug fingerprints: when a check fails, classify the error pattern and name the known bug it matches.
+
+:func:`diagnose` looks at a failing output beside its reference (and, where given, the workload's operands) and
+returns :class:`Diagnosis` entries, each a known bug with its evidence. Two kinds of test:
+
+* patterns in the output alone: unwritten trailing rows or columns (elements still holding the NaN poison),
+  NaN/inf flushed to finite values, outputs rounded toward zero or away from it (the signs of the errors against
+  the correctly rounded value, every wrong element one ulp off);
+* "the output is what the bug would compute": the output is recomputed, on a sample of at most 4 rows x 48
+  columns, the way the bug reads the operands (swapped nibbles, swapped 2:4 metadata fields, a signed shift of
+  int8 bytes, missing or misplaced NVFP4 block scales, a dropped K tail) or accumulates (fp16 / bf16 partial sums,
+  an unpromoted 14-bit fp8 accumulator); the bug is named when that matches the output on >= 90% of the sample
+  while the correctly rounded reference does not (the share of each is the evidence).
+
+Pure numpy; the workloads are those of :mod:`fp4ref.workloads` (operands as their numpy dicts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ._interop import to_numpy
+from .gemm import OUTPUT_FORMATS, round_float64
+
+__all__ = ["Diagnosis", "diagnose", "BUGS"]
+
+#: The bugs :func:`diagnose` can name, with what each means.
+BUGS = {
+    "unwritten_tail_columns": "the last output columns are never written (a masked-off partial N tile)",
+    "unwritten_tail_rows": "the last output rows are never written (a masked-off partial M tile)",
+    "unwritten_elements": "output elements are never written (still hold the NaN poison)",
+    "nonfinite_flushed": "NaN / inf results are flushed to finite values",
+    "rounded_toward_zero": "the output is rounded toward zero (a truncating store) instead of to nearest even",
+    "ties_away_from_zero": "output ties are rounded away from zero instead of to even",
+    "rounded_away_from_zero": "the output is rounded away from zero instead of to nearest even",
+    "fp16_accumulation": "partial sums are kept in fp16 (low-precision accumulation)",
+    "bf16_accumulation": "partial sums are kept in bf16 (low-precision accumulation)",
+    "unpromoted_fp8_accumulation": "the 14-bit fp8 tensor-core accumulator is never promoted to fp32",
+    "swapped_nibbles": "the two E2M1 codes of a byte are read in the wrong order (element 0 from bits 7:4)",
+    "swapped_meta_fields": "the 2:4 metadata index fields are swapped (idx0 read from bits 3:2); it computes the "
+                           "same output as swapped_nibbles, so both are named",
+    "signed_shift": "int8 bytes are shifted as signed (v >> 4 sign-extends, no mask)",
+    "missing_block_scale": "the NVFP4 block scales of the weight are not applied (read as 1.0)",
+    "block_scale_wrong_block": "each NVFP4 block uses the scale of the previous block",
+    "dropped_k_tail": "the last K elements (a partial or final K tile) are never accumulated",
+}
+
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+_MATCH = 0.9  # share of the sample a bug's output must match
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A known bug the output matches. ``bug`` is a key of :data:`BUGS`; ``evidence`` says what was measured."""
+
+    bug: str
+    evidence: str
+
+    @property
+    def description(self) -> str:
+        return BUGS[self.bug]
+
+    def __str__(self) -> str:
+        return f"{self.bug} ({self.evidence})"
+
+
+def _fmt(ref):
+    return OUTPUT_FORMATS[ref.output_format.name]
+
+
+def _ordered(x64, fmt):
+    bits = x64.astype(fmt.dtype).view(np.uint16).astype(np.int64)
+    return np.where(bits & 0x8000, -(bits & 0x7FFF), bits)
+
+
+# ------------------------------------------------------------------------------------------- output patterns
+
+
+def _unwritten(o, ref) -> list:
+    mask = np.isnan(o) & ~np.isnan(ref.exact)
+    if not mask.any():
+        return []
+    m2 = mask.reshape(-1, mask.shape[-1])
+    rows, cols = m2.shape
+    n_col = 0
+    while n_col < cols and m2[:, cols - 1 - n_col].all():
+        n_col += 1
+    n_row = 0
+    while n_row < rows and m2[rows - 1 - n_row].all():
+        n_row += 1
+    total = int(mask.sum())
+    if n_col and n_col * rows == total:
+        return [Diagnosis("unwritten_tail_columns", f"the last {n_col} of {cols} columns hold the NaN poison in "
+                                                    f"every row, nothing else does")]
+    if n_row and n_row * cols == total:
+        return [Diagnosis("unwritten_tail_rows", f"the last {n_row} of {rows} rows hold the NaN poison, "
+                                                 "nothing else does")]
+    return [Diagnosis("unwritten_elements", f"{total} of {mask.size} elements hold the NaN poison where the "
+                                            "reference is a number")]
+
+
+def _flushed(o, ref) -> list:
+    r = ref.out.astype(np.float64)
+    nonfinite = ~np.isfinite(r)
+    flushed = nonfinite & np.isfinite(o)
+    if not flushed.any():
+        return []
+    i = tuple(int(v) for v in np.argwhere(flushed)[0])
+    return [Diagnosis("nonfinite_flushed", f"{int(flushed.sum())} of the {int(nonfinite.sum())} elements whose "
+                                           f"reference is NaN/inf are finite, e.g. {i}: out {o[i]!r}, "
+                                           f"reference {r[i]!r}")]
+
+
+def _rounding(o, ref) -> list:
+    fmt = _fmt(ref)
+    r = ref.out.astype(np.float64)
+    C = np.asarray(ref.exact, dtype=np.float64)
+    fin = np.isfinite(o) & np.isfinite(r) & np.isfinite(C)
+    wrong = fin & (o != r)
+    n = int(wrong.sum())
+    if n < 8:  # a handful of 1-ulp differences says nothing about the rounding rule
+        return []
+    ulps = np.abs(_ordered(o[wrong], fmt) - _ordered(r[wrong], fmt))
+    if ulps.max() > 1:
+        return []
+    c, ow, rw = C[wrong], o[wrong], r[wrong]
+    toward = np.abs(ow) < np.abs(c)  # the wrong value lies between 0 and the exact one
+    ulp = fmt.ulp(rw)
+    tie = np.abs(np.abs(c - rw) - ulp / 2) == 0
+    if toward.all():
+        return [Diagnosis("rounded_toward_zero", f"all {n} wrong elements are the neighbour toward zero of the "
+                                                 "exact value (1 ulp below the correctly rounded one in magnitude)")]
+    if (~toward).all() and tie.all():
+        return [Diagnosis("ties_away_from_zero", f"all {n} wrong elements are exact ties, rounded away from zero "
+                                                 "instead of to even")]
+    if (~toward).all():
+        return [Diagnosis("rounded_away_from_zero", f"all {n} wrong elements are the neighbour away from zero of "
+                                                    "the exact value")]
+    return []
+
+
+# ------------------------------------------------------------------------------ recomputing as the bug would
+
+
+def _sample(shape2, rng_rows=4, n_cols=48):
+    rows, cols = shape2
+    r = np.unique(np.linspace(0, rows - 1, min(rows, rng_rows)).astype(int))
+    c = np.unique(np.linspace(0, cols - 1, min(cols, n_cols)).astype(int))
+    return r, c
+
+
+def _share_equal(o, x, faithful, fmt) -> float:
+    with np.errstate(invalid="ignore"):
+        eq = (o == x) | (np.isnan(o) & np.isnan(x))
+        if faithful:
+            fin = np.isfinite(o) & np.isfinite(x)
+            eq |= fin & (np.abs(_ordered(np.where(fin, o, 0), fmt) - _ordered(np.where(fin, x, 0), fmt)) <= 1)
+    return float(eq.mean()) if eq.size else 0.0
+
+
+def _sequential(P, fmt_name):
+    acc = np.zeros(P.shape[:-1])
+    for j in range(P.shape[-1]):
+        acc = round_float64(acc + P[..., j], fmt_name)
+    return acc
+
+
+def _dense_variants(A, B, K):
+    """(name, evidence detail, float64 values) for a dense A [m, K] x B [n, K] sample (fp16 GEMM, sparse)."""
+    out = [("dropped_k_tail", f"the last {t} ", lambda t=t: A[:, :K - t] @ B[:, :K - t].T) for t in _tails(K)]
+    P = A[:, None, :] * B[None, :, :]
+    out.append(("fp16_accumulation", "", lambda: _sequential(P, "float16")))
+    out.append(("bf16_accumulation", "", lambda: _sequential(P, "bfloat16")))
+    return out
+
+
+def _sparse_dense(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=False):
+    v = vals.view(np.uint8).astype(np.int64)
+    t = meta.view(np.uint8).astype(np.int64)
+    lo, hi = v & 0xF, v >> 4
+    if swap_nibbles:
+        lo, hi = hi, lo
+    v0, v1 = _E2M1[lo], _E2M1[hi]
+    if signed_shift:
+        hs = vals.view(np.int8).astype(np.int64) >> 4
+        v1 = (1 - 2 * (hs >> 3)) * np.abs(_E2M1[hs & 7])
+    i0, i1 = t & 3, (t >> 2) & 3
+    if swap_meta:
+        i0, i1 = i1, i0
+    m, g = v.shape
+    A = np.zeros((m, g, 4))
+    for j in range(4):
+        A[:, :, j] += np.where(i0 == j, v0, 0.0) + np.where(i1 == j, v1, 0.0)
+    return A.reshape(m, 4 * g)
+
+
+def _candidates(workload, ops, rows, cols):
+    """(bug, detail, callable -> float64 values before the output rounding) on the sample."""
+    name = workload.name
+    if name.startswith("gemm"):
+        A = ops["A"][rows].astype(np.float64)
+        B = ops["B"][cols].astype(np.float64)
+        return _dense_variants(A, B, A.shape[1])
+    if name.startswith("sparse"):
+        vals, meta = ops["a_vals"][rows], ops["a_meta"][rows]
+        B = _E4M3[np.asarray(ops["b_fp8"]).view(np.uint8)[cols]]
+        with np.errstate(invalid="ignore"):
+            out = [(bug, "", lambda kw=kw: _sparse_dense(vals, meta, **kw) @ B.T) for bug, kw in (
+                ("swapped_nibbles", {"swap_nibbles": True}), ("swapped_meta_fields", {"swap_meta": True}),
+                ("signed_shift", {"signed_shift": True}))]
+            A = _sparse_dense(vals, meta)
+            out += [v for v in _dense_variants(A, B, A.shape[1]) if v[0] != "bf16_accumulation"]
+        from .bounds import simulate
+
+        out.append(("unpromoted_fp8_accumulation", "", lambda: simulate(A, B, "hopper_fp8_wgmma")))
+        return out
+    if name.startswith("nvfp4"):
+        return _nvfp4_candidates(workload, ops, rows, cols)
+    return []
+
+
+def _nvfp4_candidates(workload, ops, rows, cols):
+    x = ops["x"]
+    amax = float(np.max(np.abs(x.astype(np.float32)))) if x.size else 0.0
+    w = np.asarray(ops["weight_fp4"]).view(np.uint8)[cols]
+    s = np.asarray(ops["weight_scales"]).view(np.uint8)[cols]
+    g = ops["weight_global_decode_scale"]
+    xs = x.reshape(-1, x.shape[-1])[rows]
+    K = xs.shape[-1]
+
+    def run(xx=xs, ww=w, ss=s):
+        ref = workload.reference(x=xx, weight_fp4=ww, weight_scales=ss.view(ml_dtypes.float8_e4m3fn),
+                                 weight_global_decode_scale=g, x_global_amax=amax)
+        return np.asarray(ref.exact, dtype=np.float64).reshape(len(rows), len(cols))
+
+    out = [("swapped_nibbles", "", lambda: run(ww=((w & 0xF) << 4) | (w >> 4))),
+           ("missing_block_scale", "", lambda: run(ss=np.full_like(s, 0x38))),
+           ("block_scale_wrong_block", "", lambda: run(ss=np.roll(s, 1, axis=1)))]
+    def drop(t):
+        xx = xs.astype(np.float32).copy()
+        xx[:, K - t:] = 0
+        return run(xx=xx.astype(ml_dtypes.bfloat16))
+
+    return out + [("dropped_k_tail", f"the last {t} ", lambda t=t: drop(t)) for t in _tails(K, 16)]
+
+
+def _tails(K, multiple=1):
+    """K-tail lengths a tiled kernel may drop: K mod BLOCK_K, or one whole last tile, for BLOCK_K 16 ... 256."""
+    ts = []
+    for bk in (16, 32, 64, 128, 256):
+        t = K % bk or bk
+        if t < K and t % multiple == 0 and t not in ts:
+            ts.append(t)
+    return ts
+
+
+def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list:
+    fmt = _fmt(ref)
+    faithful = output_rounding == "faithful"
+    o2 = out2
+    r2 = ref.out.astype(np.float64).reshape(o2.shape)
+    rows, cols = _sample(o2.shape)
+    src_rows = rows if rows_checked is None else np.asarray(rows_checked)[rows]
+    o = o2[np.ix_(rows, cols)]
+    base = _share_equal(o, r2[np.ix_(rows, cols)], faithful, fmt)
+    found = []
+    for bug, detail, fn in _candidates(workload, ops, src_rows, cols):
+        try:
+            with np.errstate(all="ignore"):
+                x = round_float64(np.asarray(fn(), dtype=np.float64), fmt.name)
+        except (ValueError, TypeError, IndexError):
+            continue
+        share = _share_equal(o, x, faithful, fmt)
+        if share >= _MATCH and share > base:
+            what = f"{detail}K elements dropped: " if detail else ""
+            found.append((share, Diagnosis(bug, f"{what}recomputed that way, {100 * share:.0f}% of {o.size} "
+                                                f"sampled outputs match (the correctly rounded reference: "
+                                                f"{100 * base:.0f}%)")))
+    found.sort(key=lambda t: -t[0])
+    # bugs that compute the same output are all named (swapping the two nibbles of a byte and swapping the two
+    # index fields of its meta byte put the same values in the same columns)
+    return [d for share, d in found if share == found[0][0]]
+
+
+def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
+    """Name the known bugs a failing output matches, with evidence (see the module docstring).
+
+    Args:
+        out: the kernel output (numpy or torch; the shape of ``ref.out``).
+        ref: the :class:`fp4ref.gemm.Reference` it failed against.
+        workload: the :class:`fp4ref.workloads.Workload` (or None: output patterns only).
+        operands: the workload's numpy operands (the whole input, before any row subset).
+        rows: the output rows ``ref`` covers when it was computed on a row subset (None: all).
+        output_rounding: "rne" or "faithful", as checked.
+
+    Returns:
+        A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
+
+    Raises:
+        ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
+            only one of ``workload`` and ``operands`` is given.
+    """
+    if output_rounding not in ("rne", "faithful"):
+        raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
+    if (workload is None) != (operands is None):
+        raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
+    o = np.asarray(to_numpy(out, "out")).astype(np.float64)
+    if o.shape != ref.out.shape:
+        raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
+    found = _unwritten(o, ref) + _flushed(o, ref)
+    if found:
+        return found
+    if workload is not None and operands is not None:  # the specific recomputations first: an unpromoted RZ
+        # accumulator's errors also point toward zero
+        found = _recomputed(o.reshape(-1, o.shape[-1]), ref, workload, operands, rows, output_rounding)
+    if not found and output_rounding == "rne":
+        found = _rounding(o, ref)
+    return found

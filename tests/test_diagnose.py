@@ -1,0 +1,199 @@
+"""fp4ref.diagnose names planted bugs from their error patterns, and names nothing on correct kernels.
+
+Each planted-bug kernel is an exact numpy emulation of one bug on a workload's own operands (at small N and K),
+rounded once (RNE) to the output format, so only the bug differs from the reference.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp4ref import bounds, gemm
+from fp4ref.diagnose import BUGS, diagnose
+from fp4ref.workloads import get_workload
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+GEMM = get_workload("gemm_n3072_k2048")
+SPARSE = get_workload("sparse_gemm_fp4_fp8_n2048_k2048")
+NVFP4 = get_workload("nvfp4_linear_n8192_k8192")
+
+
+def _round(x, like):
+    return gemm.round_float64(x, like.output_format.name).astype(like.out.dtype)
+
+
+def _ops(w, family, m, n, k, seed=0):
+    return w.families[family](np.random.default_rng(seed), m, n, k)
+
+
+# ------------------------------------------------------------------------------------------ planted bugs
+
+
+def truncating_store(w, ops, ref):
+    r = ref.out.astype(np.float64)
+    over = np.abs(r) > np.abs(ref.exact)
+    return np.where(over, np.nextafter(r.astype(ref.out.dtype), np.zeros_like(ref.out)), ref.out).astype(
+        ref.out.dtype)
+
+
+def ties_away(w, ops, ref):
+    f = gemm.OUTPUT_FORMATS[ref.output_format.name]
+    x = ref.exact
+    _, e = np.frexp(x)
+    q = np.maximum(e - 1, f.emin) - (f.p - 1)
+    return np.ldexp(np.sign(x) * np.floor(np.abs(np.ldexp(x, -q)) + 0.5), q).astype(ref.out.dtype)
+
+
+def unwritten_columns(w, ops, ref):
+    out = ref.out.copy()
+    out[..., -16:] = np.nan
+    return out
+
+
+def unwritten_rows(w, ops, ref):
+    out = ref.out.copy()
+    out[-1] = np.nan
+    return out
+
+
+def inf_flushed(w, ops, ref):
+    out = ref.out.astype(np.float64)
+    out[np.isinf(out)] = np.sign(out[np.isinf(out)]) * 65504.0
+    return out.astype(ref.out.dtype)
+
+
+def dropped_k_tail(w, ops, ref):
+    A, B = ops["A"].astype(np.float64), ops["B"].astype(np.float64)
+    K = A.shape[1]
+    keep = K - K % 64
+    return _round(A[:, :keep] @ B[:, :keep].T, ref)
+
+
+def fp16_accumulation(w, ops, ref):
+    P = ops["A"].astype(np.float64)[:, None, :] * ops["B"].astype(np.float64)[None, :, :]
+    acc = np.zeros(P.shape[:2])
+    for j in range(P.shape[-1]):
+        acc = gemm.round_float64(acc + P[..., j], "float16")
+    return acc.astype(np.float16)
+
+
+def _sparse_A(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=False):
+    v, t = vals.view(np.uint8).astype(np.int64), meta.view(np.uint8).astype(np.int64)
+    lo, hi = (v >> 4, v & 0xF) if swap_nibbles else (v & 0xF, v >> 4)
+    v0, v1 = E2M1[lo], E2M1[hi]
+    if signed_shift:  # hi = int8 >> 4 (arithmetic), decoded as (1 - 2 * (hi >> 3)) * |e2m1(hi & 7)|
+        hs = vals.view(np.int8).astype(np.int64) >> 4
+        v1 = (1 - 2 * (hs >> 3)) * np.abs(E2M1[hs & 7])
+    i0, i1 = (((t >> 2) & 3), t & 3) if swap_meta else (t & 3, (t >> 2) & 3)
+    m, g = v.shape
+    A = np.zeros((m, g, 4))
+    for j in range(4):
+        A[:, :, j] += np.where(i0 == j, v0, 0.0) + np.where(i1 == j, v1, 0.0)
+    return A.reshape(m, 4 * g)
+
+
+def _sparse_bug(**kw):
+    def kernel(w, ops, ref):
+        return _round(_sparse_A(ops["a_vals"], ops["a_meta"], **kw) @ E4M3[ops["b_fp8"].view(np.uint8)].T, ref)
+    return kernel
+
+
+def unpromoted_fp8(w, ops, ref):
+    A = _sparse_A(ops["a_vals"], ops["a_meta"])
+    return _round(bounds.simulate(A, E4M3[ops["b_fp8"].view(np.uint8)], "hopper_fp8_wgmma"), ref)
+
+
+def _nvfp4_bug(transform):
+    def kernel(w, ops, ref):
+        s = transform(np.asarray(ops["weight_scales"]).view(np.uint8))
+        bad = w.reference(**{**ops, "weight_scales": s.view(ml_dtypes.float8_e4m3fn)})
+        return bad.out
+    return kernel
+
+
+def right(w, ops, ref):
+    return ref.out.copy()
+
+
+def fp32_sequential(w, ops, ref):
+    """A correct fp32-accumulating kernel (not bitwise equal to the correctly rounded output everywhere)."""
+    P = ops["A"].astype(np.float32)[:, None, :] * ops["B"].astype(np.float32)[None, :, :]
+    acc = np.zeros(P.shape[:2], np.float32)
+    for j in range(P.shape[-1]):
+        acc = acc + P[..., j]
+    return acc.astype(np.float16)
+
+
+# (workload, family, M, N, K, kernel, expected bug, check kwargs)
+PLANTED = {
+    "truncating store": (GEMM, "exact_acc", 4, 64, 256, truncating_store, "rounded_toward_zero", {}),
+    "ties away": (GEMM, "exact_acc", 8, 64, 2048, ties_away, "ties_away_from_zero", {}),
+    "last N tile unwritten": (GEMM, "public", 4, 80, 64, unwritten_columns, "unwritten_tail_columns", {}),
+    "last row unwritten": (GEMM, "public", 5, 64, 64, unwritten_rows, "unwritten_tail_rows", {}),
+    "inf flushed to max": (GEMM, "extreme", 6, 32, 2048, inf_flushed, "nonfinite_flushed", {}),
+    "K tail dropped": (GEMM, "public", 4, 64, 200, dropped_k_tail, "dropped_k_tail", {}),
+    "fp16 accumulation": (GEMM, "exact_acc", 2, 32, 512, fp16_accumulation, "fp16_accumulation", {}),
+    "swapped nibbles": (SPARSE, "public", 4, 64, 256, _sparse_bug(swap_nibbles=True), "swapped_nibbles", {}),
+    "swapped meta fields": (SPARSE, "public", 4, 64, 256, _sparse_bug(swap_meta=True), "swapped_meta_fields", {}),
+    "signed shift": (SPARSE, "public", 4, 64, 256, _sparse_bug(signed_shift=True), "signed_shift", {}),
+    "unpromoted fp8": (SPARSE, "exact_acc", 3, 32, 2048, unpromoted_fp8, "unpromoted_fp8_accumulation",
+                       {"model": "hopper_fp8_wgmma_promote(128)"}),
+    "block scale missing": (NVFP4, "public", 2, 48, 256, _nvfp4_bug(lambda s: np.full_like(s, 0x38)),
+                            "missing_block_scale", {}),
+    "block scale of the previous block": (NVFP4, "public", 2, 48, 256, _nvfp4_bug(lambda s: np.roll(s, 1, axis=1)),
+                                          "block_scale_wrong_block", {}),
+}
+
+
+def _checked(w, family, m, n, k, kernel, kw):
+    ops = _ops(w, family, m, n, k)
+    ref = w.reference(**ops)
+    out = kernel(w, ops, ref)
+    rep = bounds.check(out, ref, kw.get("model", bounds.DEFAULT_MODEL), poison=float("nan"),
+                       exact_accumulation=family in w.exact_families)
+    return ops, ref, out, rep
+
+
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_planted_bug_is_named(name):
+    w, family, m, n, k, kernel, bug, kw = PLANTED[name]
+    ops, ref, out, rep = _checked(w, family, m, n, k, kernel, kw)
+    assert not rep.ok, rep.summary()
+    found = diagnose(out, ref, workload=w, operands=ops)
+    names = {d.bug for d in found}
+    # swapping the nibbles of a value byte and swapping the index fields of its meta byte give the same product
+    same = {"swapped_nibbles", "swapped_meta_fields"}
+    assert bug in names and (names <= same if bug in same else names == {bug}), (name, [str(d) for d in found])
+    assert all(d.evidence for d in found)
+
+
+CORRECT = {
+    "gemm exact_acc": (GEMM, "exact_acc", 4, 64, 256, right),
+    "gemm public, fp32 sequential": (GEMM, "public", 4, 64, 256, fp32_sequential),
+    "gemm extreme": (GEMM, "extreme", 6, 32, 256, right),
+    "sparse public": (SPARSE, "public", 4, 64, 256, right),
+    "sparse exact_acc": (SPARSE, "exact_acc", 2, 32, 2048, right),
+    "nvfp4 adversarial": (NVFP4, "adversarial", 2, 48, 256, right),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_kernel_gets_no_diagnosis(name):
+    w, family, m, n, k, kernel = CORRECT[name]
+    ops, ref, out, rep = _checked(w, family, m, n, k, kernel, {"model": "fp32_rn" if "fp32" in name else
+                                                                bounds.DEFAULT_MODEL})
+    assert rep.ok, rep.summary()
+    assert diagnose(out, ref, workload=w, operands=ops) == []
+
+
+def test_diagnose_rejects_a_shape_mismatch():
+    ops = _ops(GEMM, "public", 2, 16, 32)
+    ref = GEMM.reference(**ops)
+    with pytest.raises(ValueError, match="shape"):
+        diagnose(ref.out[:1], ref)
+    with pytest.raises(ValueError, match="output_rounding="):
+        diagnose(ref.out, ref, output_rounding="rz")
+    with pytest.raises(ValueError, match="operands"):
+        diagnose(ref.out, ref, workload=GEMM)
