@@ -1,4 +1,4 @@
-"""The three workloads fp4ref verifies (facts/seeds.md): shapes, input families and exact references.
+"""The three workloads fp4ref verifies (docs/verify.md): shapes, input families and exact references.
 
 Pure numpy: a workload describes its operands as numpy arrays and computes its :class:`fp4ref.gemm.Reference`;
 :mod:`fp4ref.verify` moves the operands to torch and runs a kernel on them.
