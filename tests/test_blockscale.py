@@ -29,10 +29,11 @@ from fp4ref.blockscale import (
     nvfp4_dequantize,
     nvfp4_quantize,
 )
+from fp4ref import tables
 from fp4ref.packing import unpack_fp4
 
 RECIPES = [r.value for r in NVFP4Recipe]
-assert RECIPES == ["te", "sol", "torchao", "modelopt", "exact"]
+assert RECIPES[:2] == ["te", "sol"] and "torchao-0.16" in RECIPES and "te-4over6" in RECIPES
 
 
 def f32(h: int) -> float:
@@ -55,54 +56,54 @@ CROSS_CASES = {
     # between 256 and 288 -> even -> 256 (0x78).
     "te_sol_tie_272": (
         [0x430AD652], [0x42A89688],
-        {"te": (121, [7, 0]), "sol": (120, [7, 0]), "torchao": (120, [7, 0]), "modelopt": (120, [7, 0]),
+        {"te": (121, [7, 0]), "sol": (120, [7, 0]), "torchao-0.16": (120, [7, 0]), "modelopt": (120, [7, 0]),
          "exact": (120, [7, 0])},
     ),
     # te's scale product rounds below the tie the others (and the exact quotient) land on the other side of.
     "scale_te_and_exact_vs_rest": (
         [0x427550F8], [0x416C8E13],
-        {"te": (109, [7, 0]), "sol": (110, [7, 0]), "torchao": (110, [7, 0]), "modelopt": (110, [7, 0]),
+        {"te": (109, [7, 0]), "sol": (110, [7, 0]), "torchao-0.16": (110, [7, 0]), "modelopt": (110, [7, 0]),
          "exact": (109, [7, 0])},
     ),
     "scale_exact_vs_rest": (
         [0x42494B57], [0x4133BA20],
-        {"te": (108, [7, 0]), "sol": (108, [7, 0]), "torchao": (108, [7, 0]), "modelopt": (108, [7, 0]),
+        {"te": (108, [7, 0]), "sol": (108, [7, 0]), "torchao-0.16": (108, [7, 0]), "modelopt": (108, [7, 0]),
          "exact": (109, [7, 0])},
     ),
     # modelopt divides once by (6 * sf2); torchao divides twice ((a/6)/pts).
     "scale_modelopt_vs_rest": (
         [0x403F934F], [0x3DE8A098],
-        {"te": (89, [7, 0]), "sol": (89, [7, 0]), "torchao": (89, [7, 0]), "modelopt": (88, [7, 0]),
+        {"te": (89, [7, 0]), "sol": (89, [7, 0]), "torchao-0.16": (89, [7, 0]), "modelopt": (88, [7, 0]),
          "exact": (89, [7, 0])},
     ),
     # A/2688 (torchao, modelopt) vs 1/(2688/A) (te, sol) as the global scale.
     "scale_global_division": (
         [0x3EF8E674], [0x3E3AACD8],
-        {"te": (115, [7, 0]), "sol": (115, [7, 0]), "torchao": (114, [7, 0]), "modelopt": (114, [7, 0]),
+        {"te": (115, [7, 0]), "sol": (115, [7, 0]), "torchao-0.16": (114, [7, 0]), "modelopt": (114, [7, 0]),
          "exact": (115, [7, 0])},
     ),
     # element 0x39992FAC sits just above an E2M1 tie (0.25) in exact arithmetic; every fp32 order rounds onto the tie.
     "element_exact_vs_rest": (
         [0x3C123924], [0x3BEA6351, 0x39992FAC],
-        {"te": (123, [7, 0]), "sol": (123, [7, 0]), "torchao": (123, [7, 0]), "modelopt": (123, [7, 0]),
+        {"te": (123, [7, 0]), "sol": (123, [7, 0]), "torchao-0.16": (123, [7, 0]), "modelopt": (123, [7, 0]),
          "exact": (123, [7, 1])},
     ),
     # x * (1/(s*S_dec)) (te, sol) vs x / (s*g) (torchao, modelopt): the reciprocal multiply lands on the tie.
     "element_reciprocal_vs_division": (
         [0x3C123924], [0x3BAA5F97, 0x395ED0FB],
-        {"te": (120, [7, 0]), "sol": (120, [7, 0]), "torchao": (120, [7, 1]), "modelopt": (120, [7, 1]),
+        {"te": (120, [7, 0]), "sol": (120, [7, 0]), "torchao-0.16": (120, [7, 1]), "modelopt": (120, [7, 1]),
          "exact": (120, [7, 1])},
     ),
     # policy: an all-zero block in a non-zero tensor (te/sol/exact 0x00, torchao floor 2^-6 = 0x08, modelopt 1.0 = 0x38)
     "zero_block": (
         [0x40C00000], [],
-        {"te": (0x00, [0, 0]), "sol": (0x00, [0, 0]), "torchao": (0x08, [0, 0]), "modelopt": (0x38, [0, 0]),
+        {"te": (0x00, [0, 0]), "sol": (0x00, [0, 0]), "torchao-0.16": (0x08, [0, 0]), "modelopt": (0x38, [0, 0]),
          "exact": (0x00, [0, 0])},
     ),
     # policy: -0.0 (te, sol, modelopt -> 0x0; torchao, exact keep the sign -> 0x8) and -0.1 (all 0x8)
     "negative_zero": (
         [0x40C00000], [0x40C00000, 0x80000000, 0xBDCCCCCD],
-        {"te": (126, [7, 0]), "sol": (126, [7, 0]), "torchao": (126, [7, 8]), "modelopt": (126, [7, 0]),
+        {"te": (126, [7, 0]), "sol": (126, [7, 0]), "torchao-0.16": (126, [7, 8]), "modelopt": (126, [7, 0]),
          "exact": (126, [7, 8])},
     ),
 }
@@ -119,7 +120,7 @@ def test_cross_recipe_bytes(name):
     b0, b1, want = CROSS_CASES[name]
     x = row(b0, b1)
     x0 = x.copy()
-    for recipe in RECIPES:
+    for recipe in want:
         t = nvfp4_quantize(x, recipe=recipe)
         scale, codes = want[recipe]
         assert t.scales.tolist() == [[126, scale]], (name, recipe, t.scales)
@@ -134,23 +135,47 @@ def test_cross_recipe_bytes(name):
     np.testing.assert_array_equal(x, x0)
 
 
+def _sim_case_bytes(case, recipe):
+    x = tables.nvfp4_case_row(case)
+    s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[0]], recipe)
+    n = max(2, len(case[2]))
+    return s_sim[0], s_sim[1], tuple(c_sim[16:16 + n])
+
+
+@pytest.mark.parametrize("case", tables.NVFP4_CASES, ids=[c[0] for c in tables.NVFP4_CASES])
+def test_documented_cases_match_the_model(case):
+    # docs/quantization.md's case table shows fp4ref's bytes; the exact-rational model of each source agrees
+    for recipe in RECIPES:
+        assert tables.nvfp4_case_bytes(case, recipe) == _sim_case_bytes(case, recipe), recipe
+
+
 def test_every_pair_of_recipes_differs_somewhere():
-    differ = set()
-    for b0, b1, want in CROSS_CASES.values():
-        for r1, r2 in itertools.combinations(RECIPES, 2):
-            if want[r1] != want[r2]:
-                differ.add((r1, r2))
-    assert differ == set(itertools.combinations(RECIPES, 2))
-    # and also without the zero/sign policies: arithmetic order alone separates every pair except torchao/modelopt
-    # elements (both x / (s * A/2688)); they differ in the block scale (scale_modelopt_vs_rest).
-    arith = set()
-    for name, (b0, b1, want) in CROSS_CASES.items():
-        if name in ("zero_block", "negative_zero"):
-            continue
-        for r1, r2 in itertools.combinations(RECIPES, 2):
-            if want[r1] != want[r2]:
-                arith.add((r1, r2))
-    assert arith == set(itertools.combinations(RECIPES, 2))
+    got = [{r: _sim_case_bytes(case, r) for r in RECIPES} for case in tables.NVFP4_CASES]
+    pairs = set(itertools.combinations(RECIPES, 2))
+    differ = {(a, b) for g in got for a, b in pairs if g[a] != g[b]}
+    assert differ == pairs
+    # arithmetic order alone (the policy cases aside) separates every pair too
+    arith = {(a, b) for case, g in zip(tables.NVFP4_CASES, got) if "(policy)" not in case[0]
+             for a, b in pairs if g[a] != g[b]}
+    assert arith == pairs
+    # the 4over6 cases show each choice: map-to-4 (a 1.5x larger scale byte than sol's) and MAE != MSE
+    by_name = {c[0]: g for c, g in zip(tables.NVFP4_CASES, got)}
+    assert by_name["te vs sol: 272 tie"]["te-4over6"][1] > by_name["te vs sol: 272 tie"]["sol"][1]
+    assert by_name["4over6: MAE vs MSE (e4m3_max 256)"]["te-4over6-256"] != \
+        by_name["4over6: MAE vs MSE (e4m3_max 256)"]["te-4over6-mse-256"]
+
+
+def test_tiny_amax_torchao_policy():
+    # A = 2^-118: torchao 0.18's pts = A/2688 <= 2^-128, so 1/pts = inf: non-zero x -> +-6 (reproduced), x = 0 gives
+    # NaN in the source and the zero code in fp4ref; torchao-0.16 divides and stays finite
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 16], x[0, 17], x[0, 18], x[0, 19] = 2.0**-118, 2.0**-119, -(2.0**-121), 0.0, -0.0
+    c = _unpacked(nvfp4_quantize(x, recipe="torchao"))[0]
+    assert c[16:20].tolist() == [7, 15, 0, 8]
+    c16 = _unpacked(nvfp4_quantize(x, recipe="torchao-0.16"))[0]
+    # pts = fp32(2^-118 / 2688) (subnormal), s = e4m3((2^-119 / 6) / pts) = 224, so -2^-121 / (pts * 224) is -1.5
+    # to within 2^-19 relative: code 0xB
+    assert c16[16:20].tolist() == [7, 11, 0, 8]
 
 
 # ------------------------------------------------------------------------------------------ model vs implementation
@@ -195,6 +220,16 @@ def test_global_amax_argument_and_saturation(recipe):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((1, 48)) * 3).astype(np.float32)
     amax = float(np.max(np.abs(x)))
+    if "single-level" in recipe:  # no global scale: a global amax is refused
+        with pytest.raises(ValueError, match="global_amax=.*no global scale"):
+            nvfp4_quantize(x, recipe=recipe, global_amax=amax)
+        return
+    # 0 (or NaN / inf) with non-zero data raises, naming global_amax; with all-zero data 0 is fine
+    for bad in (0.0, 0, float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="global_amax="):
+            nvfp4_quantize(x, recipe=recipe, global_amax=bad)
+    z = nvfp4_quantize(np.zeros((1, 16), np.float32), recipe=recipe, global_amax=0.0)
+    assert not np.any(nvfp4_dequantize(z))
     # a calibrated amax half the true one: blocks above it saturate (scale 448 / elements +-6) in every recipe
     t = nvfp4_quantize(x, recipe=recipe, global_amax=amax / 2)
     s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[0]], recipe, A=Q(float(np.float32(amax / 2))))
@@ -215,14 +250,39 @@ def test_global_amax_argument_and_saturation(recipe):
 def test_two_dimensional_blocks(recipe):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((40, 32)) * np.exp(rng.standard_normal((40, 1)))).astype(np.float32)  # ragged M
+    # one tile on the map-to-4 grid (a * {1/8, 3/8, 3/4, 1}): 4over6 picks map-to-4 there, map-to-6 elsewhere
+    x[16:32, 0:16] = rng.choice([0.125, -0.375, 0.75, -1.0], (16, 16)).astype(np.float32) * np.float32(1.3)
     t = nvfp4_quantize(x, recipe=recipe, block=(16, 16))
     assert t.scales.shape == (40, 2) and t.block == (16, 16)
     codes = _unpacked(t)
     A = float(np.max(np.abs(x)))
+    picks = {}
+    if recipe in sim.FOUR_OVER_SIX:  # one choice per 16x16 tile: row errors added in TE's warp tree order
+        e4m3_max, mode = sim.FOUR_OVER_SIX[recipe]
+        se = sim.div(6 * e4m3_max, A)
+        sd = sim.div(1, se)
+        for tile in range(3):
+            for j in range(2):
+                blk = x[16 * tile:16 * tile + 16, 16 * j:16 * j + 16]
+                a = float(np.max(np.abs(blk)))
+                errs = []
+                for r in range(16):
+                    vals = [float(v) for v in blk[r]] if r < len(blk) else [0.0] * 16  # ragged tile: zero rows
+                    c4, c6 = sim.four_over_six_block(vals, a, A, se, sd, e4m3_max, mode)
+                    errs.append((c4[2], c6[2]))
+                sums = []
+                for k in (0, 1):
+                    e = [pair[k] for pair in errs]
+                    for half in (8, 4, 2, 1):
+                        e = [sim.add(e[i], e[i + half]) for i in range(half)]
+                    sums.append(e[0])
+                picks[tile, j] = sums[0] < sums[1]
+        assert len(set(picks.values())) == 2, "the data shows both choices"
     for r in range(40):
         tile = r // 16
         amaxes = [float(np.max(np.abs(x[16 * tile:16 * tile + 16, 16 * j:16 * j + 16]))) for j in range(2)]
-        s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[r]], recipe, A=A, block_amax=amaxes)
+        pick4 = [picks[tile, j] for j in range(2)] if picks else None
+        s_sim, c_sim, _ = sim.quantize_row([float(v) for v in x[r]], recipe, A=A, block_amax=amaxes, pick4=pick4)
         assert t.scales[r].tolist() == s_sim, (recipe, r)
         assert codes[r].tolist() == c_sim, (recipe, r)
     # batched: leading dims are independent batches of [M, K]
@@ -260,13 +320,15 @@ def _torch_recipe(torch, x, recipe):
         enc = torch.min(torch.div(1.0, ds.to(f) * gd), fmax)
         y = torch.clamp(xb * enc, -6.0, 6.0).reshape(m, n)
         return ds.squeeze(-1), y, gd, "te"
-    if recipe == "torchao":
+    if recipe in ("torchao", "torchao-0.16"):
         pts = A / (448.0 * 6.0)
         bs = vec_max.squeeze(-1) / 6.0
         sbs = torch.clamp(bs / pts, min=torch.finfo(torch.float8_e4m3fn).tiny, max=448.0).to(torch.float8_e4m3fn)
-        total = pts * sbs.to(f)
-        y = torch.clamp(xb / total.unsqueeze(-1), -6.0, 6.0).reshape(m, n)
-        return sbs, y, pts, "signed"
+        if recipe == "torchao":  # 0.18: x * ((1 / pts) / s)
+            y = xb * ((1.0 / pts) / sbs.to(f)).unsqueeze(-1)
+        else:  # <= 0.16: x / (pts * s)
+            y = xb / (pts * sbs.to(f)).unsqueeze(-1)
+        return sbs, torch.clamp(y, -6.0, 6.0).reshape(m, n), pts, "signed"
     if recipe == "modelopt":
         sf2 = A / (6.0 * 448.0)
         pbs = vec_max.squeeze(-1) / (6.0 * sf2)
@@ -291,7 +353,7 @@ def _e2m1_codes_by_comparison(y: np.ndarray, sign_rule: str) -> np.ndarray:
     return mag | (neg.astype(np.uint8) << 3)
 
 
-@pytest.mark.parametrize("recipe", ["te", "sol", "torchao", "modelopt"])
+@pytest.mark.parametrize("recipe", ["te", "sol", "torchao", "torchao-0.16", "modelopt"])
 def test_matches_torch_transcription(recipe):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(2024)
