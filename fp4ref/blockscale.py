@@ -728,6 +728,13 @@ class MXMode(str, enum.Enum):
     emax is the exponent of the element format's largest normal (E2M1 2, E2M3 2, E3M2 4, E4M3 8, E5M2 15);
     floor(log2 a) is read from the float32 bits (exact, subnormals included), never from float log2, which is off by
     one near powers of two. e is clamped to [-127, 127] (byte e + 127).
+
+    Scale byte 0 (e = -127): FLOOR gives it for a < 2^(emax - 126) (2^-124 E2M1/E2M3, 2^-122 E3M2, 2^-118 E4M3,
+    2^-111 E5M2), CEIL for a <= 2^(emax - 127), EVEN for a' < 2^(emax - 126), RCEIL for fp32(a / max_elem) <= 2^-127
+    (RCEIL_TORCHAO: up to a few fp32 ulps above, where its log2 rounds down to -127).
+    fp4ref then divides the elements by 2^-127, the value the byte encodes. torchao 0.18 (``to_mx``) divides by
+    max(2^e, 2^-126) in FLOOR / CEIL / EVEN (its fp32-normal floor) and multiplies by 1.0 in RCEIL, so its element
+    codes differ from fp4ref's in exactly those blocks (``"rceil-torchao"`` reproduces the RCEIL one).
     """
 
     FLOOR = "floor"
@@ -739,9 +746,44 @@ class MXMode(str, enum.Enum):
     e = floor(log2 a') - emax with a' = a rounded to mbits mantissa bits, ties away from zero (on the bits);
     an a' that stays subnormal gives the minimum e."""
     RCEIL = "rceil"
-    """cuBLAS / torchao RCEIL: e = ceil(log2(fp32(a / max_elem))) via the UE8M0 round-up of the fp32 quotient
+    """cuBLAS RCEIL, exact: e = ceil(log2(d)), d = fp32(a / max_elem), by the UE8M0 round-up of d
     (``cvt.rp.satfinite.ue8m0x2.f32``; cuBLAS "Computing scaling and conversion factors for FP8 with UE8M0
-    scales"). Never saturates elements."""
+    scales"; torchao's compiled sm_100 path). Never saturates elements."""
+    RCEIL_TORCHAO = "rceil-torchao"
+    """torchao 0.18.0's eager RCEIL (``_to_mx_rceil`` fallback in torchao/prototype/mx_formats/mx_tensor.py, the
+    path it takes on CPU and in eager mode): e = clamp(ceil(fp32 log2(d)), -127, 127), d = fp32(a / max_elem). The
+    fp32 log2 rounds d just above a power of two 2^k down to k, so e is one below "rceil" there: for d = 2^k * m,
+    m > 1, e = k when log2(m) is below half the fp32 spacing at k (m < 1 + about 22 * 2^-23 for |k| >= 64; never for
+    k = 0). fp4ref evaluates the correctly rounded fp32 log2 exactly (torch's CPU log2 agrees on every d tested).
+    Elements: x / 2^e as "rceil", except that a block with scale byte 0 is multiplied by 1.0 (the source's
+    ``exponent == 0`` branch), not divided by 2^-127. Example: a = fp32 bits 0x0DC00001, E2M1: this mode byte 25,
+    "rceil" byte 26."""
+
+
+@functools.lru_cache(maxsize=None)
+def _log2_round_down_limit() -> np.ndarray:
+    """limit[k + 160] = the largest j such that RN_fp32(log2((1 + j 2^-23) 2^k)) == k (k != 0): log2(m) must be
+    below half the fp32 spacing next to k toward k + 1, i.e. j < (2^h - 1) 2^23. Evaluated in float64 with
+    expm1; every threshold is at least 1e-6 away from an integer (asserted), so the float64 error cannot move it."""
+    lim = np.zeros(160 + 128, dtype=np.int64)
+    for k in range(-160, 128):
+        if k == 0:
+            continue
+        spacing = 2.0 ** (math.floor(math.log2(k)) - 23) if k > 0 else 2.0 ** ((-k - 1).bit_length() - 1 - 23)
+        thr = math.expm1(spacing / 2 * math.log(2.0)) * 2.0**23
+        assert abs(thr - round(thr)) > 1e-6
+        lim[k + 160] = math.ceil(thr) - 1
+    lim.flags.writeable = False
+    return lim
+
+
+def _ceil_rn_log2_f32(d: np.ndarray) -> np.ndarray:
+    """ceil(RN_fp32(log2 d)) for positive finite float32 d, exactly (no float log2): see MXMode.RCEIL_TORCHAO."""
+    m, e = np.frexp(d.astype(np.float64))
+    k = e.astype(np.int64) - 1
+    j = np.rint((m * 2.0 - 1.0) * 2.0**23).astype(np.int64)  # exact: d has at most 24 significant bits
+    down = (j == 0) | ((k != 0) & (j <= _log2_round_down_limit()[np.clip(k, -160, 127) + 160]))
+    return np.where(down, k, k + 1)
 
 
 @dataclass(frozen=True)
@@ -793,6 +835,12 @@ def _mx_scale_bytes(amax: np.ndarray, fmt: FloatFormat, mode: MXMode) -> np.ndar
         with np.errstate(over="ignore"):
             q = amax / _F32(fmt.max)  # fp32 division, one rounding
         return encode(q, UE8M0, rounding="ru", saturate=True)
+    if mode is MXMode.RCEIL_TORCHAO:
+        with np.errstate(over="ignore"):
+            q = (safe / _F32(fmt.max)).astype(np.float32)
+        qpos = pos & (q > 0)  # log2(0) = -inf -> clamped to -127
+        e = np.where(qpos, _ceil_rn_log2_f32(np.where(qpos, q, _F32(1.0))), -127)
+        return (np.clip(e, -127, 127) + 127).astype(np.uint8)
     if mode is MXMode.EVEN:
         bits = safe.view(np.uint32) + np.uint32(1 << (23 - fmt.mbits - 1))
         bits &= np.uint32(0xFF800000)
@@ -816,7 +864,8 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         x: float16, bfloat16 (ml_dtypes) or float32 array (float64 only when every value is a float32), >= 1-D;
             its length along ``axis`` must be a multiple of ``block``.
         elem: ``"e2m1"`` (MXFP4), ``"e2m3"``/``"e3m2"`` (MXFP6), ``"e4m3"``/``"e5m2"`` (MXFP8).
-        mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``.
+        mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``
+            (cuBLAS, exact), ``"rceil-torchao"`` (torchao 0.18's eager float log2).
         block: block length (32 in the OCP spec; any positive int accepted).
         axis: the blocked axis (default last).
         nonfinite: ``"raise"`` (default) or ``"nan_scale"``: a block holding NaN or +-inf gets scale byte 0xFF (NaN,
@@ -830,8 +879,10 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         ``block``, or a non-finite value with ``nonfinite="raise"``.
 
     Zero blocks get scale byte 0 (2^-127) and zero codes. Source: OCP Microscaling Formats (MX) v1.0 §6.3;
-    torchao mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao: torchao divides by
-    max(2^e, 2^-126) (an fp32-normal floor); fp4ref divides by the 2^e the byte encodes.
+    torchao 0.18 mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao, only in blocks whose
+    scale byte is 0 (thresholds per element format and mode: :class:`MXMode`): torchao divides by
+    max(2^e, 2^-126) (an fp32-normal floor), or multiplies by 1.0 in RCEIL; fp4ref divides by the 2^-127 the byte
+    encodes (``"rceil-torchao"`` multiplies by 1.0 as torchao does).
     """
     key = elem.lower() if isinstance(elem, str) else None
     key = "e4m3" if key == "e4m3fn" else key  # the element format's registry name (fp4ref.formats) is accepted too
@@ -866,6 +917,8 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     amax = np.max(np.abs(xb), axis=-1) if xb.size else np.zeros(lead + (k // block,), np.float32)
     sbytes = _mx_scale_bytes(amax, fmt, md)
     e = sbytes.astype(np.int64) - 127
+    if md is MXMode.RCEIL_TORCHAO:
+        e = np.where(sbytes == 0, 0, e)  # torchao: a scale byte 0 multiplies by 1.0
     q = np.ldexp(xb.astype(np.float64), -e[..., None])  # exact
     codes = encode(q, fmt, rounding="rne", saturate=True)
     if badblock.any():

@@ -507,7 +507,20 @@ def _expected_exponent(a: float, fmt, mode: str) -> int:
             return -127
         flq = sim._floor_log2(q)
         return flq + (0 if Q(2) ** flq == q else 1)
+    if mode == "rceil-torchao":  # ceil of the correctly rounded fp32 log2 of fp32(a / max), via mpmath at 200 bits
+        q = sim.f32(qa / Q(fmt.max))
+        if q == 0:
+            return -127
+        return math.ceil(sim.round_rne(_mp_log2(q), 24, -126))
     raise ValueError(mode)
+
+
+def _mp_log2(q: Q) -> Q:
+    import mpmath
+
+    with mpmath.workprec(200):
+        sign, man, exp, _ = mpmath.log(mpmath.mpf(q.numerator) / q.denominator, 2)._mpf_
+    return (-1) ** sign * Q(int(man)) * Q(2) ** int(exp)
 
 
 ML = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,
@@ -535,8 +548,9 @@ def test_mx_scales_and_elements(elem, mode):
         a = float(np.max(np.abs(x[i])))
         e = max(-127, min(127, _expected_exponent(a, fmt, mode)))
         assert int(t.scales[i, 0]) == e + 127, (i, a)
-        # elements: exact x / 2^e, clamped to +-max, one ml_dtypes RNE cast
-        q = np.clip(np.ldexp(x[i].astype(np.float64), -e), -fmt.max, fmt.max)
+        # elements: exact x / 2^e, clamped to +-max, one ml_dtypes RNE cast (torchao's RCEIL: scale 1 at byte 0)
+        ee = 0 if mode == "rceil-torchao" and e == -127 else e
+        q = np.clip(np.ldexp(x[i].astype(np.float64), -ee), -fmt.max, fmt.max)
         want = q.astype(np.float32).astype(ML[elem]).view(np.uint8)
         if elem in ("e2m1", "e2m3", "e3m2"):
             want = want & np.uint8((1 << fmt.nbits) - 1)
@@ -681,3 +695,77 @@ def test_float64_beyond_float32_is_a_value_error_without_a_warning():
         warnings.simplefilter("error")  # an overflow RuntimeWarning would surface here instead of the ValueError
         with pytest.raises(ValueError, match="not float32 values"):
             nvfp4_quantize(x, recipe="sol")
+
+
+# ------------------------------------------------------------------------------------------ MX: scale byte 0, RCEIL
+
+
+def _f32_next(v: float, up: bool) -> float:
+    return float(np.nextafter(np.float32(v), np.float32(np.inf if up else 0)))
+
+
+@pytest.mark.parametrize("elem", list(MX_ELEMENTS))
+def test_mx_zero_scale_byte_thresholds(elem):
+    # byte 0 iff e <= -127: FLOOR a < 2^(emax-126); CEIL a <= 2^(emax-127); EVEN a' < 2^(emax-126); RCEIL
+    # fp32(a/max) <= 2^-127. Hand values: 2^-124 E2M1/E2M3, 2^-122 E3M2, 2^-118 E4M3, 2^-111 E5M2.
+    fmt = MX_ELEMENTS[elem]
+    t = {"e2m1": -124, "e2m3": -124, "e3m2": -122, "e4m3": -118, "e5m2": -111}[elem]
+    assert fmt.emax - 126 == t
+
+    def byte(a, mode):
+        x = np.zeros((1, 32), np.float32)
+        x[0, 0] = a
+        return int(mx_quantize(x, elem, mode=mode).scales[0, 0])
+
+    assert byte(2.0**t, "floor") == 1 and byte(_f32_next(2.0**t, False), "floor") == 0
+    assert byte(2.0 ** (t - 1), "ceil") == 0 and byte(_f32_next(2.0 ** (t - 1), True), "ceil") == 1
+    edge = 2.0**t * (1 - 2.0 ** -(fmt.mbits + 2))  # a' = a rounded to mbits+1 bits, ties away, reaches 2^t
+    assert byte(edge, "even") == 1 and byte(_f32_next(edge, False), "even") == 0
+    # RCEIL: the largest a with fp32(a / max) <= 2^-127 gets byte 0, the next float byte 1
+    a = np.float32(2.0**-127 * fmt.max)
+    while np.float32(a) / np.float32(fmt.max) > np.float32(2.0**-127):
+        a = np.float32(_f32_next(a, False))
+    while np.float32(_f32_next(a, True)) / np.float32(fmt.max) <= np.float32(2.0**-127):
+        a = np.float32(_f32_next(a, True))
+    assert byte(a, "rceil") == 0 and byte(_f32_next(a, True), "rceil") == 1
+    # torchao's fp32 log2 rounds d a few ulps above 2^-127 down to -127 too: byte 0 a little further
+    assert byte(a, "rceil-torchao") == 0 and byte(_f32_next(a, True), "rceil-torchao") == 0
+    assert byte(np.float32(a * 1.0001), "rceil-torchao") == 1
+    # in a byte-0 block fp4ref divides by 2^-127 (the byte's value); rceil-torchao multiplies by 1.0 (torchao)
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = _f32_next(2.0**t, False)
+    t0 = mx_quantize(x, elem, mode="floor")
+    assert t0.scales[0, 0] == 0 and mx_dequantize(t0, dtype=np.float64)[0, 0] == decode_value(fmt, t0.codes[0, 0])
+    assert mx_dequantize(t0, dtype=np.float64)[0, 0] > 0
+
+
+def decode_value(fmt, code) -> float:
+    from fp4ref.formats import decode
+
+    return float(decode(np.array([code], np.uint8), fmt, dtype=np.float64)[0]) * 2.0**-127
+
+
+def test_mx_rceil_torchao_vs_exact():
+    # the issue's vector: fp32 bits 0x0DC00001 with E2M1 elements: torchao's eager ceil(log2) 25, exact 26
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = f32(0x0DC00001)
+    assert mx_quantize(x, "e2m1", mode="rceil-torchao").scales.tolist() == [[25]]
+    assert mx_quantize(x, "e2m1", mode="rceil").scales.tolist() == [[26]]
+    # d = fp32(a/6) just above 2^k: log2 rounds to k while |log2 m| is below half the fp32 spacing at k
+    assert _expected_exponent(f32(0x0DC00001), MX_ELEMENTS["e2m1"], "rceil-torchao") == 25 - 127
+
+
+def test_mx_rceil_torchao_matches_torch_log2():
+    torch = pytest.importorskip("torch")
+    from fp4ref.blockscale import _ceil_rn_log2_f32
+
+    # every k, m = 1 + j 2^-23 for j in 0..63 (the round-down band is at most ~23 ulps wide), subnormals too
+    bits = []
+    for expf in range(0, 255):
+        for j in range(64):
+            bits.append((expf << 23) | j)
+            bits.append((expf << 23) | (0x7FFFFF - j))
+    d = np.array(bits, np.uint32).view(np.float32)
+    d = d[d > 0]
+    want = torch.ceil(torch.log2(torch.from_numpy(np.tile(d, 4)))).numpy()[: d.size].astype(np.int64)
+    np.testing.assert_array_equal(_ceil_rn_log2_f32(d), want)
