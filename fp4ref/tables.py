@@ -63,7 +63,9 @@ def policies(fmt) -> list:
     def enc(x, **kw):
         return f"0x{int(encode(np.float64(x), fmt, **kw)):02X}"
 
-    rows = [("rounding", "RNE by default; also rz, ru, rd, stochastic (floor = rd, ceil = ru)")]
+    rows = [("rounding", "RNE (ties to the even code) by default; also rna (ties away from zero), rz, ru, rd, "
+                         "stochastic (floor = rd, ceil = ru)")]
+    rows.append(("ties", tie_behaviour(fmt)))
     big = fmt.max * 4
     if fmt.special == "none":
         rows.append(("overflow", f"always saturates: {big!r} -> {enc(big)}, +inf -> {enc(math.inf)}"))
@@ -84,8 +86,54 @@ def policies(fmt) -> list:
     else:
         rows.append(("zero and sign", f"no zero: 0.0 -> {enc(0.0)} (2^-127); negative non-zero input raises"))
     if fmt.special == "none" and fmt is E2M1:
-        rows.append(("ties", "to even: " + ", ".join(f"{t} -> {enc(t)}" for t in (0.25, 1.25, 2.5, 5.0))))
+        rows.append(("E2M1 ties (RNE)", "to even: " + ", ".join(f"{t} -> {enc(t)}" for t in (0.25, 1.25, 2.5, 5.0))))
+    if fmt.special == "ue8m0":
+        rows.append(("other libraries", _UE8M0_LIBRARIES))
     return rows
+
+
+#: What other libraries' UE8M0 casts do (tests/test_encode.py checks each claim against ml_dtypes and torch).
+_UE8M0_LIBRARIES = (
+    "ml_dtypes 0.7 `float8_e8m0fnu`: ties up (= rna: 3.0 -> 0x81, 0.75 -> 0x7F), 0 and negative values -> NaN "
+    "(0xFF), 1.5 * 2^127 and above -> 0xFF. torch 2.13 `float8_e8m0fnu`: ties up (= rna) for normal inputs, the "
+    "sign ignored (-2.0 -> 0x80), 0 -> 0x00, NaN and inf -> 0xFF, and every float32 subnormal in (2^-127, 2^-126) "
+    "-> 0x01, so (2^-127, 1.5 * 2^-127), which rna and rne send to 0x00, gives 0x01. fp4ref rne gives the even "
+    "byte at every tie (3.0 -> 0x80, 0.75 -> 0x7E)."
+)
+
+
+def _tie_points(fmt: FloatFormat) -> list:
+    """The first two ties between neighbouring finite codes with values >= 1, the lower code even in the first and
+    odd in the second: [(lo_code, hi_code, midpoint)]."""
+    import numpy as np
+
+    mag = (1 << (fmt.nbits - int(fmt.signed))) - 1
+    vals = decode(np.arange(mag + 1, dtype=np.uint8), fmt, np.float64).tolist()
+    found: dict = {}
+    for c in range(mag):
+        lo, hi = vals[c], vals[c + 1]
+        if lo >= 1 and math.isfinite(hi) and hi > lo:
+            found.setdefault(c % 2, (c, c + 1, (lo + hi) / 2))
+    return [found[0], found[1]]
+
+
+def tie_behaviour(fmt) -> str:
+    """What every rounding mode of :func:`fp4ref.encode` does at two ties of ``fmt`` (lower code even, then odd),
+    and at the negative of the first for signed formats, computed by encode."""
+    import numpy as np
+
+    fmt = get_format(fmt)
+    width = (fmt.nbits + 3) // 4
+    modes = ("rne", "rna", "rz", "ru", "rd")
+    parts = []
+    points = _tie_points(fmt)
+    xs = [(p[2], p[0], p[1]) for p in points]
+    if fmt.signed:
+        xs.append((-points[0][2], points[0][0] | (1 << (fmt.nbits - 1)), points[0][1] | (1 << (fmt.nbits - 1))))
+    for x, lo, hi in xs:
+        codes = ", ".join(f"{m} 0x{int(encode(np.float64(x), fmt, rounding=m)):0{width}X}" for m in modes)
+        parts.append(f"{x!r} (between 0x{lo:0{width}X} and 0x{hi:0{width}X}): {codes}")
+    return "; ".join(parts) + "; stochastic: either neighbour, probability 1/2 each"
 
 
 def formats_markdown(names=None) -> str:
