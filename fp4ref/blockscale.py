@@ -85,6 +85,9 @@ class NVFP4Recipe(str, enum.Enum):
         enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
         code  = e2m1(clamp(x * enc, -6, 6))
     Sign of zero: the source casts by comparisons (``cast_to_fp4x2``): [-0.25, -0) -> 0x8 but -0.0 itself -> 0x0.
+    Smallest differing inputs (docs/quantization.md case #): sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256
+    1, te-4over6-mse-256 1.
     """
 
     SOL = "sol"
@@ -98,6 +101,9 @@ class NVFP4Recipe(str, enum.Enum):
         enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
         code  = e2m1(clamp(x * enc, -6, 6))            # -0.0 -> 0x0, [-0.25, -0) -> 0x8
     Differs from "te" only in the block-scale product: (a/6)*S_enc vs a*(S_enc*fp32(1/6)).
+    Smallest differing inputs (docs/quantization.md case #): te 1, torchao 5, torchao-single-level 1, torchao-0.16
+    5, torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TORCHAO = "torchao"
@@ -113,6 +119,9 @@ class NVFP4Recipe(str, enum.Enum):
     every non-zero element +-6 (reproduced) and every zero element NaN, whose codes torchao derives from the NaN's
     bits; fp4ref gives those elements the zero code of their sign (0x0 / 0x8). Such tensors dequantize to garbage in
     the source too: use "torchao-0.16" or "exact" for them.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 5, torchao-single-level 1, torchao-0.16 7,
+    torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TORCHAO_SINGLE_LEVEL = "torchao-single-level"
@@ -121,6 +130,9 @@ class NVFP4Recipe(str, enum.Enum):
         s     = e4m3(clamp(a / 6, 2^-6, 448))                         # blocks with a > 2688 saturate
         code  = e2m1(clamp(x * (1 / fp32(s)), -6, 6))                 # -0.0 -> 0x8
     The global decode scale is 1.0.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-0.16 1,
+    torchao-0.16-single-level 9, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TORCHAO_0_16 = "torchao-0.16"
@@ -131,6 +143,9 @@ class NVFP4Recipe(str, enum.Enum):
         s     = e4m3(clamp((a / 6) / pts, 2^-6, 448))
         code  = e2m1(clamp(x / (pts * fp32(s)), -6, 6))               # -0.0 -> 0x8
     fp4ref policy where the source gives NaN: pts = 1 when A/2688 rounds to 0.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 5, torchao 7, torchao-single-level 1,
+    torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TORCHAO_0_16_SINGLE_LEVEL = "torchao-0.16-single-level"
@@ -138,6 +153,8 @@ class NVFP4Recipe(str, enum.Enum):
 
         s     = e4m3(clamp(a / 6, 2^-6, 448))
         code  = e2m1(clamp(x / fp32(s), -6, 6))                       # -0.0 -> 0x8
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 9,
+    torchao-0.16 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256 1, te-4over6-mse-256 1.
     """
 
     MODELOPT = "modelopt"
@@ -150,6 +167,9 @@ class NVFP4Recipe(str, enum.Enum):
     Sign of zero: ``_cast_fp4`` takes sign = (x < 0), so -0.0 -> 0x0 and [-0.25, -0) -> 0x8; ties by its bound
     table are RNE. fp4ref policy where the source gives NaN: A == 0 uses sf2 = 1 (as ModelOpt's numpy export helper
     ``get_weights_scaling_factor_2`` does).
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 4, torchao 4, torchao-single-level 1,
+    torchao-0.16 4, torchao-0.16-single-level 1, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     EXACT = "exact"
@@ -164,6 +184,9 @@ class NVFP4Recipe(str, enum.Enum):
     so the float64 quotient rounds to the same code as the real one. Policies: -0.0 and negative values that round
     to zero give 0x8 (as :func:`fp4ref.formats.encode`); a block whose scale rounds to 0 gets codes 0; A == 0 uses
     d = 1; a non-zero A below 2688 * 2^-150 (d would be 0) uses d = 2^-149.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 2, torchao 2, torchao-single-level 1,
+    torchao-0.16 2, torchao-0.16-single-level 1, modelopt 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TE_4OVER6 = "te-4over6"
@@ -182,17 +205,32 @@ class NVFP4Recipe(str, enum.Enum):
         pick map-to-4 iff err_4 < err_6                               # fp32 throughout
     With ``block=(16, 16)`` the 16 rows' errors of a tile are added in the CUDA warp's tree order
     (rows i and i+8, then i and i+4, i+2, i+1) and the tile picks once.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6-mse 8, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TE_4OVER6_MSE = "te-4over6-mse"
-    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"``: err_k sums (v - x) * (v - x) instead of |v - x|."""
+    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"``: err_k sums (v - x) * (v - x) instead of |v - x|.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 8, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
 
     TE_4OVER6_256 = "te-4over6-256"
     """As "te-4over6" with ``nvfp4_e4m3_max=256``: S_enc = 1536 / A (global decode scale A / (6 * 256)), leaving
-    headroom so that map-to-4 block scales (1.5x) stay below 448; the error divides by 6 * 256 = 1536."""
+    headroom so that map-to-4 block scales (1.5x) stay below 448; the error divides by 6 * 256 = 1536.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1,
+    te-4over6-mse-256 11.
+    """
 
     TE_4OVER6_MSE_256 = "te-4over6-mse-256"
-    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"`` and ``nvfp4_e4m3_max=256``."""
+    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"`` and ``nvfp4_e4m3_max=256``.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256
+    11.
+    """
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,25 @@ def nvfp4_case_bytes(case, recipe) -> tuple:
     return int(t.scales[0, 0]), int(t.scales[0, 1]), tuple(int(c) for c in unpack_fp4(t.codes)[0, 16:16 + n])
 
 
+def first_differences() -> dict:
+    """{recipe: {other recipe: number (1-based) of the first :data:`NVFP4_CASES` entry on which their bytes differ,
+    or None}} over every pair of :class:`fp4ref.blockscale.NVFP4Recipe` values."""
+    from .blockscale import NVFP4_RECIPES
+
+    names = [r.value for r in NVFP4_RECIPES]
+    got = [{n: nvfp4_case_bytes(case, n) for n in names} for case in NVFP4_CASES]
+    return {a: {b: next((i for i, g in enumerate(got, 1) if g[a] != g[b]), None) for b in names if b != a}
+            for a in names}
+
+
+def first_differences_line(recipe: str, table: dict | None = None) -> str:
+    """The line each NVFP4Recipe docstring carries: the first case (docs/quantization.md) separating it from each
+    other recipe."""
+    row = (table or first_differences())[recipe]
+    return "Smallest differing inputs (docs/quantization.md case #): " + ", ".join(
+        f"{other} {n}" for other, n in row.items()) + "."
+
+
 def recipes_markdown() -> str:
     """docs/quantization.md's generated part: the recipe table (from :data:`fp4ref.blockscale.NVFP4_RECIPES`), the
     difference cases with every recipe's bytes, and for each pair of recipes the first case that separates them."""
