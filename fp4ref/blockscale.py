@@ -1,16 +1,21 @@
 """Block-scaled formats: NVFP4 (E2M1 elements, E4M3FN block scales, fp32 global scale) and MX (OCP Microscaling:
 E2M1/E2M3/E3M2/E4M3/E5M2 elements, UE8M0 block scales), with named recipes that reproduce their source bit for bit.
 
-NVFP4 recipes (:class:`NVFP4Recipe`; the fp32 arithmetic of each, in the source's order, is in its docstring)
-    ``"te"``       TransformerEngine's current python reference (the default).
-    ``"sol"``      the NVFP4-linear workload's quantizer = TransformerEngine's older order.
-    ``"torchao"``  torchao ``NVFP4Tensor.to_nvfp4`` (two-level, PyTorch path).
-    ``"modelopt"`` NVIDIA ModelOpt ``NVFP4QTensor.quantize``.
-    ``"exact"``    block scale and element codes from exact real quotients, each rounded once (RNE).
+NVFP4 recipes (:class:`NVFP4Recipe`; :data:`NVFP4_RECIPES` gives each one's source, release and file; the fp32
+arithmetic of each, in the source's order, is in its docstring)
+    ``"te"``                    TransformerEngine >= 2.14's python reference (the default).
+    ``"sol"``                   the NVFP4-linear workload's quantizer = TransformerEngine <= 2.13's order.
+    ``"torchao"``               torchao 0.18 ``NVFP4Tensor.to_nvfp4`` (two-level, PyTorch path).
+    ``"torchao-single-level"``  the same without a per-tensor scale.
+    ``"torchao-0.16"``          torchao <= 0.16 (true division), and ``"torchao-0.16-single-level"``.
+    ``"modelopt"``              NVIDIA ModelOpt 0.47 ``NVFP4QTensor.quantize``.
+    ``"exact"``                 block scale and element codes from exact real quotients, each rounded once (RNE).
+    ``"te-4over6"``             TransformerEngine 2.18's 4over6 block choice (MAE, e4m3_max 448), and its variants
+                                ``"te-4over6-mse"``, ``"te-4over6-256"``, ``"te-4over6-mse-256"``.
   Every fp32 step is a numpy float32 operation (IEEE 754 binary32, round to nearest even: the same result as the
   source's torch/CUDA fp32 op); every "cast to E4M3FN / E2M1" step is :func:`fp4ref.formats.encode` (one exact RNE
-  rounding) followed by the source's sign-of-zero rule. docs/quantization.md lists inputs on which the recipes'
-  bytes differ.
+  rounding) followed by the source's sign-of-zero rule. docs/quantization.md lists, for every pair of recipes, an
+  input on which their bytes differ.
 
 Scale layouts (``to_blocked`` / ``from_blocked``) are in :mod:`fp4ref.layouts` and re-exported here.
 """
@@ -31,6 +36,8 @@ from .packing import pack_fp4, unpack_fp4
 
 __all__ = [
     "NVFP4Recipe",
+    "NVFP4_RECIPES",
+    "RecipeSource",
     "NVFP4Tensor",
     "nvfp4_quantize",
     "nvfp4_dequantize",
@@ -58,14 +65,18 @@ _CHUNK_ELEMS = 1 << 20  # elements per row chunk: bounds temporaries (peak memor
 
 
 class NVFP4Recipe(str, enum.Enum):
-    """Named NVFP4 quantization recipes. Notation: x the input in fp32, A = max|x| over the tensor (or the
-    ``global_amax`` given), a = max|x| over the block, all arithmetic fp32 RNE in the order written,
-    e4m3(.) = RNE cast to E4M3FN, e2m1(.) = RNE cast to E2M1, FLT_MAX = 3.4028235e38.
+    """Named NVFP4 quantization recipes, each reproducing one release of its source byte for byte.
+
+    Notation: x the input in fp32, A = max|x| over the tensor (or the ``global_amax`` given), a = max|x| over the
+    block, all arithmetic fp32 RNE in the order written, e4m3(.) = RNE cast to E4M3FN, e2m1(.) = RNE cast to E2M1,
+    FLT_MAX = 3.4028235e38. :data:`NVFP4_RECIPES` gives each recipe's source, release and file;
+    docs/quantization.md (generated from it) lists, for every pair of recipes, a two-block input on which their
+    bytes differ.
     """
 
     TE = "te"
-    """TransformerEngine's current reference, ``NVFP4QuantizerRef._quantize_blockwise_reference`` in
-    transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py (and its CUDA kernels' default path)::
+    """TransformerEngine >= 2.14 (checked against 2.18), ``NVFP4QuantizerRef._quantize_blockwise_reference`` in
+    transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py (and its CUDA kernels' default path)::
 
         S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1      # 2688 = 448 * 6
         S_dec = 1 / S_enc                                             # stored global decode scale
@@ -74,11 +85,14 @@ class NVFP4Recipe(str, enum.Enum):
         enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
         code  = e2m1(clamp(x * enc, -6, 6))
     Sign of zero: the source casts by comparisons (``cast_to_fp4x2``): [-0.25, -0) -> 0x8 but -0.0 itself -> 0x0.
+    Smallest differing inputs (docs/quantization.md case #): sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256
+    1, te-4over6-mse-256 1.
     """
 
     SOL = "sol"
-    """The NVFP4-linear workload's quantizer (facts/seeds.md §2), which is TransformerEngine's older order
-    (``s = (a / 6) * S_enc``; e.g. quantization_nvfp4.py before the ``global_encode_scale_multiplier`` change, and the
+    """The NVFP4-linear workload's quantizer, which is TransformerEngine <= 2.13's order
+    (``s = (a / 6) * S_enc``: quantization_nvfp4.py before the ``global_encode_scale_multiplier`` change, and the
     ``ComputeDecodeScaleFP4`` CUDA helper ``decode_scale = amax / 6.0f; decode_scale *= global_encode_scale``)::
 
         S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1
@@ -87,23 +101,64 @@ class NVFP4Recipe(str, enum.Enum):
         enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
         code  = e2m1(clamp(x * enc, -6, 6))            # -0.0 -> 0x0, [-0.25, -0) -> 0x8
     Differs from "te" only in the block-scale product: (a/6)*S_enc vs a*(S_enc*fp32(1/6)).
+    Smallest differing inputs (docs/quantization.md case #): te 1, torchao 5, torchao-single-level 1, torchao-0.16
+    5, torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     TORCHAO = "torchao"
-    """torchao ``NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(A))`` (PyTorch path,
-    ``_nvfp4_quantize`` in torchao/prototype/mx_formats/nvfp4_tensor.py)::
+    """torchao 0.18.0 ``NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(A))``, PyTorch path
+    (``nvfp4_quantize`` in torchao/prototype/mx_formats/nvfp4_tensor.py; two-level scaling)::
 
         pts   = A / 2688                                              # stored global decode scale
         s     = e4m3(clamp((a / 6) / pts, 2^-6, 448))                 # E4M3_EPS = finfo(e4m3fn).tiny = 2^-6
-        total = pts * fp32(s)
-        code  = e2m1(clamp(x / total, -6, 6))                         # true division; -0.0 -> 0x8 (sign kept)
-    fp4ref policy where the source gives NaN: A == 0 (all-zero tensor) uses pts = 1 (the source divides 0/0).
-    Not this recipe: torchao's Triton/MSLK kernel (``use_triton_kernel=True``) multiplies by reciprocals
-    (``x * ((1/pts) / s)``) and can differ in rare bytes.
+        r     = (1 / pts) / fp32(s)                                   # reciprocal order (torchao >= 0.17)
+        code  = e2m1(clamp(x * r, -6, 6))                             # -0.0 -> 0x8 (sign kept)
+    fp4ref policies where the source gives NaN: A == 0 (or A/2688 rounding to 0) uses pts = 1 (the source divides
+    0/0); when 1/pts overflows to inf (pts <= 2^-128, i.e. 0 < A < about 2688 * 2^-128) the source's x * inf makes
+    every non-zero element +-6 (reproduced) and every zero element NaN, whose codes torchao derives from the NaN's
+    bits; fp4ref gives those elements the zero code of their sign (0x0 / 0x8). Such tensors dequantize to garbage in
+    the source too: use "torchao-0.16" or "exact" for them.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 5, torchao-single-level 1, torchao-0.16 7,
+    torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
+
+    TORCHAO_SINGLE_LEVEL = "torchao-single-level"
+    """torchao 0.18.0 ``NVFP4Tensor.to_nvfp4(x)`` without a per-tensor scale (single-level scaling), same file::
+
+        s     = e4m3(clamp(a / 6, 2^-6, 448))                         # blocks with a > 2688 saturate
+        code  = e2m1(clamp(x * (1 / fp32(s)), -6, 6))                 # -0.0 -> 0x8
+    The global decode scale is 1.0.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-0.16 1,
+    torchao-0.16-single-level 9, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
+
+    TORCHAO_0_16 = "torchao-0.16"
+    """torchao <= 0.16 (checked against 0.16.0), two-level, same function: true division, for checkpoints made with
+    those releases (fp4ref's "torchao" before it followed 0.18)::
+
+        pts   = A / 2688
+        s     = e4m3(clamp((a / 6) / pts, 2^-6, 448))
+        code  = e2m1(clamp(x / (pts * fp32(s)), -6, 6))               # -0.0 -> 0x8
+    fp4ref policy where the source gives NaN: pts = 1 when A/2688 rounds to 0.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 5, torchao 7, torchao-single-level 1,
+    torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
+
+    TORCHAO_0_16_SINGLE_LEVEL = "torchao-0.16-single-level"
+    """torchao <= 0.17 (checked against 0.16.0) without a per-tensor scale::
+
+        s     = e4m3(clamp(a / 6, 2^-6, 448))
+        code  = e2m1(clamp(x / fp32(s), -6, 6))                       # -0.0 -> 0x8
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 9,
+    torchao-0.16 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256 1, te-4over6-mse-256 1.
     """
 
     MODELOPT = "modelopt"
-    """NVIDIA ModelOpt ``NVFP4QTensor.quantize`` (modelopt/torch/quantization/qtensor/nvfp4_tensor.py)::
+    """NVIDIA ModelOpt 0.47.0 ``NVFP4QTensor.quantize`` (modelopt/torch/quantization/qtensor/nvfp4_tensor.py)::
 
         sf2   = A / 2688                                              # weight_scale_2, stored global decode scale
         p     = a / (6 * sf2); p[p == 0] = 1.0                        # zero blocks get scale 1.0
@@ -112,6 +167,9 @@ class NVFP4Recipe(str, enum.Enum):
     Sign of zero: ``_cast_fp4`` takes sign = (x < 0), so -0.0 -> 0x0 and [-0.25, -0) -> 0x8; ties by its bound
     table are RNE. fp4ref policy where the source gives NaN: A == 0 uses sf2 = 1 (as ModelOpt's numpy export helper
     ``get_weights_scaling_factor_2`` does).
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 4, torchao 4, torchao-single-level 1,
+    torchao-0.16 4, torchao-0.16-single-level 1, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
 
     EXACT = "exact"
@@ -126,7 +184,144 @@ class NVFP4Recipe(str, enum.Enum):
     so the float64 quotient rounds to the same code as the real one. Policies: -0.0 and negative values that round
     to zero give 0x8 (as :func:`fp4ref.formats.encode`); a block whose scale rounds to 0 gets codes 0; A == 0 uses
     d = 1; a non-zero A below 2688 * 2^-150 (d would be 0) uses d = 2^-149.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 2, torchao 2, torchao-single-level 1,
+    torchao-0.16 2, torchao-0.16-single-level 1, modelopt 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
+    te-4over6-mse-256 1.
     """
+
+    TE_4OVER6 = "te-4over6"
+    """TransformerEngine 2.18's "4over6" option (``NVFP4QuantizerRef(nvfp4_use_4over6=True)``, defaults
+    ``nvfp4_e4m3_max=448``, ``nvfp4_4over6_err_mode="MAE"``; ``_quantize_blockwise_4over6_reference`` in
+    transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py, first in 2.17). Each block is quantized
+    twice, with its amax mapped to 6 and to 4 (a 1.5x larger block scale), and keeps the candidate with the smaller
+    block error (a tie keeps map-to-6)::
+
+        S_enc = min((6 * E) / A, FLT_MAX); if S_enc == 0: S_enc = 1   # E = nvfp4_e4m3_max (448 here)
+        S_dec = 1 / S_enc
+        b     = (a / 6) * S_enc                                       # TE <= 2.13's order, as "sol"
+        s6    = e4m3(clamp(b, -448, 448));  s4 = e4m3(clamp(b * 1.5, -448, 448))
+        code_k = e2m1(clamp(x * min(1 / (fp32(s_k) * S_dec), FLT_MAX), -6, 6))   # k = 4, 6; -0.0 -> 0x0
+        err_k = sum over the block's 16 elements in order of |((e2m1(code_k) * fp32(s_k)) * A) / (6 * E) - x|
+        pick map-to-4 iff err_4 < err_6                               # fp32 throughout
+    With ``block=(16, 16)`` the 16 rows' errors of a tile are added in the CUDA warp's tree order
+    (rows i and i+8, then i and i+4, i+2, i+1) and the tile picks once.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6-mse 8, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
+
+    TE_4OVER6_MSE = "te-4over6-mse"
+    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"``: err_k sums (v - x) * (v - x) instead of |v - x|.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 8, te-4over6-256 1,
+    te-4over6-mse-256 1.
+    """
+
+    TE_4OVER6_256 = "te-4over6-256"
+    """As "te-4over6" with ``nvfp4_e4m3_max=256``: S_enc = 1536 / A (global decode scale A / (6 * 256)), leaving
+    headroom so that map-to-4 block scales (1.5x) stay below 448; the error divides by 6 * 256 = 1536.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1,
+    te-4over6-mse-256 11.
+    """
+
+    TE_4OVER6_MSE_256 = "te-4over6-mse-256"
+    """As "te-4over6" with ``nvfp4_4over6_err_mode="MSE"`` and ``nvfp4_e4m3_max=256``.
+    Smallest differing inputs (docs/quantization.md case #): te 1, sol 1, torchao 1, torchao-single-level 1,
+    torchao-0.16 1, torchao-0.16-single-level 1, modelopt 1, exact 1, te-4over6 1, te-4over6-mse 1, te-4over6-256
+    11.
+    """
+
+
+@dataclass(frozen=True)
+class RecipeSource:
+    """Where an NVFP4 recipe comes from (one row of docs/quantization.md's generated recipe table).
+
+    Attributes:
+        library: the source and the release(s) reproduced (``"torchao 0.18.0"``).
+        file: the file in the source's repository.
+        function: the function or class reproduced.
+        global_scale, block_scale, element: the fp32 formulas of the stored global decode scale, the block-scale
+            byte and the element code (notation of :class:`NVFP4Recipe`).
+        negative_zero: the code -0.0 gets.
+        zero_block: the scale byte of an all-zero block in a non-zero tensor.
+    """
+
+    library: str
+    file: str
+    function: str
+    global_scale: str
+    block_scale: str
+    element: str
+    negative_zero: str
+    zero_block: str
+
+
+_TE_FILE = "transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py"
+_TAO_FILE = "torchao/prototype/mx_formats/nvfp4_tensor.py"
+_TE_GLOBAL = "`S_enc = min(2688/A, FLT_MAX)` (1 if 0); `S_dec = 1/S_enc`"
+_TE_ELEM = "`e2m1(clamp(x * min(1/(s * S_dec), FLT_MAX), ±6))`"
+_4OVER6 = ("`b = (a/6) * S_enc`; `s6 = e4m3(clamp(b, ±448))`, `s4 = e4m3(clamp(b * 1.5, ±448))`; the candidate "
+           "with the smaller block {err} (tie: map-to-6)")
+_4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (1 if 0); `S_dec = 1/S_enc`"
+
+#: The recipe registry: every :class:`NVFP4Recipe` and its :class:`RecipeSource`. Drives docs/quantization.md's
+#: recipe table (``python -m fp4ref.tables quantization``), the CLI's ``--recipe`` choices and the tests.
+NVFP4_RECIPES: dict = {
+    NVFP4Recipe.TE: RecipeSource(
+        "TransformerEngine >= 2.14 (checked: 2.18)", _TE_FILE, "NVFP4QuantizerRef._quantize_blockwise_reference",
+        _TE_GLOBAL, "`e4m3(clamp(min(a * (S_enc * fp32(1/6)), FLT_MAX), ±448))`", _TE_ELEM, "0x0", "0x00"),
+    NVFP4Recipe.SOL: RecipeSource(
+        "TransformerEngine <= 2.13; the NVFP4-linear workload",
+        "transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py", "NVFP4QuantizerRef (older order)",
+        _TE_GLOBAL, "`e4m3(clamp(min((a/6) * S_enc, FLT_MAX), ±448))`", _TE_ELEM, "0x0", "0x00"),
+    NVFP4Recipe.TORCHAO: RecipeSource(
+        "torchao 0.18.0 (two-level)", _TAO_FILE, "nvfp4_quantize (PyTorch path)", "`pts = A/2688`",
+        "`e4m3(clamp((a/6)/pts, 2^-6, 448))`", "`e2m1(clamp(x * ((1/pts)/s), ±6))`", "0x8", "0x08"),
+    NVFP4Recipe.TORCHAO_SINGLE_LEVEL: RecipeSource(
+        "torchao 0.18.0 (single-level)", _TAO_FILE, "nvfp4_quantize, per_tensor_scale=None", "1.0",
+        "`e4m3(clamp(a/6, 2^-6, 448))`", "`e2m1(clamp(x * (1/s), ±6))`", "0x8", "0x08"),
+    NVFP4Recipe.TORCHAO_0_16: RecipeSource(
+        "torchao <= 0.16 (checked: 0.16.0; two-level)", _TAO_FILE, "nvfp4_quantize (PyTorch path)",
+        "`pts = A/2688`", "`e4m3(clamp((a/6)/pts, 2^-6, 448))`", "`e2m1(clamp(x / (pts * s), ±6))`", "0x8", "0x08"),
+    NVFP4Recipe.TORCHAO_0_16_SINGLE_LEVEL: RecipeSource(
+        "torchao <= 0.17 (checked: 0.16.0; single-level)", _TAO_FILE, "nvfp4_quantize, per_tensor_scale=None", "1.0",
+        "`e4m3(clamp(a/6, 2^-6, 448))`", "`e2m1(clamp(x / s, ±6))`", "0x8", "0x08"),
+    NVFP4Recipe.MODELOPT: RecipeSource(
+        "ModelOpt 0.47.0", "modelopt/torch/quantization/qtensor/nvfp4_tensor.py", "NVFP4QTensor.quantize",
+        "`sf2 = A/2688`", "`p = a/(6*sf2)`, `p = 1 if p == 0`, `e4m3(clamp(p, 2^-9, 448))`",
+        "`e2m1(x / (s * sf2))` (saturating)", "0x0", "0x38"),
+    NVFP4Recipe.EXACT: RecipeSource(
+        "fp4ref", "fp4ref/blockscale.py", "NVFP4Recipe.EXACT", "`d = fp32(A/2688)`",
+        "`e4m3_sat(a / (6d))`, exact quotient", "`e2m1_sat(x / (s d))`, exact quotient", "0x8", "0x00"),
+    NVFP4Recipe.TE_4OVER6: RecipeSource(
+        "TransformerEngine 2.18, 4over6, MAE, e4m3_max 448", _TE_FILE,
+        "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=2688),
+        _4OVER6.format(err="sum of abs errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
+    NVFP4Recipe.TE_4OVER6_MSE: RecipeSource(
+        "TransformerEngine 2.18, 4over6, MSE, e4m3_max 448", _TE_FILE,
+        "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=2688),
+        _4OVER6.format(err="sum of squared errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
+    NVFP4Recipe.TE_4OVER6_256: RecipeSource(
+        "TransformerEngine 2.18, 4over6, MAE, e4m3_max 256", _TE_FILE,
+        "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=1536),
+        _4OVER6.format(err="sum of abs errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
+    NVFP4Recipe.TE_4OVER6_MSE_256: RecipeSource(
+        "TransformerEngine 2.18, 4over6, MSE, e4m3_max 256", _TE_FILE,
+        "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=1536),
+        _4OVER6.format(err="sum of squared errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
+}
+assert set(NVFP4_RECIPES) == set(NVFP4Recipe)
+
+# 4over6 recipes: (nvfp4_e4m3_max, err mode)
+_FOUR_OVER_SIX = {
+    NVFP4Recipe.TE_4OVER6: (448, "MAE"),
+    NVFP4Recipe.TE_4OVER6_MSE: (448, "MSE"),
+    NVFP4Recipe.TE_4OVER6_256: (256, "MAE"),
+    NVFP4Recipe.TE_4OVER6_MSE_256: (256, "MSE"),
+}
+_TORCHAO_TWO_LEVEL = (NVFP4Recipe.TORCHAO, NVFP4Recipe.TORCHAO_0_16)
+_TORCHAO_SINGLE = (NVFP4Recipe.TORCHAO_SINGLE_LEVEL, NVFP4Recipe.TORCHAO_0_16_SINGLE_LEVEL)
 
 
 @dataclass(frozen=True)
@@ -225,20 +420,23 @@ def _check_nonfinite(xf: np.ndarray, policy: str, name: str = "x") -> np.ndarray
 def _global_scales(recipe: NVFP4Recipe, amax: np.float32) -> dict:
     """The recipe's global fp32 quantities (see NVFP4Recipe)."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL):
-            s_enc = np.minimum(_F32(2688.0) / amax, _FLT_MAX)  # 2688 / 0 = inf -> FLT_MAX
+        if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL) or recipe in _FOUR_OVER_SIX:
+            e4m3_max = _FOUR_OVER_SIX[recipe][0] if recipe in _FOUR_OVER_SIX else 448
+            s_enc = np.minimum(_F32(6.0) * _F32(e4m3_max) / amax, _FLT_MAX)  # k / 0 = inf -> FLT_MAX
             if s_enc == 0:
                 s_enc = _F32(1.0)
             s_dec = _F32(1.0) / s_enc
             return {"s_enc": _F32(s_enc), "s_dec": _F32(s_dec), "mult": _F32(s_enc * (_F32(1.0) / _F32(6.0))),
-                    "stored": _F32(s_dec)}
+                    "stored": _F32(s_dec), "amax": _F32(amax), "e4m3_max": e4m3_max}
+        if recipe in _TORCHAO_SINGLE:
+            return {"stored": _F32(1.0)}
         g = _F32(amax / _F32(2688.0))
         if recipe is NVFP4Recipe.EXACT:
             if g == 0:
                 g = _F32(1.0) if amax == 0 else _F32(np.ldexp(1.0, -149))
         elif g == 0:  # torchao / modelopt: fp4ref policy for A == 0 (the sources give NaN)
             g = _F32(1.0)
-        return {"g": g, "stored": g}
+        return {"g": g, "stored": g, "rcp": _F32(_F32(1.0) / g)}  # rcp: inf where g <= 2^-128 (torchao 0.18)
 
 
 def _encode_e2m1(y: np.ndarray) -> np.ndarray:
@@ -282,9 +480,49 @@ def _pack(codes: np.ndarray) -> np.ndarray:
     return codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
 
 
-def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Scale bytes [r, nb] and unpacked codes [r, nb, 16] for blocks xb [r, nb, 16] with block amax ab [r, nb]."""
+def _four_over_six(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple:
+    """Both 4over6 candidates of blocks xb [r, nb, 16]: ((bytes, codes, err) map-to-4, (bytes, codes, err) map-to-6);
+    err [r, nb] is the block's fp32 error, summed in element order (NVFP4Recipe.TE_4OVER6)."""
+    e4m3_max, mode = _FOUR_OVER_SIX[recipe][0], _FOUR_OVER_SIX[recipe][1]
+    denom = _F32(6.0) * _F32(e4m3_max)
+    base = (ab / _F32(6.0)) * gs["s_enc"]
+    out = []
+    for pre in (base * _F32(1.5), base):
+        sbytes = encode(np.clip(pre, -_E4M3_MAX, _E4M3_MAX), E4M3FN, rounding="rne", saturate=True)
+        s = decode(sbytes, E4M3FN)
+        enc = np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX)
+        codes = _e2m1_f32(xb * enc[..., None], negative_zero=False)
+        vals = decode(codes, E2M1)  # 0x8 -> -0.0, as the source's cast_from_fp4x2
+        err = np.zeros(ab.shape, dtype=np.float32)
+        for i in range(_NVFP4_BLOCK):
+            d = ((vals[..., i] * s) * gs["amax"]) / denom - xb[..., i]
+            err += d * d if mode == "MSE" else np.abs(d)
+        out.append((sbytes, codes, err))
+    return tuple(out)
+
+
+def _tile_errors(err_rows: np.ndarray, batches: int, m: int) -> np.ndarray:
+    """Per-row block errors [batches * m, nb] -> per-tile sums [batches, ceil(m/16), nb], the 16 rows of a tile
+    added in the CUDA warp's tree order (TE's ``_sum_4over6_2d_error``); a ragged tile's missing rows count 0."""
+    nb = err_rows.shape[-1]
+    mp = -(-m // 16) * 16
+    e = np.zeros((batches, mp, nb), dtype=np.float32)
+    e[:, :m] = err_rows.reshape(batches, m, nb)
+    e = e.reshape(batches, mp // 16, 16, nb)
+    for half in (8, 4, 2, 1):
+        e = e[:, :, :half] + e[:, :, half:2 * half]
+    return e[:, :, 0]
+
+
+def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
+                pick4=None) -> tuple[np.ndarray, np.ndarray]:
+    """Scale bytes [r, nb] and unpacked codes [r, nb, 16] for blocks xb [r, nb, 16] with block amax ab [r, nb].
+    ``pick4`` [r, nb] (4over6 with 16x16 tiles) overrides the per-block choice."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if recipe in _FOUR_OVER_SIX:
+            (s4, c4, e4), (s6, c6, e6) = _four_over_six(recipe, xb, ab, gs)
+            p4 = e4 < e6 if pick4 is None else pick4
+            return np.where(p4, s4, s6), np.where(p4[..., None], c4, c6)
         if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL):
             if recipe is NVFP4Recipe.TE:
                 pre = ab * gs["mult"]
@@ -297,12 +535,23 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -
             # clamp(., -6, 6) then E2M1 == saturating E2M1 (x * enc is never NaN: x finite, enc in (0, FLT_MAX]);
             # -0.0 -> 0x0 (comparison cast), [-0.25, -0) keeps 0x8
             return sbytes, _e2m1_f32(xb * enc[..., None], negative_zero=False)
-        if recipe is NVFP4Recipe.TORCHAO:
-            pts = gs["g"]
-            sbs = np.clip((ab / _F32(6.0)) / pts, _F32(2.0**-6), _E4M3_MAX)
-            sbytes = encode(sbs, E4M3FN, rounding="rne", saturate=True)
-            total = pts * decode(sbytes, E4M3FN)
-            return sbytes, _e2m1_f32(xb / total[..., None])  # clamp to +-6 == saturating E2M1; -0.0 -> 0x8
+        if recipe in _TORCHAO_TWO_LEVEL or recipe in _TORCHAO_SINGLE:
+            two_level = recipe in _TORCHAO_TWO_LEVEL
+            sbs = (ab / _F32(6.0)) / gs["g"] if two_level else ab / _F32(6.0)
+            sbytes = encode(np.clip(sbs, _F32(2.0**-6), _E4M3_MAX), E4M3FN, rounding="rne", saturate=True)
+            s = decode(sbytes, E4M3FN)
+            if recipe is NVFP4Recipe.TORCHAO:
+                y = xb * (gs["rcp"] / s)[..., None]  # (1/pts)/s; inf where 1/pts overflowed
+                nan = np.isnan(y)  # 0 * inf: the source's NaN-derived codes; fp4ref: the zero of x's sign
+                if nan.any():
+                    y[nan] = xb[nan]
+            elif recipe is NVFP4Recipe.TORCHAO_SINGLE_LEVEL:
+                y = xb * (_F32(1.0) / s)[..., None]
+            elif recipe is NVFP4Recipe.TORCHAO_0_16:
+                y = xb / (gs["g"] * s)[..., None]
+            else:
+                y = xb / s[..., None]
+            return sbytes, _e2m1_f32(y)  # clamp to +-6 == saturating E2M1; -0.0 -> 0x8
         if recipe is NVFP4Recipe.MODELOPT:
             sf2 = gs["g"]
             p = ab / (_F32(6.0) * sf2)
@@ -340,13 +589,20 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     Args:
         x: float16, bfloat16 (ml_dtypes), or float32 array, at least 1-D (2-D for ``block=(16, 16)``); float64 is
             accepted only when every value is a float32. The length K along ``axis`` must be a multiple of 16.
-        recipe: ``"te"`` (default), ``"sol"``, ``"torchao"``, ``"modelopt"`` or ``"exact"`` (or an NVFP4Recipe).
+        recipe: an :class:`NVFP4Recipe` or its name: ``"te"`` (default), ``"sol"``, ``"torchao"``,
+            ``"torchao-single-level"``, ``"torchao-0.16"``, ``"torchao-0.16-single-level"``, ``"modelopt"``,
+            ``"exact"``, ``"te-4over6"``, ``"te-4over6-mse"``, ``"te-4over6-256"``, ``"te-4over6-mse-256"``
+            (:data:`NVFP4_RECIPES` gives each one's source and release).
         block: 16 (1x16 blocks along ``axis``) or (16, 16): TransformerEngine's 2-D weight tiles, 16 rows (the axis
             before ``axis``, after moving ``axis`` last) x 16 elements; a ragged last tile is treated as
             zero-padded (TE pads with zeros). The scales stay per row: each tile's byte repeated on its rows.
-        global_amax: the tensor amax A used for the global scale (a calibrated value; python or numpy float >= 0,
+        global_amax: the tensor amax A used for the global scale (a calibrated value; python or numpy float,
             finite, rounded to float32 RNE first as the sources keep it in an fp32 tensor). Default: max|x|.
-            Blocks larger than it saturate (scale 448, elements +-6).
+            It may be below max|x| (a calibrated amax that clips outliers): then a block whose amax a exceeds it
+            gets the largest block scale (448; torchao/modelopt clamp, te/sol saturate) and its elements beyond
+            6 * 448 * (global decode scale) = about A saturate to +-6 (4over6 with e4m3_max 256: 6 * 448 / 1536 * A).
+            0 is accepted only for an all-zero ``x`` (otherwise every value would dequantize to ~0). Not accepted
+            by the single-level recipes, which have no global scale.
         axis: the axis holding K (default last).
         nonfinite: ``"raise"`` (default): NaN or +-inf in ``x`` raise ValueError; ``"zero"``: they are quantized as
             0.0 (and left out of the amax).
@@ -356,8 +612,9 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
 
     Raises:
         TypeError: ``x`` is not a floating array; ``axis`` not an int.
-        ValueError: K not a multiple of 16, bad ``recipe``/``block``/``nonfinite``/``global_amax``, 0-d ``x``, a
-            float64 value that is not a float32, or a non-finite value with ``nonfinite="raise"``.
+        ValueError: K not a multiple of 16, bad ``recipe``/``block``/``nonfinite``, ``global_amax`` negative, NaN,
+            inf, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64 value that is not a
+            float32, or a non-finite value with ``nonfinite="raise"``.
 
     All-zero tensors and all-zero blocks give zero codes and no NaN in every recipe (scale byte 0x00, or the
     recipe's floor: torchao 0x08 = 2^-6, modelopt 0x38 = 1.0). Source orders: see :class:`NVFP4Recipe`.
@@ -385,9 +642,18 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         numeric = (int, float, np.floating, np.integer)
         if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, numeric):
             raise TypeError(f"global_amax must be a float, got {type(global_amax).__name__}")
+        if rec in _TORCHAO_SINGLE:
+            raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
+                             "global scale; use recipe='torchao' for two-level scaling")
         amax = _F32(global_amax)
         if not np.isfinite(amax) or amax < 0:
             raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
+        if amax == 0 and _max_abs(xm) != 0:
+            raise ValueError(
+                f"global_amax={global_amax!r} but x holds non-zero values (max|x| = {_max_abs(xm)!r}): a zero global "
+                "amax would give a global decode scale that dequantizes every value to ~0; pass the calibrated "
+                "amax (> 0) or None for max|x|"
+            )
     gs = _global_scales(rec, amax)
 
     lead = xm.shape[:-1]
@@ -401,11 +667,21 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     codes = np.empty((rows, k // 2), dtype=np.uint8)
     scales = np.empty((rows, nb), dtype=np.uint8)
     step = max(1, _CHUNK_ELEMS // max(k, 1))
+    pick4 = None
+    if blk == (16, 16) and rec in _FOUR_OVER_SIX and rows > 0:  # first pass: per-row errors, then one choice per tile
+        err4, err6 = np.empty((rows, nb), np.float32), np.empty((rows, nb), np.float32)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                (_, _, err4[r0:r1]), (_, _, err6[r0:r1]) = _four_over_six(rec, x2[r0:r1], amax_b[r0:r1], gs)
+        batches, m = rows // lead[-1], lead[-1]
+        tile4, tile6 = _tile_errors(err4, batches, m), _tile_errors(err6, batches, m)
+        pick4 = np.repeat(tile4 < tile6, 16, axis=1)[:, :m].reshape(rows, nb)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         xb = x2[r0:r1]
         ab = np.max(np.abs(xb), axis=-1) if amax_b is None else amax_b[r0:r1]
-        sb, cb = _nvfp4_rows(rec, xb, ab, gs)
+        sb, cb = _nvfp4_rows(rec, xb, ab, gs, None if pick4 is None else pick4[r0:r1])
         scales[r0:r1] = sb
         codes[r0:r1] = _pack(cb.reshape(r1 - r0, k))
     codes = np.moveaxis(codes.reshape(lead + (k // 2,)), -1, ax)
@@ -490,6 +766,13 @@ class MXMode(str, enum.Enum):
     emax is the exponent of the element format's largest normal (E2M1 2, E2M3 2, E3M2 4, E4M3 8, E5M2 15);
     floor(log2 a) is read from the float32 bits (exact, subnormals included), never from float log2, which is off by
     one near powers of two. e is clamped to [-127, 127] (byte e + 127).
+
+    Scale byte 0 (e = -127): FLOOR gives it for a < 2^(emax - 126) (2^-124 E2M1/E2M3, 2^-122 E3M2, 2^-118 E4M3,
+    2^-111 E5M2), CEIL for a <= 2^(emax - 127), EVEN for a' < 2^(emax - 126), RCEIL for fp32(a / max_elem) <= 2^-127
+    (RCEIL_TORCHAO: up to a few fp32 ulps above, where its log2 rounds down to -127).
+    fp4ref then divides the elements by 2^-127, the value the byte encodes. torchao 0.18 (``to_mx``) divides by
+    max(2^e, 2^-126) in FLOOR / CEIL / EVEN (its fp32-normal floor) and multiplies by 1.0 in RCEIL, so its element
+    codes differ from fp4ref's in exactly those blocks (``"rceil-torchao"`` reproduces the RCEIL one).
     """
 
     FLOOR = "floor"
@@ -501,9 +784,44 @@ class MXMode(str, enum.Enum):
     e = floor(log2 a') - emax with a' = a rounded to mbits mantissa bits, ties away from zero (on the bits);
     an a' that stays subnormal gives the minimum e."""
     RCEIL = "rceil"
-    """cuBLAS / torchao RCEIL: e = ceil(log2(fp32(a / max_elem))) via the UE8M0 round-up of the fp32 quotient
+    """cuBLAS RCEIL, exact: e = ceil(log2(d)), d = fp32(a / max_elem), by the UE8M0 round-up of d
     (``cvt.rp.satfinite.ue8m0x2.f32``; cuBLAS "Computing scaling and conversion factors for FP8 with UE8M0
-    scales"). Never saturates elements."""
+    scales"; torchao's compiled sm_100 path). Never saturates elements."""
+    RCEIL_TORCHAO = "rceil-torchao"
+    """torchao 0.18.0's eager RCEIL (``_to_mx_rceil`` fallback in torchao/prototype/mx_formats/mx_tensor.py, the
+    path it takes on CPU and in eager mode): e = clamp(ceil(fp32 log2(d)), -127, 127), d = fp32(a / max_elem). The
+    fp32 log2 rounds d just above a power of two 2^k down to k, so e is one below "rceil" there: for d = 2^k * m,
+    m > 1, e = k when log2(m) is below half the fp32 spacing at k (m < 1 + about 22 * 2^-23 for |k| >= 64; never for
+    k = 0). fp4ref evaluates the correctly rounded fp32 log2 exactly (torch's CPU log2 agrees on every d tested).
+    Elements: x / 2^e as "rceil", except that a block with scale byte 0 is multiplied by 1.0 (the source's
+    ``exponent == 0`` branch), not divided by 2^-127. Example: a = fp32 bits 0x0DC00001, E2M1: this mode byte 25,
+    "rceil" byte 26."""
+
+
+@functools.lru_cache(maxsize=None)
+def _log2_round_down_limit() -> np.ndarray:
+    """limit[k + 160] = the largest j such that RN_fp32(log2((1 + j 2^-23) 2^k)) == k (k != 0): log2(m) must be
+    below half the fp32 spacing next to k toward k + 1, i.e. j < (2^h - 1) 2^23. Evaluated in float64 with
+    expm1; every threshold is at least 1e-6 away from an integer (asserted), so the float64 error cannot move it."""
+    lim = np.zeros(160 + 128, dtype=np.int64)
+    for k in range(-160, 128):
+        if k == 0:
+            continue
+        spacing = 2.0 ** (math.floor(math.log2(k)) - 23) if k > 0 else 2.0 ** ((-k - 1).bit_length() - 1 - 23)
+        thr = math.expm1(spacing / 2 * math.log(2.0)) * 2.0**23
+        assert abs(thr - round(thr)) > 1e-6
+        lim[k + 160] = math.ceil(thr) - 1
+    lim.flags.writeable = False
+    return lim
+
+
+def _ceil_rn_log2_f32(d: np.ndarray) -> np.ndarray:
+    """ceil(RN_fp32(log2 d)) for positive finite float32 d, exactly (no float log2): see MXMode.RCEIL_TORCHAO."""
+    m, e = np.frexp(d.astype(np.float64))
+    k = e.astype(np.int64) - 1
+    j = np.rint((m * 2.0 - 1.0) * 2.0**23).astype(np.int64)  # exact: d has at most 24 significant bits
+    down = (j == 0) | ((k != 0) & (j <= _log2_round_down_limit()[np.clip(k, -160, 127) + 160]))
+    return np.where(down, k, k + 1)
 
 
 @dataclass(frozen=True)
@@ -555,6 +873,12 @@ def _mx_scale_bytes(amax: np.ndarray, fmt: FloatFormat, mode: MXMode) -> np.ndar
         with np.errstate(over="ignore"):
             q = amax / _F32(fmt.max)  # fp32 division, one rounding
         return encode(q, UE8M0, rounding="ru", saturate=True)
+    if mode is MXMode.RCEIL_TORCHAO:
+        with np.errstate(over="ignore"):
+            q = (safe / _F32(fmt.max)).astype(np.float32)
+        qpos = pos & (q > 0)  # log2(0) = -inf -> clamped to -127
+        e = np.where(qpos, _ceil_rn_log2_f32(np.where(qpos, q, _F32(1.0))), -127)
+        return (np.clip(e, -127, 127) + 127).astype(np.uint8)
     if mode is MXMode.EVEN:
         bits = safe.view(np.uint32) + np.uint32(1 << (23 - fmt.mbits - 1))
         bits &= np.uint32(0xFF800000)
@@ -578,7 +902,8 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         x: float16, bfloat16 (ml_dtypes) or float32 array (float64 only when every value is a float32), >= 1-D;
             its length along ``axis`` must be a multiple of ``block``.
         elem: ``"e2m1"`` (MXFP4), ``"e2m3"``/``"e3m2"`` (MXFP6), ``"e4m3"``/``"e5m2"`` (MXFP8).
-        mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``.
+        mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``
+            (cuBLAS, exact), ``"rceil-torchao"`` (torchao 0.18's eager float log2).
         block: block length (32 in the OCP spec; any positive int accepted).
         axis: the blocked axis (default last).
         nonfinite: ``"raise"`` (default) or ``"nan_scale"``: a block holding NaN or +-inf gets scale byte 0xFF (NaN,
@@ -592,8 +917,10 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         ``block``, or a non-finite value with ``nonfinite="raise"``.
 
     Zero blocks get scale byte 0 (2^-127) and zero codes. Source: OCP Microscaling Formats (MX) v1.0 §6.3;
-    torchao mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao: torchao divides by
-    max(2^e, 2^-126) (an fp32-normal floor); fp4ref divides by the 2^e the byte encodes.
+    torchao 0.18 mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao, only in blocks whose
+    scale byte is 0 (thresholds per element format and mode: :class:`MXMode`): torchao divides by
+    max(2^e, 2^-126) (an fp32-normal floor), or multiplies by 1.0 in RCEIL; fp4ref divides by the 2^-127 the byte
+    encodes (``"rceil-torchao"`` multiplies by 1.0 as torchao does).
     """
     key = elem.lower() if isinstance(elem, str) else None
     key = "e4m3" if key == "e4m3fn" else key  # the element format's registry name (fp4ref.formats) is accepted too
@@ -628,6 +955,8 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     amax = np.max(np.abs(xb), axis=-1) if xb.size else np.zeros(lead + (k // block,), np.float32)
     sbytes = _mx_scale_bytes(amax, fmt, md)
     e = sbytes.astype(np.int64) - 127
+    if md is MXMode.RCEIL_TORCHAO:
+        e = np.where(sbytes == 0, 0, e)  # torchao: a scale byte 0 multiplies by 1.0
     q = np.ldexp(xb.astype(np.float64), -e[..., None])  # exact
     codes = encode(q, fmt, rounding="rne", saturate=True)
     if badblock.any():

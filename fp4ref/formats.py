@@ -10,8 +10,9 @@ input's bits: there is no intermediate cast that could round twice.
 
 Policies (each one documented and tested; see docs/formats.md):
 
-* Rounding: ``"rne"`` (default), ``"rz"``, ``"ru"`` (toward +inf), ``"rd"`` (toward -inf), ``"stochastic"``
-  (needs ``rng``); aliases ``"floor"`` = rd, ``"ceil"`` = ru. See :class:`Rounding`.
+* Rounding: ``"rne"`` (default; ties to the even code), ``"rna"`` (ties away from zero), ``"rz"``, ``"ru"`` (toward
+  +inf), ``"rd"`` (toward -inf), ``"stochastic"`` (needs ``rng``); aliases ``"floor"`` = rd, ``"ceil"`` = ru. See
+  :class:`Rounding`; docs/formats.md shows every mode at a tie of every format.
 * Saturation: with ``saturate=True`` every finite overflow and +-inf becomes +-max (PTX ``cvt ... .satfinite``, the
   CUDA ``__NV_SATFINITE`` conversions and Triton's fp8 casts). With ``saturate=False``, overflow follows IEEE 754-2019
   §7.4 with "infinity" meaning the format's inf code if it has one, else its NaN code (ml_dtypes' behaviour).
@@ -199,7 +200,13 @@ def get_format(fmt) -> FloatFormat:
 class Rounding(str, enum.Enum):
     """Rounding of the exact value to the format (IEEE 754-2019 §4.3 attributes).
 
-    RNE: round to nearest, ties to even (roundTiesToEven). Default everywhere.
+    RNE: round to nearest, ties to even (roundTiesToEven): a value halfway between two neighbouring codes gets the
+        one whose code is even (its last bit 0). Default everywhere. For UE8M0 (no mantissa bits: the tie between
+        2^k and 2^(k+1) is 1.5 * 2^k) that is the even byte: 3.0 -> 0x80 (2.0), 0.75 -> 0x7E (0.5), 1.5 -> 0x80
+        (2.0); ml_dtypes and torch send every UE8M0 tie up instead, which is RNA here.
+    RNA: round to nearest, ties away from zero (roundTiesToAway; PTX ``.rna``). For UE8M0 this is the ties-up
+        rounding of ml_dtypes' and torch's ``float8_e8m0fnu`` casts (3.0 -> 0x81, 0.75 -> 0x7F); microxcaling
+        rounds E2M1 ties this way by default.
     RZ: round toward zero (truncate the magnitude).
     RU: round toward +inf (ceil). RD: round toward -inf (floor).
     STOCHASTIC: round the magnitude up with probability (|x| - lo) / (hi - lo), where lo <= |x| <= hi are the
@@ -208,6 +215,7 @@ class Rounding(str, enum.Enum):
     """
 
     RNE = "rne"
+    RNA = "rna"
     RZ = "rz"
     RU = "ru"
     RD = "rd"
@@ -480,9 +488,18 @@ def _encode_chunk(v: np.ndarray, fmt: FloatFormat, mode: Rounding, sat: bool, na
     if mode is Rounding.RNE:
         np.greater(r, half, out=up)
         np.equal(r, half, out=b1)
-        np.bitwise_and(n, uint(1), out=half)  # half is free now: reuse it for the parity of n
+        # ties to the even CODE. code = ((e_t + bias) << m) + n - 2^m has the parity of n when m >= 1; with no
+        # mantissa bits (UE8M0) it is the parity of e_t + bias + n - 1.
+        if m == 0:
+            np.add(n, e_t.view(uint), out=half)  # half is free now: reuse it for the parity of the code
+            np.add(half, uint(fmt.bias - 1), out=half)
+        else:
+            np.copyto(half, n)
+        np.bitwise_and(half, uint(1), out=half)
         np.logical_and(b1, half, out=b1)
         np.logical_or(up, b1, out=up)
+    elif mode is Rounding.RNA:
+        np.greater_equal(r, half, out=up)
     elif mode is Rounding.RZ:
         up.fill(False)
     elif mode in (Rounding.RU, Rounding.RD):

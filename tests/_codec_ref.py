@@ -81,7 +81,7 @@ SPECS = {
                  ml_dtypes.float8_e5m2),
     # OCP MX v1.0 §5.4.1: E8M0 scale, 2^(b-127), 255 = NaN, no zero/sign/inf.
     "ue8m0": Spec("ue8m0", 8, 0, 127, False, 8, False, True, False, F(2) ** 127, F(1, 2**127), F(1, 2**127),
-                  (0xFF,), (), F(2) ** 128, False, False, "nan", 0xFF, 0xFF, ml_dtypes.float8_e8m0fnu),
+                  (0xFF,), (), F(2) ** 128, True, False, "nan", 0xFF, 0xFF, ml_dtypes.float8_e8m0fnu),
     # OCP MX v1.0 §5.3.2: FP6 E2M3 bias 1 max 7.5; E3M2 bias 3 max 28. No inf/NaN.
     "e2m3": Spec("e2m3", 2, 3, 1, True, 6, False, False, True, F(15, 2), F(1), F(1, 8), (), (),
                  F(8), False, True, "raise", None, None, ml_dtypes.float6_e2m3fn),
@@ -169,7 +169,7 @@ POS_VALS, POS_CODE = _build_grid()
 POS_VALS_F64 = {n: np.array([float(v) for v in vs], dtype=np.float64) for n, vs in POS_VALS.items()}
 POS_CODES_ARR = {n: np.array([POS_CODE[n][v] for v in vs], dtype=np.int64) for n, vs in POS_VALS.items()}
 
-DIRECTED = ("rne", "rz", "ru", "rd")
+DIRECTED = ("rne", "rna", "rz", "ru", "rd")
 
 
 class RefRaise(Exception):
@@ -234,6 +234,8 @@ def ref_encode_scalar(x, spec: Spec, mode: str = "rne", saturate=None, nan=None)
         mid = (mx + nxt) / 2
         if mode == "rne":
             over = a > mid or (a == mid and not spec.tie_at_max_goes_to_max)
+        elif mode == "rna":
+            over = a >= mid
         elif mode == "rz":
             over = False
         elif mode == "ru":
@@ -260,10 +262,10 @@ def ref_encode_scalar(x, spec: Spec, mode: str = "rne", saturate=None, nan=None)
             pick = lo
         elif a > mid:
             pick = hi
-        elif spec.mbits == 0:
-            pick = hi  # UE8M0: every value has an "odd" (implicit) mantissa; ties go up (ml_dtypes)
         else:
-            pick = lo if codes[lo] % 2 == 0 else hi
+            pick = lo if codes[lo] % 2 == 0 else hi  # the even code (UE8M0 too: the even byte)
+    elif mode == "rna":
+        pick = lo if a < (lo + hi) / 2 else hi  # ties away from zero
     elif mode == "rz":
         pick = lo
     elif mode == "ru":
@@ -303,12 +305,11 @@ def ref_encode_array(x, spec: Spec, mode: str = "rne", saturate=None, nan=None) 
     mid = (lo + hi) / 2  # exact (<= 5 significant bits)
     if mode == "rne":
         tie = a_in == mid
-        if spec.mbits == 0:
-            tie_pick = ihi
-        else:
-            tie_pick = np.where(vcodes[ilo] % 2 == 0, ilo, ihi)
+        tie_pick = np.where(vcodes[ilo] % 2 == 0, ilo, ihi)  # the even code (UE8M0 too: the even byte)
         pick = np.where(a_in < mid, ilo, np.where(a_in > mid, ihi, tie_pick))
         pick = np.where(exact, i, pick)
+    elif mode == "rna":
+        pick = np.where(a_in < mid, ilo, ihi)
     elif mode == "rz":
         pick = ilo
     elif mode == "ru":
@@ -329,6 +330,8 @@ def ref_encode_array(x, spec: Spec, mode: str = "rne", saturate=None, nan=None) 
     fin_over = (~isnan) & (~isinf) & (a > mx)
     if mode == "rne":
         over = (a > omid) | ((a == omid) & (not spec.tie_at_max_goes_to_max))
+    elif mode == "rna":
+        over = a >= omid
     elif mode == "rz":
         over = np.zeros_like(a, dtype=bool)
     elif mode == "ru":

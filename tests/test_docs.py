@@ -19,3 +19,50 @@ def test_formats_md_shows_known_rows():
     assert "| 0x8 | 1000 | -0 | zero |" in text
     assert "| 0x7E | 01111110 | 448.0 | max |" in text
     assert "| 0x00 | 00000000 | 5.877471754111438e-39 (= 2^-127) | normal |" in text
+
+
+def test_quantization_md_recipe_tables_are_generated_output():
+    text = (ROOT / "docs" / "quantization.md").read_text()
+    start, end = "<!-- generated: python -m fp4ref.tables -->\n", "\n<!-- end generated -->"
+    assert text.count(start) == 1 and text.count(end) == 1
+    committed = text[text.index(start) + len(start):text.index(end)]
+    assert committed == tables.recipes_markdown(), (
+        "docs/quantization.md's recipe tables are stale: replace the generated block with `python -m fp4ref.tables`"
+    )
+
+
+def test_quantization_md_names_every_recipe_and_its_release():
+    from fp4ref.blockscale import NVFP4_RECIPES
+
+    text = (ROOT / "docs" / "quantization.md").read_text()
+    for rec, src in NVFP4_RECIPES.items():
+        assert f"| `{rec.value}` | {src.library} |" in text
+    # hand-checked rows: torchao 0.18 multiplies by reciprocals, 0.16 divides; ModelOpt's zero-block scale 1.0
+    assert "`e2m1(clamp(x * ((1/pts)/s), ±6))`" in text and "`e2m1(clamp(x / (pts * s), ±6))`" in text
+    assert "| `modelopt` | ModelOpt 0.47.0 |" in text
+
+
+def test_each_recipe_docstring_gives_its_source_and_smallest_differing_inputs():
+    # attribute docstrings of NVFP4Recipe's members, read from the source (they are not runtime attributes)
+    import ast
+
+    from fp4ref.blockscale import NVFP4_RECIPES
+
+    src = (ROOT / "fp4ref" / "blockscale.py").read_text()
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "NVFP4Recipe")
+    docs = {}
+    for a, b in zip(cls.body, cls.body[1:]):
+        if isinstance(a, ast.Assign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+            docs[a.value.value] = " ".join(b.value.value.split())
+    table = tables.first_differences()
+    assert set(docs) == {r.value for r in NVFP4_RECIPES}
+    for rec in NVFP4_RECIPES:
+        doc = docs[rec.value]
+        assert tables.first_differences_line(rec.value, table) in doc, (
+            f"NVFP4Recipe.{rec.name}'s docstring is stale: its 'Smallest differing inputs' line must read "
+            f"{tables.first_differences_line(rec.value, table)!r}"
+        )
+    # the release each reproduces, in the docstring
+    for name, release in (("te", "2.18"), ("torchao", "0.18.0"), ("torchao-0.16", "0.16"), ("modelopt", "0.47.0"),
+                          ("te-4over6", "2.18")):
+        assert release in docs[name], name

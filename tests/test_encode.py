@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -116,7 +117,7 @@ def _expected_scalar(name: str, dtype_name: str, mode: str, saturate):
     return np.array([ref_encode_scalar(v, s, mode, saturate=saturate) for v in x], dtype=np.int64)
 
 
-@pytest.mark.parametrize("rounding", ["rne", "rz", "ru", "rd", "floor", "ceil"])
+@pytest.mark.parametrize("rounding", ["rne", "rna", "rz", "ru", "rd", "floor", "ceil"])
 @pytest.mark.parametrize("dtype_name", list(INPUT_DTYPES))
 @pytest.mark.parametrize("name", NAMES)
 def test_constructed_vectors_exact(name, dtype_name, rounding):
@@ -138,10 +139,11 @@ def test_constructed_float32_vectors_vs_ml_dtypes(name):
     s = SPECS[name]
     x = _constructed(name, "float32")
     sat = False if s.has_nan else None
+    rounding = "rna" if name == "ue8m0" else "rne"  # ml_dtypes rounds UE8M0 ties up (away), the others to even
     if name == "ue8m0":
         x = x[(x > 0) & ~((x > 2.0**-127) & (x < 2.0**-126))]  # ml_dtypes quirk, see test_ue8m0_ml_dtypes_quirk
-    assert_codes(encode(x, FORMATS[name], saturate=sat), x.astype(s.ml_dtype).view(np.uint8), x,
-                 f"encode({name}, rne, saturate={sat}) vs ml_dtypes")
+    assert_codes(encode(x, FORMATS[name], rounding=rounding, saturate=sat), x.astype(s.ml_dtype).view(np.uint8), x,
+                 f"encode({name}, {rounding}, saturate={sat}) vs ml_dtypes")
 
 
 # ------------------------------------------------------------------------------------------------ random patterns
@@ -201,12 +203,13 @@ def test_random_float32_bit_patterns_rne_vs_ml_dtypes(name):
         x = np.abs(x)
     sat = False if s.has_nan else None
     nan = "zero"  # the default NaN codes are checked in test_default_nan_code_every_payload
-    out = encode(x, FORMATS[name], saturate=sat, nan=nan)
+    rounding = "rna" if name == "ue8m0" else "rne"  # ml_dtypes rounds UE8M0 ties up (away), the others to even
+    out = encode(x, FORMATS[name], rounding=rounding, saturate=sat, nan=nan)
     ml, mask = _ml_dtypes_expected(name, x)
-    assert_codes(out[mask], ml[mask], x[mask], f"encode({name}, rne, saturate={sat}) vs ml_dtypes")
+    assert_codes(out[mask], ml[mask], x[mask], f"encode({name}, {rounding}, saturate={sat}) vs ml_dtypes")
     # the rest (NaN, UE8M0 zero and ml_dtypes' subnormal quirk) against the exact reference
-    ref = ref_encode_array(x[~mask], s, "rne", saturate=sat, nan=nan)
-    assert_codes(out[~mask], ref, x[~mask], f"encode({name}, rne) vs exact reference (NaN/zero entries)")
+    ref = ref_encode_array(x[~mask], s, rounding, saturate=sat, nan=nan)
+    assert_codes(out[~mask], ref, x[~mask], f"encode({name}, {rounding}) vs exact reference (NaN/zero entries)")
     if s.has_nan:  # the default saturate=True: ml_dtypes' overflows become +-max
         out_d = encode(x, FORMATS[name], nan="max")
         exp = ref_encode_array(x, s, "rne", nan="max")
@@ -276,8 +279,9 @@ def test_every_float16_and_bfloat16_input(name, src):
     sat = False if s.has_nan else None
     x32 = x.astype(np.float32)
     ml, mask = _ml_dtypes_expected(name, x32)
-    out = encode(x, FORMATS[name], saturate=sat, nan=nan)
-    assert_codes(out[mask], ml[mask], x32[mask], f"encode({src} input, {name}, rne) vs ml_dtypes")
+    rounding = "rna" if name == "ue8m0" else "rne"  # ml_dtypes rounds UE8M0 ties up (away), the others to even
+    out = encode(x, FORMATS[name], rounding=rounding, saturate=sat, nan=nan)
+    assert_codes(out[mask], ml[mask], x32[mask], f"encode({src} input, {name}, {rounding}) vs ml_dtypes")
 
 
 # ------------------------------------------------------------------------------------------------ single rounding
@@ -295,7 +299,7 @@ def test_no_double_rounding_from_float64():
         (E5M2, 1.125 + 2.0**-45, 0x3D),  # 1.25
         (E2M3, 7.25 + 2.0**-45, 0x1F),  # 7.5: 7.25 is the 7|7.5 tie
         (E3M2, 26.0 - 2.0**-45, 0x1E),  # 24: 26 is the 24|28 tie
-        (UE8M0, 1.5 - 2.0**-40, 0x7F),  # 1.0 (via float32: tie -> 2.0)
+        (UE8M0, 3.0 + 2.0**-40, 0x81),  # 4.0 (via float32: the 2|4 tie -> even byte 0x80 = 2.0)
     ]
     for fmt, v, code in cases:
         assert np.float64(v) != np.float64(np.float32(v)), v
@@ -584,7 +588,10 @@ E5M2_OVERFLOW = [
     (1e6, "ru", True, 0x7B), (np.inf, "rne", None, 0x7B), (70000.0, "rne", None, 0x7B),
 ]
 UE8M0_OVERFLOW = [
-    (2.0**127, "rne", None, 0xFE), (1.49 * 2.0**127, "rne", None, 0xFE), (1.5 * 2.0**127, "rne", None, 0xFF),
+    # the tie 1.5 * 2^127 between 2^127 (byte 0xFE, even) and 2^128 (byte 0xFF with an unbounded exponent, odd):
+    # IEEE 754 §7.4 rounds with an unbounded exponent first, so rne keeps the even 0xFE; rna (ties away) overflows
+    (2.0**127, "rne", None, 0xFE), (1.49 * 2.0**127, "rne", None, 0xFE), (1.5 * 2.0**127, "rne", None, 0xFE),
+    (1.5 * 2.0**127, "rna", None, 0xFF), (1.51 * 2.0**127, "rne", None, 0xFF),
     (1.5 * 2.0**127, "rne", True, 0xFE), (np.inf, "rne", None, 0xFF), (np.inf, "rne", True, 0xFE),
     (np.inf, "rz", None, 0xFF), (2.0**200, "rz", None, 0xFE), (2.0**200, "rd", None, 0xFE),
     (2.0**200, "ru", None, 0xFF), (2.0**200, "rne", None, 0xFF), (2.0**200, "ru", True, 0xFE),
@@ -614,12 +621,23 @@ def test_ue8m0_policies():
         x = np.array([0.0, -0.0, 5e-324, 2.0**-149, 2.0**-128, 2.0**-127, 1e-300])
         assert encode(x, UE8M0, rounding=mode).tolist() == [0] * 7, mode
         assert encode(x.astype(np.float32)[[0, 1, 3, 4, 5]], UE8M0, rounding=mode).tolist() == [0] * 5
-    # ties go up (every UE8M0 value is 2^k), like ml_dtypes
+    # the tie 1.5 * 2^k between bytes k + 127 and k + 128: rne -> the even byte; rna -> up (ml_dtypes, torch)
     k = np.arange(-127, 127)
     ties = 1.5 * np.ldexp(1.0, k)
-    assert np.array_equal(encode(ties, UE8M0), k + 128)
-    assert np.array_equal(encode(ties.astype(np.float32), UE8M0), k + 128)
+    even = np.where((k + 127) % 2 == 0, k + 127, k + 128)
+    assert np.array_equal(encode(ties, UE8M0), even)
+    assert np.array_equal(encode(ties.astype(np.float32), UE8M0), even)
+    assert np.array_equal(encode(ties.astype(np.float32), UE8M0, rounding="rna"), k + 128)
     assert np.array_equal(encode(ties.astype(np.float32), UE8M0, rounding="rz"), k + 127)
+    # hand vectors: 3.0 (2|4) -> 0x80, 0.75 (0.5|1) -> 0x7E, 1.5 (1|2) -> 0x80; rna 0x81, 0x7F, 0x80
+    hand = np.array([3.0, 0.75, 1.5], np.float32)
+    assert encode(hand, UE8M0).tolist() == [0x80, 0x7E, 0x80]
+    assert encode(hand, UE8M0, rounding="rna").tolist() == [0x81, 0x7F, 0x80]
+    assert hand.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8).tolist() == [0x81, 0x7F, 0x80]
+    # the tie at max (1.5 * 2^127): rne keeps the even max byte 0xFE, rna overflows to NaN (0xFF) as ml_dtypes does
+    top = np.array([1.5 * 2.0**127], np.float32)
+    assert encode(top, UE8M0).tolist() == [0xFE] and encode(top, UE8M0, rounding="rna").tolist() == [0xFF]
+    assert top.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8).tolist() == [0xFF]
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
@@ -790,3 +808,46 @@ def test_encode_any_shape_matches_reference(x, name, mode, data):
     out = encode(x, f, rounding=mode, saturate=sat)
     assert out.shape == x.shape and out.dtype == np.uint8
     assert_codes(out, ref_encode_array(x, s, mode, saturate=sat), x, f"{name} {mode} saturate={sat}")
+
+
+# ------------------------------------------------------------------------------------------------ every tie, every mode
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_mode_at_every_tie(name):
+    """The midpoint of every pair of neighbouring finite codes (both signs), float64 input: rne gives the even
+    code (UE8M0: the even byte), rna the one away from zero, rz toward zero, ru / rd toward +inf / -inf; the rule
+    stated in docs/formats.md's "ties" rows."""
+    s, f = SPECS[name], FORMATS[name]
+    vals = POS_VALS[name]
+    codes = {v: c for v, c in zip(vals, [int(encode(np.float64(float(v)), f)) for v in vals])}
+    for lo, hi in zip(vals[:-1], vals[1:]):
+        mid = float((lo + hi) / 2)
+        clo, chi = codes[lo], codes[hi]
+        for sign in ([1, -1] if s.signed else [1]):
+            sb = s.sign_bit if sign < 0 else 0
+            want = {"rne": (clo if clo % 2 == 0 else chi) | sb, "rna": chi | sb, "rz": clo | sb,
+                    "ru": (chi if sign > 0 else clo) | sb, "rd": (clo if sign > 0 else chi) | sb}
+            for mode, code in want.items():
+                got = int(encode(np.float64(sign * mid), f, rounding=mode))
+                assert got == code, f"{name} {sign * mid!r} {mode}: 0x{got:02X}, desired 0x{code:02X}"
+
+
+def test_ue8m0_other_libraries_as_documented():
+    """docs/formats.md's UE8M0 'other libraries' row, claim by claim, against ml_dtypes and torch."""
+    from fp4ref import tables
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "formats.md").read_text()
+    assert tables._UE8M0_LIBRARIES in text
+    x = np.array([3.0, 0.75, 0.0, 1.5 * 2.0**127, f32_from_bits(0x00400001), f32_from_bits(0x005FFFFF)], np.float32)
+    ml = x.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8).tolist()
+    assert ml[:4] == [0x81, 0x7F, 0xFF, 0xFF] and ml[4:] == [0, 0]
+    assert np.array([-2.0], np.float32).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)[0] == 0xFF
+    assert encode(x[:2], UE8M0, rounding="rna").tolist() == ml[:2]
+    assert encode(x[:2], UE8M0).tolist() == [0x80, 0x7E]
+    assert encode(x[4:], UE8M0).tolist() == [0, 0] == encode(x[4:], UE8M0, rounding="rna").tolist()
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(np.array([3.0, 0.75, -2.0, 0.0, np.nan, np.inf, f32_from_bits(0x00400001),
+                                   f32_from_bits(0x005FFFFF), f32_from_bits(0x007FFFFF)], np.float32))
+    got = t.to(torch.float8_e8m0fnu).view(torch.uint8).tolist()
+    assert got == [0x81, 0x7F, 0x80, 0x00, 0xFF, 0xFF, 0x01, 0x01, 0x01]
