@@ -3,7 +3,7 @@
 Expected values come from (a) tests/_nvfp4_sim.py, a scalar model of each recipe in exact rational arithmetic, (b)
 literal bytes derived with that model and listed in docs/quantization.md, (c) a line-by-line torch transcription of
 each source's fp32 order (when torch is installed), (d) ml_dtypes casts and exact integer exponent arithmetic for MX,
-(e) the public bug vectors of facts/numerics.md.
+(e) the public bug vectors (bug reports against the libraries; docs/quantization.md).
 """
 from __future__ import annotations
 
@@ -461,7 +461,7 @@ def test_dequantize_is_the_elementwise_reference(recipe, data):
 
 
 def test_mx_public_vectors():
-    # facts/numerics.md: MXFP4 block [6, 0, .24, .25, .75, .99, 1.2, 1.3] x4, FLOOR -> scale 2^0, elements
+    # public bug report: MXFP4 block [6, 0, .24, .25, .75, .99, 1.2, 1.3] x4, FLOOR -> scale 2^0, elements
     # [6, 0, 0, 0, 1, 1, 1, 1.5]
     x = np.tile(np.array([6, 0, 0.24, 0.25, 0.75, 0.99, 1.2, 1.3], np.float32), 4)[None]
     t = mx_quantize(x, "e2m1", mode="floor")
