@@ -12,7 +12,7 @@ Checkpoint formats (:data:`LAYOUTS`; tensor NAME = ``X.weight``, or a 3-D expert
       nvfp4  X.weight U8 [N, K/2] (packed E2M1, element 2i in bits 3:0), X.weight_scale F8_E4M3 [N, K/16] (plain),
              X.weight_scale_2 F32 [] (global decode scale = amax / 2688); hf_quant_config.json quant_algo
              "W4A16_NVFP4" (weight only: no input_scale, see docs/checkpoints.md); 3-D P [E, N, K]: P, P_weight_scale,
-             P_weight_scale_2 F32 [E]. K not a multiple of 16 is zero-padded (as NVFP4QTensor.quantize does).
+             P_weight_scale_2 F32 [E].
       mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32] (E8M0 bytes); quant_algo "MXFP8".
     compressed-tensors (compressed-tensors 0.20.1, presets NVFP4A16 / MXFP4A16 / MXFP8A16)
       nvfp4  X.weight_packed U8 [N, K/2], X.weight_scale F8_E4M3 [N, K/16], X.weight_global_scale F32 [1]
@@ -20,6 +20,10 @@ Checkpoint formats (:data:`LAYOUTS`; tensor NAME = ``X.weight``, or a 3-D expert
       mxfp4  X.weight_packed U8 [N, K/2], X.weight_scale U8 [N, K/32]; format "mxfp4-pack-quantized".
       mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32]; format "mxfp8-quantized".
     fp4ref: NAME, NAME_scale, NAME_scale_2 (nvfp4) as modelopt's nvfp4, or NAME, NAME_scale (MX); no config file.
+
+A tensor whose K is not a multiple of the block is copied unquantized (ModelOpt's export asserts on it and the
+serving loaders size the packed weight as K/2), except with ``pad=True`` in fp4ref's layout: K is zero-padded to
+the next multiple of the block (as NVFP4QTensor.quantize pads) and the original K is kept in ``fp4ref.tensors``.
 
 Every format's shards also carry ``__metadata__`` ``fp4ref.tensors`` (original shape and dtype of each quantized
 tensor of that shard), ``fp4ref.format``, ``fp4ref.checkpoint_format``, ``fp4ref.block`` and the recipe or mode,
@@ -272,13 +276,14 @@ def _already_quantized(ckpt: Checkpoint) -> str:
     return ""
 
 
-def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None) -> list:
+def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None, pad: bool = False) -> list:
     """Decide, for every tensor of ``ckpt``, whether it is quantized (and its output tensors) or copied (and why).
 
     Args:
         include: regular expression; only tensors whose name matches (re.search) are quantized.
         ignore: regular expressions; matching tensors are copied (default :data:`DEFAULT_IGNORE` for the serving
             formats, none for fp4ref's).
+        pad: zero-pad K to a multiple of the block (fp4ref's layout only).
 
     Returns:
         list of :class:`Item`, sorted by name.
@@ -305,7 +310,7 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
     for n in names:
         info = ckpt.shard_of(n).tensors[n]
         it = Item(n, ckpt.weight_map[n], info.dtype, info.shape, info.nbytes)
-        it.reason = _eligibility(it, target, inc, ign)
+        it.reason = _eligibility(it, target, inc, ign, pad)
         if not it.reason:
             k = info.shape[-1]
             it.k_padded = -(-k // target.block) * target.block
@@ -346,7 +351,7 @@ def _where(ckpt: Checkpoint) -> str:
     return str(ckpt.shards[0].path) if ckpt.kind == "file" else str(ckpt.root)
 
 
-def _eligibility(it: Item, target: Target, inc, ign) -> str:
+def _eligibility(it: Item, target: Target, inc, ign, pad: bool = False) -> str:
     """'' if the tensor is quantized, else the reason it is copied."""
     if inc is not None and not inc.search(it.name):
         return "excluded by --include"
@@ -366,7 +371,7 @@ def _eligibility(it: Item, target: Target, inc, ign) -> str:
     if nd == 2 and serving and not it.name.endswith(".weight"):
         return "not a Linear weight (name does not end in .weight)"
     k = it.shape[-1]
-    if k == 0 or (k % target.block and target.checkpoint_format != "modelopt"):
+    if k == 0 or (k % target.block and not pad):
         return f"K={k} is not a positive multiple of {target.block}"
     if int(np.prod(it.shape[:-1], dtype=np.int64)) == 0:
         return "empty (0 rows)"
@@ -666,7 +671,7 @@ def _out_is_dir(ckpt: Checkpoint, out: Path) -> bool:
 
 def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_format: str = "fp4ref", recipe=None,
                         mode=None, include=None, ignore=None, jobs: int = 1, force: bool = False,
-                        progress: bool = False, dry_run: bool = False) -> list:
+                        progress: bool = False, dry_run: bool = False, pad: bool = False) -> list:
     """Quantize a checkpoint (see the module docstring) into ``out_path``.
 
     Args:
@@ -679,6 +684,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         jobs: worker processes (>= 1); the output bytes do not depend on it.
         force: replace an existing output (only after the new one is complete).
         progress: show progress on stderr. dry_run: plan only, write nothing.
+        pad: zero-pad K to a multiple of the block instead of copying such tensors (fp4ref's layout only).
 
     Returns:
         one :class:`TensorReport` per input tensor, sorted by name.
@@ -690,8 +696,11 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)
+    if pad and target.checkpoint_format != "fp4ref":
+        raise QuantizeFileError(f"--pad applies to --checkpoint-format fp4ref only: {target.checkpoint_format}'s "
+                                "export and loaders need K to be a multiple of the block")
     ckpt = open_checkpoint(in_path)
-    items = plan_quantize(ckpt, target, include=include, ignore=ignore)
+    items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
     if dry_run:
         return [_report(it, target) for it in items]
     out = Path(out_path)

@@ -5,7 +5,7 @@ Usage::
 
     fp4ref quantize IN -o OUT [--format nvfp4|mxfp4|mxfp8] [--checkpoint-format fp4ref|modelopt|compressed-tensors]
                     [--recipe R] [--mode M] [--include REGEX] [--ignore REGEX ...] [--no-default-ignore]
-                    [--jobs N] [--force] [--dry-run] [--quiet]
+                    [--pad] [--jobs N] [--force] [--dry-run] [--quiet]
     fp4ref quantize QUANTIZED -o OUT --dequantize [--dtype float32|bfloat16|float16] [--jobs N] [--force]
 
 IN is one ``*.safetensors`` file, a ``*.safetensors.index.json`` or a model directory; OUT is a directory (same
@@ -143,6 +143,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "serving layouts (lm_head, embeddings, norms, router/gate, vision towers)")
     p.add_argument("--no-default-ignore", action="store_true",
                    help="drop the default --ignore patterns of the serving layouts")
+    p.add_argument("--pad", action="store_true",
+                   help="fp4ref layout only: zero-pad K to a multiple of the block instead of copying such tensors")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                    help="worker processes (default 1); the output bytes are the same for every N")
     p.add_argument("--force", action="store_true", help="replace an existing output")
@@ -165,7 +167,8 @@ def run(args) -> int:
     if args.dequantize:
         given = [f"--{k.replace('_', '-')}" for k in ("format", "recipe", "mode", "include", "ignore",
                                                        "checkpoint_format") if getattr(args, k) is not None]
-        given += [f for f, on in (("--no-default-ignore", args.no_default_ignore), ("--dry-run", args.dry_run)) if on]
+        given += [f for f, on in (("--no-default-ignore", args.no_default_ignore), ("--dry-run", args.dry_run),
+                                  ("--pad", args.pad)) if on]
         if given:
             return _error(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --dequantize")
     elif args.dtype is not None:
@@ -188,7 +191,7 @@ def run(args) -> int:
             reports = quantize_checkpoint(args.input, args.output, fmt=fmt, checkpoint_format=cf, recipe=args.recipe,
                                           mode=args.mode, include=args.include, ignore=ignore, jobs=args.jobs,
                                           force=args.force, progress=show and not args.dry_run,
-                                          dry_run=args.dry_run)
+                                          dry_run=args.dry_run, pad=args.pad)
             opt = f"recipe {args.recipe}" if args.recipe else f"mode {args.mode}" if args.mode else "default options"
             title = f"fp4ref quantize {args.input} -> {args.output} ({cf} {fmt}, {opt})"
             if args.dry_run:

@@ -18,6 +18,7 @@ QKV = [f"model.layers.0.self_attn.{m}_proj.weight" for m in "qkv"]
 GATE_UP = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
 IGNORED = ["lm_head.weight", "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
            "model.layers.1.mlp.gate.weight", "model.norm.weight"]
+DOWN72 = "model.layers.0.mlp.down_proj.weight"  # K = 72: not a multiple of 16 or 32
 EXPERTS_3D = ["model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"]
 
 

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from fp4ref import checkpoint as C
 from fp4ref.quantize_file import main
 
-from _checkpoints import EXPERTS_3D, GATE_UP, IGNORED, QKV, SHARD1, SHARD2, group_of, make_checkpoint
+from _checkpoints import DOWN72, EXPERTS_3D, GATE_UP, IGNORED, QKV, SHARD1, SHARD2, group_of, make_checkpoint
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 MAG = E2M1[:8]
@@ -92,7 +92,8 @@ def test_modelopt_layout_names_configs_and_index(src, modelopt_out):
     assert (modelopt_out / "tokenizer.json").read_text() == '{"version": "1.0"}'
     hf = json.loads((modelopt_out / "hf_quant_config.json").read_text())
     assert hf["quantization"] == {"quant_algo": "W4A16_NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                                  "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.1.mlp.gate"]}
+                                  "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.0.mlp.down_proj",
+                                                      "model.layers.1.mlp.gate"]}
     cfg = json.loads((modelopt_out / "config.json").read_text())
     assert cfg["torch_dtype"] == "bfloat16" and cfg["architectures"] == ["LlamaForCausalLM"]
     qc = cfg["quantization_config"]
@@ -106,27 +107,27 @@ def test_modelopt_layout_names_configs_and_index(src, modelopt_out):
     assert not any(n.endswith("input_scale") for n in q)  # weight-only: no activation calibration, no input_scale
     for n in IGNORED:
         assert q[n][0] == "BF16" and q[n][3] == tensors[n].tobytes()
+    assert q[DOWN72][3] == tensors[DOWN72].tobytes()  # K=72: not a multiple of 16, kept in bf16
     for n, x in tensors.items():
-        if n in IGNORED:
+        if n in IGNORED or n == DOWN72:
             continue
         base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
         codes, scale, g = q[base + "weight"], q[base + "weight_scale"], q[base + "weight_scale_2"]
         lead, k = x.shape[:-1], x.shape[-1]
-        kp = -(-k // 16) * 16
-        assert (codes[0], codes[1]) == ("U8", lead + (kp // 2,)), n
-        assert (scale[0], scale[1]) == ("F8_E4M3", lead + (kp // 16,)), n
+        assert (codes[0], codes[1]) == ("U8", lead + (k // 2,)), n
+        assert (scale[0], scale[1]) == ("F8_E4M3", lead + (k // 16,)), n
         assert (g[0], g[1]) == ("F32", (x.shape[0],) if x.ndim == 3 else ()), n
         assert codes[2] == scale[2] == g[2] == (SHARD1 if "layers.0" in n or "embed" in n else SHARD2)
 
 
 def test_modelopt_bytes_follow_modelopt_arithmetic(src, modelopt_out):
     """Global scale = fused group's amax / 2688 (per expert for 3-D); block scale = e4m3(clamp(a / (6 sf2), 2^-9,
-    448)); codes = e2m1(x / (s sf2)), each fp32 step as ModelOpt's NVFP4QTensor.quantize; K=72 zero-padded."""
+    448)); codes = e2m1(x / (s sf2)), each fp32 step as ModelOpt's NVFP4QTensor.quantize."""
     _, tensors = src
     q = raw(modelopt_out)
     checked = 0
     for n, x in tensors.items():
-        if n in IGNORED:
+        if n in IGNORED or n == DOWN72:
             continue
         base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
         packed = np.frombuffer(q[base + "weight"][3], np.uint8).reshape(q[base + "weight"][1])
@@ -153,14 +154,13 @@ def test_modelopt_bytes_follow_modelopt_arithmetic(src, modelopt_out):
             if kp != k:
                 assert not np.any(unpack(cb)[:, k:]), "padding codes are zero"
             checked += 1
-    assert checked == 4 + 3 + 3 * 4 + 2 * 4  # q k v o, gate up down (layer 0), 12 experts, 2 3-D tensors x 4
+    assert checked == 4 + 2 + 3 * 4 + 2 * 4  # q k v o, gate up (layer 0), 12 experts, 2 3-D tensors x 4
     g = {n: np.frombuffer(q[n[: -len("weight")] + "weight_scale_2"][3], np.float32)[0] for n in QKV + GATE_UP}
     assert g[QKV[0]] == g[QKV[1]] == g[QKV[2]] and g[GATE_UP[0]] == g[GATE_UP[1]]
     g3 = np.frombuffer(q[EXPERTS_3D[0] + "_weight_scale_2"][3], np.float32)
     assert len(set(g3.tolist())) == 4  # one global scale per expert
     meta = safe_open(str(modelopt_out / SHARD1), framework="np").metadata()
-    assert json.loads(meta["fp4ref.tensors"])["model.layers.0.mlp.down_proj.weight"] == {"shape": [64, 72],
-                                                                                        "dtype": "BF16"}
+    assert json.loads(meta["fp4ref.tensors"])[QKV[1]] == {"shape": [32, 64], "dtype": "BF16"}
     assert meta["format"] == "pt" and meta["fp4ref.checkpoint_format"] == "modelopt"
 
 
@@ -281,7 +281,6 @@ def test_round_trip_through_fp4refs_reader(src, tmp_path, cf, fmt):
         assert back[m].tobytes() == tensors[m].tobytes()
     if cf == "modelopt":  # 3-D experts and the padded K come back in their shapes
         assert back[EXPERTS_3D[0]].shape == tensors[EXPERTS_3D[0]].shape
-        assert back["model.layers.0.mlp.down_proj.weight"].shape == (64, 72)
     d32 = tmp_path / "d32"
     C.dequantize_checkpoint(qdir, d32, dtype="float32")
     assert load_file(str(d32 / SHARD1))[n].dtype == np.float32
