@@ -472,19 +472,14 @@ def _ct_encode_scale(amax: np.float32) -> np.float32:
     return np.float32(1.0) if s == 0 else np.float32(s)
 
 
-def _quant_task(t: _QuantTask):
-    """Quantize one tensor in row chunks, writing codes / scales / global scale at their offsets; returns stats."""
-    t0 = time.perf_counter()
+def quantized_chunks(t: _QuantTask):
+    """Quantize tensor ``t.name`` in row chunks (the recipe or mode in ``t.option``, the global amax per expert in
+    ``t.amax``). Yields ("rows", first row, x float32 [rows, Kp], codes, scales, x_hat float32) per chunk and
+    ("global", expert, stored global scale float32) after each expert (nvfp4 only; the layout's direction)."""
     s = _shard(t.path)
     k, kp = t.shape[-1], t.k_padded
     experts = t.shape[0] if len(t.shape) == 3 else 1
     n = int(np.prod(t.shape[:-1], dtype=np.int64)) // experts
-    ccols = kp if t.fmt == "mxfp8" else kp // 2
-    scols = kp // t.block
-    num = den = 0.0
-    maxerr = 0.0
-    zero_blocks = 0
-    globals_ = []
     step = _row_step(kp)
     for e in range(experts):
         g_expected = None
@@ -496,33 +491,49 @@ def _quant_task(t: _QuantTask):
             if t.fmt == "nvfp4":
                 q = nvfp4_quantize(x, recipe=t.option, global_amax=t.amax[e])
                 codes, scales = q.codes, q.scales
-                g = q.global_decode_scale
                 if g_expected is None:
-                    g_expected = g
+                    g_expected = q.global_decode_scale
                 xhat = nvfp4_dequantize(q)
             else:
                 q = mx_quantize(x, t.elem, mode=t.option, block=t.block)
                 codes = pack_fp4(q.codes) if t.elem == "e2m1" else q.codes
                 scales = q.scales
                 xhat = mx_dequantize(q)
-            row0 = e * n + r0
-            write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
-            write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
-            xd = x[:, :k].astype(np.float64)
-            err = xd - xhat[:, :k].astype(np.float64)
-            num += float(np.sum(xd * xd))
-            den += float(np.sum(err * err))
-            if err.size:
-                maxerr = max(maxerr, float(np.max(np.abs(err))))
-            zero_blocks += int(np.sum(np.max(np.abs(x.reshape(r1 - r0, -1, t.block)), axis=-1) == 0))
+            yield "rows", e * n + r0, x, codes, scales, xhat
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
                 enc = _ct_encode_scale(t.amax[e])
                 if np.float32(np.float32(1.0) / enc) != g_expected:  # the recipe's decode scale is 1 / enc in fp32
                     raise AssertionError(f"{t.name}: decode scale {g_expected!r} is not 1/{enc!r}")
-                globals_.append(enc)
+                yield "global", e, enc
             else:
-                globals_.append(g_expected)
+                yield "global", e, g_expected
+
+
+def _quant_task(t: _QuantTask):
+    """Quantize one tensor in row chunks, writing codes / scales / global scale at their offsets; returns stats."""
+    t0 = time.perf_counter()
+    k, kp = t.shape[-1], t.k_padded
+    ccols = kp if t.fmt == "mxfp8" else kp // 2
+    scols = kp // t.block
+    num = den = 0.0
+    maxerr = 0.0
+    zero_blocks = 0
+    globals_ = []
+    for part in quantized_chunks(t):
+        if part[0] == "global":
+            globals_.append(part[2])
+            continue
+        _, row0, x, codes, scales, xhat = part
+        write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
+        write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
+        xd = x[:, :k].astype(np.float64)
+        err = xd - xhat[:, :k].astype(np.float64)
+        num += float(np.sum(xd * xd))
+        den += float(np.sum(err * err))
+        if err.size:
+            maxerr = max(maxerr, float(np.max(np.abs(err))))
+        zero_blocks += int(np.sum(np.max(np.abs(x.reshape(x.shape[0], -1, t.block)), axis=-1) == 0))
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:
