@@ -121,7 +121,7 @@ FUSED_GROUPS = (
 )
 
 _QUANTIZABLE = ("F16", "BF16", "F32")
-_CHUNK_ELEMS = 1 << 22  # input elements per row chunk: bounds every worker's buffers (about 16 bytes per element)
+_CHUNK_ELEMS = 1 << 21  # input elements per row chunk: bounds every worker's buffers (about 40 bytes per element)
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
@@ -556,7 +556,7 @@ class _CopyTask:
 
 def _copy_task(t: _CopyTask):
     s = _shard(t.path)
-    step = 64 << 20
+    step = 16 << 20  # bytes per copy chunk
     for b0 in range(0, t.nbytes, step):
         b1 = min(t.nbytes, b0 + step)
         write_at(t.out_path, t.offset + b0, s.read_bytes(t.name, b0, b1))

@@ -1,0 +1,1 @@
+"""CPU benchmarks (not tests): each module prints a Markdown table for docs/benchmarks.md."""
