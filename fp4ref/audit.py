@@ -12,6 +12,7 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``scale-nan``: NVFP4 scale bytes 0x7F / 0xFF (E4M3FN NaN); MX scale byte 0xFF (UE8M0 NaN).
 * ``scale-negative``: NVFP4 scale bytes with the sign bit set (0x80 = -0 included): UE4M3 has no sign, a
   reader that decodes them as E4M3FN gets a negative or -0 scale.
+* ``code-nan``: MXFP8 element codes 0x7F / 0xFF (E4M3FN NaN).
 * ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
 * ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
 * ``global-scale``: finite and positive; members of a fused group (q/k/v, gate/up, w1/w3) must share it.
@@ -117,7 +118,7 @@ def _check_bytes(layer, ckpt) -> list:
     k, kp = layer.shape[-1], layer.k_padded
     rows = int(np.prod(layer.shape[:-1], dtype=np.int64))
     cs, ss = ckpt.shard_of(layer.codes), ckpt.shard_of(layer.scale)
-    nan = neg = negzero = zsc = pad = 0
+    nan = neg = negzero = zsc = pad = code_nan = 0
     step = C._row_step(kp)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -125,6 +126,7 @@ def _check_bytes(layer, ckpt) -> list:
         codes = cs.read_rows(layer.codes, r0, r1).view(np.uint8)
         if fmt == "mxfp8":
             mag = codes & 0x7F  # E4M3 codes: non-zero magnitude
+            code_nan += int(np.count_nonzero(mag == 0x7F))
         else:
             nib = np.stack([codes & 15, codes >> 4], axis=-1).reshape(r1 - r0, -1)
             mag = nib & 7
@@ -150,6 +152,9 @@ def _check_bytes(layer, ckpt) -> list:
     if neg:
         out.append(Finding("scale-negative", neg, f"{neg} scale byte(s) with the sign bit set in {layer.scale} "
                                                   f"({negzero} of them -0 = 0x80)"))
+    if code_nan:
+        out.append(Finding("code-nan", code_nan, f"{code_nan} NaN element code(s) (E4M3FN 0x7F / 0xFF) in "
+                                                 f"{layer.codes}"))
     if zsc:
         out.append(Finding("zero-scale-codes", zsc, f"{zsc} block(s) with scale 0 but non-zero codes"))
     if pad:

@@ -121,6 +121,9 @@ FUSED_GROUPS = (
 )
 
 _QUANTIZABLE = ("F16", "BF16", "F32")
+#: architectures (config.json "architectures") whose 3-D expert tensors are [experts, in, out] (ModelOpt's export
+#: transposes them: maybe_transpose_expert_weight_dimensions); fp4ref copies them instead of blocking the wrong axis.
+_IN_OUT_EXPERTS = ("Llama4", "GptOss")
 _CHUNK_ELEMS = 1 << 21  # input elements per row chunk: bounds every worker's buffers (about 40 bytes per element)
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
@@ -303,6 +306,8 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
         ignore = DEFAULT_IGNORE if serving else ()
     ign = list(zip(ignore, _compile(ignore, "--ignore")))
     names = sorted(ckpt.weight_map)
+    arch = " ".join((ckpt.config or {}).get("architectures") or [])
+    transposed = next((a for a in _IN_OUT_EXPERTS if a in arch), None)
     if inc is not None and not any(inc.search(n) for n in names):
         raise QuantizeFileError(f"--include {include!r} matches none of the {len(names)} tensor names in "
                                 f"{_where(ckpt)!r}")
@@ -311,6 +316,9 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
         info = ckpt.shard_of(n).tensors[n]
         it = Item(n, ckpt.weight_map[n], info.dtype, info.shape, info.nbytes)
         it.reason = _eligibility(it, target, inc, ign, pad)
+        if not it.reason and len(it.shape) == 3 and transposed:
+            it.reason = (f"3-D expert tensor of {transposed}, stored [experts, in, out]: the blocks would run along "
+                         "the output axis (ModelOpt transposes these first; fp4ref does not)")
         if not it.reason:
             k = info.shape[-1]
             it.k_padded = -(-k // target.block) * target.block

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -395,8 +397,9 @@ class OutputLocation:
         if self.target.exists() and not force:
             raise CheckpointError(f"output {str(self.target)!r} exists; pass --force to replace it")
         if self.target.exists() and self.target.is_dir() != is_dir:
-            raise CheckpointError(f"output path {str(self.target)!r} is a {'directory' if self.target.is_dir() else 'file'}"
-                                  f"; expected a {'directory' if is_dir else 'file'}")
+            kind = "directory" if self.target.is_dir() else "file"
+            raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected a "
+                                  f"{'directory' if is_dir else 'file'}")
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "directories)")
@@ -414,18 +417,27 @@ class OutputLocation:
         return self.tmp
 
     def publish(self, file_name: str | None = None) -> None:
-        """Move the result onto the target: the temporary directory itself, or (a file output) ``file_name`` in it."""
+        """Move the result onto the target: the temporary directory itself, or (a file output) ``file_name`` in it.
+        SIGINT is held back during the renames (where the platform allows), so Ctrl-C leaves either the old output
+        or the new one, never neither."""
         src = self.tmp if self.is_dir else self.tmp / file_name
-        old = None
-        if self.target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-old-", dir=str(self.target.parent)))
-            os.replace(self.target, old / "x")
-        os.replace(src, self.target)
+        block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+        if block:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            old = None
+            if self.target.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-old-", dir=str(self.target.parent)))
+                os.replace(self.target, old / "x")
+            os.replace(src, self.target)
+            tmp, self.tmp = self.tmp, None
+        finally:
+            if block:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         if not self.is_dir:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp = None
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def discard(self) -> None:
         if self.tmp is not None:

@@ -199,7 +199,7 @@ def run(args) -> int:
     except (QuantizeFileError, CheckpointError, ValueError) as e:
         return _error(str(e))
     except KeyboardInterrupt:
-        print("fp4ref quantize: interrupted; no output written", file=sys.stderr)
+        print("fp4ref quantize: interrupted; no partial output left", file=sys.stderr)
         return 130
     if show or args.dry_run:
         print_report(reports, title=title)

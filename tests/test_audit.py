@@ -88,7 +88,8 @@ def test_planted_scale_defects(made, tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["clean"] is False
     mx = copy(made, "mx8", tmp_path)
     patch(mx, O_PROJ[: -len("weight")] + "weight_scale", lambda a: a.__setitem__(0, 0xFF))
-    assert findings(audit_checkpoint(mx)) == {O_PROJ: ["scale-nan"]}
+    patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0xFF))
+    assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan", "scale-nan"]}
 
 
 def test_planted_wrong_global_scale(made, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import ml_dtypes
@@ -331,7 +332,7 @@ def test_ctrl_c_leaves_no_partial_output(src, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(C, "_quant_task", interrupted)
     assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt"]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "fp4ref quantize: interrupted; no output written"
+    assert err[-1] == "fp4ref quantize: interrupted; no partial output left"
     assert [e for e in err if not e.startswith("fp4ref quantize: amax") and "quantize " not in e[15:30]] == [err[-1]]
     assert _listing(tmp_path) == []
     # with --force over an existing output: the old output stays as it was
@@ -366,7 +367,7 @@ def test_ctrl_c_signal_with_workers(tmp_path):
     if proc.returncode == 0:
         pytest.skip("the run finished before the signal arrived")
     assert proc.returncode == 130, err
-    assert [e for e in err.splitlines() if "%" not in e] == ["fp4ref quantize: interrupted; no output written"]
+    assert [e for e in err.splitlines() if "%" not in e] == ["fp4ref quantize: interrupted; no partial output left"]
     assert _listing(tmp_path) == ["big.safetensors"]
 
 
@@ -455,3 +456,14 @@ def _umask() -> int:
     u = os.umask(0)
     os.umask(u)
     return u
+
+
+def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_path):
+    root, _ = src
+    alt = tmp_path / "llama4"
+    shutil.copytree(root, alt)
+    (alt / "config.json").write_text(json.dumps({"architectures": ["Llama4ForConditionalGeneration"]}))
+    reps = {r.name: r for r in C.quantize_checkpoint(alt, tmp_path / "o", checkpoint_format="modelopt",
+                                                     dry_run=True)}
+    assert all(reps[n].action == "copied" and "[experts, in, out]" in reps[n].reason for n in EXPERTS_3D)
+    assert reps[QKV[0]].action == "quantized"
