@@ -80,6 +80,13 @@ __all__ = [
     "dequantize_checkpoint",
     "read_dequantized",
     "print_report",
+    "output_names",
+    "resolve_target",
+    "detect_format",
+    "quantized_chunks",
+    "quantization_config",
+    "round_to",
+    "parse_dtype",
 ]
 
 #: --format name -> (block, MX element or None)
@@ -194,7 +201,9 @@ def _fused_key(name: str):
 
 @dataclass
 class Item:
-    """One input tensor's fate: quantized (with its outputs) or copied (with the reason)."""
+    """One input tensor's fate: quantized (``reason`` empty; ``group`` its fused group or None, ``k_padded`` the
+    stored K, ``outputs`` (role, name, dtype, shape, nbytes) of its codes / scale / global tensors) or copied
+    (``reason`` says why)."""
 
     name: str
     shard: str
@@ -213,6 +222,8 @@ class Item:
 
 @dataclass
 class Target:
+    """A resolved output choice (:func:`resolve_target`): layout, format, block, MX element, recipe or mode."""
+
     checkpoint_format: str
     fmt: str
     block: int
@@ -412,11 +423,18 @@ _SHARDS: dict = {}
 
 
 def _shard(path: str) -> Shard:
-    s = _SHARDS.get(path)
+    """The opened shard at ``path``, cached per process (keyed by path, size and mtime: a rewritten file is
+    opened again)."""
+    try:
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (path, None, None)
+    s = _SHARDS.get(key)
     if s is None:
         if len(_SHARDS) > 64:
             _SHARDS.clear()
-        s = _SHARDS[path] = Shard(path)
+        s = _SHARDS[key] = Shard(path)
     return s
 
 
@@ -535,10 +553,10 @@ def _quant_task(t: _QuantTask):
         _, row0, x, codes, scales, xhat = part
         write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
         write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
-        xd = x[:, :k].astype(np.float64)
-        err = xd - xhat[:, :k].astype(np.float64)
-        num += float(np.sum(xd * xd))
-        den += float(np.sum(err * err))
+        xd = x[:, :k].astype(np.float64).reshape(-1)
+        err = xd - xhat[:, :k].astype(np.float64).reshape(-1)
+        num += float(np.dot(xd, xd))  # float64 sums (BLAS): the same to ~1e-16 relative as np.sum of squares
+        den += float(np.dot(err, err))
         if err.size:
             maxerr = max(maxerr, float(np.max(np.abs(err))))
         zero_blocks += int(np.sum(np.max(np.abs(x.reshape(x.shape[0], -1, t.block)), axis=-1) == 0))

@@ -212,10 +212,12 @@ class Checkpoint:
     has_index: bool = False
 
     def shard_of(self, name: str) -> Shard:
+        """The shard holding tensor ``name`` (KeyError for an unknown name)."""
         return self.shards_by_name[self.weight_map[name]]
 
     @property
     def shards_by_name(self) -> dict:
+        """Shard file name -> :class:`Shard`."""
         return {s.path.name: s for s in self.shards}
 
 
@@ -440,13 +442,7 @@ class OutputLocation:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def discard(self) -> None:
+        """Remove the temporary output (after an error or an interrupt); the target is left as it was."""
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
-
-
-def file_permissions(path) -> None:
-    """Give a file created by fp4ref the usual 0666 & ~umask permissions."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
