@@ -2,7 +2,8 @@
 
 Subcommands:
     verify                            check kernels against the exact references on the three workloads
-    quantize IN -o OUT --format F     quantize a safetensors weight file (NVFP4 / MXFP4 / MXFP8), or --dequantize
+    quantize IN -o OUT --format F     quantize a safetensors file or checkpoint (NVFP4 / MXFP4 / MXFP8), or --dequantize
+    audit PATH [--reference ORIG]     check a quantized checkpoint's scales, padding, layout and global scales
     formats [NAME ...] [--markdown]   code tables and encode policies of the element formats
 """
 from __future__ import annotations
@@ -216,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import quantize_file
 
     quantize_file.add_parser(sub)
+
+    from . import audit
+
+    audit.add_parser(sub)
 
     p = sub.add_parser("formats", help="print element formats' code tables and encode policies")
     p.add_argument("names", nargs="*", type=_format_name, metavar="NAME",

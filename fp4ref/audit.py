@@ -1,0 +1,359 @@
+"""``fp4ref audit``: check every quantized tensor of a checkpoint (ModelOpt, compressed-tensors or fp4ref layout).
+
+Usage::
+
+    fp4ref audit PATH [--reference ORIGINAL [--recipe R | --mode M]] [--json FILE|-] [--quiet]
+
+Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
+
+* ``layout``: the codes / scale / global-scale tensors exist with the dtypes and shapes of the layout
+  (:func:`fp4ref.checkpoint.output_names`; codes U8 [.., N, K/2] or F8_E4M3 [.., N, K]; NVFP4 scales F8_E4M3, MX
+  scales U8 [.., N, K/block]; the global scale F32 [] / [E] (ModelOpt, fp4ref) or [1] (compressed-tensors)).
+* ``scale-nan``: NVFP4 scale bytes 0x7F / 0xFF (E4M3FN NaN); MX scale byte 0xFF (UE8M0 NaN).
+* ``scale-negative``: NVFP4 scale bytes with the sign bit set (0x80 = -0 included): UE4M3 has no sign, a
+  reader that decodes them as E4M3FN gets a negative or -0 scale.
+* ``code-nan``: MXFP8 element codes 0x7F / 0xFF (E4M3FN NaN).
+* ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
+* ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
+* ``global-scale``: finite and positive; members of a fused group (q/k/v, gate/up, w1/w3) must share it.
+* ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
+  scale and global-scale bytes.
+
+Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import checkpoint as C
+from .checkpoint_io import CheckpointError, open_checkpoint
+
+__all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
+
+
+@dataclass
+class Finding:
+    """One failed check: ``check`` (name as in the module docstring), ``count`` (elements or bytes), ``detail``."""
+
+    check: str
+    count: int
+    detail: str
+
+
+@dataclass
+class TensorAudit:
+    """The checks of one quantized tensor: its original name, format, shape, findings, reference verdict."""
+
+    name: str
+    fmt: str
+    shape: list
+    findings: list = field(default_factory=list)
+    reference: str = "-"
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+
+@dataclass
+class AuditReport:
+    """Result of :func:`audit_checkpoint`: ``clean`` iff no tensor has a finding."""
+
+    path: str
+    checkpoint_format: str
+    fmt: str
+    tensors: list
+
+    @property
+    def clean(self) -> bool:
+        return all(t.clean for t in self.tensors)
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "checkpoint_format": self.checkpoint_format, "format": self.fmt,
+                "clean": self.clean, "tensors": [asdict(t) for t in self.tensors]}
+
+
+def _expect(layer, ckpt, cf: str):
+    """(name, dtype, shape) the layout requires for each of the layer's tensors."""
+    fmt = layer.fmt
+    block = C.FORMATS[fmt][0]
+    lead, k = tuple(layer.shape[:-1]), layer.shape[-1]
+    kp = layer.k_padded
+    out = [(layer.codes, "F8_E4M3" if fmt == "mxfp8" else "U8", lead + ((kp if fmt == "mxfp8" else kp // 2),)),
+           (layer.scale, "F8_E4M3" if fmt == "nvfp4" else "U8", lead + (kp // block,))]
+    if fmt == "nvfp4":
+        gname = C.output_names(cf, fmt, layer.name)["global"]
+        gshape = (1,) if cf == "compressed-tensors" else ((layer.shape[0],) if len(layer.shape) == 3 else ())
+        out.append((gname, "F32", gshape))
+    if not (k <= kp < k + block and kp % block == 0):
+        out.append((None, None, f"stored K={kp} is not the original K={k} rounded up to a multiple of {block}"))
+    return out
+
+
+def _check_layout(layer, ckpt, cf: str) -> list:
+    bad = []
+    for name, dt, shape in _expect(layer, ckpt, cf):
+        if name is None:
+            bad.append(Finding("layout", 1, shape))
+            continue
+        if name not in ckpt.weight_map:
+            bad.append(Finding("layout", 1, f"{name} is missing"))
+            continue
+        info = ckpt.shard_of(name).tensors[name]
+        if info.dtype != dt or tuple(info.shape) != tuple(shape):
+            bad.append(Finding("layout", 1, f"{name} is {info.dtype} {list(info.shape)}, expected {dt} "
+                                            f"{list(shape)}"))
+    return bad
+
+
+def _check_bytes(layer, ckpt) -> list:
+    """Scale bytes, zero scales with codes, padding: read in row chunks."""
+    fmt = layer.fmt
+    block = C.FORMATS[fmt][0]
+    k, kp = layer.shape[-1], layer.k_padded
+    rows = int(np.prod(layer.shape[:-1], dtype=np.int64))
+    cs, ss = ckpt.shard_of(layer.codes), ckpt.shard_of(layer.scale)
+    nan = neg = negzero = zsc = pad = code_nan = 0
+    step = C._row_step(kp)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        sb = ss.read_rows(layer.scale, r0, r1).view(np.uint8)
+        codes = cs.read_rows(layer.codes, r0, r1).view(np.uint8)
+        if fmt == "mxfp8":
+            mag = codes & 0x7F  # E4M3 codes: non-zero magnitude
+            code_nan += int(np.count_nonzero(mag == 0x7F))
+        else:
+            nib = np.stack([codes & 15, codes >> 4], axis=-1).reshape(r1 - r0, -1)
+            mag = nib & 7
+        if fmt == "nvfp4":
+            nan += int(np.count_nonzero((sb & 0x7F) == 0x7F))
+            neg += int(np.count_nonzero(((sb & 0x80) != 0) & ((sb & 0x7F) != 0x7F)))
+            negzero += int(np.count_nonzero(sb == 0x80))
+            zero_scale = (sb & 0x7F) == 0
+        else:
+            nan += int(np.count_nonzero(sb == 0xFF))
+            zero_scale = np.zeros(sb.shape, bool)  # UE8M0 has no zero
+        blocks_nonzero = np.any(mag.reshape(r1 - r0, -1, block) != 0, axis=-1)
+        zsc += int(np.count_nonzero(zero_scale & blocks_nonzero))
+        if kp > k:
+            pad += int(np.count_nonzero(mag[:, k:]))
+            if fmt != "mxfp8":
+                pad += int(np.count_nonzero(nib[:, k:] == 8))  # -0 codes in the padding are non-zero bytes too
+            else:
+                pad += int(np.count_nonzero(codes[:, k:] == 0x80))
+    out = []
+    if nan:
+        out.append(Finding("scale-nan", nan, f"{nan} NaN scale byte(s) in {layer.scale}"))
+    if neg:
+        out.append(Finding("scale-negative", neg, f"{neg} scale byte(s) with the sign bit set in {layer.scale} "
+                                                  f"({negzero} of them -0 = 0x80)"))
+    if code_nan:
+        out.append(Finding("code-nan", code_nan, f"{code_nan} NaN element code(s) (E4M3FN 0x7F / 0xFF) in "
+                                                 f"{layer.codes}"))
+    if zsc:
+        out.append(Finding("zero-scale-codes", zsc, f"{zsc} block(s) with scale 0 but non-zero codes"))
+    if pad:
+        out.append(Finding("padding", pad, f"{pad} non-zero code(s) beyond K={k} (stored K={kp})"))
+    return out
+
+
+def _global_values(layer, ckpt, cf: str):
+    if layer.fmt != "nvfp4":
+        return None
+    gname = C.output_names(cf, layer.fmt, layer.name)["global"]
+    if gname not in ckpt.weight_map:
+        return None
+    return ckpt.shard_of(gname).read_array(gname).astype(np.float32).reshape(-1)
+
+
+def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditReport:
+    """Audit a quantized checkpoint (see the module docstring).
+
+    Args:
+        path: the quantized checkpoint (file, index or directory).
+        reference: the original checkpoint; every quantized tensor is re-quantized from it and compared byte for
+            byte. recipe / mode: the NVFP4 recipe / MX mode for that (default: the one recorded in the shards'
+            ``fp4ref.recipe`` / ``fp4ref.mode``, else the layout's default).
+
+    Returns:
+        :class:`AuditReport`.
+
+    Raises:
+        CheckpointError / QuantizeFileError (ValueErrors): unreadable or unquantized checkpoint, a bad recipe or
+        mode, a reference that lacks a tensor.
+    """
+    ckpt = open_checkpoint(path)
+    cf, fmt, option, layers = C.find_quantized_layers(ckpt)
+    rows = []
+    globals_ = {}
+    for name in sorted(layers):
+        L = layers[name]
+        ta = TensorAudit(name, fmt, list(L.shape))
+        ta.findings += _check_layout(L, ckpt, cf)
+        if not ta.findings:
+            ta.findings += _check_bytes(L, ckpt)
+            g = _global_values(L, ckpt, cf)
+            if g is not None:
+                globals_[name] = g
+                badg = int(np.count_nonzero(~(np.isfinite(g) & (g > 0))))
+                if badg:
+                    ta.findings.append(Finding("global-scale", badg, f"global scale(s) {g.tolist()} not finite and "
+                                                                     "positive"))
+        rows.append(ta)
+    by_name = {t.name: t for t in rows}
+    groups = {}
+    for name in globals_:
+        key = C._fused_key(name)
+        if key is not None:
+            groups.setdefault(key, []).append(name)
+    for key, members in groups.items():
+        vals = {m: globals_[m].tolist() for m in members}
+        if len({tuple(v) for v in vals.values()}) > 1:
+            for m in members:
+                by_name[m].findings.append(Finding("global-scale", 1, f"fused layer {key}: members' global scales "
+                                                                      f"differ ({vals})"))
+    if reference is not None:
+        _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
+    return AuditReport(str(path), cf, fmt, rows)
+
+
+def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> None:
+    if fmt == "nvfp4" and mode is not None:
+        raise C.QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
+    if fmt != "nvfp4" and recipe is not None:
+        raise C.QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
+    target = C.resolve_target(cf, fmt, recipe or (option if fmt == "nvfp4" else None),
+                              mode or (option if fmt != "nvfp4" else None))
+    ref = open_checkpoint(reference)
+    missing = sorted(n for n in layers if n not in ref.weight_map)
+    if missing:
+        raise C.QuantizeFileError(f"--reference {str(reference)!r} lacks tensor {missing[0]!r} of the audited "
+                                  "checkpoint")
+    amax = {}
+    for n in layers:
+        info = ref.shard_of(n).tensors[n]
+        if info.dtype not in C._QUANTIZABLE or tuple(info.shape) != tuple(layers[n].shape):
+            by_name[n].findings.append(Finding("reference", 1, f"reference tensor is {info.dtype} "
+                                                               f"{list(info.shape)}, expected {list(layers[n].shape)}"))
+            continue
+        a, bad = C._amax_task(C._AmaxTask(str(ref.shard_of(n).path), n, info.shape, info.nbytes))
+        amax[n] = a
+    group_amax = {}
+    for n in amax:
+        key = C._fused_key(n)
+        if key is not None:
+            group_amax[key] = max(group_amax.get(key, np.float32(0)), amax[n][0])
+    for n, a in amax.items():
+        L = layers[n]
+        key = C._fused_key(n)
+        if key is not None:
+            a = [group_amax[key]]
+        t = C._QuantTask(str(ref.shard_of(n).path), n, tuple(L.shape), 0, None, {}, cf, fmt, target.block,
+                         target.elem, target.option, L.k_padded, [float(v) for v in a])
+        dc = ds = 0
+        gvals = []
+        cs, ss = ckpt.shard_of(L.codes), ckpt.shard_of(L.scale)
+        for part in C.quantized_chunks(t):
+            if part[0] == "global":
+                gvals.append(part[2])
+                continue
+            _, row0, _x, codes, scales, _xhat = part
+            r1 = row0 + codes.shape[0]
+            dc += int(np.count_nonzero(cs.read_rows(L.codes, row0, r1).view(np.uint8).reshape(codes.shape)
+                                       != codes.view(np.uint8)))
+            ds += int(np.count_nonzero(ss.read_rows(L.scale, row0, r1).view(np.uint8).reshape(scales.shape)
+                                       != scales.view(np.uint8)))
+        dg = 0
+        if fmt == "nvfp4":
+            stored = _global_values(L, ckpt, cf)
+            want = np.asarray(gvals, np.float32)
+            dg = int(np.count_nonzero(stored.view(np.uint32) != want.view(np.uint32)))
+        if dc or ds or dg:
+            by_name[n].reference = f"differs: {dc} code byte(s), {ds} scale byte(s), {dg} global scale(s)"
+            by_name[n].findings.append(Finding("reference", dc + ds + dg, by_name[n].reference + f" (recipe/mode "
+                                                                                              f"{target.option})"))
+        else:
+            by_name[n].reference = "equal"
+
+
+# ----------------------------------------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``audit`` subcommand on an argparse subparsers object; sets ``func=run``."""
+    p = subparsers.add_parser("audit", help="check the scales, padding, layout and global scales of a quantized "
+                                            "checkpoint (exit 0 iff clean)",
+                              description=(__doc__ or "").split("\n\n")[0])
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from .blockscale import MXMode, NVFP4Recipe
+
+    p.add_argument("path", metavar="PATH", help="quantized checkpoint: .safetensors file, index or directory")
+    p.add_argument("--reference", metavar="ORIGINAL", help="original checkpoint: re-quantize and compare bytes")
+    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], help="NVFP4 recipe for --reference "
+                                                                         "(default: the recorded one)")
+    p.add_argument("--mode", choices=[m.value for m in MXMode], help="MX mode for --reference (default: recorded)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout)")
+    p.add_argument("--quiet", action="store_true", help="no table")
+
+
+def run(args) -> int:
+    """Run ``fp4ref audit`` from parsed ``args``: 0 clean, 1 findings, 2 bad arguments or input."""
+    if (args.recipe or args.mode) and not args.reference:
+        print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
+        return 2
+    try:
+        report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
+    except (CheckpointError, ValueError) as e:
+        print(f"fp4ref audit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fp4ref audit: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        text = json.dumps(report.to_json(), indent=2, allow_nan=False)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if not args.quiet and args.json != "-":
+        _print_table(report)
+    return 0 if report.clean else 1
+
+
+def _print_table(report: AuditReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})")
+    for col in ("tensor", "shape", "checks", "reference"):
+        t.add_column(col)
+    for r in report.tensors:
+        checks = "ok" if r.clean else "; ".join(f"{f.check}: {f.detail}" for f in r.findings)
+        t.add_row(r.name, str(r.shape), checks, r.reference)
+    console = Console(width=160)
+    console.print(t)
+    bad = sum(not r.clean for r in report.tensors)
+    console.print("clean" if report.clean else f"{bad} of {len(report.tensors)} tensor(s) FAIL")
+
+
+def main(argv=None) -> int:
+    """Standalone entry point (``python -m fp4ref.audit``)."""
+    p = argparse.ArgumentParser(prog="fp4ref audit", description=(__doc__ or "").split("\n\n")[0])
+    _add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

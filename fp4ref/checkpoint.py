@@ -1,0 +1,1275 @@
+"""Quantize and dequantize model checkpoints in the layouts serving stacks load (ModelOpt, compressed-tensors) or
+fp4ref's own, shard by shard, in bounded memory, with worker processes. docs/checkpoints.md is the user's page.
+
+Input: one ``*.safetensors`` file, a sharded checkpoint (``*.safetensors.index.json``) or a Hugging Face model
+directory (``config.json`` + shards): :func:`fp4ref.checkpoint_io.open_checkpoint`. Output: the same sharding (same
+shard file names, each tensor in the shard its source was in), a rewritten index, ``config.json`` carried over with
+the quantization config the target format needs, the directory's other files copied.
+
+Checkpoint formats (:data:`LAYOUTS`; tensor NAME = ``X.weight``, or a 3-D expert parameter P)::
+
+    modelopt (nvidia-modelopt 0.47.0, unified HF export: export/unified_export_hf.py, export/quant_utils.py)
+      nvfp4  X.weight U8 [N, K/2] (packed E2M1, element 2i in bits 3:0), X.weight_scale F8_E4M3 [N, K/16] (plain),
+             X.weight_scale_2 F32 [] (global decode scale = amax / 2688); hf_quant_config.json quant_algo
+             "W4A16_NVFP4" (weight only: no input_scale, see docs/checkpoints.md); 3-D P [E, N, K]: P, P_weight_scale,
+             P_weight_scale_2 F32 [E].
+      mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32] (E8M0 bytes); quant_algo "MXFP8".
+    compressed-tensors (compressed-tensors 0.20.1, presets NVFP4A16 / MXFP4A16 / MXFP8A16)
+      nvfp4  X.weight_packed U8 [N, K/2], X.weight_scale F8_E4M3 [N, K/16], X.weight_global_scale F32 [1]
+             (the ENCODE direction: 2688 / amax; decode scale = 1 / it); format "nvfp4-pack-quantized".
+      mxfp4  X.weight_packed U8 [N, K/2], X.weight_scale U8 [N, K/32]; format "mxfp4-pack-quantized".
+      mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32]; format "mxfp8-quantized".
+    fp4ref: NAME, NAME_scale, NAME_scale_2 (nvfp4) as modelopt's nvfp4, or NAME, NAME_scale (MX); no config file.
+
+A tensor whose K is not a multiple of the block is copied unquantized (ModelOpt's export asserts on it and the
+serving loaders size the packed weight as K/2), except with ``pad=True`` in fp4ref's layout: K is zero-padded to
+the next multiple of the block (as NVFP4QTensor.quantize pads) and the original K is kept in ``fp4ref.tensors``.
+
+Every format's shards also carry ``__metadata__`` ``fp4ref.tensors`` (original shape and dtype of each quantized
+tensor of that shard), ``fp4ref.format``, ``fp4ref.checkpoint_format``, ``fp4ref.block`` and the recipe or mode,
+which ``--dequantize`` and ``fp4ref audit`` read.
+
+Fused layers share one global scale (the max of the members' amax), as the serving stacks that fuse them require:
+``*.{q,k,v}_proj.weight``, ``*.{gate,up}_proj.weight`` (also per expert) and Mixtral's ``*.{w1,w3}.weight``; a 3-D
+expert tensor gets one global scale per expert.
+"""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize, nvfp4_dequantize, nvfp4_quantize
+from .blockscale import MXTensor, NVFP4Tensor
+from .checkpoint_io import (
+    DTYPES,
+    INDEX_NAME,
+    Checkpoint,
+    CheckpointError,
+    OutputLocation,
+    Shard,
+    ShardWriter,
+    open_checkpoint,
+    write_at,
+)
+from .packing import pack_fp4
+
+__all__ = [
+    "CHECKPOINT_FORMATS",
+    "FORMATS",
+    "LAYOUTS",
+    "DEFAULT_IGNORE",
+    "FUSED_GROUPS",
+    "QuantizeFileError",
+    "TensorReport",
+    "Layer",
+    "find_quantized_layers",
+    "plan_quantize",
+    "quantize_checkpoint",
+    "dequantize_checkpoint",
+    "read_dequantized",
+    "print_report",
+    "output_names",
+    "resolve_target",
+    "detect_format",
+    "quantized_chunks",
+    "quantization_config",
+    "round_to",
+    "parse_dtype",
+]
+
+#: --format name -> (block, MX element or None)
+FORMATS = {"nvfp4": (16, None), "mxfp4": (32, "e2m1"), "mxfp8": (32, "e4m3")}
+CHECKPOINT_FORMATS = ("fp4ref", "modelopt", "compressed-tensors")
+MODELOPT_VERSION = "0.47.0"
+COMPRESSED_TENSORS_VERSION = "0.20.1"
+
+#: (checkpoint format, format) -> default recipe (nvfp4) or mode (MX); a missing pair is not supported.
+LAYOUTS = {
+    ("fp4ref", "nvfp4"): "te", ("fp4ref", "mxfp4"): "floor", ("fp4ref", "mxfp8"): "floor",
+    ("modelopt", "nvfp4"): "modelopt", ("modelopt", "mxfp8"): "rceil",
+    ("compressed-tensors", "nvfp4"): "te", ("compressed-tensors", "mxfp4"): "floor",
+    ("compressed-tensors", "mxfp8"): "floor",
+}
+_UNSUPPORTED = {
+    ("modelopt", "mxfp4"): "ModelOpt 0.47.0 exports MXFP4 weights only as W4A8_MXFP4_FP8, which needs a calibrated "
+                           "FP8 input_scale; use --checkpoint-format compressed-tensors (MXFP4A16) for MXFP4",
+}
+#: compressed-tensors stores the global ENCODE scale 2688 / amax: recipes whose decode scale is 1 / that value.
+_CT_RECIPES = ("te", "sol")
+
+#: Default --ignore patterns (re.search on the tensor name) for the serving formats: layers the serving stacks keep
+#: in high precision.
+DEFAULT_IGNORE = (
+    r"(^|\.)lm_head\.",                     # output projection
+    r"embed|(^|\.)(wte|wpe)\.",             # token / position embeddings
+    r"norm|(^|\.)ln_",                      # RMSNorm / LayerNorm weights
+    r"(^|\.)(router|gate)\.",               # MoE router (mlp.gate.weight; not gate_proj)
+    r"(^|\.)(vision_tower|vision_model|visual|vision|multi_modal_projector|mm_projector|audio_tower)\.",
+)
+
+#: Fused layers: (regex with a group 'p' (prefix) and 'm' (member), fused-group suffix). Members of one group
+#: share one global scale (vLLM / TensorRT-LLM fuse them into one GEMM with a single weight global scale).
+FUSED_GROUPS = (
+    (re.compile(r"^(?P<p>.*\.)(?P<m>q_proj|k_proj|v_proj)\.weight$"), "qkv"),
+    (re.compile(r"^(?P<p>.*\.)(?P<m>gate_proj|up_proj)\.weight$"), "gate_up"),
+    (re.compile(r"^(?P<p>.*\.)(?P<m>w1|w3)\.weight$"), "w13"),
+)
+
+_QUANTIZABLE = ("F16", "BF16", "F32")
+#: architectures (config.json "architectures") whose 3-D expert tensors are [experts, in, out] (ModelOpt's export
+#: transposes them: maybe_transpose_expert_weight_dimensions); fp4ref copies them instead of blocking the wrong axis.
+_IN_OUT_EXPERTS = ("Llama4", "GptOss")
+_CHUNK_ELEMS = 1 << 21  # input elements per row chunk: bounds every worker's buffers (about 40 bytes per element)
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+class QuantizeFileError(CheckpointError):
+    """A bad input to quantize / dequantize (nothing was written). A ValueError."""
+
+
+@dataclass
+class TensorReport:
+    """One line of the per-tensor table.
+
+    Attributes: name; shape (of the original tensor); dtype (safetensors dtype string); action ("quantized",
+    "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
+    float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); seconds; fmt (the format).
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+    action: str
+    reason: str = ""
+    sqnr_db: float = math.nan
+    max_abs_err: float = math.nan
+    zero_blocks: int = 0
+    seconds: float = 0.0
+    fmt: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------------ naming
+
+
+def output_names(checkpoint_format: str, fmt: str, name: str) -> dict:
+    """Output tensor names for quantized tensor ``name``: {"codes", "scale"[, "global"]} (see the module doc)."""
+    if checkpoint_format == "fp4ref":
+        out = {"codes": name, "scale": name + "_scale"}
+        if fmt == "nvfp4":
+            out["global"] = name + "_scale_2"
+        return out
+    if name.endswith(".weight"):
+        base = name[: -len("weight")]
+    elif checkpoint_format == "modelopt":
+        base = name + "_"
+    else:
+        raise ValueError(f"compressed-tensors names only X.weight tensors, got {name!r}")
+    if checkpoint_format == "modelopt":
+        out = {"codes": base + "weight", "scale": base + "weight_scale"}
+        if fmt == "nvfp4":
+            out["global"] = base + "weight_scale_2"
+        return out
+    out = {"codes": base + ("weight" if fmt == "mxfp8" else "weight_packed"), "scale": base + "weight_scale"}
+    if fmt == "nvfp4":
+        out["global"] = base + "weight_global_scale"
+    return out
+
+
+def _fused_key(name: str):
+    for rx, suffix in FUSED_GROUPS:
+        m = rx.match(name)
+        if m:
+            return m.group("p") + suffix
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------ plan
+
+
+@dataclass
+class Item:
+    """One input tensor's fate: quantized (``reason`` empty; ``group`` its fused group or None, ``k_padded`` the
+    stored K, ``outputs`` (role, name, dtype, shape, nbytes) of its codes / scale / global tensors) or copied
+    (``reason`` says why)."""
+
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple
+    nbytes: int
+    reason: str = ""
+    group: str | None = None
+    k_padded: int = 0
+    outputs: list = field(default_factory=list)  # (role, name, dtype, shape, nbytes)
+
+    @property
+    def quantized(self) -> bool:
+        return not self.reason
+
+
+@dataclass
+class Target:
+    """A resolved output choice (:func:`resolve_target`): layout, format, block, MX element, recipe or mode."""
+
+    checkpoint_format: str
+    fmt: str
+    block: int
+    elem: str | None
+    recipe: NVFP4Recipe | None
+    mode: MXMode | None
+
+    @property
+    def option(self) -> str:
+        return self.recipe.value if self.recipe is not None else self.mode.value
+
+
+def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe=None, mode=None) -> Target:
+    """Check the format choices and fill in the defaults (:data:`LAYOUTS`).
+
+    Raises:
+        QuantizeFileError: unknown names, a recipe with an MX format or a mode with nvfp4, an unsupported pair.
+    """
+    if checkpoint_format not in CHECKPOINT_FORMATS:
+        raise QuantizeFileError(f"--checkpoint-format {checkpoint_format!r} is not one of {list(CHECKPOINT_FORMATS)}")
+    if fmt not in FORMATS:
+        raise QuantizeFileError(f"--format {fmt!r} is not one of {list(FORMATS)}")
+    if fmt == "nvfp4" and mode is not None:
+        raise QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
+    if fmt != "nvfp4" and recipe is not None:
+        raise QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
+    if (checkpoint_format, fmt) in _UNSUPPORTED:
+        raise QuantizeFileError(_UNSUPPORTED[(checkpoint_format, fmt)])
+    default = LAYOUTS[(checkpoint_format, fmt)]
+    block, elem = FORMATS[fmt]
+    try:
+        rec = NVFP4Recipe(str(recipe or default).lower()) if fmt == "nvfp4" else None
+        md = MXMode(str(mode or default).lower()) if fmt != "nvfp4" else None
+    except ValueError as e:
+        raise QuantizeFileError(str(e)) from None
+    if checkpoint_format == "compressed-tensors" and rec is not None and rec.value not in _CT_RECIPES:
+        raise QuantizeFileError(
+            f"--recipe {rec.value} cannot be stored in compressed-tensors, which keeps the global ENCODE scale "
+            f"(2688 / amax) and decodes with its reciprocal: use one of {list(_CT_RECIPES)}, whose decode scale is "
+            "exactly that reciprocal"
+        )
+    return Target(checkpoint_format, fmt, block, elem, rec, md)
+
+
+def _compile(patterns, what: str):
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as e:
+            raise QuantizeFileError(f"{what} {p!r} is not a valid regular expression: {e}") from None
+    return out
+
+
+def _already_quantized(ckpt: Checkpoint) -> str:
+    for s in ckpt.shards:
+        if "fp4ref.format" in s.metadata:
+            return f"fp4ref.format={s.metadata['fp4ref.format']!r} in {s.path.name}"
+    if ckpt.config and "quantization_config" in ckpt.config:
+        qc = ckpt.config["quantization_config"]
+        return f"config.json has a quantization_config ({qc.get('quant_method', '?') if isinstance(qc, dict) else qc})"
+    if "hf_quant_config.json" in ckpt.json_files:
+        return "hf_quant_config.json is present"
+    return ""
+
+
+def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None, pad: bool = False) -> list:
+    """Decide, for every tensor of ``ckpt``, whether it is quantized (and its output tensors) or copied (and why).
+
+    Args:
+        include: regular expression; only tensors whose name matches (re.search) are quantized.
+        ignore: regular expressions; matching tensors are copied (default :data:`DEFAULT_IGNORE` for the serving
+            formats, none for fp4ref's).
+        pad: zero-pad K to a multiple of the block (fp4ref's layout only).
+
+    Returns:
+        list of :class:`Item`, sorted by name.
+
+    Raises:
+        QuantizeFileError: bad regex, ``include`` matching nothing, nothing eligible, an output name colliding with an
+        input tensor, a fused group only partly quantized (serving formats), an already-quantized checkpoint.
+    """
+    done = _already_quantized(ckpt)
+    if done:
+        raise QuantizeFileError(f"{str(ckpt.root if ckpt.kind != 'file' else ckpt.shards[0].path)!r} is already "
+                                f"quantized ({done}); quantizing packed codes again would destroy them: use "
+                                "--dequantize first")
+    serving = target.checkpoint_format != "fp4ref"
+    inc = _compile([include], "--include")[0] if include is not None else None
+    if ignore is None:
+        ignore = DEFAULT_IGNORE if serving else ()
+    ign = list(zip(ignore, _compile(ignore, "--ignore")))
+    names = sorted(ckpt.weight_map)
+    arch = " ".join((ckpt.config or {}).get("architectures") or [])
+    transposed = next((a for a in _IN_OUT_EXPERTS if a in arch), None)
+    if inc is not None and not any(inc.search(n) for n in names):
+        raise QuantizeFileError(f"--include {include!r} matches none of the {len(names)} tensor names in "
+                                f"{_where(ckpt)!r}")
+    items = []
+    for n in names:
+        info = ckpt.shard_of(n).tensors[n]
+        it = Item(n, ckpt.weight_map[n], info.dtype, info.shape, info.nbytes)
+        it.reason = _eligibility(it, target, inc, ign, pad)
+        if not it.reason and len(it.shape) == 3 and transposed:
+            it.reason = (f"3-D expert tensor of {transposed}, stored [experts, in, out]: the blocks would run along "
+                         "the output axis (ModelOpt transposes these first; fp4ref does not)")
+        if not it.reason:
+            k = info.shape[-1]
+            it.k_padded = -(-k // target.block) * target.block
+            it.group = _fused_key(n)
+            it.outputs = _outputs(it, target)
+        items.append(it)
+    if all(it.reason for it in items):
+        reasons = "; ".join(f"{it.name}: {it.reason}" for it in items[:5])
+        raise QuantizeFileError(f"no tensor of {_where(ckpt)!r} can be quantized to {target.fmt} ({reasons}"
+                                f"{'; ...' if len(items) > 5 else ''})")
+    by_name = {it.name: it for it in items}
+    for it in items:
+        for role, out, *_ in it.outputs:
+            if out != it.name and out in by_name:
+                raise QuantizeFileError(
+                    f"output name {out!r} for quantized tensor {it.name!r} collides with an input tensor of that name "
+                    f"(which would be copied to the output too); rename one of them, or keep {it.name!r} unquantized "
+                    "with an --include / --ignore that leaves it out"
+                )
+    if serving:
+        groups = {}
+        for n in names:
+            key = _fused_key(n)
+            if key is not None:
+                groups.setdefault(key, []).append(by_name[n])
+        for key, members in groups.items():
+            q = [m.name for m in members if m.quantized]
+            if q and len(q) != len(members):
+                left = [f"{m.name} ({m.reason})" for m in members if not m.quantized]
+                raise QuantizeFileError(
+                    f"fused layer {key}: {', '.join(q)} would be quantized but {', '.join(left)} would not; serving "
+                    "stacks fuse these into one GEMM, so quantize all of them or none (adjust --include / --ignore)"
+                )
+    return items
+
+
+def _where(ckpt: Checkpoint) -> str:
+    return str(ckpt.shards[0].path) if ckpt.kind == "file" else str(ckpt.root)
+
+
+def _eligibility(it: Item, target: Target, inc, ign, pad: bool = False) -> str:
+    """'' if the tensor is quantized, else the reason it is copied."""
+    if inc is not None and not inc.search(it.name):
+        return "excluded by --include"
+    for pat, rx in ign:
+        if rx.search(it.name):
+            return f"ignored ({pat})"
+    if it.dtype not in _QUANTIZABLE:
+        return f"dtype {it.dtype} (quantized: {', '.join(_QUANTIZABLE)})"
+    nd = len(it.shape)
+    if nd not in (2, 3):
+        return f"{nd}-D (quantized: 2-D, and 3-D expert tensors per expert)"
+    serving = target.checkpoint_format != "fp4ref"
+    if nd == 3 and target.checkpoint_format == "compressed-tensors":
+        return "3-D (compressed-tensors names per-expert Linear layers X.weight only)"
+    if nd == 3 and serving and "expert" not in it.name:
+        return "3-D but not an expert tensor (its name lacks 'expert')"
+    if nd == 2 and serving and not it.name.endswith(".weight"):
+        return "not a Linear weight (name does not end in .weight)"
+    k = it.shape[-1]
+    if k == 0 or (k % target.block and not pad):
+        return f"K={k} is not a positive multiple of {target.block}"
+    if int(np.prod(it.shape[:-1], dtype=np.int64)) == 0:
+        return "empty (0 rows)"
+    return ""
+
+
+def _outputs(it: Item, target: Target) -> list:
+    names = output_names(target.checkpoint_format, target.fmt, it.name)
+    lead, kp = it.shape[:-1], it.k_padded
+    rows = int(np.prod(lead, dtype=np.int64))
+    out = []
+    if target.fmt == "mxfp8":
+        out.append(("codes", names["codes"], "F8_E4M3", lead + (kp,), rows * kp))
+    else:
+        out.append(("codes", names["codes"], "U8", lead + (kp // 2,), rows * kp // 2))
+    nb = kp // target.block
+    out.append(("scale", names["scale"], "F8_E4M3" if target.fmt == "nvfp4" else "U8", lead + (nb,), rows * nb))
+    if target.fmt == "nvfp4":
+        if target.checkpoint_format == "compressed-tensors":
+            gshape = (1,)
+        else:
+            gshape = (it.shape[0],) if len(it.shape) == 3 else ()
+        out.append(("global", names["global"], "F32", gshape, 4 * int(np.prod(gshape, dtype=np.int64))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ workers
+
+_SHARDS: dict = {}
+
+
+def _shard(path: str) -> Shard:
+    """The opened shard at ``path``, cached per process (keyed by path, size and mtime: a rewritten file is
+    opened again)."""
+    try:
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (path, None, None)
+    s = _SHARDS.get(key)
+    if s is None:
+        if len(_SHARDS) > 64:
+            _SHARDS.clear()
+        s = _SHARDS[key] = Shard(path)
+    return s
+
+
+def _row_step(k: int) -> int:
+    return max(1, _CHUNK_ELEMS // max(k, 1))
+
+
+@dataclass
+class _AmaxTask:
+    path: str
+    name: str
+    shape: tuple
+    nbytes: int
+
+
+def _amax_task(t: _AmaxTask):
+    """Per-expert (3-D) or whole-tensor amax (float32) and the count / first index of non-finite values."""
+    s = _shard(t.path)
+    k = t.shape[-1]
+    experts = t.shape[0] if len(t.shape) == 3 else 1
+    n = int(np.prod(t.shape[:-1], dtype=np.int64)) // experts
+    amax = []
+    bad = 0
+    for e in range(experts):
+        a = np.float32(0.0)
+        for r0 in range(0, n, _row_step(k)):
+            r1 = min(n, r0 + _row_step(k))
+            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
+            fin = np.isfinite(x)
+            if not fin.all():
+                bad += int(x.size - np.count_nonzero(fin))
+                continue
+            if x.size:
+                a = max(a, np.max(np.abs(x)))
+        amax.append(np.float32(a))
+    return amax, bad
+
+
+@dataclass
+class _QuantTask:
+    path: str
+    name: str
+    shape: tuple
+    nbytes: int
+    out_path: str
+    offsets: dict  # role -> absolute offset
+    checkpoint_format: str
+    fmt: str
+    block: int
+    elem: str | None
+    option: str
+    k_padded: int
+    amax: list  # per expert
+
+
+def _ct_encode_scale(amax: np.float32) -> np.float32:
+    """compressed-tensors' weight_global_scale for the te / sol recipes: their S_enc = min(2688 / A, FLT_MAX),
+    1 when that is 0 (NVFP4Recipe.TE), whose fp32 reciprocal is the recipes' stored decode scale."""
+    with np.errstate(divide="ignore", over="ignore"):
+        s = np.minimum(np.float32(2688.0) / np.float32(amax), np.float32(np.finfo(np.float32).max))
+    return np.float32(1.0) if s == 0 else np.float32(s)
+
+
+def quantized_chunks(t: _QuantTask):
+    """Quantize tensor ``t.name`` in row chunks (the recipe or mode in ``t.option``, the global amax per expert in
+    ``t.amax``). Yields ("rows", first row, x float32 [rows, Kp], codes, scales, x_hat float32) per chunk and
+    ("global", expert, stored global scale float32) after each expert (nvfp4 only; the layout's direction)."""
+    s = _shard(t.path)
+    k, kp = t.shape[-1], t.k_padded
+    experts = t.shape[0] if len(t.shape) == 3 else 1
+    n = int(np.prod(t.shape[:-1], dtype=np.int64)) // experts
+    step = _row_step(kp)
+    for e in range(experts):
+        g_expected = None
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
+            if kp != k:
+                x = np.concatenate([x, np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
+            if t.fmt == "nvfp4":
+                q = nvfp4_quantize(x, recipe=t.option, global_amax=t.amax[e])
+                codes, scales = q.codes, q.scales
+                if g_expected is None:
+                    g_expected = q.global_decode_scale
+                xhat = nvfp4_dequantize(q)
+            else:
+                q = mx_quantize(x, t.elem, mode=t.option, block=t.block)
+                codes = pack_fp4(q.codes) if t.elem == "e2m1" else q.codes
+                scales = q.scales
+                xhat = mx_dequantize(q)
+            yield "rows", e * n + r0, x, codes, scales, xhat
+        if t.fmt == "nvfp4":
+            if t.checkpoint_format == "compressed-tensors":
+                enc = _ct_encode_scale(t.amax[e])
+                if np.float32(np.float32(1.0) / enc) != g_expected:  # the recipe's decode scale is 1 / enc in fp32
+                    raise AssertionError(f"{t.name}: decode scale {g_expected!r} is not 1/{enc!r}")
+                yield "global", e, enc
+            else:
+                yield "global", e, g_expected
+
+
+def _quant_task(t: _QuantTask):
+    """Quantize one tensor in row chunks, writing codes / scales / global scale at their offsets; returns stats."""
+    t0 = time.perf_counter()
+    k, kp = t.shape[-1], t.k_padded
+    ccols = kp if t.fmt == "mxfp8" else kp // 2
+    scols = kp // t.block
+    num = den = 0.0
+    maxerr = 0.0
+    zero_blocks = 0
+    globals_ = []
+    for part in quantized_chunks(t):
+        if part[0] == "global":
+            globals_.append(part[2])
+            continue
+        _, row0, x, codes, scales, xhat = part
+        write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
+        write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
+        xd = x[:, :k].astype(np.float64).reshape(-1)
+        err = xd - xhat[:, :k].astype(np.float64).reshape(-1)
+        num += float(np.dot(xd, xd))  # float64 sums (BLAS): the same to ~1e-16 relative as np.sum of squares
+        den += float(np.dot(err, err))
+        if err.size:
+            maxerr = max(maxerr, float(np.max(np.abs(err))))
+        zero_blocks += int(np.sum(np.max(np.abs(x.reshape(x.shape[0], -1, t.block)), axis=-1) == 0))
+    if t.fmt == "nvfp4":
+        write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
+    if den == 0:
+        sqnr = math.inf
+    elif num == 0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10.0 * math.log10(num / den)
+    return {"sqnr_db": sqnr, "max_abs_err": maxerr, "zero_blocks": zero_blocks, "seconds": time.perf_counter() - t0}
+
+
+@dataclass
+class _CopyTask:
+    path: str
+    name: str
+    nbytes: int
+    out_path: str
+    offset: int
+
+
+def _copy_task(t: _CopyTask):
+    s = _shard(t.path)
+    step = 16 << 20  # bytes per copy chunk
+    for b0 in range(0, t.nbytes, step):
+        b1 = min(t.nbytes, b0 + step)
+        write_at(t.out_path, t.offset + b0, s.read_bytes(t.name, b0, b1))
+    return {}
+
+
+class Workers:
+    """``jobs`` worker processes (concurrent.futures), or none for ``jobs == 1``. On Linux they are forked when the
+    pool is made (before any progress thread starts), so they start at once with the modules already imported;
+    elsewhere they are spawned. Workers ignore SIGINT: Ctrl-C is the parent's to handle (cancel, clean up)."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.ex = None
+        if jobs > 1:
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            self.ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+                                          initializer=_worker_init)
+            self.ex.submit(_noop).result()  # start the workers now
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+        return False
+
+    def run(self, fn_tasks, progress, phase: str) -> list:
+        """Run (fn, task) pairs; results in task order. Largest tasks start first. On any exception
+        (KeyboardInterrupt included) pending tasks are cancelled and running ones finish before it propagates."""
+        order = sorted(range(len(fn_tasks)), key=lambda i: -fn_tasks[i][1].nbytes)
+        results = [None] * len(fn_tasks)
+        progress.phase(phase, sum(t.nbytes for _, t in fn_tasks))
+        if self.ex is None or len(fn_tasks) <= 1:
+            for i in order:
+                fn, t = fn_tasks[i]
+                results[i] = fn(t)
+                progress.advance(t.nbytes, t.name)
+            return results
+        try:
+            futs = {self.ex.submit(fn_tasks[i][0], fn_tasks[i][1]): i for i in order}
+            for f in as_completed(futs):
+                i = futs[f]
+                results[i] = f.result()
+                progress.advance(fn_tasks[i][1].nbytes, fn_tasks[i][1].name)
+        except BaseException:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+            raise
+        return results
+
+
+def _noop():
+    return None
+
+
+def _worker_init():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+# ------------------------------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """Progress over bytes: a rich bar on a terminal; otherwise (``plain``) one line on stderr per 10% and at the
+    end of each phase. ``enabled=False`` shows nothing."""
+
+    def __init__(self, enabled: bool, label: str = "quantize", stream=None):
+        self.enabled = enabled
+        self.label = label
+        self.stream = stream or sys.stderr
+        self._bar = None
+        self._task = None
+        self.total = self.done = 0
+        self._next = 0.0
+        self._phase = ""
+        if enabled and getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, \
+                TimeElapsedColumn
+
+            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                                     TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+        return False
+
+    def phase(self, name: str, total: int) -> None:
+        self._phase, self.total, self.done, self._next = name, max(total, 1), 0, 0.1
+        if self._bar is not None:
+            if self._task is not None:
+                self._bar.remove_task(self._task)
+            self._task = self._bar.add_task(name, total=self.total)
+
+    def advance(self, nbytes: int, name: str) -> None:
+        if not self.enabled:
+            return
+        self.done += nbytes
+        if self._bar is not None:
+            self._bar.update(self._task, advance=nbytes, description=f"{self._phase} {name[-40:]}")
+            return
+        frac = self.done / self.total
+        if frac >= self._next or self.done >= self.total:
+            print(f"fp4ref {self.label}: {self._phase} {100 * frac:5.1f}% ({self.done / 2**20:.1f} / "
+                  f"{self.total / 2**20:.1f} MiB) {name}", file=self.stream, flush=True)
+            while self._next <= frac:
+                self._next += 0.1
+
+
+# ------------------------------------------------------------------------------------------------------ quantize
+
+
+def _out_is_dir(ckpt: Checkpoint, out: Path) -> bool:
+    return ckpt.kind != "file" or not out.name.endswith(".safetensors")
+
+
+def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_format: str = "fp4ref", recipe=None,
+                        mode=None, include=None, ignore=None, jobs: int = 1, force: bool = False,
+                        progress: bool = False, dry_run: bool = False, pad: bool = False) -> list:
+    """Quantize a checkpoint (see the module docstring) into ``out_path``.
+
+    Args:
+        in_path: a ``.safetensors`` file, a ``*.safetensors.index.json`` or a model directory.
+        out_path: the output; a directory unless the input is one file and ``out_path`` ends in ``.safetensors``
+            (fp4ref format only: the serving formats need their config files beside the shards).
+        fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``. checkpoint_format: one of :data:`CHECKPOINT_FORMATS`.
+        recipe / mode: NVFP4 recipe / MX mode (default per :data:`LAYOUTS`).
+        include, ignore: see :func:`plan_quantize`.
+        jobs: worker processes (>= 1); the output bytes do not depend on it.
+        force: replace an existing output (only after the new one is complete).
+        progress: show progress on stderr. dry_run: plan only, write nothing.
+        pad: zero-pad K to a multiple of the block instead of copying such tensors (fp4ref's layout only).
+
+    Returns:
+        one :class:`TensorReport` per input tensor, sorted by name.
+
+    Raises:
+        QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is written then); a
+        non-finite weight (named). KeyboardInterrupt propagates after the partial output was removed.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+    target = resolve_target(checkpoint_format, fmt, recipe, mode)
+    if pad and target.checkpoint_format != "fp4ref":
+        raise QuantizeFileError(f"--pad applies to --checkpoint-format fp4ref only: {target.checkpoint_format}'s "
+                                "export and loaders need K to be a multiple of the block")
+    ckpt = open_checkpoint(in_path)
+    items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
+    if dry_run:
+        return [_report(it, target) for it in items]
+    out = Path(out_path)
+    is_dir = _out_is_dir(ckpt, out)
+    if not is_dir and target.checkpoint_format != "fp4ref":
+        raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
+                                f"shards: give -o a directory (not {str(out)!r})")
+    loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards])
+    with Workers(jobs) as pool, Progress(progress, "quantize") as bar:
+        # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
+        q_items = [it for it in items if it.quantized]
+        amax_tasks = [(_amax_task, _AmaxTask(str(ckpt.shard_of(it.name).path), it.name, it.shape, it.nbytes))
+                      for it in q_items]
+        amaxes = dict(zip([it.name for it in q_items], pool.run(amax_tasks, bar, "amax")))
+        for it in q_items:
+            bad = amaxes[it.name][1]
+            if bad:
+                raise QuantizeFileError(
+                    f"tensor {it.name!r} holds {bad} NaN/inf value(s); fp4ref quantize refuses non-finite weights "
+                    "(leave the tensor out with --include / --ignore, or fix the checkpoint)"
+                )
+        group_amax = {}
+        for it in q_items:
+            if it.group is not None:
+                group_amax[it.group] = max(group_amax.get(it.group, np.float32(0)), amaxes[it.name][0][0])
+        tmp = loc.create()
+        try:
+            tasks = _write_shards(ckpt, items, target, tmp, amaxes, group_amax)
+            results = pool.run(tasks, bar, "quantize")
+            _write_side_files(ckpt, items, target, tmp, quantized=True)
+            loc.publish(None if is_dir else ckpt.shards[0].path.name)
+        except BaseException:
+            loc.discard()
+            raise
+    stats = {t.name: r for (fn, t), r in zip(tasks, results) if fn is _quant_task}
+    reports = []
+    for it in items:
+        rep = _report(it, target)
+        if it.quantized:
+            st = stats[it.name]
+            rep.sqnr_db, rep.max_abs_err = st["sqnr_db"], st["max_abs_err"]
+            rep.zero_blocks, rep.seconds = st["zero_blocks"], st["seconds"]
+        reports.append(rep)
+    return reports
+
+
+def _report(it: Item, target: Target) -> TensorReport:
+    if it.quantized:
+        return TensorReport(it.name, tuple(it.shape), it.dtype, "quantized", fmt=target.fmt,
+                            extra={"outputs": [o[1] for o in it.outputs]})
+    return TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason=it.reason)
+
+
+def _shard_metadata(shard: Shard, target: Target, qmeta: dict) -> dict:
+    meta = {k: str(v) for k, v in shard.metadata.items() if not k.startswith("fp4ref.")}
+    meta.update({
+        "fp4ref.format": target.fmt,
+        "fp4ref.checkpoint_format": target.checkpoint_format,
+        "fp4ref.block": str(target.block),
+        "fp4ref.tensors": json.dumps(qmeta, separators=(",", ":")),
+    })
+    meta["fp4ref.recipe" if target.fmt == "nvfp4" else "fp4ref.mode"] = target.option
+    return meta
+
+
+def _write_shards(ckpt: Checkpoint, items: list, target: Target, tmp: Path, amaxes: dict, group_amax: dict) -> list:
+    """Lay out every output shard (header written, file sized) and return the tasks that fill them."""
+    tasks = []
+    for shard in ckpt.shards:
+        mine = [it for it in items if it.shard == shard.path.name]
+        entries, qmeta = [], {}
+        for it in mine:
+            if it.quantized:
+                entries += [(o[1], o[2], o[3], o[4]) for o in it.outputs]
+                qmeta[it.name] = {"shape": list(it.shape), "dtype": it.dtype}
+            else:
+                entries.append((it.name, it.dtype, it.shape, it.nbytes))
+        entries.sort(key=lambda e: e[0])
+        out_file = tmp / shard.path.name
+        w = ShardWriter(out_file, entries, _shard_metadata(shard, target, qmeta))
+        for it in mine:
+            if it.quantized:
+                amax = amaxes[it.name][0]
+                if it.group is not None:
+                    amax = [group_amax[it.group]]
+                tasks.append((_quant_task, _QuantTask(
+                    str(shard.path), it.name, it.shape, it.nbytes, str(out_file),
+                    {o[0]: w.offsets[o[1]] for o in it.outputs}, target.checkpoint_format, target.fmt, target.block,
+                    target.elem, target.option, it.k_padded, [float(a) for a in amax])))
+            else:
+                tasks.append((_copy_task, _CopyTask(str(shard.path), it.name, it.nbytes, str(out_file),
+                                                    w.offsets[it.name])))
+    return tasks
+
+
+def _module_of(name: str) -> str:
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+def quantization_config(target: Target, items: list) -> tuple:
+    """(config.json ``quantization_config``, hf_quant_config.json or None) for the serving formats (see the
+    module docstring for the releases followed). ``exclude_modules`` / ``ignore`` list every module with a 2-D or
+    3-D weight left unquantized (the loaders treat any Linear not listed there as quantized)."""
+    from . import __version__
+
+    skipped = sorted({_module_of(it.name) for it in items
+                      if not it.quantized and len(it.shape) >= 2 and it.name.endswith(".weight")})
+    if target.checkpoint_format == "modelopt":
+        algo = "W4A16_NVFP4" if target.fmt == "nvfp4" else "MXFP8"
+        producer = {"name": "fp4ref", "version": __version__}
+        hf = {"producer": producer,
+              "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None, "group_size": target.block,
+                               "exclude_modules": skipped}}
+        qc = {"ignore": skipped, "quant_algo": algo, "producer": producer, "quant_method": "modelopt"}
+        if algo == "W4A16_NVFP4":  # ModelOpt's convert_hf_quant_config_format for this algo
+            qc["config_groups"] = {"group_0": {"weights": {"dynamic": False, "num_bits": 4, "type": "float",
+                                                           "group_size": target.block}, "targets": ["Linear"]}}
+        return qc, hf
+    fmt_name = {"nvfp4": "nvfp4-pack-quantized", "mxfp4": "mxfp4-pack-quantized", "mxfp8": "mxfp8-quantized"}
+    weights = {"num_bits": 8 if target.fmt == "mxfp8" else 4, "type": "float",
+               "strategy": "tensor_group" if target.fmt == "nvfp4" else "group", "symmetric": True,
+               "dynamic": False, "group_size": target.block,
+               "scale_dtype": "torch.float8_e4m3fn" if target.fmt == "nvfp4" else "torch.uint8"}
+    qc = {
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                      "output_activations": None, "format": fmt_name[target.fmt]}},
+        "format": fmt_name[target.fmt],
+        "global_compression_ratio": None,
+        "ignore": skipped,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "version": COMPRESSED_TENSORS_VERSION,
+    }
+    return qc, None
+
+
+def _write_json(path: Path, data) -> None:
+    with open(path, "x") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
+def _write_side_files(ckpt: Checkpoint, items: list, target: Target | None, tmp: Path, *, quantized: bool,
+                      dtype: str | None = None) -> None:
+    """Index (rewritten), config.json (+ quantization config), hf_quant_config.json, the other files (copied)."""
+    out_names = {}
+    for it in items:
+        if quantized and it.quantized:
+            for o in it.outputs:
+                out_names[o[1]] = it.shard
+        else:
+            out_names[it.name] = it.shard
+    if ckpt.has_index:
+        meta = dict(ckpt.index_metadata)
+        meta["total_size"] = sum(_data_size(tmp / s.path.name) for s in ckpt.shards)
+        _write_json(tmp / INDEX_NAME, {"metadata": meta, "weight_map": dict(sorted(out_names.items()))})
+    config = dict(ckpt.config) if ckpt.config is not None else None
+    if quantized and target.checkpoint_format != "fp4ref":
+        qc, hf = quantization_config(target, items)
+        if config is not None or target.checkpoint_format == "compressed-tensors":
+            config = config or {}
+            config["quantization_config"] = qc
+        if hf is not None:
+            _write_json(tmp / "hf_quant_config.json", hf)
+    elif not quantized and config is not None:
+        config.pop("quantization_config", None)
+        if dtype is not None:
+            key = "dtype" if "dtype" in config and "torch_dtype" not in config else "torch_dtype"
+            config[key] = dtype
+    if config is not None:
+        _write_json(tmp / "config.json", config)
+    for f in ckpt.extra_files:
+        shutil.copyfile(f, tmp / f.name)
+
+
+def _data_size(path: Path) -> int:
+    with open(path, "rb") as f:
+        (n,) = np.frombuffer(f.read(8), "<u8")
+    return path.stat().st_size - 8 - int(n)
+
+
+# ------------------------------------------------------------------------------------------------------ reading
+
+
+@dataclass
+class Layer:
+    """A quantized tensor found in a checkpoint: the original ``name``, its format ("nvfp4" | "mxfp4" | "mxfp8"),
+    the names of its codes / scale / global tensors, the shard file, the original shape (K unpadded) and dtype
+    (from ``fp4ref.tensors`` metadata when present, else derived: shape from the codes, dtype None)."""
+
+    name: str
+    fmt: str
+    checkpoint_format: str
+    codes: str
+    scale: str
+    global_: str | None
+    shard: str
+    shape: tuple
+    dtype: str | None
+    k_padded: int
+    out_dtype: str | None = None
+
+
+def detect_format(ckpt: Checkpoint) -> tuple:
+    """(checkpoint format, format, recipe-or-mode or None) of a quantized checkpoint, from hf_quant_config.json,
+    config.json's quantization_config, or fp4ref shard metadata.
+
+    Raises:
+        QuantizeFileError: not a quantized checkpoint, or a quantization this reader does not know.
+    """
+    meta = next((s.metadata for s in ckpt.shards if "fp4ref.format" in s.metadata), None)
+    option = None
+    if meta is not None:
+        option = meta.get("fp4ref.recipe") or meta.get("fp4ref.mode")
+    hf = ckpt.json_files.get("hf_quant_config.json")
+    qc = (ckpt.config or {}).get("quantization_config")
+    if hf is not None or (isinstance(qc, dict) and qc.get("quant_method") == "modelopt"):
+        algo = ((hf or {}).get("quantization") or {}).get("quant_algo") or (qc or {}).get("quant_algo")
+        fmts = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "NVFP4_AWQ": "nvfp4", "MXFP8": "mxfp8"}
+        if algo not in fmts:
+            raise QuantizeFileError(f"ModelOpt quant_algo {algo!r} is not one fp4ref reads ({sorted(fmts)})")
+        return "modelopt", fmts[algo], option
+    if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
+        fmts = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4", "mxfp8-quantized": "mxfp8"}
+        f = qc.get("format")
+        if f not in fmts:
+            raise QuantizeFileError(f"compressed-tensors format {f!r} is not one fp4ref reads ({sorted(fmts)})")
+        return "compressed-tensors", fmts[f], option
+    if meta is not None and meta.get("fp4ref.format") in FORMATS:
+        return meta.get("fp4ref.checkpoint_format", "fp4ref"), meta["fp4ref.format"], option
+    raise QuantizeFileError(f"{_where(ckpt)!r} has no fp4ref quantization metadata (fp4ref.format / fp4ref.tensors), "
+                            "no hf_quant_config.json and no quantization_config: it is not a quantized checkpoint "
+                            "fp4ref reads")
+
+
+def find_quantized_layers(ckpt: Checkpoint) -> tuple:
+    """(checkpoint format, format, option, {name: :class:`Layer`}) of a quantized checkpoint.
+
+    A layer is found from its scale tensor (``*weight_scale`` / ``*_scale`` in fp4ref's format, or the names listed
+    in ``fp4ref.tensors``). Raises QuantizeFileError as :func:`detect_format`, or when a scale has no codes."""
+    cf, fmt, option = detect_format(ckpt)
+    layers = {}
+    recorded = {}
+    for s in ckpt.shards:
+        if "fp4ref.tensors" in s.metadata:
+            try:
+                recorded.update(json.loads(s.metadata["fp4ref.tensors"]))
+            except json.JSONDecodeError:
+                raise QuantizeFileError(f"{str(s.path)!r}: metadata fp4ref.tensors is not JSON") from None
+    names = set(ckpt.weight_map)
+    candidates = []
+    if cf == "fp4ref":
+        candidates = sorted(recorded)
+    else:
+        for n in sorted(names):
+            if n.endswith("weight_scale"):
+                base = n[: -len("weight_scale")]
+                if base.endswith(".") or base == "":
+                    orig = base + "weight"
+                else:
+                    orig = base[:-1]  # 3-D expert parameter P: P_weight_scale
+                candidates.append(orig)
+    for orig in candidates:
+        on = output_names(cf, fmt, orig)
+        if on["codes"] not in names:
+            raise QuantizeFileError(f"scale tensor {on['scale']!r} has no codes tensor {on['codes']!r}")
+        shard = ckpt.weight_map[on["codes"]]
+        cinfo = ckpt.shard_of(on["codes"]).tensors[on["codes"]]
+        kp = cinfo.shape[-1] * (1 if fmt == "mxfp8" else 2) if cinfo.shape else 0
+        rec = recorded.get(orig)
+        shape = tuple(rec["shape"]) if rec else tuple(cinfo.shape[:-1]) + (kp,)
+        layers[orig] = Layer(orig, fmt, cf, on["codes"], on["scale"],
+                             on.get("global") if on.get("global") in names else None, shard, shape,
+                             rec["dtype"] if rec else None, kp)
+    return cf, fmt, option, layers
+
+
+def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray:
+    """Exact float64 values of rows [r0, r1) of expert e (0 for 2-D) of a quantized layer, unpadded."""
+    block = FORMATS[layer.fmt][0]
+    experts = layer.shape[0] if len(layer.shape) == 3 else 1
+    n = int(np.prod(layer.shape[:-1], dtype=np.int64)) // experts
+    row0 = e * n
+    cs = shard_of(layer.codes)
+    ss = shard_of(layer.scale)
+    codes = cs.read_rows(layer.codes, row0 + r0, row0 + r1)
+    sb = ss.read_rows(layer.scale, row0 + r0, row0 + r1).view(np.uint8)
+    if layer.fmt == "mxfp8":
+        vals = codes.astype(np.float64)
+    else:
+        c = codes.view(np.uint8)
+        vals = _E2M1[np.stack([c & 15, c >> 4], axis=-1).reshape(r1 - r0, -1)]
+    if layer.fmt == "nvfp4":
+        import ml_dtypes
+
+        scale = (sb & 0x7F).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        g = shard_of(layer.global_).read_array(layer.global_).astype(np.float64).reshape(-1)
+        gv = g[e] if g.size > 1 else g[0]
+        if layer.checkpoint_format == "compressed-tensors":
+            gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
+        out = vals.reshape(r1 - r0, -1, block) * scale[..., None] * gv
+    else:
+        with np.errstate(over="ignore"):
+            sc = np.where(sb == 255, np.nan, np.ldexp(1.0, sb.astype(np.int64) - 127))
+        out = vals.reshape(r1 - r0, -1, block) * sc[..., None]
+    return out.reshape(r1 - r0, -1)[:, : layer.shape[-1]]
+
+
+_MAX_FINITE = {"F32": float(np.finfo(np.float32).max), "BF16": float.fromhex("0x1.fep127"), "F16": 65504.0}
+
+
+def round_to(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
+    """Round float64 ``x`` once (RNE) to safetensors dtype ``dtype`` (F32, BF16, F16 or F64).
+
+    numpy (float32, float16) and ml_dtypes (bfloat16) convert float64 directly with one rounding (no detour through
+    float32 that could round twice; tests/test_checkpoint.py checks a double-rounding case). Raises ValueError when
+    a finite value overflows the target (named by ``name``): nothing is silently cast to inf.
+    """
+    if dtype == "F64":
+        return x.astype(np.float64)
+    finite = np.isfinite(x)
+    if finite.any() and float(np.max(np.abs(x[finite]))) > _MAX_FINITE[dtype]:
+        with np.errstate(over="ignore"):
+            r = x.astype(DTYPES[dtype])
+        if np.any(np.isinf(r.astype(np.float64)) & finite):
+            raise ValueError(f"{name}: a value ({float(np.max(np.abs(x[finite]))):.6g}) overflows {dtype}; pass a "
+                             "wider --dtype")
+        return r
+    return x.astype(DTYPES[dtype])
+
+
+def _dtype_name(dt: str) -> str:
+    return {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}[dt]
+
+
+_DTYPE_ALIASES = {"float32": "F32", "fp32": "F32", "f32": "F32", "bfloat16": "BF16", "bf16": "BF16",
+                  "float16": "F16", "fp16": "F16", "f16": "F16", "half": "F16", "float": "F32"}
+
+
+def parse_dtype(text) -> str:
+    """'float32' / 'bfloat16' / 'float16' (or F32/BF16/F16) -> safetensors dtype string. ValueError otherwise."""
+    t = str(text)
+    if t.upper() in ("F32", "BF16", "F16"):
+        return t.upper()
+    if t.lower() in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[t.lower()]
+    raise ValueError(f"--dtype {text!r} is not one of float32, bfloat16, float16")
+
+
+@dataclass
+class _DeqTask:
+    paths: dict  # tensor name -> shard path
+    layer: Layer
+    dtype: str
+    nbytes: int
+    out_path: str
+    offset: int
+
+    @property
+    def name(self):
+        return self.layer.name
+
+
+def _deq_task(t: _DeqTask):
+    t0 = time.perf_counter()
+    L = t.layer
+    experts = L.shape[0] if len(L.shape) == 3 else 1
+    n = int(np.prod(L.shape[:-1], dtype=np.int64)) // experts
+    k = L.shape[-1]
+    item = DTYPES[t.dtype].itemsize
+    step = _row_step(L.k_padded)
+    shard_of = lambda nm: _shard(t.paths[nm])  # noqa: E731
+    for e in range(experts):
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            y = round_to(_decode_rows(shard_of, L, e, r0, r1), t.dtype, L.name)
+            write_at(t.out_path, t.offset + (e * n + r0) * k * item, y)
+    return {"seconds": time.perf_counter() - t0}
+
+
+def _dequant_plan(ckpt: Checkpoint, dtype: str | None):
+    cf, fmt, option, layers = find_quantized_layers(ckpt)
+    cfg_dtype = None
+    if ckpt.config:
+        raw = ckpt.config.get("torch_dtype") or ckpt.config.get("dtype")
+        if isinstance(raw, str) and raw.lower() in _DTYPE_ALIASES:
+            cfg_dtype = _DTYPE_ALIASES[raw.lower()]
+    owned = {}
+    for L in layers.values():
+        for nm in (L.codes, L.scale, L.global_):
+            if nm is not None:
+                owned[nm] = L.name
+        base = L.codes[: -len("weight")] if L.codes.endswith("weight") else None
+        if cf == "modelopt" and base is not None and base + "input_scale" in ckpt.weight_map:
+            owned[base + "input_scale"] = L.name  # an activation scale: no weight to restore
+        want = dtype or L.dtype or cfg_dtype
+        if want is None:
+            raise QuantizeFileError(f"the original dtype of {L.name!r} is not recorded (no fp4ref.tensors metadata, "
+                                    "no torch_dtype in config.json): pass --dtype")
+        L.out_dtype = want
+    return cf, fmt, option, layers, owned
+
+
+def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force: bool = False,
+                          progress: bool = False) -> list:
+    """Dequantize a quantized checkpoint (any of :data:`CHECKPOINT_FORMATS`) back to floating tensors.
+
+    Each quantized tensor is restored under its original name and shape (padding dropped) in its original dtype
+    (``fp4ref.tensors`` metadata, else config.json ``torch_dtype``), or ``dtype`` (float32 / bfloat16 / float16):
+    the exact decoded value rounded once (RNE). Other tensors are copied; ModelOpt ``input_scale`` tensors are
+    dropped; config.json loses its ``quantization_config``; hf_quant_config.json is not written.
+
+    Raises:
+        QuantizeFileError / CheckpointError: not a quantized checkpoint, dtype unknown, bad paths, a value
+        overflowing the target dtype (named).
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+    dt = parse_dtype(dtype) if dtype is not None else None
+    ckpt = open_checkpoint(in_path)
+    cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
+    out = Path(out_path)
+    is_dir = _out_is_dir(ckpt, out)
+    loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards])
+    paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
+    with Workers(jobs) as pool, Progress(progress, "quantize --dequantize") as bar:
+        tmp = loc.create()
+        try:
+            tasks, items = [], []
+            for shard in ckpt.shards:
+                entries, plan = [], []
+                for n in sorted(n for n, f in ckpt.weight_map.items() if f == shard.path.name):
+                    if n in owned:
+                        if n == layers[owned[n]].codes:
+                            L = layers[owned[n]]
+                            nb = int(np.prod(L.shape, dtype=np.int64)) * DTYPES[L.out_dtype].itemsize
+                            entries.append((L.name, L.out_dtype, L.shape, nb))
+                            plan.append(("deq", L, nb))
+                        continue
+                    info = shard.tensors[n]
+                    entries.append((n, info.dtype, info.shape, info.nbytes))
+                    plan.append(("copy", info, info.nbytes))
+                entries.sort(key=lambda e: e[0])
+                meta = {k: v for k, v in shard.metadata.items() if not k.startswith("fp4ref.")}
+                out_file = tmp / shard.path.name
+                w = ShardWriter(out_file, entries, meta)
+                for kind, obj, nb in plan:
+                    if kind == "deq":
+                        tasks.append((_deq_task, _DeqTask(paths, obj, obj.out_dtype, nb, str(out_file),
+                                                          w.offsets[obj.name])))
+                        items.append(_DeqItem(obj.name, shard.path.name, obj.out_dtype, obj.shape, nb, True))
+                    else:
+                        tasks.append((_copy_task, _CopyTask(str(shard.path), obj.name, nb, str(out_file),
+                                                            w.offsets[obj.name])))
+                        items.append(_DeqItem(obj.name, shard.path.name, obj.dtype, obj.shape, nb, False))
+            results = pool.run(tasks, bar, "dequantize")
+            dts = {L.out_dtype for L in layers.values()}
+            _write_side_files(ckpt, items, None, tmp, quantized=False,
+                              dtype=_dtype_name(dts.pop()) if len(dts) == 1 else None)
+            loc.publish(None if is_dir else ckpt.shards[0].path.name)
+        except BaseException:
+            loc.discard()
+            raise
+    reports = []
+    for (fn, t), it, r in zip(tasks, items, results):
+        if it.dequantized:
+            reports.append(TensorReport(it.name, tuple(it.shape), it.dtype, "dequantized", fmt=fmt,
+                                        seconds=r["seconds"]))
+        else:
+            reports.append(TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason="not quantized"))
+    return sorted(reports, key=lambda r: r.name)
+
+
+@dataclass
+class _DeqItem:
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple
+    nbytes: int
+    dequantized: bool
+
+    @property
+    def quantized(self):
+        return False
+
+
+def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
+    """Read one quantized tensor of a checkpoint (any format) as its exact decoded values (float64 by default, or
+    rounded once to ``dtype``), in its original shape. Reads the whole tensor: meant for checks and tests.
+
+    Raises:
+        QuantizeFileError: not a quantized checkpoint; KeyError: ``name`` is not a quantized tensor of it.
+    """
+    ckpt = open_checkpoint(path)
+    _, _, _, layers = find_quantized_layers(ckpt)
+    L = layers[name]
+    experts = L.shape[0] if len(L.shape) == 3 else 1
+    n = int(np.prod(L.shape[:-1], dtype=np.int64)) // experts
+    shard_of = ckpt.shard_of
+    parts = [_decode_rows(shard_of, L, e, 0, n) for e in range(experts)]
+    out = np.concatenate(parts, axis=0).reshape(L.shape)
+    return out if dtype == "F64" else round_to(out, parse_dtype(dtype), name)
+
+
+# ------------------------------------------------------------------------------------------------------ table
+
+
+def _fmt_db(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    return "inf" if math.isinf(v) and v > 0 else f"{v:.2f}"
+
+
+def print_report(reports: list, *, title: str, file=None) -> None:
+    """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or the skip
+    reason, SQNR dB, max |err|, zero blocks, ms."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col, just in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("action", "left"),
+                      ("SQNR dB", "right"), ("max |err|", "right"), ("zero blocks", "right"), ("ms", "right")):
+        table.add_column(col, justify=just)
+    for r in reports:
+        if r.action == "copied":
+            table.add_row(r.name, str(list(r.shape)), r.dtype, f"skipped: {r.reason}", "", "", "", "")
+        else:
+            err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
+            zb = "-" if r.action != "quantized" or r.seconds == 0 else str(r.zero_blocks)
+            act = f"{r.action} {r.fmt}".strip()
+            table.add_row(r.name, str(list(r.shape)), r.dtype, act, _fmt_db(r.sqnr_db), err, zb,
+                          f"{1e3 * r.seconds:.1f}")
+    Console(file=file or sys.stdout, width=160).print(table)

@@ -1,0 +1,144 @@
+"""``fp4ref audit`` (fp4ref/audit.py): clean outputs pass (exit 0), planted defects are flagged (exit 1): a NaN scale
+byte, a negative scale byte, a zero scale over non-zero codes, a non-zero pad code, a wrong global scale (a fused
+member's, caught without a reference; any tensor's, caught with --reference)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from fp4ref import checkpoint as C
+from fp4ref.audit import audit_checkpoint
+from fp4ref.cli import main
+
+from _checkpoints import QKV, make_checkpoint
+
+O_PROJ = "model.layers.0.self_attn.o_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    base = tmp_path_factory.mktemp("audit")
+    make_checkpoint(base / "in")
+    C.quantize_checkpoint(base / "in", base / "mo", checkpoint_format="modelopt")
+    C.quantize_checkpoint(base / "in", base / "ct", checkpoint_format="compressed-tensors")
+    C.quantize_checkpoint(base / "in", base / "mx8", checkpoint_format="modelopt", fmt="mxfp8")
+    return base
+
+
+def patch(dirpath: Path, name: str, fn) -> None:
+    """Apply ``fn`` to the raw bytes (a writable uint8 array) of tensor ``name`` wherever it is stored."""
+    index = json.loads((dirpath / "model.safetensors.index.json").read_text())
+    f = dirpath / index["weight_map"][name]
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    b, e = json.loads(bytes(data[8: 8 + n]))[name]["data_offsets"]
+    arr = np.frombuffer(data, np.uint8)[8 + n + b: 8 + n + e].copy()
+    fn(arr)
+    data[8 + n + b: 8 + n + e] = arr.tobytes()
+    f.write_bytes(bytes(data))
+
+
+def copy(made: Path, name: str, tmp_path: Path) -> Path:
+    out = tmp_path / name
+    shutil.copytree(made / name, out)
+    return out
+
+
+def findings(report) -> dict:
+    return {t.name: sorted(f.check for f in t.findings) for t in report.tensors if t.findings}
+
+
+def test_clean_outputs_pass(made, capsys):
+    for name in ("mo", "ct", "mx8"):
+        assert main(["audit", str(made / name)]) == 0, name
+        out = capsys.readouterr().out
+        assert "clean" in out
+    assert main(["audit", str(made / "mo"), "--reference", str(made / "in"), "--json", "-"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["clean"] and rep["checkpoint_format"] == "modelopt" and rep["format"] == "nvfp4"
+    assert len(rep["tensors"]) == 20 and {t["reference"] for t in rep["tensors"]} == {"equal"}
+    rep = audit_checkpoint(made / "ct", reference=made / "in")
+    assert rep.clean and {t.reference for t in rep.tensors} == {"equal"}
+    rep = audit_checkpoint(made / "mx8", reference=made / "in")
+    assert rep.clean and {t.reference for t in rep.tensors} == {"equal"}
+
+
+def test_planted_scale_defects(made, tmp_path, capsys):
+    bad = copy(made, "mo", tmp_path)
+    base = QKV[0][: -len("weight")]
+
+    def plant(a):
+        a[3] = 0x7F  # NaN
+        a[5] = 0xB8  # -1.0
+        a[7] = 0x80  # -0
+        a[9] = 0x00  # zero scale over the block's non-zero codes
+
+    patch(bad, base + "weight_scale", plant)
+    rep = audit_checkpoint(bad)
+    assert findings(rep) == {QKV[0]: ["scale-nan", "scale-negative", "zero-scale-codes"]}
+    f = {x.check: x for x in next(t for t in rep.tensors if t.name == QKV[0]).findings}
+    assert f["scale-nan"].count == 1 and f["scale-negative"].count == 2
+    assert f["zero-scale-codes"].count == 2  # 0x00 and 0x80 (-0) over non-zero codes
+    assert main(["audit", str(bad), "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
+    assert json.loads((tmp_path / "r.json").read_text())["clean"] is False
+    mx = copy(made, "mx8", tmp_path)
+    patch(mx, O_PROJ[: -len("weight")] + "weight_scale", lambda a: a.__setitem__(0, 0xFF))
+    patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0xFF))
+    assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan", "scale-nan"]}
+
+
+def test_planted_wrong_global_scale(made, tmp_path):
+    bad = copy(made, "mo", tmp_path)
+
+    def double(a):
+        v = a.view(np.float32)
+        v *= 2
+
+    patch(bad, QKV[1][: -len("weight")] + "weight_scale_2", double)  # a fused member: k_proj
+    rep = audit_checkpoint(bad)
+    assert set(findings(rep)) == set(QKV) and all(v == ["global-scale"] for v in findings(rep).values())
+    bad2 = copy(made, "mo", tmp_path / "2")
+    patch(bad2, O_PROJ[: -len("weight")] + "weight_scale_2", double)  # not fused: consistent on its own
+    assert audit_checkpoint(bad2).clean
+    rep = audit_checkpoint(bad2, reference=made / "in")
+    assert findings(rep) == {O_PROJ: ["reference"]}
+    assert "1 global scale(s)" in next(t for t in rep.tensors if t.name == O_PROJ).reference
+    ct = copy(made, "ct", tmp_path)
+    patch(ct, O_PROJ[: -len("weight")] + "weight_global_scale", lambda a: a.view(np.float32).__setitem__(0, -1.0))
+    assert findings(audit_checkpoint(ct)) == {O_PROJ: ["global-scale"]}
+
+
+def test_planted_nonzero_padding(tmp_path):
+    rng = np.random.default_rng(3)
+    save_file({"w.weight": rng.standard_normal((4, 20)).astype(np.float32),
+               "v.weight": rng.standard_normal((4, 32)).astype(np.float32)}, str(tmp_path / "in.safetensors"))
+    out = tmp_path / "q.safetensors"
+    assert C.quantize_checkpoint(tmp_path / "in.safetensors", out, pad=True)[1].action == "quantized"
+    assert audit_checkpoint(out, reference=tmp_path / "in.safetensors").clean
+    data = bytearray(out.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    b, e = json.loads(bytes(data[8: 8 + n]))["w.weight"]["data_offsets"]  # [4, 16] bytes: K=20 padded to 32
+    data[8 + n + b + 12] |= 0x01  # element 24 of row 0: padding
+    out.write_bytes(bytes(data))
+    rep = audit_checkpoint(out)
+    assert findings(rep) == {"w.weight": ["padding"]}
+    from safetensors.numpy import load_file
+
+    C.dequantize_checkpoint(tmp_path / "q.safetensors", tmp_path / "d.safetensors")
+    assert load_file(str(tmp_path / "d.safetensors"))["w.weight"].shape == (4, 20)  # the padding is dropped
+
+
+def test_bad_usage(made, tmp_path, capsys):
+    assert main(["audit", str(made / "in")]) == 2
+    assert "not a quantized checkpoint" in capsys.readouterr().err
+    assert main(["audit", str(made / "mo"), "--recipe", "te"]) == 2
+    assert "--reference only" in capsys.readouterr().err
+    assert main(["audit", str(made / "mo"), "--reference", str(made / "in"), "--mode", "floor"]) == 2
+    assert "--mode applies to mxfp4/mxfp8" in capsys.readouterr().err
+    assert main(["audit", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

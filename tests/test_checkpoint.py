@@ -1,0 +1,469 @@
+"""``fp4ref quantize`` on checkpoints (fp4ref/checkpoint.py): a Llama-like bf16 checkpoint with 2 shards + index,
+fused q/k/v and gate/up, a MoE layer (router, per-expert Linear weights, 3-D expert tensors), in the ModelOpt and
+compressed-tensors layouts; round trips; --jobs; safety (existing output, Ctrl-C, corrupt input); --dry-run.
+
+Expected values are computed here, independently of fp4ref's quantizer: bytes read with safetensors, E2M1 decoded by
+a hand table, E4M3 by ml_dtypes, global scales from the bf16 input's amax in numpy float32, and ModelOpt's block
+scale and element arithmetic (NVFP4QTensor.quantize, nvidia-modelopt 0.47.0) written out in numpy float32.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file
+
+from fp4ref import checkpoint as C
+from fp4ref.quantize_file import main
+
+from _checkpoints import DOWN72, EXPERTS_3D, GATE_UP, IGNORED, QKV, SHARD1, SHARD2, group_of, make_checkpoint
+
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+MAG = E2M1[:8]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> tuple:
+    root = tmp_path_factory.mktemp("llama") / "in"
+    return root, make_checkpoint(root)
+
+
+@pytest.fixture(scope="module")
+def modelopt_out(src, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mo") / "out"
+    C.quantize_checkpoint(src[0], out, checkpoint_format="modelopt")
+    return out
+
+
+def raw(dirpath: Path) -> dict:
+    """name -> (dtype string, shape, numpy array of the raw bytes as stored), over every shard of a directory."""
+    out = {}
+    for f in sorted(dirpath.glob("*.safetensors")):
+        with safe_open(str(f), framework="np") as h:
+            for n in h.keys():
+                s = h.get_slice(n)
+                out[n] = (s.get_dtype(), tuple(s.get_shape()), f.name)
+        data = f.read_bytes()
+        header = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
+        start = 8 + int.from_bytes(data[:8], "little")
+        for n, h in header.items():
+            if n != "__metadata__":
+                b, e = h["data_offsets"]
+                out[n] = out[n] + (data[start + b: start + e],)
+    return out
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def amax(x) -> np.float32:
+    return np.max(np.abs(f32(x)))
+
+
+def e2m1_rne(q: np.ndarray) -> np.ndarray:
+    """E2M1 codes of float32 quotients: nearest magnitude (saturating at 6), ties to the even code; sign = q < 0."""
+    a = np.minimum(np.abs(q.astype(np.float64)), 6.0)
+    d = np.abs(a[..., None] - MAG)
+    best = np.argmin(d, axis=-1)
+    tie = np.isclose(np.sort(d, axis=-1)[..., 1], np.min(d, axis=-1), rtol=0, atol=0)
+    up = np.minimum(best + 1, 7)
+    best = np.where(tie & (best % 2 == 1), up, best)
+    return (best + 8 * (q < 0)).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray) -> np.ndarray:
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+
+
+# ----------------------------------------------------------------------------------------------- ModelOpt layout
+
+
+def test_modelopt_layout_names_configs_and_index(src, modelopt_out):
+    root, tensors = src
+    files = sorted(p.name for p in modelopt_out.iterdir())
+    assert files == sorted(["config.json", "hf_quant_config.json", "model.safetensors.index.json", SHARD1, SHARD2,
+                            "tokenizer.json"])
+    assert (modelopt_out / "tokenizer.json").read_text() == '{"version": "1.0"}'
+    hf = json.loads((modelopt_out / "hf_quant_config.json").read_text())
+    assert hf["quantization"] == {"quant_algo": "W4A16_NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                                  "exclude_modules": ["lm_head", "model.embed_tokens", "model.layers.0.mlp.down_proj",
+                                                      "model.layers.1.mlp.gate"]}
+    cfg = json.loads((modelopt_out / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["architectures"] == ["LlamaForCausalLM"]
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == "W4A16_NVFP4"
+    assert qc["config_groups"]["group_0"]["weights"]["group_size"] == 16 and "input_activations" not in \
+        qc["config_groups"]["group_0"]
+    q = raw(modelopt_out)
+    index = json.loads((modelopt_out / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {n: v[2] for n, v in q.items()}
+    assert index["metadata"]["total_size"] == sum(len(v[3]) for v in q.values())
+    assert not any(n.endswith("input_scale") for n in q)  # weight-only: no activation calibration, no input_scale
+    for n in IGNORED:
+        assert q[n][0] == "BF16" and q[n][3] == tensors[n].tobytes()
+    assert q[DOWN72][3] == tensors[DOWN72].tobytes()  # K=72: not a multiple of 16, kept in bf16
+    for n, x in tensors.items():
+        if n in IGNORED or n == DOWN72:
+            continue
+        base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
+        codes, scale, g = q[base + "weight"], q[base + "weight_scale"], q[base + "weight_scale_2"]
+        lead, k = x.shape[:-1], x.shape[-1]
+        assert (codes[0], codes[1]) == ("U8", lead + (k // 2,)), n
+        assert (scale[0], scale[1]) == ("F8_E4M3", lead + (k // 16,)), n
+        assert (g[0], g[1]) == ("F32", (x.shape[0],) if x.ndim == 3 else ()), n
+        assert codes[2] == scale[2] == g[2] == (SHARD1 if "layers.0" in n or "embed" in n else SHARD2)
+
+
+def test_modelopt_bytes_follow_modelopt_arithmetic(src, modelopt_out):
+    """Global scale = fused group's amax / 2688 (per expert for 3-D); block scale = e4m3(clamp(a / (6 sf2), 2^-9,
+    448)); codes = e2m1(x / (s sf2)), each fp32 step as ModelOpt's NVFP4QTensor.quantize."""
+    _, tensors = src
+    q = raw(modelopt_out)
+    checked = 0
+    for n, x in tensors.items():
+        if n in IGNORED or n == DOWN72:
+            continue
+        base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
+        packed = np.frombuffer(q[base + "weight"][3], np.uint8).reshape(q[base + "weight"][1])
+        sbytes = np.frombuffer(q[base + "weight_scale"][3], np.uint8).reshape(q[base + "weight_scale"][1])
+        g = np.frombuffer(q[base + "weight_scale_2"][3], np.float32)
+        experts = [f32(x)] if x.ndim == 2 else [f32(x[e]) for e in range(x.shape[0])]
+        for e, xe in enumerate(experts):
+            a = max(amax(tensors[m]) for m in group_of(n)) if x.ndim == 2 else amax(xe)
+            sf2 = np.float32(a / np.float32(2688.0))
+            assert g[e] == sf2, (n, e)
+            k = xe.shape[-1]
+            kp = -(-k // 16) * 16
+            xp = np.zeros((xe.shape[0], kp), np.float32)
+            xp[:, :k] = xe
+            blocks = xp.reshape(xe.shape[0], -1, 16)
+            p = np.max(np.abs(blocks), axis=-1) / np.float32(np.float32(6.0) * sf2)
+            p = np.where(p == 0, np.float32(1.0), p)
+            s = np.clip(p, np.float32(2.0 ** -9), np.float32(448.0)).astype(ml_dtypes.float8_e4m3fn)
+            sb = sbytes if x.ndim == 2 else sbytes[e]
+            np.testing.assert_array_equal(sb, s.view(np.uint8), err_msg=n)
+            quot = blocks / (s.astype(np.float32)[..., None] * sf2)
+            cb = packed if x.ndim == 2 else packed[e]
+            np.testing.assert_array_equal(unpack(cb).reshape(quot.shape), e2m1_rne(quot), err_msg=n)
+            if kp != k:
+                assert not np.any(unpack(cb)[:, k:]), "padding codes are zero"
+            checked += 1
+    assert checked == 4 + 2 + 3 * 4 + 2 * 4  # q k v o, gate up (layer 0), 12 experts, 2 3-D tensors x 4
+    g = {n: np.frombuffer(q[n[: -len("weight")] + "weight_scale_2"][3], np.float32)[0] for n in QKV + GATE_UP}
+    assert g[QKV[0]] == g[QKV[1]] == g[QKV[2]] and g[GATE_UP[0]] == g[GATE_UP[1]]
+    g3 = np.frombuffer(q[EXPERTS_3D[0] + "_weight_scale_2"][3], np.float32)
+    assert len(set(g3.tolist())) == 4  # one global scale per expert
+    meta = safe_open(str(modelopt_out / SHARD1), framework="np").metadata()
+    assert json.loads(meta["fp4ref.tensors"])[QKV[1]] == {"shape": [32, 64], "dtype": "BF16"}
+    assert meta["format"] == "pt" and meta["fp4ref.checkpoint_format"] == "modelopt"
+
+
+def test_jobs_give_identical_bytes(src, modelopt_out, tmp_path):
+    out = tmp_path / "j2"
+    assert main([str(src[0] / "model.safetensors.index.json"), "-o", str(out), "--checkpoint-format", "modelopt",
+                 "--jobs", "2", "--quiet"]) == 0
+    for f in sorted(modelopt_out.iterdir()):
+        assert (out / f.name).read_bytes() == f.read_bytes(), f.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in modelopt_out.iterdir())
+
+
+# ----------------------------------------------------------------------------------------- compressed-tensors
+
+
+def test_compressed_tensors_nvfp4(src, tmp_path):
+    root, tensors = src
+    out = tmp_path / "ct"
+    reports = {r.name: r for r in C.quantize_checkpoint(root, out, checkpoint_format="compressed-tensors", jobs=2)}
+    q = raw(out)
+    cfg = json.loads((out / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "nvfp4-pack-quantized"
+    assert qc["quantization_status"] == "compressed"
+    w = qc["config_groups"]["group_0"]["weights"]
+    assert (w["num_bits"], w["type"], w["strategy"], w["group_size"]) == (4, "float", "tensor_group", 16)
+    assert qc["config_groups"]["group_0"]["input_activations"] is None
+    # K=72 (down_proj) is not a multiple of 16: kept in bf16 and listed in ignore, as the router and lm_head
+    assert reports["model.layers.0.mlp.down_proj.weight"].action == "copied"
+    assert "model.layers.0.mlp.down_proj" in qc["ignore"] and "lm_head" in qc["ignore"]
+    assert reports[EXPERTS_3D[0]].action == "copied"
+    for n in QKV + GATE_UP + ["model.layers.1.mlp.experts.3.up_proj.weight"]:
+        base = n[: -len("weight")]
+        assert set(k for k in q if k.startswith(base)) == {base + s for s in ("weight_packed", "weight_scale",
+                                                                              "weight_global_scale")}
+        x = f32(tensors[n])
+        gs = q[base + "weight_global_scale"]
+        assert (gs[0], gs[1]) == ("F32", (1,))
+        enc = np.frombuffer(gs[3], np.float32)[0]
+        a = max(amax(tensors[m]) for m in group_of(n))
+        assert enc == np.float32(np.float32(2688.0) / a)  # the encode direction (inverse of ModelOpt's)
+        assert q[base + "weight_packed"][:2] == ("U8", (x.shape[0], x.shape[1] // 2))
+        assert q[base + "weight_scale"][:2] == ("F8_E4M3", (x.shape[0], x.shape[1] // 16))
+        # values: decoded by hand with decode scale 1/enc, within one E2M1 half-step of x per block
+        vals = E2M1[unpack(np.frombuffer(q[base + "weight_packed"][3], np.uint8).reshape(x.shape[0], -1))]
+        s = np.frombuffer(q[base + "weight_scale"][3], ml_dtypes.float8_e4m3fn).astype(np.float64)
+        dec = (vals.reshape(x.shape[0], -1, 16) * s.reshape(x.shape[0], -1, 1)) / np.float64(enc)
+        err = np.abs(dec.reshape(x.shape) - x)
+        assert np.all(err <= np.repeat(s, 16).reshape(x.shape) / enc + 1e-12), n
+        assert reports[n].sqnr_db > 18
+
+
+def test_mx_layouts(src, tmp_path):
+    root, tensors = src
+    n = "model.layers.0.self_attn.o_proj.weight"
+    x = f32(tensors[n])
+    out = tmp_path / "mo8"
+    C.quantize_checkpoint(root, out, fmt="mxfp8", checkpoint_format="modelopt")
+    q = raw(out)
+    assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "MXFP8"
+    assert q[n][:2] == ("F8_E4M3", (64, 64)) and q[n[:-6] + "weight_scale"][:2] == ("U8", (64, 2))
+    sb = np.frombuffer(q[n[:-6] + "weight_scale"][3], np.uint8).reshape(64, 2).astype(np.int64)
+    a = np.max(np.abs(x.reshape(64, 2, 32)), axis=-1)
+    # ModelOpt MXFP8QTensor: 2^ceil(log2(amax / 448)) (rceil); the elements then fit E4M3 without saturation
+    want = np.ceil(np.log2((a / np.float32(448.0)).astype(np.float64))).astype(np.int64) + 127
+    np.testing.assert_array_equal(sb, want)
+    vals = np.frombuffer(q[n][3], ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(64, 2, 32)
+    dec = (vals * np.ldexp(1.0, sb - 127)[..., None]).reshape(64, 64)
+    assert np.all(np.abs(dec - x) <= np.abs(x) * 2.0 ** -4 + np.ldexp(1.0, np.repeat(sb - 127 - 9, 32, axis=1)))
+    out = tmp_path / "ct4"
+    C.quantize_checkpoint(root, out, fmt="mxfp4", checkpoint_format="compressed-tensors")
+    q = raw(out)
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "mxfp4-pack-quantized"
+    assert q[n[:-6] + "weight_packed"][:2] == ("U8", (64, 32)) and q[n[:-6] + "weight_scale"][:2] == ("U8", (64, 2))
+    assert n[:-6] + "weight_global_scale" not in q
+    with pytest.raises(C.QuantizeFileError, match="W4A8_MXFP4_FP8"):
+        C.quantize_checkpoint(root, tmp_path / "x", fmt="mxfp4", checkpoint_format="modelopt")
+
+
+# ------------------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("cf,fmt", [("modelopt", "nvfp4"), ("compressed-tensors", "nvfp4"), ("fp4ref", "mxfp4")])
+def test_round_trip_through_fp4refs_reader(src, tmp_path, cf, fmt):
+    root, tensors = src
+    qdir, ddir = tmp_path / "q", tmp_path / "d"
+    C.quantize_checkpoint(root, qdir, checkpoint_format=cf, fmt=fmt)
+    assert main([str(qdir), "-o", str(ddir), "--dequantize", "--quiet", "--jobs", "2"]) == 0
+    back = {}
+    for f in (SHARD1, SHARD2):
+        back.update(load_file(str(ddir / f)))
+    assert sorted(back) == sorted(tensors)
+    index = json.loads((ddir / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(tensors)
+    assert "quantization_config" not in json.loads((ddir / "config.json").read_text())
+    assert not (ddir / "hf_quant_config.json").exists()
+    q = raw(qdir)
+    n = QKV[1]
+    x = tensors[n]
+    base = n[: -len("weight")]
+    if fmt == "nvfp4":
+        codes = q[base + ("weight" if cf == "modelopt" else "weight_packed")]
+        s = np.frombuffer(q[base + "weight_scale"][3], ml_dtypes.float8_e4m3fn).astype(np.float64)
+        if cf == "modelopt":
+            g = float(np.frombuffer(q[base + "weight_scale_2"][3], np.float32)[0])
+        else:
+            g = float(np.float32(1.0) / np.frombuffer(q[base + "weight_global_scale"][3], np.float32)[0])
+        vals = E2M1[unpack(np.frombuffer(codes[3], np.uint8).reshape(x.shape[0], -1))]
+        exact = (vals.reshape(x.shape[0], -1, 16) * s.reshape(x.shape[0], -1, 1) * g).reshape(x.shape)
+    else:
+        vals = E2M1[unpack(np.frombuffer(q[n][3], np.uint8).reshape(x.shape[0], -1))]
+        sb = np.frombuffer(q[n + "_scale"][3], np.uint8).reshape(x.shape[0], -1).astype(np.int64)
+        exact = (vals.reshape(x.shape[0], -1, 32) * np.ldexp(1.0, sb - 127)[..., None]).reshape(x.shape)
+    assert back[n].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(back[n], exact.astype(ml_dtypes.bfloat16))  # one rounding of the exact value
+    np.testing.assert_array_equal(C.read_dequantized(qdir, n), exact)
+    for m in IGNORED if cf != "fp4ref" else ["model.norm.weight"]:  # fp4ref's layout has no default ignores
+        assert back[m].tobytes() == tensors[m].tobytes()
+    if cf == "modelopt":  # 3-D experts and the padded K come back in their shapes
+        assert back[EXPERTS_3D[0]].shape == tensors[EXPERTS_3D[0]].shape
+    d32 = tmp_path / "d32"
+    C.dequantize_checkpoint(qdir, d32, dtype="float32")
+    assert load_file(str(d32 / SHARD1))[n].dtype == np.float32
+    assert json.loads((d32 / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+def test_round_to_is_one_rounding():
+    x = np.array([1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -11 + 2.0 ** -40])  # float32 first would tie, then round down
+    assert float(C.round_to(x[:1], "BF16")[0]) == 1 + 2.0 ** -7
+    assert float(C.round_to(x[1:], "F16")[0]) == 1 + 2.0 ** -10
+    with pytest.raises(ValueError, match="overflows F16"):
+        C.round_to(np.array([1e6]), "F16", "w")
+
+
+# ------------------------------------------------------------------------------------------------------- safety
+
+
+def _listing(d: Path) -> list:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_existing_output_needs_force_and_nothing_partial_remains(src, tmp_path, capsys):
+    root, _ = src
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    argv = [str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--quiet"]
+    assert main(argv) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert _listing(out) == ["keep.txt"]
+    assert main(argv + ["--force"]) == 0
+    assert "keep.txt" not in _listing(out) and "hf_quant_config.json" in _listing(out)
+    assert _listing(tmp_path) == ["o"]  # no temporary directory left
+
+
+def test_ctrl_c_leaves_no_partial_output(src, tmp_path, capsys, monkeypatch):
+    root, _ = src
+    out = tmp_path / "o"
+    calls = []
+    real = C._quant_task
+
+    def interrupted(task):
+        calls.append(task.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(task)
+
+    monkeypatch.setattr(C, "_quant_task", interrupted)
+    assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "fp4ref quantize: interrupted; no partial output left"
+    assert [e for e in err if not e.startswith("fp4ref quantize: amax") and "quantize " not in e[15:30]] == [err[-1]]
+    assert _listing(tmp_path) == []
+    # with --force over an existing output: the old output stays as it was
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    calls.clear()
+    assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--force", "--quiet"]) == 130
+    assert _listing(tmp_path) == ["o"] and _listing(out) == ["old.txt"]
+
+
+def test_ctrl_c_signal_with_workers(tmp_path):
+    """A real SIGINT to the CLI while --jobs 2 workers run: exit 130, one line, no output, no temporary files."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(1)
+    save_file({f"l{i}.weight": rng.standard_normal((512, 2048)).astype(np.float32) for i in range(16)},
+              str(tmp_path / "big.safetensors"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fp4ref.quantize_file", str(tmp_path / "big.safetensors"), "-o",
+                             str(out), "--jobs", "2"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=str(Path(__file__).resolve().parent.parent))
+    line = proc.stderr.readline()  # the first plain progress line: work has started
+    assert line.startswith("fp4ref quantize:"), line
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert [e for e in err.splitlines() if "%" not in e] == ["fp4ref quantize: interrupted; no partial output left"]
+    assert _listing(tmp_path) == ["big.safetensors"]
+
+
+def test_corrupt_and_truncated_inputs_are_named(src, tmp_path, capsys):
+    root, _ = src
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in root.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    data = (bad / SHARD2).read_bytes()
+    (bad / SHARD2).write_bytes(data[:-100])
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8: 8 + n])
+    last = max((h["data_offsets"][1], k) for k, h in header.items() if k != "__metadata__")[1]
+    assert main([str(bad), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert SHARD2 in err and "truncated" in err and repr(last) in err  # the file and the tensor cut off
+    (bad / SHARD2).write_bytes(data)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = SHARD1
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert main([str(bad), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "'lm_head.weight'" in capsys.readouterr().err
+    index["weight_map"]["lm_head.weight"] = "model-00003-of-00002.safetensors"
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert main([str(bad), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (bad / "model.safetensors.index.json").write_text("{not json")
+    assert main([str(bad), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert _listing(tmp_path) == ["bad"]
+
+
+def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
+    root, _ = src
+    assert main([str(root), "--dry-run", "--checkpoint-format", "modelopt"]) == 0
+    table = capsys.readouterr().out
+    assert "nothing written" in table and "quantized nvfp4" in table and "ignored" in table
+    assert _listing(tmp_path) == []
+    cases = [
+        ([str(root), "-o", str(tmp_path / "o"), "--checkpoint-format", "compressed-tensors", "--recipe", "modelopt"],
+         "cannot be stored in compressed-tensors"),
+        ([str(root), "-o", str(tmp_path / "o"), "--checkpoint-format", "modelopt", "--ignore", r"k_proj"],
+         "fused layer model.layers.0.self_attn.qkv"),
+        ([str(root), "-o", str(tmp_path / "o"), "--dtype", "float16"], "--dtype applies to --dequantize only"),
+        ([str(root), "-o", str(tmp_path / "o"), "--dequantize", "--checkpoint-format", "modelopt"],
+         "--checkpoint-format does not apply"),
+        ([str(root)], "-o/--output"),
+        ([str(root / SHARD1), "-o", str(tmp_path / "o.safetensors"), "--checkpoint-format", "modelopt"],
+         "give -o a directory"),
+        ([str(root), "-o", str(tmp_path / "o"), "--ignore", "("], "not a valid regular expression"),
+        ([str(root / "config.json"), "-o", str(tmp_path / "o")], "not a readable safetensors file"),
+    ]
+    for argv, msg in cases:
+        assert main(argv) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+        assert _listing(tmp_path) == [], argv
+    with pytest.raises(SystemExit) as ex:
+        main([str(root), "-o", str(tmp_path / "o"), "--jobs", "0"])
+    assert ex.value.code == 2
+    # quantizing a quantized checkpoint again is refused
+    C.quantize_checkpoint(root, tmp_path / "q", checkpoint_format="compressed-tensors")
+    with pytest.raises(C.QuantizeFileError, match="already quantized"):
+        C.quantize_checkpoint(tmp_path / "q", tmp_path / "q2", checkpoint_format="modelopt")
+
+
+def test_plain_progress_lines_when_not_a_terminal(src, tmp_path, capsys):
+    root, _ = src
+    assert main([str(root), "-o", str(tmp_path / "o"), "--format", "mxfp8"]) == 0
+    cap = capsys.readouterr()
+    lines = cap.err.splitlines()
+    assert lines and all(ln.startswith("fp4ref quantize: ") for ln in lines)
+    assert any("quantize 100.0%" in ln for ln in lines)
+    assert "SQNR dB" in cap.out and "max |err|" in cap.out and "model.layers.0.self_attn.q_proj.weight" in cap.out
+
+
+def test_single_file_to_directory(src, tmp_path):
+    root, tensors = src
+    out = tmp_path / "one"
+    C.quantize_checkpoint(root / SHARD1, out, checkpoint_format="modelopt")
+    assert _listing(out) == sorted(["hf_quant_config.json", SHARD1])
+    assert os.stat(out / SHARD1).st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    u = os.umask(0)
+    os.umask(u)
+    return u
+
+
+def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_path):
+    root, _ = src
+    alt = tmp_path / "llama4"
+    shutil.copytree(root, alt)
+    (alt / "config.json").write_text(json.dumps({"architectures": ["Llama4ForConditionalGeneration"]}))
+    reps = {r.name: r for r in C.quantize_checkpoint(alt, tmp_path / "o", checkpoint_format="modelopt",
+                                                     dry_run=True)}
+    assert all(reps[n].action == "copied" and "[experts, in, out]" in reps[n].reason for n in EXPERTS_3D)
+    assert reps[QKV[0]].action == "quantized"
