@@ -557,6 +557,7 @@ def test_bench_picks_install_and_check(monkeypatch):
     monkeypatch.setattr(b, "K", 64)
     for mod in (configs, nvl):  # restored after the test (the picks replace the tables)
         monkeypatch.setattr(mod, "CONFIGS", configs.CONFIGS)
+        monkeypatch.setattr(mod, "INTERPRETER_CONFIGS", configs.INTERPRETER_CONFIGS)
         monkeypatch.setattr(mod, "QUANTIZE_CONFIGS", configs.QUANTIZE_CONFIGS)
     w = b._setup()
     best = {1: (nvl.TensorCoreConfig(64, 16, 64, 2, 4, 2, DECODE_BITS=True), 1.0),

@@ -400,7 +400,8 @@ def _install_picks(best, best_q, ms=()):
     qt = {m: nvl.QuantizeConfig(*best_q[m][0]) if m in best_q else configs.QUANTIZE_CONFIGS.pick(m) for m in ms}
     table = _runtime.ConfigTable(rows=tuple((m, lin[m]) for m in ms[:-1]), larger=lin[ms[-1]])
     qtable = _runtime.ConfigTable(rows=tuple((m, qt[m]) for m in ms[:-1]), larger=qt[ms[-1]])
-    configs.CONFIGS = nvl.CONFIGS = table  # pick_config reads configs.CONFIGS
+    # pick_config reads configs.CONFIGS on a GPU and configs.INTERPRETER_CONFIGS in the interpreter
+    configs.CONFIGS = nvl.CONFIGS = configs.INTERPRETER_CONFIGS = nvl.INTERPRETER_CONFIGS = table
     configs.QUANTIZE_CONFIGS = nvl.QUANTIZE_CONFIGS = qtable
     _runtime.clear_plans()
 

@@ -21,7 +21,8 @@ from .._runtime import ConfigTable, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS",
+    "CONFIGS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES",
+    "PrepassConfig", "QUANTIZE_CONFIGS",
     "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
     "pick_quantize_config",
 ]
