@@ -423,7 +423,8 @@ def gemm_fp16(A, B) -> Reference:
 
     # Exactness proof where it holds: values on 2^-qa Z and 2^-qb Z, and ||a_i|| ||b_j|| (>= sum |a||b|, the
     # Cauchy-Schwarz inequality) at most 2^(53 - qa - qb): then every float64 summation order is exact
-    # (terms on one grid, magnitudes below 2^53 of it), err = 0 and no certification is needed (small-integer inputs, e.g. the
+    # (terms on one grid, magnitudes below 2^53 of it), err = 0 and no certification is needed (small-integer inputs,
+    # e.g. the
     # exact-accumulation families, whose outputs tie often).
     qa, qb = _fp16_grid_exponent(A), _fp16_grid_exponent(B)
     if qa is not None and qb is not None:  # (an all-zero operand has err = 0 already)
@@ -502,7 +503,8 @@ def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
     :func:`fp4ref.packing.decompress_2to4`.
 
     Exactness: every product lies on 2^-10 Z with |v0 b| + |v1 b| <= 12 * 448 per group, so for K < 2^32 every
-    float64 summation order is exact (every term on the 2^-10 grid, sums far below 2^53 of it): ``exact`` is exact and ``out`` is its RNE.
+    float64 summation order is exact (every term on the 2^-10 grid, sums far below 2^53 of it): ``exact`` is exact and
+    ``out`` is its RNE.
 
     Args:
         a_vals: uint8 or int8 (read as unsigned bytes) [M, K/4]; torch int8/uint8 accepted.
@@ -518,7 +520,8 @@ def sparse_gemm_fp4_fp8(a_vals, a_meta, b_fp8) -> Reference:
         TypeError: wrong dtypes (e.g. float8_e5m2 for b_fp8).
         ValueError: shapes (a_vals/a_meta differ, K != 4 * a_vals.shape[1], not 2-D, K >= 2^32).
 
-    Source: FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048 (docs/verify.md); semantics in docs/quantization.md, "2:4 sparse packing".
+    Source: FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048 (docs/verify.md); semantics in docs/quantization.md, "2:4
+    sparse packing".
     """
     vals = to_numpy(a_vals, "a_vals")
     meta = to_numpy(a_meta, "a_meta")
@@ -749,7 +752,8 @@ def nvfp4_gemm(xq, wq) -> Reference:
     Raises:
         TypeError: not NVFP4Tensors; ValueError: shapes, K mismatch, non-finite global scales.
 
-    Source: NVFP4 (SOL-ExecBench nvfp4_linear_layer, docs/verify.md; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 * e4m3 * fp32 global.
+    Source: NVFP4 (SOL-ExecBench nvfp4_linear_layer, docs/verify.md; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 *
+    e4m3 * fp32 global.
     """
     xc, xs, xg = _check_nvfp4_tensor(xq, "xq")
     wc, ws, wg = _check_nvfp4_tensor(wq, "wq")

@@ -7,7 +7,8 @@ FP4 packing (``pack_fp4`` / ``unpack_fp4``)
     ``cvt.rn.satfinite.e2m1x2.f32 d, a, b``, which puts ``a`` in the UPPER nibble.
 
 2:4 structured sparsity (``compress_2to4`` / ``decompress_2to4`` / ``check_meta``)
-    The A operand of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048; docs/quantization.md, "2:4 sparse packing"). Along the
+    The A operand of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench sparse_gemm_fp4_fp8_n2048_k2048;
+    docs/quantization.md, "2:4 sparse packing"). Along the
     compressed axis, every group g of 4 columns 4g..4g+3 is stored as one byte of values and one byte of metadata::
 
         vals[..., g] = v0 | (v1 << 4)          v0, v1: E2M1 codes
@@ -170,7 +171,8 @@ def compress_2to4(a, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
             multiple of 4, ``axis`` is out of range, or a group holds more than 2 nonzeros (the message names
             the row index and the group).
 
-    Source: docs/quantization.md, "2:4 sparse packing"; layout of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench); index
+    Source: docs/quantization.md, "2:4 sparse packing"; layout of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench);
+    index
     order of CUTLASS / PTX ``mma.sp`` metadata.
     """
     codes = _e2m1_codes_from(a, "a")

@@ -363,7 +363,8 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
     v1 in {0.5, 1.5, 3, 6} s_i there, row j of B magnitudes >= bmin (``_sparse_run_bmin``: 8 at k = 2048) with
     one sign t_j, so every output element's partial sums grow monotonically over the run, by 6.5 bmin or more per
     group, to at least ``_sparse_run_floor(k)`` (13312 = 1.6 * 2^13 at k = 2048, 12480 at k = 1024), while the
-    half-odd products (0.5 b, 1.5 b, b odd) keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above 2^13) drops them. The rest is
+    half-odd products (0.5 b, 1.5 b, b odd) keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above
+    2^13) drops them. The rest is
     uniform over the allowed codes (cancellation, output ties). The 128-product chunk bound of ``promote_every``
     holds everywhere (the run uses the same B bytes, |v0| + |v1| <= 12)."""
     ok = _exact_sparse_b_bytes(k, promote_every, positive)

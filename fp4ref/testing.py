@@ -3,9 +3,11 @@
 * :func:`assert_gemm_close` — :func:`fp4ref.bounds.check` + ``Report.assert_ok()``: every element within the
   rigorous bound of the declared accumulation model, NaN/Inf patterns equal, nothing unwritten; with
   ``exact_accumulation=True`` every element equal to the correctly rounded output.
-* :func:`fib_allclose` — FlashInfer-Bench's checker (its gemm definitions' correctness rule; docs/verify.md): an element fails iff
+* :func:`fib_allclose` — FlashInfer-Bench's checker (its gemm definitions' correctness rule; docs/verify.md): an
+  element fails iff
   |o - r| > atol AND |o - r| / (|r| + 1e-8) > rtol, atol = rtol = 1e-2; any NaN/Inf in the output fails.
-* :func:`sol_allclose` — SOL-ExecBench's checker (nvfp4_linear_layer's tolerance; docs/verify.md): an element matches iff
+* :func:`sol_allclose` — SOL-ExecBench's checker (nvfp4_linear_layer's tolerance; docs/verify.md): an element
+  matches iff
   |o - r| <= 0.005 + 0.02 |r|; the output passes when at least 99% of the elements match.
 
 The last two are K-independent and loose; they are here so a report can say what the public suites would have

@@ -1,6 +1,7 @@
 """Memory floor under the public benchmarks' L2 flush: ``python -m fp4ref.kernels.bench floor``.
 
-The public benchmarks (FlashInfer-Bench, SOL-ExecBench) flush L2 before every timed call by WRITING a buffer of twice the L2 size.
+The public benchmarks (FlashInfer-Bench, SOL-ExecBench) flush L2 before every timed call by WRITING a buffer of twice
+the L2 size.
 That leaves L2 full of dirty lines, so a kernel that then reads its operands may also pay for writing those lines
 back to HBM. This benchmark measures what reading an operand costs after such a flush, i.e. the floor any kernel
 (ours or cuBLAS) meets at small M, where the GEMMs only stream their weight operand:
