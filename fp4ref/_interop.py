@@ -41,6 +41,8 @@ def to_numpy(x, name: str = "x"):
         return x
     torch = sys.modules["torch"]
     t = x.detach()
+    if t.device.type == "meta":
+        raise TypeError(f"{name}: a meta tensor holds no data to read")
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()

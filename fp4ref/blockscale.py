@@ -259,11 +259,11 @@ class RecipeSource:
 
 _TE_FILE = "transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py"
 _TAO_FILE = "torchao/prototype/mx_formats/nvfp4_tensor.py"
-_TE_GLOBAL = "`S_enc = min(2688/A, FLT_MAX)` (1 if 0); `S_dec = 1/S_enc`"
+_TE_GLOBAL = "`S_enc = min(2688/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gives 0, A = inf); `S_dec = 1/S_enc`"
 _TE_ELEM = "`e2m1(clamp(x * min(1/(s * S_dec), FLT_MAX), ±6))`"
 _4OVER6 = ("`b = (a/6) * S_enc`; `s6 = e4m3(clamp(b, ±448))`, `s4 = e4m3(clamp(b * 1.5, ±448))`; the candidate "
            "with the smaller block {err} (tie: map-to-6)")
-_4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (1 if 0); `S_dec = 1/S_enc`"
+_4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gives 0, A = inf); `S_dec = 1/S_enc`"
 
 #: The recipe registry: every :class:`NVFP4Recipe` and its :class:`RecipeSource`. Drives docs/quantization.md's
 #: recipe table (``python -m fp4ref.tables quantization``), the CLI's ``--recipe`` choices and the tests.

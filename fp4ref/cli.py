@@ -95,6 +95,12 @@ def _cmd_verify(args) -> int:
             raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
     except ValueError as exc:
         return _usage_error("verify", str(exc))
+    if args.repro:  # never overwrite an earlier reproducer
+        taken = [f for f in ("repro.py", "inputs.npz") if os.path.exists(os.path.join(args.repro, f))]
+        if taken or (os.path.exists(args.repro) and not os.path.isdir(args.repro)):
+            return _usage_error("verify", f"--repro {args.repro}: "
+                                + (f"{', '.join(taken)} already there" if taken else "not a directory")
+                                + "; give a new directory (it is created) or remove the old files")
     if args.kernel:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
     device = args.device

@@ -817,7 +817,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         raise TypeError(f"weight_global_decode_scale must be a float, got {type(weight_global_decode_scale).__name__}")
     if not (math.isfinite(float(weight_global_decode_scale)) and float(weight_global_decode_scale) > 0):
         raise ValueError(f"weight_global_decode_scale={float(weight_global_decode_scale)!r}: expected a finite "
-                         "positive float (the recipe's amax / (448 * 6), or 1 for an all-zero weight)")
+                         "positive float (the recipe's global decode scale, e.g. amax / (448 * 6))")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     bad = ~np.isfinite(x2.astype(np.float32))

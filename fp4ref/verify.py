@@ -548,7 +548,8 @@ def _integrity(case, device, seed, max_check_rows, args, ops, out_t, out, change
             report, _, _, _ = _check_one(fresh, ref2, rows2, case.n, case.model, case.rounding, False)
             if not report.ok:
                 stale = np.array_equal(np.ascontiguousarray(fresh).view(np.uint8), before)
-                fail("fresh_inputs_same_buffers", ("the output of the previous inputs came back (an output cache?)"
+                fail("fresh_inputs_same_buffers", ("the output did not change with the fresh inputs (an output "
+                                                   "cache, or an output that ignores its inputs)"
                                                    if stale else "wrong output") + f": {report.summary()}")
         except ValueError as e:
             fail("fresh_inputs_same_buffers", str(e))

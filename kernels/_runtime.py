@@ -45,7 +45,8 @@ import torch
 from triton import knobs
 
 __all__ = [
-    "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "clear_plans",
+    "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
+    "check_no_overlap", "clear_plans",
     "clear_workspaces", "current_stream", "hooks_installed", "interpreting", "launch_compiled", "num_sms",
     "raw_launcher", "workspace", "workspace_bytes",
 ]
@@ -67,6 +68,19 @@ _KEEP_COMPILED = True
 def interpreting() -> bool:
     """True when the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
     return _INTERPRET
+
+
+def check_device(t: torch.Tensor, name: str) -> None:
+    """A kernel argument must live where the kernels run: on a CUDA device, or on the CPU under the interpreter.
+
+    Raises:
+        ValueError: naming ``name`` (a CPU tensor without TRITON_INTERPRET=1, or any other device type).
+    """
+    if t.device.type == "cuda" or (t.device.type == "cpu" and _INTERPRET):
+        return
+    hint = (" (CPU tensors run in Triton's CPU interpreter: set TRITON_INTERPRET=1 before triton is first imported)"
+            if t.device.type == "cpu" else "")
+    raise ValueError(f"{name}.device={t.device}: expected a CUDA tensor{hint}")
 
 
 _NUM_SMS: dict = {}
@@ -91,6 +105,24 @@ def current_stream(device: torch.device) -> int:
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses a strided tensor can touch."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+
+
+def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -> None:
+    """An output buffer must not share memory with an input: the kernels read inputs while other programs write
+    the output, so an overlap is a race on the GPU. ValueError naming both when their byte spans intersect."""
+    lo, hi = _span(out)
+    for name, t in inputs.items():
+        a, b = _span(t)
+        if a < hi and lo < b and out.device == t.device:
+            raise ValueError(f"{out_name} overlaps {name} in memory: give an output buffer of its own")
 
 
 # ---------------------------------------------------------------------------------------------------------------

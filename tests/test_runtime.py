@@ -192,3 +192,34 @@ def test_host_functions_are_cuda_graph_capturable():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+
+
+def test_check_device_names_the_interpreter_for_cpu_tensors(monkeypatch):
+    t = torch.zeros(4)
+    monkeypatch.setattr(rt, "_INTERPRET", False)
+    with pytest.raises(ValueError, match=r"x\.device=cpu.*TRITON_INTERPRET=1"):
+        rt.check_device(t, "x")
+    monkeypatch.setattr(rt, "_INTERPRET", True)
+    rt.check_device(t, "x")  # the interpreter runs CPU tensors
+    with pytest.raises(ValueError, match="meta"):
+        rt.check_device(torch.empty(4, device="meta"), "x")
+
+
+def test_check_no_overlap():
+    base = torch.zeros(64, 64)
+    a, b = base[:32], base[32:]
+    rt.check_no_overlap(a, "out", x=b, y=torch.zeros(8))  # disjoint halves, other storage
+    with pytest.raises(ValueError, match="out overlaps x"):
+        rt.check_no_overlap(a, "out", x=base[16:48])
+    with pytest.raises(ValueError, match="out overlaps x"):
+        rt.check_no_overlap(base[:, :8], "out", x=base[:, 4:12])  # strided spans interleave
+    rt.check_no_overlap(torch.zeros(0), "out", x=base)  # an empty output touches nothing
+
+
+def test_kernels_refuse_an_output_that_overlaps_an_input():
+    import fp4ref.kernels.gemm_fp16 as g
+
+    A = torch.randn(64, 64).half()
+    B = torch.randn(64, 64).half()
+    with pytest.raises(ValueError, match="out overlaps A"):
+        g.gemm_fp16(A, B, out=A)

@@ -292,7 +292,7 @@ def _standin_gemm_fp16(A, B, out=None):
     return out
 
 
-STANDIN_CONTRACT = {"accumulation_model": "fp32_rn"}
+STANDIN_CONTRACT = bounds.NumericContract(inputs="float16", output="float16", model="fp32_rn")
 
 
 @given(shape=fst.gemm_shapes(max_m=16, max_n=32, max_k=256, n_multiple_of=8, k_multiple_of=8), data=st.data())
@@ -302,8 +302,8 @@ def test_docs_pattern_bound(shape, data):
     B = data.draw(fst.fp16_matrices((shape.N, shape.K)))
     out = torch.full((shape.M, shape.N), float("nan"), dtype=torch.float16)
     _standin_gemm_fp16(torch.from_numpy(A), torch.from_numpy(B), out=out)
-    testing.assert_gemm_close(out, gemm.gemm_fp16(A, B), STANDIN_CONTRACT["accumulation_model"],
-                              output_rounding="rne", poison=float("nan"))
+    testing.assert_gemm_close(out, gemm.gemm_fp16(A, B), STANDIN_CONTRACT.model_for(None, shape.K),
+                              output_rounding=STANDIN_CONTRACT.rounding_for(False), poison=float("nan"))
 
 
 @given(shape=fst.gemm_shapes(max_m=8, max_n=32, min_k=64, max_k=512, n_multiple_of=8, k_multiple_of=8),
@@ -313,6 +313,29 @@ def test_docs_pattern_exact(shape, data):
     A, B = data.draw(fst.exact_accumulation_fp16(shape.M, shape.N, shape.K))
     out = _standin_gemm_fp16(torch.from_numpy(A), torch.from_numpy(B))
     testing.assert_gemm_close(out, gemm.gemm_fp16(A, B), "tc_fp32_universal", exact_accumulation=True)
+
+
+def test_docs_testing_page_snippets_run_as_written():
+    """The two property tests of docs/testing.md, executed verbatim against the project's gemm_fp16 (in the CPU
+    interpreter here), a few Hypothesis examples each."""
+    import re
+    from pathlib import Path
+
+    from hypothesis import settings
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)[:2]
+    assert "def test_my_gemm(" in blocks[0] and "def test_my_gemm_exact(" in blocks[1]
+    ns: dict = {}
+    previous = settings._current_profile  # the snippets' @settings(...) inherit the profile loaded when they run
+    settings.register_profile("fp4ref-docs-snippets", parent=settings.get_profile(previous), max_examples=3)
+    settings.load_profile("fp4ref-docs-snippets")
+    try:
+        exec(compile(blocks[0] + "\n" + blocks[1], "docs/testing.md", "exec"), ns)
+        ns["test_my_gemm"]()
+        ns["test_my_gemm_exact"]()
+    finally:
+        settings.load_profile(previous)
 
 
 def test_assert_gemm_close_message_names_the_rule():

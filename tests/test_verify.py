@@ -89,6 +89,11 @@ def test_usage_error_leaves_an_existing_json_report_alone(tmp_path):
     afile = tmp_path / "a_file"
     afile.write_text("x")
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--repro", str(afile), "--sizes", "1"]) == 2
+    earlier = tmp_path / "earlier_repro"
+    earlier.mkdir()
+    (earlier / "repro.py").write_text("# an earlier reproducer")
+    assert main(["verify", "--workload", "gemm_n3072_k2048", "--repro", str(earlier), "--sizes", "1"]) == 2
+    assert (earlier / "repro.py").read_text() == "# an earlier reproducer"  # not overwritten
     new = tmp_path / "new.json"
     assert main(["verify", "--workload", "gemm_n3072_k2048", "--json", str(new), "--sizes", "0"]) == 2
     assert not new.exists()  # the writability probe leaves no empty file behind

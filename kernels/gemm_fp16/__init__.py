@@ -59,8 +59,9 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
         B: torch.float16 [N, K], N >= 1 and K >= 1 multiples of 8 (ALIGN), same layout rules; same device as A.
         config: a SplitKConfig, TmaConfig or GluonConfig (CUDA only) overriding the table's choice (tests and
             tuning); None picks ``pick_config(M, N, K)``.
-        out: optional preallocated result, torch.float16 [M, N], contiguous, 16-byte aligned, on A's device
-            (every element is written; tests pass a NaN-poisoned buffer). None allocates one.
+        out: optional preallocated result, torch.float16 [M, N], contiguous, 16-byte aligned, on A's device,
+            sharing no memory with A or B (every element is written; tests pass a NaN-poisoned buffer). None
+            allocates one.
 
     Returns:
         torch.float16 [M, N] (``out`` when given), contiguous; bitwise deterministic run to run. M = 0 gives
@@ -102,6 +103,7 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float16:
             raise TypeError(f"out: expected a torch.float16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
         _check_output("out", out, M, N, A.device)
+        _runtime.check_no_overlap(out, "out", A=A, B=B)
         C = out
     if M > 0:
         _run(plan, A, B, C, None)
@@ -174,6 +176,7 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
     M, K = A.shape
     N = B.shape[0]
     _check_output("C", C, M, N, A.device)
+    _runtime.check_no_overlap(C, "C", A=A, B=B)
     if M > 0:
         _run(plan, A, B, C, scale)
     return C
@@ -287,6 +290,7 @@ def _check_pair(A, B, rows: str) -> tuple[int, int, int]:
         raise ValueError(f"B.shape={tuple(B.shape)}: expected K={K} columns to match A.shape={tuple(A.shape)}")
     if B.device != A.device:
         raise ValueError(f"A.device={A.device}, B.device={B.device}: expected the same device")
+    _runtime.check_device(A, "A")
     if K < 1 or K % ALIGN:
         raise ValueError(f"K={K}: expected a positive multiple of {ALIGN} ({rows})")
     if N < 1 or N % ALIGN:

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .._runtime import PlanCache, current_stream, workspace
+from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, workspace
 from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig,
                       GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config,
                       pick_quantize_config)
@@ -88,6 +88,7 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     new = plan is None
     if new:
         M, K = _check_x(x)
+        check_device(x, "x")
         cfg = pick_quantize_config(M, K) if config is None else config
         if not isinstance(cfg, QuantizeConfig):
             raise TypeError(f"config: expected a QuantizeConfig or None, got {type(cfg).__name__}")
@@ -163,6 +164,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     except AttributeError:
         key = None
     plan = _PLANS.get(key)
+    if out is not None and isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
+        check_no_overlap(out, "out", x=x)
     if plan is not None and 0.0 < w_gdec < math.inf:
         return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 
@@ -224,6 +227,7 @@ def _check_x(x, name: str = "x") -> tuple[int, int]:
 
 def _check_weight(x, weight_fp4, weight_scales, K: int) -> int:
     """N of the NVFP4 weight; raises TypeError / ValueError as nvfp4_linear documents."""
+    check_device(x, "x")
     for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -256,4 +260,4 @@ def _check_w_gdec(w_gdec) -> None:
         raise TypeError(f"weight_global_decode_scale: expected a python float, got {type(w_gdec).__name__}")
     if not (math.isfinite(w_gdec) and w_gdec > 0):
         raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a finite positive float "
-                         "(the recipe's global decode scale amax / (448 * 6), or 1 for an all-zero weight)")
+                         "(the recipe's global decode scale, e.g. amax / (448 * 6))")

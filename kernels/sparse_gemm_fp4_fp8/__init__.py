@@ -115,6 +115,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
     elif tuple(out.shape) != (m, n) or out.device != device:
         raise ValueError(f"out.shape={tuple(out.shape)} on {out.device}: expected ({m}, {n}) on {device}")
+    else:
+        _runtime.check_no_overlap(out, "out", a_vals=a_vals, a_meta=a_meta, b_fp8=b_fp8)
     if new:
         PLANS.put(key, plan)  # only once the whole call validated
 
@@ -225,6 +227,7 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
     if not (a_vals.device == a_meta.device == b_fp8.device):
         raise ValueError(f"operands on different devices: a_vals {a_vals.device}, a_meta {a_meta.device}, "
                          f"b_fp8 {b_fp8.device}")
+    _runtime.check_device(b_fp8, "b_fp8")
     if a_vals.stride() != a_meta.stride():
         raise ValueError(f"a_meta.stride()={a_meta.stride()}: expected a_vals' strides {a_vals.stride()} "
                          "(the kernels index both with one set)")
