@@ -15,8 +15,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda", "gpu_time_graph", "print_table",
-           "geomean", "compile_in_pool"]
+__all__ = ["Timing", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
+           "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
 
@@ -161,12 +161,12 @@ def gpu_time_graph(fn: Callable[[], Any], reps: int = 20, replays: int = 5,
     from the CPU time a launch costs, which the public-benchmark timing (``time_cuda``: no graphs) includes
     whenever the host is slower than the flush. Not the reported methodology: report ``time_cuda``.
     ``fn`` must be capturable (no synchronisation, no host reads); call it once before (warm-up, allocations).
-    ``flush``: the capturable L2 flush to use; default: write the 2 x L2 buffer (``l2_flush_buffer().zero_``).
+    ``flush``: the capturable L2 flush to use; default ``flush_l2_cache`` (the flush of ``time_gpu``).
     """
     import torch
 
     if flush is None:
-        flush = l2_flush_buffer().zero_
+        flush = flush_l2_cache
     fn()
     flush()
     torch.cuda.synchronize()

@@ -4,8 +4,8 @@ Why: the Triton CPU interpreter accepts programs that the GPU compiler rejects (
 M/N tiles, layouts wgmma cannot take). CI has no GPU, so every kernel config is also built here, ahead of time,
 with triton's bundled ptxas; a kernel that only works interpreted cannot land.
 
-Recipe: ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs triton's bundled ptxas; triton 3.6
-``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32))``.
+Recipe (triton 3.6): ``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90,
+32))`` runs triton's bundled ptxas; Gluon kernels go through ``GluonASTSource`` the same way.
 
 Usage (in a test)::
 

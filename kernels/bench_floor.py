@@ -7,8 +7,9 @@ back to HBM. This benchmark measures what reading an operand costs after such a 
 (ours or cuBLAS) meets at small M, where the GEMMs only stream their weight operand:
 
 * ``read``: a Triton kernel (the fastest of several launch shapes) that reads the bytes once (16-byte vector
-  loads, one int32 partial per program, so nothing is optimised away) — after the write flush (``flush.zero_()``,
-  the public method) and after a read-only flush (a max-reduction over the buffer, which leaves clean lines);
+  loads, one int32 partial per program, so nothing is optimised away) — after the write flush
+  (``_bench.flush_l2_cache``, which leaves dirty lines as the public method does) and after a read-only flush (a
+  max-reduction over the buffer, which leaves clean lines);
 * the peers the small-M rows are compared with (cuBLAS at M = 1, or 16 where _scaled_mm needs it), under both
   flushes.
 

@@ -71,7 +71,8 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
         TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig, TmaConfig or
             GluonConfig.
         ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
-            ``out`` of the wrong shape/device or not contiguous; a GluonConfig for CPU tensors or M > 256.
+            ``out`` of the wrong shape/device, not contiguous or overlapping A or B; a GluonConfig for CPU tensors
+            or M > 256.
 
     Concurrency: split-K and stream-K configs use workspaces per (device, stream); calls on one stream are safe,
     as are calls on different streams.
@@ -141,7 +142,7 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
         TypeError: A, B, C or scale is not a torch.Tensor of an accepted dtype; A and B dtypes differ; config is
             not a TmaConfig.
         ValueError: shapes, strides, alignment or devices as for gemm_fp16; C of the wrong shape/device or not
-            contiguous; scale not a 1-element tensor on A's device.
+            contiguous or overlapping A or B; scale not a 1-element tensor on A's device.
     """
     for name, t in (("A", A), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):

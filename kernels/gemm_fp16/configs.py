@@ -177,6 +177,12 @@ class GluonConfig:
 # BLOCK_N = 64 with a deep ring of 128-wide K tiles keep ~100 KB of B in flight per SM). Larger M: 128 x 256 TMA
 # tiles in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's
 # loads overlap this tile's store). docs/kernels.md and docs/benchmarks.md.
+# M > 256 (both tables; the rows follow the tune's buckets)
+_LARGE_M_ROWS = (
+    (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)),
+    (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)),
+)
+_LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)
 _G = GluonConfig
 CONFIGS = ConfigTable(
     rows=(
@@ -186,12 +192,9 @@ CONFIGS = ConfigTable(
         (128, _G(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, STAGES=6)),
         (192, _G(BLOCK_N=128, BLOCK_M=64, BLOCK_K=128, STAGES=4)),
         (256, _G(BLOCK_N=64, BLOCK_M=128, BLOCK_K=64, STAGES=8)),
-        (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
-                         STREAM_K=3)),
-        (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
-                         STREAM_K=3)),
+        *_LARGE_M_ROWS,
     ),
-    larger=TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+    larger=_LARGEST_M,
 )
 
 # The table in the Triton CPU interpreter (no Gluon there): the ``tl`` paths, chosen on the H200 before the Gluon
@@ -204,12 +207,9 @@ INTERPRETER_CONFIGS = ConfigTable(
         (128, SplitKConfig(128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
         (192, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
         (256, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
-        (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
-                         STREAM_K=3)),
-        (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2,
-                         STREAM_K=3)),
+        *_LARGE_M_ROWS,
     ),
-    larger=TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3),
+    larger=_LARGEST_M,
 )
 
 # gemm_tma's defaults by M when the caller passes no config. NOT tuned for any workload except that the larger-M

@@ -151,7 +151,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     Raises:
         TypeError: wrong tensor types or dtypes, config of another type.
         ValueError: shapes inconsistent, K or N not a multiple of 16, tensors on different devices, not
-            contiguous or not 16-byte aligned; weight_global_decode_scale not finite and positive.
+            contiguous or not 16-byte aligned; weight_global_decode_scale not finite and positive; ``out``
+            overlapping an input in memory.
     """
     w_gdec = weight_global_decode_scale
     try:
@@ -164,8 +165,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     except AttributeError:
         key = None
     plan = _PLANS.get(key)
-    if out is not None and isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
-        check_no_overlap(out, "out", x=x)
+    if key is not None and out is not None:  # (key is None when an argument is no tensor: refused below)
+        check_no_overlap(out, "out", x=x, weight_fp4=weight_fp4, weight_scales=weight_scales)
     if plan is not None and 0.0 < w_gdec < math.inf:
         return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 

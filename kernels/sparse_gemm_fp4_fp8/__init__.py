@@ -76,8 +76,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
             a FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
-            strides; ``out`` not [M, N]; operands on different devices; an fp8 config with block_k > 128; an
-            explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read.
+            strides; ``out`` not [M, N] or overlapping an operand; operands on different devices; an fp8 config
+            with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read.
 
     Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
     plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels
