@@ -6,7 +6,7 @@ from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, sass_info
 
 def assert_gluon_build(ck, max_spill_stores: int = 0) -> dict:
     """wgmma and TMA loads in the PTX; shared memory within the sm_90 limit; in the SASS (where triton's bundled
-    cuobjdump reads it) HGMMA and UTMALDG present and at most ``max_spill_stores`` spill stores (and as many loads
+    cuobjdump reads it) HGMMA (16-bit) or QGMMA (fp8) and UTMALDG present and at most ``max_spill_stores`` spill stores (and as many loads
     when spilling is allowed at all). Returns the SASS facts."""
     __tracebackhide__ = True
     ptx = ck.asm["ptx"]
@@ -14,7 +14,7 @@ def assert_gluon_build(ck, max_spill_stores: int = 0) -> dict:
     assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
     info = sass_info(ck.asm["cubin"])
     if info:
-        assert info["hgmma"] > 0 and info["utmaldg"] > 0, info
+        assert info["hgmma"] + info["qgmma"] > 0 and info["utmaldg"] > 0, info
         assert info["spill_stores"] <= max_spill_stores, info
         if max_spill_stores == 0:
             assert info["spill_loads"] == 0, info

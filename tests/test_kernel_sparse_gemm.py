@@ -349,13 +349,18 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     """The sweep picks by GPU time, but at M <= 256 an expand pick must also win on event time (host included)."""
     from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import pick_by_kind
 
-    f, x = mod.pick_config(64, 2048, 2048, False), mod.pick_config(4096, 2048, 2048, False)
-    assert isinstance(f, FusedConfig) and isinstance(x, ExpandConfig)
+    f, x = mod.TL_CONFIGS.pick(64), mod.pick_config(4096, 2048, 2048, False)
+    g = mod.pick_config(64, 2048, 2048, False)
+    assert isinstance(f, FusedConfig) and isinstance(x, ExpandConfig) and isinstance(g, mod.GluonConfig)
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 42.0, x)}) is f  # host-bound expand
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 19.0, x)}) is x
     assert pick_by_kind(1024, {"fused": (30.0, 33.0, f), "expand": (19.0, 60.0, x)}) is x  # large M: GPU time
     assert pick_by_kind(64, {"fused": (12.0, 19.0, f), "expand": (12.3, 15.0, x)}) is f
     assert pick_by_kind(4096, {"expand": (49.0, 54.0, x)}) is x
+    # the one-launch paths compete by GPU time; expand still needs the lower event time than the best of them
+    assert pick_by_kind(64, {"gluon": (5.0, 9.0, g), "fused": (12.0, 19.0, f), "expand": (6.0, 8.0, x)}) is g
+    assert pick_by_kind(64, {"gluon": (13.0, 19.5, g), "fused": (12.0, 19.0, f)}) is f
+    assert pick_by_kind(256, {"gluon": (13.0, 19.5, g), "expand": (12.0, 15.0, x)}) is x
     large = [c for b, c in mod.CONFIGS.rows if b > 256] + [mod.CONFIGS.larger]
     assert {(type(c), c.group_m) for c in large} == {(ExpandConfig, 16)}
 
@@ -409,8 +414,9 @@ def test_contract_names_a_known_model():
 
     assert get_model(CONTRACT).promote_every == mod.PROMOTION_INTERVAL
     K = 2048
-    for cfg in mod.CONFIGS.configs():
-        assert cfg.block_k <= mod.PROMOTION_INTERVAL or (isinstance(cfg, FusedConfig) and cfg.mma != "fp8")
+    for cfg in dict.fromkeys(mod.CONFIGS.configs() + mod.TL_CONFIGS.configs()):
+        if not isinstance(cfg, mod.GluonConfig):  # (the Gluon kernel's K step is the promotion interval)
+            assert cfg.block_k <= mod.PROMOTION_INTERVAL or (isinstance(cfg, FusedConfig) and cfg.mma != "fp8")
         assert get_model(mod.accumulation_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
     # the contract answers through model_for: the table's config at each workload M, its own model
     for M in (1, 16, 64, 256, 4096):
@@ -421,7 +427,8 @@ def test_contract_names_a_known_model():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# sm_90 build on the CPU: every config the GPU can pick must compile (and use the MMA the contract assumes)
+# sm_90 build on the CPU: every `tl` config the GPU can pick must compile (and use the MMA the contract assumes);
+# the Gluon configs: tests/test_kernel_sparse_gemm_gluon.py
 # ---------------------------------------------------------------------------------------------------------------
 def _build(cfg, nan_check_bytes=False, even_k=True):
     from fp4ref.kernels._sm90 import compile_for_sm90
@@ -457,7 +464,7 @@ def _cfg_id(c):
     return f"{c.block_m}x{c.block_n}x{c.block_k}{f'-expand-n{c.n_split}' if isinstance(c, ExpandConfig) else ''}"
 
 
-@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs() if isinstance(c, ExpandConfig)], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [c for c in mod.TL_CONFIGS.configs() if isinstance(c, ExpandConfig)], ids=_cfg_id)
 def test_expand_configs_compile_for_sm90(cfg):
     """The persistent GEMM: TMA loads, fp8 wgmma with both operands from shared memory, the promotion into fp32
     every K-tile really in the build, within the shared-memory limit."""
@@ -478,7 +485,7 @@ def test_expand_configs_compile_for_sm90(cfg):
     assert len(dots) == len(adds) == cfg.n_split  # one promotion add per wgmma chain per K-tile
 
 
-@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs()
+@pytest.mark.parametrize("cfg", [c for c in mod.TL_CONFIGS.configs()
                                  if isinstance(c, ExpandConfig) and c.nan_fixup == "launch"], ids=_cfg_id)
 def test_expand_nan_fixup_compiles_for_sm90(cfg):
     from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90
@@ -512,7 +519,8 @@ def test_expand_prepass_compiles_for_sm90():
     assert "e4m3x2.f16x2" not in ptx
 
 
-@pytest.mark.parametrize("cfg", [c for c in mod.CONFIGS.configs() if isinstance(c, FusedConfig)], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [c for c in mod.TL_CONFIGS.configs() + [mod.FALLBACK_CONFIG]
+                                 if isinstance(c, FusedConfig)], ids=_cfg_id)
 def test_configs_compile_for_sm90(cfg):
     ck = _build(cfg)
     assert ck.asm["cubin"]
@@ -531,7 +539,7 @@ def test_configs_compile_for_sm90(cfg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cfg", mod.CONFIGS.configs(), ids=_cfg_id)
+@pytest.mark.parametrize("cfg", mod.TL_CONFIGS.configs(), ids=_cfg_id)
 def test_configs_compile_for_sm90_other_variants(cfg):
     build = _build_expand if isinstance(cfg, ExpandConfig) else _build
     assert build(cfg, nan_check_bytes=True, even_k=False).asm["cubin"]

@@ -9,9 +9,9 @@ B at full HBM bandwidth on every SM:
   beyond M are zero-filled by TMA (they add exact zeros to columns that are never stored).
 * async ``warpgroup_mma`` with ``warpgroup_mma_wait(1)``: one wgmma group stays in flight while the next tile
   lands; the slot the retired group read is refilled at once.
-* optional split-K (SPLIT_K slices): each slice writes its fp32 partial tile to a workspace and bumps the tile's
-  arrival counter (atomic, acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order
-  s = 0, 1, ..., SPLIT_K-1 (fp32, RN), rounds once to fp16 (RNE) and resets the counter. Bitwise reproducible.
+* optional split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (the LAST slice
+  to arrive sums the fp32 partials in the order s = 0, 1, ..., SPLIT_K-1 and rounds once to fp16). Bitwise
+  reproducible.
 * optional warp specialization (WARP_SPEC): a 1-warp TMA producer partition.
 
 Numerics: exact fp16 products, fp32 accumulation on wgmma (``hopper_fp16_wgmma``), one RNE rounding to fp16
@@ -24,6 +24,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+
+from .._gluon import store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "operand_layouts"]
 
@@ -39,23 +41,6 @@ def gluon_constexprs(config, K: int) -> dict:
     per, splits = config.k_split(K)
     return dict(BLOCK_N=config.BLOCK_N, BLOCK_M=config.BLOCK_M, BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
                 SPLIT_K=splits, K_PER=per, WARP_SPEC=config.WARP_SPEC, num_warps=config.num_warps)
-
-
-@gluon.constexpr_function
-def _store_layout(BLOCK_N, BLOCK_M, num_warps):
-    """Blocked layout of a [BLOCK_N, BLOCK_M] C^T tile with N fastest: 8 consecutive N per thread (16 bytes of
-    fp16, 32 of fp32), so that a warp writes whole rows of C (and of the workspace) with wide stores."""
-    tpw_n = min(32, BLOCK_N // 8)
-    return gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1])
-
-
-@gluon.constexpr_function
-def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
-    """Columns per reduction chunk: SPLIT_K loaded partial chunks stay within ~64 registers per thread."""
-    rc = 8
-    while rc * 2 <= BLOCK_M and SPLIT_K * BLOCK_N * rc * 2 <= 64 * 32 * num_warps:
-        rc *= 2
-    return rc
 
 
 @gluon.jit
@@ -152,6 +137,8 @@ def gemm_swapab_kernel(
             acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
             # retire the group of step i - 1: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            if num_warps > 4:
+                gl.thread_barrier()  # both warpgroups retired step i - 1 before its slot is refilled
             j = i + STAGES - 1
             if j < nk:
                 _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
@@ -160,39 +147,7 @@ def gemm_swapab_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    # ---- epilogue ---------------------------------------------------------------------------------------------
-    st_layout: gl.constexpr = _store_layout(BLOCK_N, BLOCK_M, num_warps)
-    part = gl.convert_layout(acc, st_layout)
-    rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
-    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    c_ptrs = c_ptr + gl.expand_dims(rm, 0) * stride_cm + gl.expand_dims(off_n + rn, 1)
-    c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
-    if SPLIT_K == 1:
-        gl.store(c_ptrs, part.to(gl.float16), mask=c_mask)
-    else:
-        # workspace [tile, split, BLOCK_M, BLOCK_N] fp32; element (n, m) of a partial at m * BLOCK_N + n. Columns
-        # m >= M (padding) are neither written nor read.
-        TILE: gl.constexpr = BLOCK_M * BLOCK_N
-        offs_t = gl.expand_dims(rm - off_m, 0) * BLOCK_N + gl.expand_dims(rn, 1)
-        ws_tile = ws_ptr + tile * (SPLIT_K * TILE)
-        gl.store(ws_tile + pid_k * TILE + offs_t, part, mask=c_mask, cache_modifier=".cg")
-        gl.thread_barrier()  # every thread's partial stores precede the release below
-        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            # last to arrive: the fixed-order sum p_0 + p_1 + ... + p_{S-1} in fp32 (RN), one RNE rounding.
-            # Column chunks of RC; within a chunk the S loads are unrolled so that they are all in flight at once.
-            RC: gl.constexpr = _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps)
-            r_layout: gl.constexpr = _store_layout(BLOCK_N, RC, num_warps)
-            r_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
-            r_c = gl.arange(0, RC, layout=gl.SliceLayout(0, r_layout))
-            offs_r = gl.expand_dims(r_c, 0) * BLOCK_N + gl.expand_dims(r_n, 1)
-            n_ok = gl.expand_dims(off_n + r_n < N, 1)
-            for m0 in range(0, gl.minimum(M - off_m, BLOCK_M), RC):
-                src = ws_tile + m0 * BLOCK_N + offs_r
-                total = gl.load(src, cache_modifier=".cg")
-                for s in gl.static_range(1, SPLIT_K):
-                    total = total + gl.load(src + s * TILE, cache_modifier=".cg")
-                m_idx = off_m + m0 + r_c
-                dst = c_ptr + gl.expand_dims(m_idx, 0) * stride_cm + gl.expand_dims(off_n + r_n, 1)
-                gl.store(dst, total.to(gl.float16), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
-            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+    # ---- epilogue: a plain store, or the fixed-order split-K reduction (kernels/_gluon.py) ---------------------
+    part = gl.convert_layout(acc, store_layout(BLOCK_N, BLOCK_M, num_warps))
+    store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k,
+                    BLOCK_N, BLOCK_M, SPLIT_K, num_warps)

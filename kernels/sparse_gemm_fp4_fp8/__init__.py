@@ -16,9 +16,11 @@ Policies (each a tested choice):
 - Signed zero: a zero result may come out as +0 where the exact sum is -0 (tensor cores and fp32 adds give +0).
 - Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
 
-Paths (configs.py; the config's type picks the path): ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop,
-one launch, split-K) serves M <= 64; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, persistent
-TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
+Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by
+TMA, A decoded per 128-K step, promotion overlapping the next wgmma, one launch) serves M <= 256 on a GPU;
+``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the
+calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, persistent TMA
+fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
 """
 from __future__ import annotations
 
@@ -27,14 +29,16 @@ import triton
 
 from .. import _runtime
 from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, NUMERIC_CONTRACT, PROMOTION_INTERVAL,
-                      ExpandConfig, FusedConfig, accumulation_model, pick_config)
+                      TL_CONFIGS, ExpandConfig, FusedConfig, GluonConfig, accumulation_model, pick_config)
 from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
                      sparse_nan_fixup_kernel)
 from .fused import sparse_gemm_fp4_fp8_kernel
+from .gluon import STEP_K, decode_table, gluon_constexprs, shared_layouts, sparse_swapab_kernel
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "INTERPRETER_CONFIG", "NUMERIC_CONTRACT",
-           "PLANS", "PROMOTION_INTERVAL", "WS_COUNTERS", "WS_DENSE_A", "WS_NAN_FLAGS", "WS_PARTIALS",
-           "accumulation_model", "pick_config", "sparse_gemm_fp4_fp8", "tma_eligible"]
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "GluonConfig", "INTERPRETER_CONFIG",
+           "NUMERIC_CONTRACT", "PLANS", "PROMOTION_INTERVAL", "TL_CONFIGS", "WS_COUNTERS", "WS_DENSE_A",
+           "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gluon_eligible", "pick_config",
+           "sparse_gemm_fp4_fp8", "tma_eligible"]
 
 # Workspaces (_runtime.workspace, per device and stream): split-K fp32 partials and int32 arrival counters (zero
 # between launches), the expand path's dense E4M3FN A, its int32 NaN-tile flags (zero between launches).
@@ -50,7 +54,7 @@ PLANS = _runtime.PlanCache("sparse_gemm_fp4_fp8")
 
 
 def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: FusedConfig | ExpandConfig | None = None, *, out: torch.Tensor | None = None,
+                        config: GluonConfig | FusedConfig | ExpandConfig | None = None, *, out: torch.Tensor | None = None,
                         nan_check_bytes: bool | None = None) -> torch.Tensor:
     """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (module docstring).
 
@@ -62,11 +66,13 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
             (an ExpandConfig also needs ``tma_eligible(b_fp8)``; the default pick falls back to FALLBACK_CONFIG
             where it does not hold).
-        config: a FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)`` (benchmarks, tests).
+        config: a GluonConfig, FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)`` (benchmarks,
+            tests). A GluonConfig needs a CUDA device, K % 128 == 0 and ``gluon_eligible`` operands; the default
+            pick takes the ``TL_CONFIGS`` row where they do not hold.
         out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
         nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
             Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
-            +-480.
+            +-480. The Gluon path (GPU only) always checks its fp32 accumulator, which is exact there.
 
     Returns:
         torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
@@ -74,10 +80,11 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
 
     Raises:
         TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
-            a FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
+            a GluonConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
             strides; ``out`` not [M, N] or overlapping an operand; operands on different devices; an fp8 config
-            with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read.
+            with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read; an explicit
+            GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects.
 
     Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
     plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels
@@ -93,8 +100,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
         raise TypeError(f"nan_check_bytes: expected None or a bool, got {type(nan_check_bytes).__name__}")
-    if config is not None and not isinstance(config, (FusedConfig, ExpandConfig)):
-        raise TypeError(f"config: expected a FusedConfig, an ExpandConfig or None, got {type(config).__name__}")
+    if config is not None and not isinstance(config, (GluonConfig, FusedConfig, ExpandConfig)):
+        raise TypeError(f"config: expected a GluonConfig, a FusedConfig, an ExpandConfig or None, got "
+                        f"{type(config).__name__}")
 
     # ---- the launch plan of this key (validated and built on its first call) ----
     sa, sb = a_vals.stride(), b_fp8.stride()
@@ -133,9 +141,47 @@ def tma_eligible(b_fp8: torch.Tensor) -> bool:
             and b_fp8.data_ptr() % 16 == 0)
 
 
+def gluon_eligible(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor) -> bool:
+    """Whether the operands can feed the Gluon path's TMA descriptors: b_fp8 as ``tma_eligible`` requires, and
+    a_vals / a_meta with unit stride along groups, 16-byte row strides and 16-byte aligned bases."""
+    m = a_vals.shape[0]
+    return tma_eligible(b_fp8) and all(
+        t.stride(1) == 1 and (m == 1 or t.stride(0) % 16 == 0) and t.data_ptr() % 16 == 0 for t in (a_vals, a_meta))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Plans
 # ---------------------------------------------------------------------------------------------------------------
+class _GluonPlan:
+    """One launch of gluon.sparse_swapab_kernel: the Launch, the shared layouts of its TMA destinations, the
+    split-K workspace size (0 without split-K) and the number of c tiles (arrival counters)."""
+
+    __slots__ = ("config", "main", "layouts", "ws_elems", "n_tiles")
+
+    def __init__(self, config, main, ws_elems, n_tiles):
+        self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
+        self.layouts = shared_layouts(config)
+
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        cfg = self.config
+        device = out.device
+        if self.ws_elems:
+            ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
+            cnt = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
+        else:
+            ws = cnt = out  # not read by the kernel
+        m, g = a_vals.shape
+        n, k = b_fp8.shape
+        fp8, raw = self.layouts
+        sam = sa[0] if m > 1 else g
+        self.main.launch(
+            stream, _runtime.Desc(b_fp8, (n, k), (sb[0] if n > 1 else k, 1), (cfg.BLOCK_N, STEP_K), fp8),
+            _runtime.Desc(a_vals, (m, g), (sam, 1), (cfg.BLOCK_M, STEP_K // 4), raw),
+            _runtime.Desc(a_meta, (m, g), (sam, 1), (cfg.BLOCK_M, STEP_K // 4), raw),
+            b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m, n, k // STEP_K, sb[0], sa[0],
+            out.stride(0))
+
+
 class _FusedPlan:
     """One launch of sparse_gemm_fp4_fp8_kernel; ``ws_elems`` fp32 split-K partials and ``n_tiles`` counters
     (0 partials without split-K: ``out`` stands in for the unused workspace pointers)."""
@@ -235,6 +281,23 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
     explicit = config is not None
     if config is None:
         config = pick_config(m, n, k, interp)
+        if isinstance(config, GluonConfig) and not gluon_eligible(a_vals, a_meta, b_fp8):
+            config = TL_CONFIGS.pick(m)
+    if isinstance(config, GluonConfig):
+        if interp or b_fp8.device.type != "cuda":
+            raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90), not in the CPU interpreter")
+        if not config.fits(k) or not gluon_eligible(a_vals, a_meta, b_fp8):
+            raise ValueError(f"config={config}: the Gluon path needs K % {STEP_K} == 0, a K slice whose decoded A "
+                             f"fits in shared memory (GluonConfig.fits) and operands its TMA descriptors can read "
+                             f"(gluon_eligible); got K={k}, a_vals strides "
+                             f"{a_vals.stride()}, b_fp8 strides {b_fp8.stride()}")
+        per, splits = config.k_split(k)
+        tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
+        main = _runtime.Launch(sparse_swapab_kernel, (triton.cdiv(n, config.BLOCK_N), splits,
+                                                      triton.cdiv(m, config.BLOCK_M)),
+                               gluon_constexprs(config, k), n_desc=3)
+        ws_elems = tiles * splits * config.BLOCK_M * config.BLOCK_N if splits > 1 else 0
+        return _GluonPlan(config, main, ws_elems, tiles)
     expand = isinstance(config, ExpandConfig)
     if (expand or config.mma == "fp8") and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "

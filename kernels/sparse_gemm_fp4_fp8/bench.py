@@ -5,7 +5,7 @@
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep    # time candidate configs per M (tuning only)
 
 --sweep picks, per M, the candidate with the least GPU time (CUPTI), except that at M <= 256 an expand pick must
-also have the lower event time (host included) than the best fused config; then (with --check) checks and times
+also have the lower event time (host included) than the best one-launch (Gluon or fused) config; then (with --check) checks and times
 the picked configs in the same run; paste them into configs.CONFIGS.
 
 Peers, timed in the same run on the same operands:
@@ -131,14 +131,16 @@ def _poisoned_run(a_vals, a_meta, b, cfg=None):
 
 
 def _path(cfg) -> str:
-    from . import ExpandConfig
+    from . import ExpandConfig, GluonConfig
 
-    return "expand" if isinstance(cfg, ExpandConfig) else "fused"
+    return "expand" if isinstance(cfg, ExpandConfig) else "gluon" if isinstance(cfg, GluonConfig) else "fused"
 
 
 def _cfg_name(cfg) -> str:
-    from . import ExpandConfig
+    from . import ExpandConfig, GluonConfig
 
+    if isinstance(cfg, GluonConfig):
+        return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x128/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.STAGES}"
     if isinstance(cfg, ExpandConfig):
         name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
         name += f"/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
@@ -265,7 +267,7 @@ def sweep_candidates(M: int):
     """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
     block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator). M >= 100: the expand path
     (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
-    from . import ExpandConfig
+    from . import ExpandConfig, GluonConfig
     from . import FusedConfig as C
 
     def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
@@ -297,6 +299,15 @@ def sweep_candidates(M: int):
         out += [C(64, 128, 128, 1, num_warps=4, num_stages=4),
                 X(128, 128, 8, 4), X(128, 128, 8, 4, g=16), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2),
                 X(128, 256, 8, 3, ns=2, fix="inline")]
+    if M <= 256:  # the Gluon swap-AB kernel: b streamed by TMA over ~128 CTAs (N tiles x K slices x M tiles)
+        bm = min(64, max(8, 1 << (M - 1).bit_length()))
+        G = GluonConfig
+        w = 4 if bm <= 32 else 8
+        out += [G(128, bm, 4, 8, w), G(64, bm, 4, 4), G(128, bm, 4, 4, w), G(64, bm, 6, 2), G(64, bm, 4, 8)]
+        if M <= 16:  # few or no K slices: the split-K reduction's tail against fewer SMs streaming b
+            out += [G(64, bm, 8, 1), G(64, bm, 6, 2), G(128, bm, 6, 1), G(128, bm, 6, 2)]
+        if M > 64:
+            out += [G(128, 64, 4, 2, 8), G(64, 64, 3, 2), G(128, 64, 3, 4, 8)]
     cands = [(c, None) for c in out]
     if M in (1, 8192):  # the cost of detecting NaN bytes by bits instead of from the accumulator
         cands.append((out[0], True))
@@ -307,16 +318,17 @@ SMALL_M_HOST_BOUND = 256  # at M <= this, the expand path (3 launches) must also
 
 
 def pick_by_kind(M: int, kinds: dict, log=None):
-    """The sweep's pick for M from {path: (GPU us, event us, config)} ("fused", "expand"), the fastest config of
-    each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand pick must
-    also have the lower event time than the best fused config (its three launches' host time shows there); prints
-    both."""
-    g_f, e_f, c_f = kinds.get("fused", (float("inf"), float("inf"), None))
+    """The sweep's pick for M from {path: (GPU us, event us, config)} ("gluon", "fused", "expand"), the fastest
+    config of each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand
+    pick must also have the lower event time than the best one-launch config (its three launches' host time shows
+    there); prints each."""
+    one = [kinds[p] for p in ("gluon", "fused") if p in kinds]
+    g_f, e_f, c_f = min(one, key=lambda r: r[0]) if one else (float("inf"), float("inf"), None)
     g_x, e_x, c_x = kinds.get("expand", (float("inf"), float("inf"), None))
     pick = c_x if g_x < g_f else c_f
     if pick is c_x and c_f is not None and M <= SMALL_M_HOST_BOUND and e_x >= e_f:
         pick = c_f
-    line = (f"M={M}: best fused {_cfg_name(c_f) if c_f else '-'} GPU {g_f:.2f} us / event {e_f:.2f} us; "
+    line = (f"M={M}: best one-launch {_cfg_name(c_f) if c_f else '-'} GPU {g_f:.2f} us / event {e_f:.2f} us; "
             f"best expand {_cfg_name(c_x) if c_x else '-'} GPU {g_x:.2f} us / event {e_x:.2f} us -> {_path(pick)}")
     print(line, flush=True)
     if log is not None:
@@ -328,11 +340,11 @@ def _compile_worker(job: str) -> str:
     """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, sparse_gemm_fp4_fp8
+    from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, GluonConfig, sparse_gemm_fp4_fp8
 
     d = json.loads(job)
     ncb = d.pop("nan_check_bytes")
-    cfg = (ExpandConfig if d.pop("path") == "expand" else FusedConfig)(**d)
+    cfg = {"expand": ExpandConfig, "gluon": GluonConfig, "fused": FusedConfig}[d.pop("path")](**d)
     vals, meta, b = make_operands(300, N_WORKLOAD, K_WORKLOAD, torch.Generator(device="cuda").manual_seed(0))
     try:
         sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb)
@@ -363,6 +375,8 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=K_WORKLOAD)
     p.add_argument("--check", action="store_true", help="check correctness on every M before timing")
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
+    p.add_argument("--paths", nargs="*", choices=("gluon", "fused", "expand"), default=None,
+                   help="--sweep: only the candidates of these paths (default: all)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for the results: sparse_gemm_log.txt, sparse_gemm.json")
     args = p.parse_args(argv)
@@ -390,8 +404,11 @@ def main(argv=None) -> int:
     if args.sweep:
         # tuning: time every candidate, pick the fastest per M by CUPTI time (the bits-based NaN check is not a GPU
         # default), then check and time the picked configs in this same run; configs.CONFIGS is set from them.
-        precompile([c for M in Ms for c in sweep_candidates(M)], args.workers)
-        rows, timed = bench_sizes(Ms, N, K, configs=sweep_candidates)
+        def cands(M):
+            return [(c, n) for c, n in sweep_candidates(M) if args.paths is None or _path(c) in args.paths]
+
+        precompile([c for M in Ms for c in cands(M)], args.workers)
+        rows, timed = bench_sizes(Ms, N, K, configs=cands)
         best: dict = {}
         for M, cfg, ncb, t in timed:
             if ncb:

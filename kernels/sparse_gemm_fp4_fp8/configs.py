@@ -1,6 +1,9 @@
 """Configs of sparse_gemm_fp4_fp8: one typed config per path, the table by M, and the numeric contract.
 
-Two paths (the config's type says which one serves a call):
+Three paths (the config's type says which one serves a call):
+
+* ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, A decoded per 128-K step into shared
+  memory, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 256 on a GPU.
 
 * ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
@@ -20,8 +23,8 @@ from fp4ref.bounds import NumericContract
 
 from .. import _runtime
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "INTERPRETER_CONFIG", "MMA_KINDS",
-           "NUMERIC_CONTRACT", "PROMOTION_INTERVAL", "accumulation_model", "pick_config"]
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "GluonConfig", "INTERPRETER_CONFIG",
+           "MMA_KINDS", "NUMERIC_CONTRACT", "PROMOTION_INTERVAL", "TL_CONFIGS", "accumulation_model", "pick_config"]
 
 PROMOTION_INTERVAL = 128  # most K-elements the fp8 wgmma accumulator (~14 bits) holds before the fp32 add
 
@@ -82,10 +85,73 @@ class ExpandConfig:
             raise ValueError(f"n_split={self.n_split}: expected 1 or 2")
 
 
-# Picked per M by the H200 sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --check), which ranks
-# by GPU time and, at M <= 256, takes the expand path only where its event time (host included) is also lower.
-# fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
-CONFIGS = _runtime.ConfigTable(
+@dataclass(frozen=True)
+class GluonConfig:
+    """A launch of the Gluon swap-AB kernel (``gluon.sparse_swapab_kernel``; sm_90 only). K steps of 128 (the
+    promotion interval).
+
+    BLOCK_N: rows of b (= columns of c) per CTA: 64 per warpgroup (64 with 4 warps; 128 with 4 or 8).
+    BLOCK_M: the padded M (the wgmma N width): a power of two in 8..64; M > BLOCK_M runs ceil(M / BLOCK_M) M
+        tiles, each re-reading b (mostly from L2).
+    STAGES: depth of the TMA / mbarrier ring (>= 2).
+    SPLIT_K: K slices per c tile; each covers ceil(K steps / SPLIT_K) steps (``k_split``), summed by the last
+        arriving CTA in the fixed order s = 0, 1, ... (fp32 RN).
+    num_warps: 4 (one warpgroup) or 8 (two warpgroups stacked along BLOCK_N).
+
+    Raises:
+        TypeError: a field that is not an int. ValueError: a value the kernel cannot take, or more than 32 fp32
+            accumulator registers per thread (the fp32 accumulator and two steps' wgmma results are live at once:
+            64 per accumulator spilled in the sm_90 build).
+    """
+
+    BLOCK_N: int = 128
+    BLOCK_M: int = 8
+    STAGES: int = 4
+    SPLIT_K: int = 1
+    num_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("BLOCK_N", "BLOCK_M", "STAGES", "SPLIT_K", "num_warps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{name}={v!r}: expected an int")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
+        if self.BLOCK_N not in (64, 128) or self.BLOCK_N < 16 * self.num_warps:
+            raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64 or 128 and >= 16 * num_warps")
+        if self.BLOCK_M not in (8, 16, 32, 64):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected a power of two in 8..64 (the wgmma N width)")
+        if self.STAGES < 2:
+            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
+        if self.SPLIT_K < 1:
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}: expected >= 1")
+        acc_regs = self.BLOCK_N * self.BLOCK_M // (32 * self.num_warps)
+        if acc_regs > 32:
+            raise ValueError(f"{self}: {acc_regs} fp32 accumulator registers per thread, 3x live (> 32 spills)")
+
+    def k_split(self, K: int) -> tuple[int, int]:
+        """(K steps per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
+        steps = -(-K // PROMOTION_INTERVAL)
+        per = -(-steps // min(self.SPLIT_K, steps))
+        return per, -(-steps // per)
+
+    def shared_bytes(self, K: int) -> int:
+        """Shared memory at reduction length K: the slice's A bytes and decoded A (K_PER x BLOCK_M x (64 + 128))
+        and the b ring (STAGES x BLOCK_N x 128)."""
+        per, _ = self.k_split(K)
+        return per * self.BLOCK_M * 192 + self.STAGES * self.BLOCK_N * PROMOTION_INTERVAL + 8 * (self.STAGES + 1)
+
+    def fits(self, K: int) -> bool:
+        """Whether the kernel takes reduction length K: whole 128-K steps (the TMA boxes of A's bytes and b) and
+        at most 200 KiB of shared memory (``shared_bytes``; the sm_90 limit is 227 KiB)."""
+        return K % PROMOTION_INTERVAL == 0 and self.shared_bytes(K) <= 200 * 1024
+
+
+# The `tl` paths' table on a GPU (where the Gluon path does not fit a call, e.g. K % 128 != 0 or operands its TMA
+# descriptors cannot read). Picked per M by the H200 sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8
+# --sweep --check), which ranks by GPU time and, at M <= 256, takes the expand path only where its event time
+# (host included) is also lower. fp8 wgmma needs block_m % 64 == 0 and num_warps % 4 == 0.
+TL_CONFIGS = _runtime.ConfigTable(
     rows=(
         (1, FusedConfig(1, 32, 128, split_k=8, num_warps=2, num_stages=3, mma="fma")),
         (16, FusedConfig(16, 64, 128, split_k=8, num_warps=4, num_stages=3, mma="fp16")),
@@ -96,6 +162,18 @@ CONFIGS = _runtime.ConfigTable(
     larger=ExpandConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, n_split=2),
 )
 
+# The table on a GPU: the Gluon kernel for M <= 256 (tuned on the H200 for N = K = 2048), the `tl` table above it.
+CONFIGS = _runtime.ConfigTable(
+    rows=(
+        (8, GluonConfig(BLOCK_N=128, BLOCK_M=8, STAGES=4, SPLIT_K=8)),
+        (16, GluonConfig(BLOCK_N=128, BLOCK_M=16, STAGES=4, SPLIT_K=8)),
+        (32, GluonConfig(BLOCK_N=128, BLOCK_M=32, STAGES=4, SPLIT_K=8)),
+        (64, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=8, num_warps=8)),
+        (128, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=4, num_warps=8)),
+        (256, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=2, num_warps=8)),
+    ) + tuple(r for r in TL_CONFIGS.rows if r[0] > 256),
+    larger=TL_CONFIGS.larger,
+)
 # Large M when b_fp8 cannot feed TMA descriptors (the host's tma_eligible): the fused kernel's large-M pick.
 FALLBACK_CONFIG = FusedConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)
 
@@ -107,18 +185,25 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
     """The config a call with M rows runs: ``INTERPRETER_CONFIG`` in the CPU interpreter, else ``CONFIGS.pick(M)``.
 
     ``interpreter``: None means ``_runtime.interpreting()``. N and K do not change the pick (the table is tuned for
-    the workload's N = K = 2048). The host takes ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot
-    feed TMA descriptors (it depends on b's strides, not on the sizes).
+    the workload's N = K = 2048) except that a GluonConfig which does not fit K gives way to the ``TL_CONFIGS``
+    row. The host also takes the ``TL_CONFIGS`` row where the operands' strides or alignment do not fit the Gluon
+    path's TMA descriptors, and ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot feed them.
     """
     if interpreter is None:
         interpreter = _runtime.interpreting()
-    return INTERPRETER_CONFIG if interpreter else CONFIGS.pick(M)
+    if interpreter:
+        return INTERPRETER_CONFIG
+    cfg = CONFIGS.pick(M)
+    if isinstance(cfg, GluonConfig) and not cfg.fits(K):
+        cfg = TL_CONFIGS.pick(M)
+    return cfg
 
 
 def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> str:
     """The tightest fp4ref.bounds model name for ``config`` at reduction length K (GPU and interpreter alike).
 
-    fp8 configs (every ExpandConfig, FusedConfig with mma "fp8"): ``hopper_fp8_wgmma_promote(block_k)``. fp16
+    fp8 configs (every ExpandConfig, FusedConfig with mma "fp8"): ``hopper_fp8_wgmma_promote(block_k)``;
+    GluonConfig: ``hopper_fp8_wgmma_promote(128)`` (its NaN recompute path sums exact products in fp32, within it). fp16
     configs: each K slice (the K-tiles one program owns, length <= ceil(K/block_k/split_k)*block_k) accumulates in
     fp32 on the tensor core (wgmma when block_m >= 64, otherwise mma.sync, bounded by the universal fp32
     tensor-core model), then the split_k partials are summed in fp32: ``splitk(<model>, slice)``. fma configs:
@@ -126,12 +211,14 @@ def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> s
     sums meet the same models. ``launch`` (M, N) is accepted and not needed.
 
     Raises:
-        TypeError: ``config`` is not a FusedConfig or ExpandConfig.
+        TypeError: ``config`` is not a GluonConfig, FusedConfig or ExpandConfig.
     """
+    if isinstance(config, GluonConfig):
+        return f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})"
     if isinstance(config, ExpandConfig):
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if not isinstance(config, FusedConfig):
-        raise TypeError(f"config: expected a FusedConfig or ExpandConfig, got {type(config).__name__}")
+        raise TypeError(f"config: expected a GluonConfig, FusedConfig or ExpandConfig, got {type(config).__name__}")
     if config.mma == "fp8":
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if config.mma == "fma":

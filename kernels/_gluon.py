@@ -1,0 +1,70 @@
+"""Gluon helpers shared by the swap-AB kernels (gemm_fp16 and sparse_gemm_fp4_fp8): the c^T tile's store layout
+and its epilogue, a plain store or the deterministic split-K reduction.
+
+Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
+acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
+rounds once to c's dtype (RNE) and resets the counter for the next launch. Bitwise reproducible run to run.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["store_layout", "store_or_reduce"]
+
+
+@gluon.constexpr_function
+def store_layout(BLOCK_N, BLOCK_M, num_warps):
+    """Blocked layout of a [BLOCK_N, BLOCK_M] c^T tile with N fastest: 8 consecutive N per thread (16 bytes of a
+    16-bit c, 32 of fp32), so that a warp writes whole rows of c (and of the workspace) with wide stores."""
+    tpw_n = min(32, BLOCK_N // 8)
+    return gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1])
+
+
+@gluon.constexpr_function
+def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
+    """Columns per reduction chunk: SPLIT_K loaded partial chunks stay within ~64 registers per thread."""
+    rc = 8
+    while rc * 2 <= BLOCK_M and SPLIT_K * BLOCK_N * rc * 2 <= 64 * 32 * num_warps:
+        rc *= 2
+    return rc
+
+
+@gluon.jit
+def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k,
+                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
+    """Write the fp32 c^T tile ``part`` [BLOCK_N, BLOCK_M] (``store_layout``) of K slice ``pid_k`` to c[off_m +
+    m, off_n + n] (rows m < M, columns n < N; row stride ``stride_cm``): directly when SPLIT_K == 1, else through
+    the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N]) and ``cnt_ptr[tile]`` (module docstring).
+    Padding columns m >= M are neither written nor read."""
+    st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
+    rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    c_ptrs = c_ptr + gl.expand_dims(rm, 0) * stride_cm + gl.expand_dims(off_n + rn, 1)
+    c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
+    if SPLIT_K == 1:
+        gl.store(c_ptrs, part.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        TILE: gl.constexpr = BLOCK_M * BLOCK_N
+        offs_t = gl.expand_dims(rm - off_m, 0) * BLOCK_N + gl.expand_dims(rn, 1)
+        ws_tile = ws_ptr + tile * (SPLIT_K * TILE)
+        gl.store(ws_tile + pid_k * TILE + offs_t, part, mask=c_mask, cache_modifier=".cg")
+        gl.thread_barrier()  # every thread's partial stores precede the release below
+        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # column chunks of RC; within a chunk the SPLIT_K loads are unrolled so that they are all in flight
+            RC: gl.constexpr = _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps)
+            r_layout: gl.constexpr = store_layout(BLOCK_N, RC, num_warps)
+            r_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+            r_c = gl.arange(0, RC, layout=gl.SliceLayout(0, r_layout))
+            offs_r = gl.expand_dims(r_c, 0) * BLOCK_N + gl.expand_dims(r_n, 1)
+            n_ok = gl.expand_dims(off_n + r_n < N, 1)
+            for m0 in range(0, gl.minimum(M - off_m, BLOCK_M), RC):
+                src = ws_tile + m0 * BLOCK_N + offs_r
+                total = gl.load(src, cache_modifier=".cg")
+                for s in gl.static_range(1, SPLIT_K):
+                    total = total + gl.load(src + s * TILE, cache_modifier=".cg")
+                m_idx = off_m + m0 + r_c
+                dst = c_ptr + gl.expand_dims(m_idx, 0) * stride_cm + gl.expand_dims(off_n + r_n, 1)
+                gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
+            gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch

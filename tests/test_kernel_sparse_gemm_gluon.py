@@ -1,0 +1,259 @@
+"""The Gluon path of fp4ref.kernels.sparse_gemm_fp4_fp8 (``GluonConfig``: swap-AB fp8 wgmma, A decoded per step).
+
+CPU CI: every Gluon config of the table (and the variants below) builds for sm_90 with fp8 wgmma (QGMMA), TMA
+loads, no spills and no packed fp16 -> E4M3FN conversion; the promotion into fp32 is in the loop; configs, picks
+and errors. GPU (marked gpu): every (vals byte, meta byte) pair, NaN selected vs pruned, ragged shapes, split-K,
+several M tiles, the ring wrapping, against fp4ref's exact reference under the declared model with NaN-poisoned
+outputs and workspaces; bitwise determinism. (fp4ref verify's exact-accumulation families run the default pick,
+i.e. this path at M <= 256.)
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from fp4ref.bounds import check, get_model
+from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
+from fp4ref.kernels import _runtime
+from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
+from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
+from fp4ref.kernels.sparse_gemm_fp4_fp8.gluon import gluon_constexprs, shared_layouts, sparse_swapab_kernel
+from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+
+GluonConfig = mod.GluonConfig
+ON_GPU = torch.cuda.is_available()
+NAN = float("nan")
+N, K = 2048, 2048
+TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
+VARIANTS = [GluonConfig(64, 8, 2, 1), GluonConfig(64, 32, 6, 3), GluonConfig(128, 16, 3, 16),
+            GluonConfig(64, 64, 4, 2, num_warps=4)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CPU: builds, configs, picks, errors
+# ---------------------------------------------------------------------------------------------------------------
+def _build(cfg):
+    fp8, raw = shared_layouts(cfg)
+    sig = {"b_desc": gluon_tensordesc("fp8e4nv", [cfg.BLOCK_N, 128], fp8),
+           "v_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
+           "t_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
+           "b_ptr": "*fp8e4nv", "vals_ptr": "*i8", "meta_ptr": "*i8", "c_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32", "lut_ptr": "*i32", "M": "i32", "N": "i32", "k_steps": "i32", "stride_bn": "i32", "stride_am": "i32",
+           "stride_cm": "i32"}
+    return compile_for_sm90(sparse_swapab_kernel, sig, gluon_constexprs(cfg, K), num_warps=cfg.num_warps,
+                            divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "lut_ptr", "N",
+                                             "stride_bn", "stride_am", "stride_cm"])
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def test_gluon_config_builds_for_sm90(cfg):
+    ck = _build(cfg)
+    info = assert_gluon_build(ck)
+    ptx = ck.asm["ptx"]
+    assert "e4m3.e4m3" in ptx  # fp8 x fp8 wgmma
+    assert "e4m3x2.f16x2" not in ptx  # the decode uses integer arithmetic only (gluon.py)
+    if info:
+        assert info["qgmma"] > 0, info
+    # the promotion: in the K loop every wgmma starts from a zero accumulator (useC false) and a retired step's
+    # [BLOCK_N, BLOCK_M] result is added into the fp32 accumulator (arith.addf on the wgmma layout)
+    loop = ck.asm["ttgir"].split("scf.for", 1)[1]
+    assert re.search(r"ttng\.warp_group_dot [^\n]*, %false \{", loop)
+    assert re.search(rf"arith.addf .*: tensor<{cfg.BLOCK_N}x{cfg.BLOCK_M}xf32, #mma", loop)
+
+
+def test_decode_table_every_vals_byte_and_meta_nibble():
+    """The 4096-entry table against an independent rule: E2M1 values from their bit fields, the E4M3FN byte of
+    each position's exact sum from a decode of all 256 E4M3FN bytes (ml_dtypes), and two hand-derived words."""
+    import ml_dtypes
+
+    from fp4ref.kernels.sparse_gemm_fp4_fp8.gluon import decode_table
+
+    table = decode_table(torch.device("cpu")).numpy().view(np.uint32)
+    e4m3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    byte_of = {float(v): b for b, v in enumerate(e4m3) if np.isfinite(v) and b != 0x80}  # +0 for zero sums
+    e2m1 = [(-1) ** (c >> 3) * ((c & 1) * 0.5 if (c >> 1) & 3 == 0 else (1 + (c & 1) / 2) * 2.0 ** (((c >> 1) & 3) - 1))
+            for c in range(16)]
+    for t in range(16):
+        for v in range(256):
+            pos = [0.0] * 4
+            pos[t & 3] += e2m1[v & 15]
+            pos[(t >> 2) & 3] += e2m1[v >> 4]
+            want = sum(byte_of[p + 0.0] << (8 * j) for j, p in enumerate(pos))
+            assert table[(t << 8) | v] == want, (t, v)
+    assert table[(0x0D << 8) | 0x21] == 0x38003000  # 0.5 at position 1, 1.0 at position 3
+    assert table[(0x00 << 8) | 0x22] == 0x00000040  # duplicate index 0: 1.0 + 1.0 = 2.0
+
+
+def test_fits_bounds_the_shared_memory():
+    assert GluonConfig(128, 8, 4, 8).fits(2048) and not GluonConfig(128, 8, 4, 8).fits(2052)
+    big = GluonConfig(128, 64, 4, 1, num_warps=8)
+    assert big.shared_bytes(2048) > 200 * 1024 and not big.fits(2048)
+    assert mod.pick_config(64, N, 65536, interpreter=False) is mod.TL_CONFIGS.pick(64)  # a slice too long
+
+
+def test_the_gpu_table_serves_m_up_to_256_with_gluon():
+    for M in range(1, 257):
+        cfg = mod.pick_config(M, N, K, interpreter=False)
+        assert isinstance(cfg, GluonConfig) and cfg.BLOCK_M >= min(M, 64)
+        assert mod.pick_config(M, N, K, interpreter=True) is mod.INTERPRETER_CONFIG
+    assert not isinstance(mod.pick_config(257, N, K, interpreter=False), GluonConfig)
+    # K not a multiple of 128: the `tl` table's row
+    assert mod.pick_config(16, N, 2052, interpreter=False) is mod.TL_CONFIGS.pick(16)
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def test_accumulation_model_is_the_promotion_every_128(cfg):
+    name = mod.accumulation_model(cfg, K)
+    assert name == "hopper_fp8_wgmma_promote(128)" == mod.NUMERIC_CONTRACT.model
+    assert get_model(name).promote_every == 128
+
+
+def test_k_split_never_launches_an_empty_slice():
+    for S in range(1, 40):
+        for steps in (1, 5, 15, 16, 17):
+            per, slices = GluonConfig(SPLIT_K=S).k_split(steps * 128)
+            assert (slices - 1) * per < steps <= slices * per and slices <= S
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(BLOCK_M=128), "BLOCK_M=128"), (dict(BLOCK_M=24), "BLOCK_M=24"), (dict(BLOCK_N=256), "BLOCK_N=256"),
+    (dict(num_warps=2), "num_warps=2"), (dict(BLOCK_N=64, num_warps=8), "BLOCK_N=64"), (dict(STAGES=1), "STAGES=1"),
+    (dict(SPLIT_K=0), "SPLIT_K=0"), (dict(BLOCK_N=128, BLOCK_M=64, num_warps=4), "accumulator registers"),
+])
+def test_bad_configs_raise(kw, words):
+    with pytest.raises(ValueError, match=words):
+        GluonConfig(**kw)
+
+
+def test_bad_config_types_raise():
+    with pytest.raises(TypeError, match="STAGES"):
+        GluonConfig(STAGES=2.0)
+    with pytest.raises(TypeError, match="BLOCK_M"):
+        GluonConfig(BLOCK_M=True)
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU tensors / the interpreter")
+def test_gluon_config_refused_off_the_gpu():
+    v = torch.zeros(2, 32, dtype=torch.int8)
+    b = torch.zeros(8, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="Gluon path runs on CUDA"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b, GluonConfig(BLOCK_M=8))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
+
+
+def _b_bytes(rng, n, k, nan_rate=0.0):
+    """Random finite E4M3FN bytes, optionally NaN bytes (0x7F / 0xFF) at rate nan_rate."""
+    b = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    b[(b & 0x7F) == 0x7F] ^= 0x01
+    if nan_rate:
+        hit = rng.random((n, k)) < nan_rate
+        b[hit] = np.where(rng.random((n, k)) < 0.5, 0x7F, 0xFF).astype(np.uint8)[hit]
+    return b
+
+
+def _run(vals, meta, b, cfg):
+    """The Gluon path on numpy bytes into a NaN-poisoned output, with the split-K workspace NaN-poisoned."""
+    dev = torch.device("cuda")
+    _runtime.workspace(dev, _runtime.current_stream(dev), mod.WS_PARTIALS, 1, torch.float32).fill_(NAN)
+    v = torch.from_numpy(np.ascontiguousarray(vals).view(np.int8)).cuda()
+    t = torch.from_numpy(np.ascontiguousarray(meta).view(np.int8)).cuda()
+    bb = torch.from_numpy(np.ascontiguousarray(b)).cuda().view(torch.float8_e4m3fn)
+    out = torch.full((v.shape[0], bb.shape[0]), NAN, dtype=torch.bfloat16, device="cuda")
+    assert mod.sparse_gemm_fp4_fp8(v, t, bb, cfg, out=out) is out
+    return out.cpu()
+
+
+def _assert_ok(c, vals, meta, b):
+    ref = reference(vals, meta, b)
+    check(c, ref, mod.NUMERIC_CONTRACT.model, output_rounding="rne", poison=NAN).assert_ok()
+    return ref
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cfg", [GluonConfig(128, 64, 4, 4, num_warps=8), GluonConfig(64, 32, 2, 1)], ids=repr)
+def test_every_vals_byte_with_every_meta_byte(cfg):
+    """Row r, group g: vals byte g, meta byte r (all 65536 pairs, duplicate indices and bits 7:4 included)."""
+    vals = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
+    meta = np.tile(np.arange(256, dtype=np.uint8)[:, None], (1, 256))
+    rng = np.random.default_rng(1)
+    b = _b_bytes(rng, 200, 1024)
+    _assert_ok(_run(vals, meta, b, cfg), vals, meta, b)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_nan_selected_vs_pruned():
+    """A NaN byte of b reaches c iff the metadata selects its position (also times a zero value); other tiles
+    and other K slices stay on the fast path."""
+    b = np.tile(np.array([0x38, 0x40, 0x48, 0x50], np.uint8), (128, 64))  # [128, 256]
+    b[5, 1] = 0x7F  # NaN at group 0, position 1 of row n = 5
+    vals = np.zeros((4, 64), np.uint8)
+    meta = np.zeros((4, 64), np.uint8)
+    vals[:, 0] = [0x21, 0x21, 0x00, 0x21]
+    meta[:, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
+    vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group (another K slice): + (1 + 4)
+    meta[:, 1:] = 0x08
+    for cfg in (GluonConfig(64, 8, 2, 1), GluonConfig(64, 8, 2, 2), GluonConfig(128, 8, 4, 1)):
+        c = _run(vals, meta, b, cfg).float().numpy()
+        rest = 5.0
+        assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
+        assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + rest and c[3, 5] == 0.5 * 1 + 1.0 * 4 + rest
+        assert c[0, 4] == 0.5 * 2 + 1.0 * 8 + rest and not np.isnan(np.delete(c, 5, axis=1)).any()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M, n, k, cfg", [
+    (1, 2048, 2048, GluonConfig(128, 8, 4, 8)),
+    (5, 200, 384, GluonConfig(64, 8, 2, 1)),  # N tail; 3 steps through a 2-deep ring
+    (13, 136, 1280, GluonConfig(128, 16, 3, 3, num_warps=8)),  # split-K with a shorter last slice
+    (100, 520, 2048, GluonConfig(64, 32, 4, 4)),  # 4 M tiles
+    (200, 256, 4096, GluonConfig(128, 64, 4, 4, num_warps=8)),  # M tail in the last M tile, 8 steps per slice
+    (256, 2048, 2048, GluonConfig(64, 64, 3, 2, num_warps=4)),
+])
+def test_shapes_any_bytes_and_nan(M, n, k, cfg):
+    rng = np.random.default_rng(M * 7 + n)
+    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    for nan_rate in (0.0, 2e-4):
+        b = _b_bytes(rng, n, k, nan_rate)
+        c1 = _run(vals, meta, b, cfg)
+        c2 = _run(vals, meta, b, cfg)
+        assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
+        ref = _assert_ok(c1, vals, meta, b)
+        if nan_rate:
+            assert np.isnan(ref.exact).any() and not np.isnan(ref.exact).all()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_default_pick_and_fallbacks_on_the_gpu():
+    """The default pick is the Gluon path at M <= 256; operands its descriptors cannot read (a strided b, an
+    unaligned A view) and K % 128 != 0 take the `tl` row with the same results."""
+    rng = np.random.default_rng(3)
+    M, n, k = 24, 256, 512
+    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    b = _b_bytes(rng, n, k)
+    v = torch.from_numpy(vals.view(np.int8)).cuda()
+    t = torch.from_numpy(meta.view(np.int8)).cuda()
+    bb = torch.from_numpy(b).cuda().view(torch.float8_e4m3fn)
+    want = mod.sparse_gemm_fp4_fp8(v, t, bb).cpu()
+    _assert_ok(want, vals, meta, b)
+    wide = torch.zeros(n, 2 * k, dtype=torch.uint8, device="cuda")
+    wide[:, 1::2] = bb.view(torch.uint8)  # b with stride 2 along K: not a TMA operand
+    got = mod.sparse_gemm_fp4_fp8(v, t, wide[:, 1::2].view(torch.float8_e4m3fn)).cpu()
+    _assert_ok(got, vals, meta, b)
+    with pytest.raises(ValueError, match="gluon_eligible"):
+        mod.sparse_gemm_fp4_fp8(v, t, wide[:, 1::2].view(torch.float8_e4m3fn), GluonConfig(BLOCK_M=32))
+    with pytest.raises(ValueError, match="K % 128"):
+        mod.sparse_gemm_fp4_fp8(v[:, :127], t[:, :127], bb[:, :508], GluonConfig(BLOCK_M=32))
