@@ -186,6 +186,9 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         raise ValueError(f"config={cfg}: the Gluon path runs on CUDA (sm_90) with K % 256 == 0 and "
                          f"(K / 256) % SPLIT_K == 0 (fused: shared_bytes(K) <= {GLUON_MAX_SHARED_BYTES}); got "
                          f"K={K} on {x.device}")
+    if isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT and M * K >= 2**31:
+        raise ValueError(f"config={cfg}: the fused kernel indexes x with int32; got M * K = {M * K} >= 2**31 "
+                         "(pass FUSED_QUANT=False)")
     out_shape = (*x.shape[:-1], N)
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
                             or tuple(out.shape) != out_shape or not out.is_contiguous() or out.device != x.device):

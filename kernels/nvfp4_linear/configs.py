@@ -228,8 +228,8 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
     if interpreter is None:
         interpreter = interpreting()
     cfg = INTERPRETER_CONFIGS.pick(M) if interpreter else CONFIGS.pick(M)
-    if isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT and not cfg.fits(N, K):
-        cfg = dataclasses.replace(cfg, FUSED_QUANT=False)
+    if isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT and not (cfg.fits(N, K) and M * K < 2**31):
+        cfg = dataclasses.replace(cfg, FUSED_QUANT=False)  # (the fused kernel indexes x with int32)
     if isinstance(cfg, GluonConfig) and not cfg.fits(N, K):
         cfg = INTERPRETER_CONFIGS.pick(M)
     return cfg
