@@ -8,7 +8,6 @@ A call: quantize x (quantize.py: amax, then codes * block scales, exact), then o
 ``CONFIGS`` (configs.py; the config's type names the path):
 
 * ``GluonConfig`` (gluon.py, GPU, M <= 256): W decoded in registers straight into the wgmma A operand (Gluon);
-  with ``FUSED_QUANT`` (M <= 16) the kernel quantizes x itself, bit for bit as quantize.py: one launch per call;
 * ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode (the CPU interpreter's M = 1 path);
 * ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;
 * ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M).
@@ -27,9 +26,9 @@ import math
 import torch
 
 from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, workspace
-from .configs import (CONFIGS, GLUON_MAX_SHARED_BYTES, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS,
-                      RECIPE, GemvConfig, GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig,
-                      accumulation_model, pick_config, pick_quantize_config)
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig,
+                      GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config,
+                      pick_quantize_config)
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch
 from .prepass import PrepassLaunch
@@ -110,8 +109,7 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
 # nvfp4_linear
 # ---------------------------------------------------------------------------------------------------------------
 class _LinearPlan:
-    """The launches of one nvfp4_linear call shape: the quantizer (into the dequantized-x workspace) and a path;
-    ``quant`` None for the fused Gluon path (one launch on x itself)."""
+    """The launches of one nvfp4_linear call shape: the quantizer (into the dequantized-x workspace) and a path."""
 
     __slots__ = ("quant", "path", "deq_name", "deq_dtype", "quant_w_gdec", "out_shape", "numel")
 
@@ -120,9 +118,6 @@ class _LinearPlan:
         st = current_stream(dev)
         if out is None:
             out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=dev)
-        if self.quant is None:  # the fused Gluon path quantizes x itself: one launch
-            self.path.run(st, dev, weight_fp4, weight_scales, x, None, out, w_gdec)
-            return out
         parts = workspace(dev, st, _AMAX_PARTS, AMAX_MAX_PROGRAMS, torch.int32)
         gdec = workspace(dev, st, _GDEC, 2, torch.float32)
         deq = workspace(dev, st, self.deq_name, self.numel, self.deq_dtype)
@@ -184,11 +179,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                         f"{type(cfg).__name__}")
     if isinstance(cfg, GluonConfig) and (x.device.type != "cuda" or not cfg.fits(N, K)):
         raise ValueError(f"config={cfg}: the Gluon path runs on CUDA (sm_90) with K % 256 == 0 and "
-                         f"(K / 256) % SPLIT_K == 0 (fused: shared_bytes(K) <= {GLUON_MAX_SHARED_BYTES}); got "
-                         f"K={K} on {x.device}")
-    if isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT and M * K >= 2**31:
-        raise ValueError(f"config={cfg}: the fused kernel indexes x with int32; got M * K = {M * K} >= 2**31 "
-                         "(pass FUSED_QUANT=False)")
+                         f"(K / 256) % SPLIT_K == 0; got K={K} on {x.device}")
     out_shape = (*x.shape[:-1], N)
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
                             or tuple(out.shape) != out_shape or not out.is_contiguous() or out.device != x.device):
@@ -203,9 +194,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     plan.deq_name = _DEQUANT[plan.deq_dtype]
     # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
     plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
-    fused = isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT
-    plan.quant = None if fused else QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False,
-                                                     write_dequant=True, permute_k=isinstance(cfg, GluonConfig))
+    plan.quant = QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False, write_dequant=True,
+                                  permute_k=isinstance(cfg, GluonConfig))
     path = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
             PrepassConfig: PrepassLaunch}[type(cfg)]
     plan.path = path(cfg, M, N, K)

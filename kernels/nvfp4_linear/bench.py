@@ -178,7 +178,7 @@ def _cfg_label(cfg) -> str:
         return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
     if t == "GluonConfig":
         return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
-                + ("" if cfg.W_SWIZZLE else ",noswz") + (",fused" if cfg.FUSED_QUANT else ""))
+                + ("" if cfg.W_SWIZZLE else ",noswz"))
     return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 

@@ -2,19 +2,15 @@
 
 Paths (the config's type says which one serves a call):
 
-* ``GluonConfig``: ``nvfp4_gluon_kernel`` (gluon.py, sm_90), W decoded in registers into the wgmma A operand;
-  with ``FUSED_QUANT`` ``nvfp4_gluon_fused_kernel``, which also quantizes x (one launch per call).
 * ``GemvConfig``: ``nvfp4_gemv_kernel`` (gemv.py), CUDA cores, batch-1 decode.
 * ``TensorCoreConfig``: ``nvfp4_linear_kernel`` (tensorcore.py), W decoded in registers, tensor cores, split-K.
 * ``PrepassConfig``: the large-M path (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM.
 
-``QuantizeConfig`` is the tile of the quantizer that runs before every path but the fused Gluon one (and in
-``nvfp4_quantize``).
+``QuantizeConfig`` is the tile of the quantizer that runs before every path (and in ``nvfp4_quantize``).
 Workload: SOL-ExecBench ``nvfp4_linear_layer`` (in = out = 8192); docs/kernels.md, section nvfp4_linear.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import triton
@@ -25,8 +21,8 @@ from .._runtime import ConfigTable, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "GLUON_MAX_SHARED_BYTES", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT",
-    "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS",
+    "CONFIGS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES",
+    "PrepassConfig", "QUANTIZE_CONFIGS",
     "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
     "pick_quantize_config",
 ]
@@ -97,13 +93,7 @@ class GluonConfig:
     A operand, swap-AB, TMA / mbarrier ring of STAGES 256-element K steps; BN weight rows per program (64 per
     warpgroup: num_warps 4 -> 64, 8 -> 128), BM rows of x per program (8..128, the wgmma N width), SPLIT_K
     programs along K (fixed-order last-arrival sum); W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no
-    bank conflicts on the decode's 16-byte loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
-
-    FUSED_QUANT: one launch per call (``gluon.nvfp4_gluon_fused_kernel``): every program computes the global amax
-    of all of x and quantizes its own [BM, K / SPLIT_K] slice of x by the recipe into shared memory (all of it:
-    ``fits`` also needs ``shared_bytes(K)`` within the sm_90 limit), instead of the quantizer's two launches and
-    the TMA of x; the same bytes in shared memory, the same output bits. Each program reads all of x and
-    quantizes its slice again for every BN rows of W, so it pays off only at small M."""
+    bank conflicts on the decode's 16-byte loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
 
     BN: int
     BM: int
@@ -111,7 +101,6 @@ class GluonConfig:
     STAGES: int
     W_SWIZZLE: bool = True
     num_warps: int = 4
-    FUSED_QUANT: bool = False
 
     def __post_init__(self):
         _check_pow2(self, "SPLIT_K")
@@ -123,26 +112,12 @@ class GluonConfig:
             raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64 or 128 (the wgmma N width)")
         if self.STAGES < 2:
             raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
-        for name in ("W_SWIZZLE", "FUSED_QUANT"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
-
-    def shared_bytes(self, K: int) -> int:
-        """Shared memory of one program at reduction length K (buffers; the compiler adds < 1 KiB): the W ring
-        (codes BN x 128 + scales BN x 16 bytes per stage) and x, fp16: the ring's BM x 256 per stage, or with
-        FUSED_QUANT the whole slice BM x K / SPLIT_K."""
-        x_cols = K // self.SPLIT_K if self.FUSED_QUANT else self.STAGES * 256
-        return self.STAGES * self.BN * (128 + 16) + 2 * self.BM * x_cols
+        if not isinstance(self.W_SWIZZLE, bool):
+            raise TypeError(f"W_SWIZZLE={self.W_SWIZZLE!r}: expected a bool")
 
     def fits(self, N: int, K: int) -> bool:
-        """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly (and, fused,
-        the x slice within shared memory)."""
-        return (K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
-                and self.shared_bytes(K) <= GLUON_MAX_SHARED_BYTES)
-
-
-# shared memory a Gluon program may take (the sm_90 limit, 227 KiB, less 3 KiB for the compiler's scratch)
-GLUON_MAX_SHARED_BYTES = 232448 - 3072
+        """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
+        return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
 
 
 PREPASS_MODES = ("fp32", "cvt")
@@ -185,15 +160,13 @@ class QuantizeConfig:
 
 # On a GPU, chosen by M (rows of x). M <= 256: the Gluon path, per-bucket winners of an H200 CUPTI sweep of the
 # kernel (docs/benchmarks.md): bound by the weight bytes (36 MiB) and the decode, so every program streams W with
-# a deep TMA ring, split-K where the grid would otherwise underfill the SMs. M <= 16: x quantized inside the GEMM
-# (FUSED_QUANT: one launch instead of three; each program re-reads x and re-quantizes its slice, a cost that grows
-# with M). Larger M is bound by tensor-core throughput: W decoded once per call by the word pre-pass, then the TMA
-# GEMM 128x256x64. Shapes the Gluon path cannot take (``GluonConfig.fits``; a fused config whose x slice does
-# not fit shared memory gives way to its unfused twin first) use INTERPRETER_CONFIGS.
+# a deep TMA ring, split-K where the grid would otherwise underfill the SMs. Larger M is bound by tensor-core
+# throughput: W decoded once per call by the word pre-pass, then the TMA GEMM 128x256x64. Shapes the Gluon path
+# cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 CONFIGS = ConfigTable(
     rows=(
-        (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4, FUSED_QUANT=True)),
-        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, FUSED_QUANT=True)),
+        (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
+        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         (256, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
@@ -220,16 +193,14 @@ QUANTIZE_CONFIGS = ConfigTable(rows=(), larger=QuantizeConfig(BLOCK_R=4, BLOCK_C
 
 
 def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
-    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a fused GluonConfig that
-    does not fit N and K gives way to its unfused twin, a GluonConfig that does not fit to the INTERPRETER_CONFIGS
-    row), the INTERPRETER_CONFIGS row in the CPU interpreter (``interpreter`` None: ``_runtime.interpreting()``)."""
+    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig that does not
+    fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
+    (``interpreter`` None: ``_runtime.interpreting()``)."""
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"M={M!r}: expected an int >= 1")
     if interpreter is None:
         interpreter = interpreting()
     cfg = INTERPRETER_CONFIGS.pick(M) if interpreter else CONFIGS.pick(M)
-    if isinstance(cfg, GluonConfig) and cfg.FUSED_QUANT and not (cfg.fits(N, K) and M * K < 2**31):
-        cfg = dataclasses.replace(cfg, FUSED_QUANT=False)  # (the fused kernel indexes x with int32)
     if isinstance(cfg, GluonConfig) and not cfg.fits(N, K):
         cfg = INTERPRETER_CONFIGS.pick(M)
     return cfg
