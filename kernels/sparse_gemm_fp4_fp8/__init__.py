@@ -17,10 +17,10 @@ Policies (each a tested choice):
 - Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
 
 Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by
-TMA, A decoded per 128-K step, promotion overlapping the next wgmma, one launch) serves M <= 256 on a GPU;
-``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the
-calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, persistent TMA
-fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
+TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 64
+on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
+interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
+E4M3FN A, persistent TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
 """
 from __future__ import annotations
 

@@ -304,8 +304,8 @@ def sweep_candidates(M: int):
         G = GluonConfig
         w = 4 if bm <= 32 else 8
         out += [G(128, bm, 4, 8, w), G(64, bm, 4, 4), G(128, bm, 4, 4, w), G(64, bm, 6, 2), G(64, bm, 4, 8)]
-        if M <= 16:  # few or no K slices: the split-K reduction's tail against fewer SMs streaming b
-            out += [G(64, bm, 8, 1), G(64, bm, 6, 2), G(128, bm, 6, 1), G(128, bm, 6, 2)]
+        # STAGES = K steps per slice + 1: every b tile of the slice is in flight from the start
+        out += [G(64, bm, 5, 4), G(64, bm, 3, 8), G(128, bm, 3, 8, w), G(128, bm, 5, 4, w), G(64, bm, 9, 2)]
         if M > 64:
             out += [G(128, 64, 4, 2, 8), G(64, 64, 3, 2), G(128, 64, 3, 4, 8)]
     cands = [(c, None) for c in out]

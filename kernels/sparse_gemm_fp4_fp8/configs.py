@@ -2,8 +2,8 @@
 
 Three paths (the config's type says which one serves a call):
 
-* ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, A decoded per 128-K step into shared
-  memory, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 256 on a GPU.
+* ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, the K slice's A decoded into shared
+  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 64 on a GPU.
 
 * ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
@@ -162,18 +162,21 @@ TL_CONFIGS = _runtime.ConfigTable(
     larger=ExpandConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, n_split=2),
 )
 
-# The table on a GPU: the Gluon kernel for M <= 256 (tuned on the H200 for N = K = 2048), the `tl` table above it.
+# The table on a GPU: the Gluon kernel where it is the fastest path (M <= 64; per-bucket winners of the H200 CUPTI
+# sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
+# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once),
+# the `tl` table above it (at M = 100 and 256 the expand path's 64 x 64 tiles beat the Gluon kernel, whose
+# per-N-tile decode of A grows with M). docs/benchmarks.md.
 CONFIGS = _runtime.ConfigTable(
     rows=(
-        (8, GluonConfig(BLOCK_N=128, BLOCK_M=8, STAGES=4, SPLIT_K=8)),
-        (16, GluonConfig(BLOCK_N=128, BLOCK_M=16, STAGES=4, SPLIT_K=8)),
-        (32, GluonConfig(BLOCK_N=128, BLOCK_M=32, STAGES=4, SPLIT_K=8)),
-        (64, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=8, num_warps=8)),
-        (128, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=4, num_warps=8)),
-        (256, GluonConfig(BLOCK_N=128, BLOCK_M=64, STAGES=4, SPLIT_K=2, num_warps=8)),
-    ) + tuple(r for r in TL_CONFIGS.rows if r[0] > 256),
+        (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
+        (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
+        (32, GluonConfig(BLOCK_N=64, BLOCK_M=32, STAGES=4, SPLIT_K=4)),
+        (64, GluonConfig(BLOCK_N=64, BLOCK_M=64, STAGES=4, SPLIT_K=4)),
+    ) + tuple(r for r in TL_CONFIGS.rows if r[0] > 64),
     larger=TL_CONFIGS.larger,
 )
+
 # Large M when b_fp8 cannot feed TMA descriptors (the host's tma_eligible): the fused kernel's large-M pick.
 FALLBACK_CONFIG = FusedConfig(64, 128, 128, split_k=1, num_warps=4, num_stages=4)
 
