@@ -646,16 +646,14 @@ def _compile_all():
     defaults = sorted({dataclasses.astuple(nvl.pick_quantize_config(m, 8192)) for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
     jobs = [(mode, t) for mode in modes for t in defaults]
-    jobs = [(mode, t, False) for mode, t in jobs] + [(mode, t, True) for mode, t in jobs[:len(modes)]]  # one-launch
-    jobs += [(modes[0], t, False) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
-    for (write_packed, write_dequant, deq), (br, bc, nw), own_amax in jobs:
+    jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
+    for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 OWN_AMAX=own_amax),
+                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates

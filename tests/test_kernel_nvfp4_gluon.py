@@ -85,38 +85,6 @@ def test_quantizer_writes_the_permuted_k_order():
         QuantizeLaunches(M, 128, nvl.pick_quantize_config(M, 128), False, True, permute_k=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_one_launch_quantizer_equals_two_launches(dtype):
-    """The one-launch quantizer (every program computes the global amax of all of x) writes the same bytes as
-    amax_kernel + nvfp4_quantize_kernel, packed and dequantized; and both equal fp4ref's "sol" recipe."""
-    from fp4ref.blockscale import nvfp4_quantize as ref_quantize
-
-    dev = torch.device("cuda" if CUDA else "cpu")
-    M, K = 5, 768
-    rng = np.random.default_rng(9)
-    x32 = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-20, 20, (M, 1)))).astype(np.float32)
-    x32[1, :16] = 0.0  # a zero block
-    x32[2, 5] = -3000.0  # the global amax in another program's tile
-    x = torch.from_numpy(x32).to(dtype).to(dev)
-    cfg = nvl.pick_quantize_config(M, K)
-    outs = []
-    for one in (False, True):
-        q = QuantizeLaunches(M, K, cfg, write_packed=True, write_dequant=False, one_launch=one)
-        assert (q.amax is None) == one
-        parts = torch.zeros(AMAX_MAX_PROGRAMS, dtype=torch.int32, device=dev)
-        gdec = torch.full((2,), float("nan"), dtype=torch.float32, device=dev)
-        codes = torch.full((M, K // 2), 0xAA, dtype=torch.uint8, device=dev)
-        scales = torch.full((M, K // 16), 0xAA, dtype=torch.uint8, device=dev)
-        q.run(0 if not CUDA else torch.cuda.current_stream().cuda_stream, x, parts, codes, scales, gdec, gdec, 1.0)
-        outs.append((codes.cpu().numpy(), scales.cpu().numpy(), gdec.cpu().numpy()))
-    for a, b in zip(*outs):
-        np.testing.assert_array_equal(a, b)
-    ref = ref_quantize(x.float().cpu().numpy(), recipe="sol")
-    np.testing.assert_array_equal(outs[1][0], np.asarray(ref.codes).reshape(M, K // 2))
-    np.testing.assert_array_equal(outs[1][1], np.asarray(ref.scales).reshape(M, K // 16))
-    assert outs[1][2][0] == np.float32(ref.global_decode_scale)
-
-
 def test_gluon_config_checks_and_model():
     with pytest.raises(ValueError, match="BN"):
         G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps

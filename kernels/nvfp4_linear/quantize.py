@@ -1,9 +1,7 @@
 """The NVFP4 quantizer of x, recipe "sol" bit for bit: ``amax_kernel`` + ``nvfp4_quantize_kernel``.
 
 1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
-   sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic). Skipped
-   for a small x (M * K <= ONE_LAUNCH_MAX_NUMEL): there every quantize program reads all of x for the global
-   amax itself (OWN_AMAX), which costs less than a second launch.
+   sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
 2. ``nvfp4_quantize_kernel``: every program reduces the partials to the global amax, derives the global
    encode/decode scales and quantizes its [BLOCK_R, BLOCK_C] tile, 16-element blocks along K, with the "sol"
    recipe (fp4ref.blockscale, recipe "sol": SOL-ExecBench nvfp4_linear_layer's quantizer): IEEE divisions (div.rn,
@@ -24,14 +22,10 @@ from .._runtime import Launch
 from .configs import QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
-__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "ONE_LAUNCH_MAX_NUMEL", "QuantizeLaunches", "amax_kernel",
-           "nvfp4_quantize_kernel"]
+__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "QuantizeLaunches", "amax_kernel", "nvfp4_quantize_kernel"]
 
 AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
-# Largest x (elements) quantized in one launch, each program computing the global amax over all of x itself: at
-# M = 1..8, K = 8192 that is 1..16 programs re-reading <= 128 KB from L2 (H200: docs/benchmarks.md).
-ONE_LAUNCH_MAX_NUMEL = 65536
 
 
 @triton.jit
@@ -108,25 +102,13 @@ def nvfp4_quantize_kernel(
     # WRITE_DEQUANT in the Gluon path's K order: within each 256-element chunk, physical element
     # p = 64 q + 4 i + 2 j1 + j0 goes to column 16 i + 8 j1 + 2 q + j0 (gluon.py; BLOCK_C % 256 == 0)
     PERMUTE_K: tl.constexpr = False,
-    # the global amax from all of x (row stride K) in this program instead of amax_kernel's partials (small x)
-    OWN_AMAX: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
 
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
-    if OWN_AMAX:
-        offs = tl.arange(0, 2048)
-        numel = M * K
-        best = tl.zeros([2048], dtype=tl.int32)
-        for start in range(0, numel, 2048):
-            idx = start + offs
-            xa = _widen_to_fp32(tl.load(x_ptr + idx, mask=idx < numel, other=0.0))
-            best = tl.maximum(best, xa.to(tl.int32, bitcast=True) & 0x7FFFFFFF)  # as amax_kernel: exact
-        amax = tl.max(best, axis=0).to(tl.float32, bitcast=True)
-    else:
-        parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
-        amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
+    parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
+    amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
     genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
     genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
     genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
@@ -194,9 +176,7 @@ def nvfp4_quantize_kernel(
 
 
 class QuantizeLaunches:
-    """The launches that quantize x [M, K] (contiguous) with ``config``'s tile: amax_kernel then
-    nvfp4_quantize_kernel, or (``one_launch``; default: M * K <= ONE_LAUNCH_MAX_NUMEL) nvfp4_quantize_kernel alone
-    with OWN_AMAX. Both give the same bytes.
+    """The two launches that quantize x [M, K] (contiguous) with ``config``'s tile.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
@@ -208,23 +188,19 @@ class QuantizeLaunches:
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
     def __init__(self, M: int, K: int, config: QuantizeConfig, write_packed: bool, write_dequant: bool,
-                 permute_k: bool = False, one_launch: bool | None = None):
+                 permute_k: bool = False):
         if permute_k and (K % 256 or config.BLOCK_C % 256):
             raise ValueError(f"K={K}, BLOCK_C={config.BLOCK_C}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
-        if one_launch is None:
-            one_launch = self.numel <= ONE_LAUNCH_MAX_NUMEL
-        self.amax = None if one_launch else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK}, num_warps=8)
+        self.amax = Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK}, num_warps=8)
         self.quant = Launch(
             nvfp4_quantize_kernel, (triton.cdiv(M, config.BLOCK_R), triton.cdiv(K, config.BLOCK_C)),
             dict(BLOCK_R=config.BLOCK_R, BLOCK_C=config.BLOCK_C, WRITE_PACKED=write_packed,
-                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k,
-                 OWN_AMAX=one_launch),
+                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k),
             num_warps=config.num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
 
     def run(self, stream: int, x, parts, q, s, deq, gdec, w_gdec: float) -> None:
-        if self.amax is not None:
-            self.amax.launch(stream, x, parts, self.numel, self.iters)
+        self.amax.launch(stream, x, parts, self.numel, self.iters)
         self.quant.launch(stream, x, parts, q, s, deq, gdec, w_gdec, self.M, self.K, self.K, self.nprog)
