@@ -26,6 +26,8 @@ import functools
 from dataclasses import dataclass
 
 import math
+import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -480,6 +482,157 @@ def _pack(codes: np.ndarray) -> np.ndarray:
     return codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
 
 
+# ------------------------------------------------------------------ fast path: recipes te, sol, modelopt, 1x16 blocks
+#
+# _nvfp4_rows works on blocks xb [r, nb, 16]: numpy reduces the 16-element axis and broadcasts the per-block factor
+# one short row at a time, and it encodes, packs and (in fp4ref quantize) dequantizes again in separate full-size
+# passes over chunks larger than the cache. _nvfp4_rows_fast gives the same bytes with the same fp32 operations on
+# each element, in a cheaper order: the blocks are transposed to [16, m] (element j of every block in one contiguous
+# row), so the block amax is four contiguous maximum() calls and the factor broadcasts along rows; the elementwise
+# work runs on sub-chunks of _FAST_SUB blocks whose buffers stay in the L2 cache; one table gather gives each
+# element's E2M1 code and value, so the statistics of fp4ref quantize need no second dequantize.
+# tests/test_blockscale.py proves it byte-identical to _nvfp4_rows (every tie class, every scale byte, special
+# values, Hypothesis on random blocks).
+
+#: Recipes with one fp32 element step x (op) f, f per block (te, sol: x * enc; modelopt: x / (s * sf2)), and the
+#: E2M1 cast that maps -0.0 to 0x0.
+_FAST_RECIPES = (NVFP4Recipe.TE, NVFP4Recipe.SOL, NVFP4Recipe.MODELOPT)
+_FAST_SUB = 4096  # blocks per sub-chunk (64K elements, ~1.5 MiB of scratch): among the fastest of 1024..8192
+_LOW_BYTE = 0 if sys.byteorder == "little" else 3  # offset of a uint32's least significant byte
+
+
+_DOT_PIECE = 8192  # OpenBLAS runs ddot single-threaded up to 10000 elements
+
+
+def _sum_sq(v: np.ndarray) -> float:
+    """sum(v * v) of a 1-D float64 array (BLAS ddot, in pieces of _DOT_PIECE): a longer ddot starts OpenBLAS
+    threads, which stall for milliseconds when the other cores are busy (fp4ref quantize --jobs N, a shared
+    machine) and made the statistics the slowest step."""
+    return sum(float(np.dot(v[j:j + _DOT_PIECE], v[j:j + _DOT_PIECE])) for j in range(0, v.size, _DOT_PIECE))
+
+
+class _ChunkStats(NamedTuple):
+    """Error statistics of one quantized chunk, against x_hat = the float32 value nvfp4_dequantize gives."""
+
+    sum_sq: float  # sum of x^2, float64
+    sum_err_sq: float  # sum of (x - x_hat)^2, float64 (x - x_hat is exact in float64)
+    max_abs_err: float  # max |x - x_hat|
+    zero_blocks: int  # blocks whose amax is 0
+
+
+@functools.lru_cache(maxsize=None)
+def _e2m1_value_table() -> np.ndarray:
+    """_e2m1_table(negative_zero=False) widened to uint32 entries: the float32 bits of the code's E2M1 value, with
+    the code itself in bits 3:0 and again in bits 7:4. Every E2M1 value has at most 2 significant bits, so its
+    float32 bits 7:0 are zero (asserted): ``entry & 0xFFFFFF00`` is the value, the low byte the code for either
+    nibble of a packed byte."""
+    codes = _e2m1_table(False)
+    vals = decode(np.arange(16, dtype=np.uint8), E2M1).view(np.uint32)  # code 8 -> -0.0 (sign bit only)
+    assert not np.any(vals & np.uint32(0xFF))
+    table = vals[codes] | codes.astype(np.uint32) * np.uint32(0x11)
+    table.flags.writeable = False
+    return table
+
+
+def _fast_block_scales(recipe: NVFP4Recipe, ab: np.ndarray, gs: dict) -> tuple:
+    """(scale bytes, per-block element factor f, decoded scale s) of blocks with amax ``ab``: the arithmetic of
+    _nvfp4_rows for te, sol (y = x * f) and modelopt (y = x / f), step for step. Every byte is < 0x80 (the
+    pre-cast scale is >= +0), so s is also the scale nvfp4_dequantize decodes."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if recipe is NVFP4Recipe.MODELOPT:
+            sf2 = gs["g"]
+            p = ab / (_F32(6.0) * sf2)
+            p[p == 0] = _F32(1.0)
+            p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
+            sbytes = encode(p, E4M3FN, rounding="rne", saturate=True)
+            s = decode(sbytes, E4M3FN)
+            return sbytes, s * sf2, s
+        if recipe is NVFP4Recipe.TE:
+            pre = ab * gs["mult"]
+        else:
+            pre = (ab / _F32(6.0)) * gs["s_enc"]
+        pre = np.clip(np.minimum(pre, _FLT_MAX), -_E4M3_MAX, _E4M3_MAX)
+        sbytes = encode(pre, E4M3FN, rounding="rne", saturate=True)
+        s = decode(sbytes, E4M3FN)
+        return sbytes, np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX), s
+
+
+def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool = False) -> tuple:
+    """Packed codes [r, K/2], scale bytes [r, K/16] and, with ``stats``, the :class:`_ChunkStats` of finite
+    ``x2`` [r, K] (float16, bfloat16 or float32; K a multiple of 16) for recipe te, sol or modelopt with 1x16
+    blocks: the bytes of _nvfp4_rows + _pack (see the comment above _FAST_RECIPES).
+
+    Memory: one float32 copy of ``x2`` (transposed) plus ~1.5 MiB of scratch. Raises ValueError on NaN/inf.
+    """
+    rows, k = x2.shape
+    nblk = rows * (k // _NVFP4_BLOCK)
+    xb = x2.reshape(nblk, _NVFP4_BLOCK)
+    sub = min(_FAST_SUB, max(nblk, 1))
+    nsub = -(-nblk // sub)
+    xt = np.empty(nblk * _NVFP4_BLOCK, np.float32)  # sub-chunk i: xt[16 b0 : 16 b1] as [16, m], m = b1 - b0
+    ab = np.empty(nblk, np.float32)
+    work = np.empty(_NVFP4_BLOCK * sub, np.float32)
+    spans = [(i * sub, min(nblk, (i + 1) * sub)) for i in range(nsub)]
+    for b0, b1 in spans:  # pass 1: transpose (exact widening to float32) and block amax
+        m = b1 - b0
+        t = xt[16 * b0:16 * b1].reshape(_NVFP4_BLOCK, m)
+        np.copyto(t, xb[b0:b1].T)
+        a = work[:16 * m].reshape(_NVFP4_BLOCK, m)
+        np.abs(t, out=a)  # |-0.0| = +0.0, as np.max(np.abs(.)) in _nvfp4_rows
+        for half in (8, 4, 2):
+            np.maximum(a[:half], a[half:2 * half], out=a[:half])
+        np.maximum(a[0], a[1], out=ab[b0:b1])  # max is exact: the same amax as any reduction order; NaN propagates
+    if nblk and not np.isfinite(ab).all():
+        raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
+    sbytes, f, s = _fast_block_scales(recipe, ab, gs)
+    divide = recipe is NVFP4Recipe.MODELOPT
+    table = _e2m1_value_table()
+    packed = np.empty((nblk, _NVFP4_BLOCK // 2), np.uint8)
+    idx = np.empty(_NVFP4_BLOCK * sub, np.intp)  # intp: take() would convert any other index dtype first
+    ents = np.empty(_NVFP4_BLOCK * sub, np.uint32)
+    err = np.empty(_NVFP4_BLOCK * sub, np.float64) if stats else None
+    g = _F32(gs["stored"])
+    num = den = maxerr = 0.0
+    for b0, b1 in spans:  # pass 2: elementwise, on cache-resident sub-chunks
+        m = b1 - b0
+        n = _NVFP4_BLOCK * m
+        t = xt[16 * b0:16 * b1].reshape(_NVFP4_BLOCK, m)
+        y = work[:n].reshape(_NVFP4_BLOCK, m)
+        with np.errstate(over="ignore"):  # te/sol: x * FLT_MAX may overflow to inf, which saturates to 6 as there
+            (np.divide if divide else np.multiply)(t, f[b0:b1], out=y)
+        # table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) (see _e2m1_table) as ((low15 + 0x7FFF) | bits) >> 15:
+        # low15 + 0x7FFF < 2^16 carries into bit 15 exactly when bits 14..0 are not all zero
+        yb = y.view(np.uint32).reshape(-1)
+        i = idx[:n]
+        np.bitwise_and(yb, 0x7FFF, out=i)
+        i += 0x7FFF
+        i |= yb
+        i >>= 15
+        ent = ents[:n].reshape(_NVFP4_BLOCK, m)  # per element: code (both nibbles) and value bits
+        table.take(i, out=ent.reshape(-1), mode="wrap")  # every index is in range; "wrap" avoids a buffered copy
+        low = ent.view(np.uint8).reshape(_NVFP4_BLOCK, m, 4)[:, :, _LOW_BYTE]
+        pairs = low[0::2] & np.uint8(0x0F)  # element 2i in bits 3:0, element 2i+1 in bits 7:4
+        pairs |= low[1::2] & np.uint8(0xF0)
+        packed[b0:b1] = pairs.T
+        if stats:
+            ent &= np.uint32(0xFFFFFF00)
+            xhat = ent.view(np.float32)
+            np.multiply(xhat, s[b0:b1], out=xhat)  # (e2m1 * e4m3) * g in float32, as nvfp4_dequantize
+            np.multiply(xhat, g, out=xhat)
+            e = err[:n]
+            np.copyto(e, t.reshape(-1))
+            num += _sum_sq(e)
+            np.subtract(e, xhat.reshape(-1), out=e)  # float64: exact
+            den += _sum_sq(e)
+            if n:
+                maxerr = max(maxerr, float(e.max()), -float(e.min()))
+    codes = packed.reshape(rows, k // 2)
+    scales = sbytes.reshape(rows, k // _NVFP4_BLOCK)
+    if not stats:
+        return codes, scales, None
+    return codes, scales, _ChunkStats(num, den, maxerr, int(np.count_nonzero(ab == 0)))
+
+
 def _four_over_six(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple:
     """Both 4over6 candidates of blocks xb [r, nb, 16]: ((bytes, codes, err) map-to-4, (bytes, codes, err) map-to-6);
     err [r, nb] is the block's fp32 error, summed in element order (NVFP4Recipe.TE_4OVER6)."""
@@ -570,6 +723,32 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
         codes = _encode_e2m1(y)
         codes[np.broadcast_to(zero[..., None], codes.shape)] = 0
         return sbytes, codes
+
+
+def _error_stats(x: np.ndarray, xhat: np.ndarray, block: int) -> _ChunkStats:
+    """:class:`_ChunkStats` of float32 ``x`` [r, K] against its dequantized float32 ``xhat`` (blocks of ``block``
+    along K for the zero-block count)."""
+    xd = x.astype(np.float64).reshape(-1)
+    err = xd - xhat.astype(np.float64).reshape(-1)
+    maxerr = float(np.max(np.abs(err))) if err.size else 0.0
+    zero = int(np.count_nonzero(np.max(np.abs(x.reshape(x.shape[0], -1, block)), axis=-1) == 0)) if x.size else 0
+    return _ChunkStats(_sum_sq(xd), _sum_sq(err), maxerr, zero)
+
+
+def _nvfp4_quantize_stats(x2: np.ndarray, recipe, global_amax) -> tuple:
+    """fp4ref quantize's step for one row chunk: (packed codes, scale bytes, global decode scale, _ChunkStats) of
+    ``x2`` [r, K] (float16, bfloat16 or float32, finite) with 1x16 blocks and the tensor's (or fused group's)
+    ``global_amax``: the bytes of :func:`nvfp4_quantize`, and statistics against :func:`nvfp4_dequantize`'s float32
+    values. Recipes te, sol and modelopt take the fast path, which needs no second dequantizing pass."""
+    rec = _parse_recipe(recipe)
+    amax = _F32(global_amax)
+    if rec in _FAST_RECIPES and np.isfinite(amax) and amax > 0:  # else nvfp4_quantize checks (and may raise)
+        gs = _global_scales(rec, amax)
+        codes, scales, st = _nvfp4_rows_fast(rec, x2, gs, stats=True)
+        return codes, scales, _F32(gs["stored"]), st
+    q = nvfp4_quantize(x2, recipe=rec, global_amax=global_amax)
+    xf = x2.astype(np.float32, copy=False)
+    return q.codes, q.scales, q.global_decode_scale, _error_stats(xf, nvfp4_dequantize(q), _NVFP4_BLOCK)
 
 
 def _block_amax_2d(x3: np.ndarray) -> np.ndarray:
@@ -677,9 +856,13 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         batches, m = rows // lead[-1], lead[-1]
         tile4, tile6 = _tile_errors(err4, batches, m), _tile_errors(err6, batches, m)
         pick4 = np.repeat(tile4 < tile6, 16, axis=1)[:, :m].reshape(rows, nb)
+    fast = blk == (1, 16) and rec in _FAST_RECIPES
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         xb = x2[r0:r1]
+        if fast:  # the same bytes as _nvfp4_rows + _pack (tests/test_blockscale.py), several times faster
+            codes[r0:r1], scales[r0:r1], _ = _nvfp4_rows_fast(rec, xb.reshape(r1 - r0, k), gs)
+            continue
         ab = np.max(np.abs(xb), axis=-1) if amax_b is None else amax_b[r0:r1]
         sb, cb = _nvfp4_rows(rec, xb, ab, gs, None if pick4 is None else pick4[r0:r1])
         scales[r0:r1] = sb

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize, nvfp4_dequantize, nvfp4_quantize
+from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
+from .blockscale import _error_stats, _nvfp4_quantize_stats
 from .blockscale import MXTensor, NVFP4Tensor
 from .checkpoint_io import (
     DTYPES,
@@ -500,7 +501,8 @@ def _ct_encode_scale(amax: np.float32) -> np.float32:
 
 def quantized_chunks(t: _QuantTask):
     """Quantize tensor ``t.name`` in row chunks (the recipe or mode in ``t.option``, the global amax per expert in
-    ``t.amax``). Yields ("rows", first row, x float32 [rows, Kp], codes, scales, x_hat float32) per chunk and
+    ``t.amax``). Yields ("rows", first row, codes, scales, stats) per chunk, stats the chunk's error statistics
+    (sum x^2, sum (x - x_hat)^2, max |x - x_hat|, all-zero blocks; x_hat the float32 dequantized value), and
     ("global", expert, stored global scale float32) after each expert (nvfp4 only; the layout's direction)."""
     s = _shard(t.path)
     k, kp = t.shape[-1], t.k_padded
@@ -511,21 +513,20 @@ def quantized_chunks(t: _QuantTask):
         g_expected = None
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
+            x = s.read_rows(t.name, e * n + r0, e * n + r1)  # float16 / bfloat16 / float32, widened exactly below
             if kp != k:
-                x = np.concatenate([x, np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
+                x = np.concatenate([x.astype(np.float32), np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
             if t.fmt == "nvfp4":
-                q = nvfp4_quantize(x, recipe=t.option, global_amax=t.amax[e])
-                codes, scales = q.codes, q.scales
+                codes, scales, g, stats = _nvfp4_quantize_stats(x, t.option, t.amax[e])
                 if g_expected is None:
-                    g_expected = q.global_decode_scale
-                xhat = nvfp4_dequantize(q)
+                    g_expected = g
             else:
+                x = x.astype(np.float32, copy=False)
                 q = mx_quantize(x, t.elem, mode=t.option, block=t.block)
                 codes = pack_fp4(q.codes) if t.elem == "e2m1" else q.codes
                 scales = q.scales
-                xhat = mx_dequantize(q)
-            yield "rows", e * n + r0, x, codes, scales, xhat
+                stats = _error_stats(x, mx_dequantize(q), t.block)
+            yield "rows", e * n + r0, codes, scales, stats
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
                 enc = _ct_encode_scale(t.amax[e])
@@ -539,7 +540,7 @@ def quantized_chunks(t: _QuantTask):
 def _quant_task(t: _QuantTask):
     """Quantize one tensor in row chunks, writing codes / scales / global scale at their offsets; returns stats."""
     t0 = time.perf_counter()
-    k, kp = t.shape[-1], t.k_padded
+    kp = t.k_padded
     ccols = kp if t.fmt == "mxfp8" else kp // 2
     scols = kp // t.block
     num = den = 0.0
@@ -550,16 +551,14 @@ def _quant_task(t: _QuantTask):
         if part[0] == "global":
             globals_.append(part[2])
             continue
-        _, row0, x, codes, scales, xhat = part
+        _, row0, codes, scales, st = part
         write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
         write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
-        xd = x[:, :k].astype(np.float64).reshape(-1)
-        err = xd - xhat[:, :k].astype(np.float64).reshape(-1)
-        num += float(np.dot(xd, xd))  # float64 sums (BLAS): the same to ~1e-16 relative as np.sum of squares
-        den += float(np.dot(err, err))
-        if err.size:
-            maxerr = max(maxerr, float(np.max(np.abs(err))))
-        zero_blocks += int(np.sum(np.max(np.abs(x.reshape(x.shape[0], -1, t.block)), axis=-1) == 0))
+        # padded columns (--pad) are zeros, quantized to zero: they add nothing to the sums or the max error
+        num += st.sum_sq
+        den += st.sum_err_sq
+        maxerr = max(maxerr, st.max_abs_err)
+        zero_blocks += st.zero_blocks
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:
