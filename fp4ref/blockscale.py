@@ -534,6 +534,21 @@ def _e2m1_value_table() -> np.ndarray:
     return table
 
 
+def _e2m1_entries(y: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The _e2m1_value_table entries of float32 ``y`` (1-D) into ``out`` (uint32, same length), returned;
+    ``idx`` (intp, same length) is scratch. Codes are those of _e2m1_f32(y, negative_zero=False)."""
+    yb = y.view(np.uint32)
+    # the table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) of _e2m1_table, in four in-place integer passes as
+    # ((bits & 0x7FFF) + 0x7FFF) | bits) >> 15: the sum is below 2^16 and has bit 15 set exactly when bits 14..0
+    # are not all zero, so after the OR bit 15 says "bits 15..0 not all zero" and bits 31..16 are the input's
+    np.bitwise_and(yb, 0x7FFF, out=idx)
+    idx += 0x7FFF
+    idx |= yb
+    idx >>= 15
+    _e2m1_value_table().take(idx, out=out, mode="wrap")  # every index is in range; "wrap" avoids a buffered copy
+    return out
+
+
 def _fast_block_scales(recipe: NVFP4Recipe, ab: np.ndarray, gs: dict) -> tuple:
     """(scale bytes, per-block element factor f, decoded scale s) of blocks with amax ``ab``: the arithmetic of
     _nvfp4_rows for te, sol (y = x * f) and modelopt (y = x / f), step for step. Every byte is < 0x80 (the
@@ -586,7 +601,6 @@ def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool 
         raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
     sbytes, f, s = _fast_block_scales(recipe, ab, gs)
     divide = recipe is NVFP4Recipe.MODELOPT
-    table = _e2m1_value_table()
     packed = np.empty((nblk, _NVFP4_BLOCK // 2), np.uint8)
     idx = np.empty(_NVFP4_BLOCK * sub, np.intp)  # intp: take() would convert any other index dtype first
     ents = np.empty(_NVFP4_BLOCK * sub, np.uint32)
@@ -600,16 +614,7 @@ def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool 
         y = work[:n].reshape(_NVFP4_BLOCK, m)
         with np.errstate(over="ignore"):  # te/sol: x * FLT_MAX may overflow to inf, which saturates to 6 as there
             (np.divide if divide else np.multiply)(t, f[b0:b1], out=y)
-        # table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) (see _e2m1_table) as ((low15 + 0x7FFF) | bits) >> 15:
-        # low15 + 0x7FFF < 2^16 carries into bit 15 exactly when bits 14..0 are not all zero
-        yb = y.view(np.uint32).reshape(-1)
-        i = idx[:n]
-        np.bitwise_and(yb, 0x7FFF, out=i)
-        i += 0x7FFF
-        i |= yb
-        i >>= 15
-        ent = ents[:n].reshape(_NVFP4_BLOCK, m)  # per element: code (both nibbles) and value bits
-        table.take(i, out=ent.reshape(-1), mode="wrap")  # every index is in range; "wrap" avoids a buffered copy
+        ent = _e2m1_entries(y.reshape(-1), idx[:n], ents[:n]).reshape(_NVFP4_BLOCK, m)  # code and value bits
         low = ent.view(np.uint8).reshape(_NVFP4_BLOCK, m, 4)[:, :, _LOW_BYTE]
         pairs = low[0::2] & np.uint8(0x0F)  # element 2i in bits 3:0, element 2i+1 in bits 7:4
         pairs |= low[1::2] & np.uint8(0xF0)
