@@ -521,31 +521,59 @@ class _ChunkStats(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _e2m1_value_table() -> np.ndarray:
+def _e2m1_value_table(high: bool) -> np.ndarray:
     """_e2m1_table(negative_zero=False) widened to uint32 entries: the float32 bits of the code's E2M1 value, with
-    the code itself in bits 3:0 and again in bits 7:4. Every E2M1 value has at most 2 significant bits, so its
-    float32 bits 7:0 are zero (asserted): ``entry & 0xFFFFFF00`` is the value, the low byte the code for either
-    nibble of a packed byte."""
+    the code itself in bits 3:0 (``high=False``: an even element's nibble) or 7:4 (``high=True``: an odd
+    element's). Every E2M1 value has at most 2 significant bits, so its float32 bits 7:0 are zero (asserted):
+    ``entry & 0xFFFFFF00`` is the value, and the low bytes of an even and an odd element OR to their packed byte."""
     codes = _e2m1_table(False)
     vals = decode(np.arange(16, dtype=np.uint8), E2M1).view(np.uint32)  # code 8 -> -0.0 (sign bit only)
     assert not np.any(vals & np.uint32(0xFF))
-    table = vals[codes] | codes.astype(np.uint32) * np.uint32(0x11)
+    table = vals[codes] | codes.astype(np.uint32) << np.uint32(4 if high else 0)
     table.flags.writeable = False
     return table
 
 
-def _e2m1_entries(y: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The _e2m1_value_table entries of float32 ``y`` (1-D) into ``out`` (uint32, same length), returned;
-    ``idx`` (intp, same length) is scratch. Codes are those of _e2m1_f32(y, negative_zero=False)."""
+@functools.lru_cache(maxsize=None)
+def _e4m3_table() -> tuple:
+    """(codes, values): formats.encode(., E4M3FN) (RNE, saturating) over the float32 classes of _e2m1_table, and
+    the float32 value of every byte. RNE to E4M3FN keeps 3 mantissa bits: its round bit is float32 mantissa bit 19
+    or higher, so the class argument of _e2m1_table holds (tests/test_blockscale.py compares with encode on every
+    class). NaN classes hold 0 (inputs are finite)."""
+    hi = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    table = np.empty((1 << 16, 2), dtype=np.uint8)
+    table[:, 0] = encode(hi.view(np.float32), E4M3FN, rounding="rne", saturate=True, nan="zero")
+    table[:, 1] = encode((hi | np.uint32(1)).view(np.float32), E4M3FN, rounding="rne", saturate=True, nan="zero")
+    values = decode(np.arange(256, dtype=np.uint8), E4M3FN)
+    table.flags.writeable = values.flags.writeable = False
+    return table.reshape(-1), values
+
+
+def _class_index(y: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The _e2m1_table / _e4m3_table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) of float32 ``y`` (1-D) into
+    ``idx`` (intp, same length: take() would convert any other index dtype first), returned. Four in-place integer
+    passes: ((bits & 0x7FFF) + 0x7FFF) | bits) >> 15; the sum is below 2^16 and has bit 15 set exactly when bits
+    14..0 are not all zero, so after the OR bit 15 says "bits 15..0 not all zero" and bits 31..16 are the input's."""
     yb = y.view(np.uint32)
-    # the table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) of _e2m1_table, in four in-place integer passes as
-    # ((bits & 0x7FFF) + 0x7FFF) | bits) >> 15: the sum is below 2^16 and has bit 15 set exactly when bits 14..0
-    # are not all zero, so after the OR bit 15 says "bits 15..0 not all zero" and bits 31..16 are the input's
     np.bitwise_and(yb, 0x7FFF, out=idx)
     idx += 0x7FFF
     idx |= yb
     idx >>= 15
-    _e2m1_value_table().take(idx, out=out, mode="wrap")  # every index is in range; "wrap" avoids a buffered copy
+    return idx
+
+
+def _e4m3_f32(y: np.ndarray) -> np.ndarray:
+    """E4M3FN bytes (RNE, saturating) of a finite float32 array: formats.encode's, through _e4m3_table."""
+    flat = np.ascontiguousarray(y, dtype=np.float32).reshape(-1)
+    idx = _class_index(flat, np.empty(flat.size, np.intp))
+    return _e4m3_table()[0].take(idx).reshape(np.shape(y))
+
+
+def _e2m1_entries(y: np.ndarray, idx: np.ndarray, out: np.ndarray, high: bool = False) -> np.ndarray:
+    """The _e2m1_value_table(high) entries of float32 ``y`` (1-D) into ``out`` (uint32, same length), returned;
+    ``idx`` (intp, same length) is scratch. Codes are those of _e2m1_f32(y, negative_zero=False)."""
+    _class_index(y, idx)
+    _e2m1_value_table(high).take(idx, out=out, mode="wrap")  # all indices are in range; "wrap" is not buffered
     return out
 
 
@@ -559,16 +587,16 @@ def _fast_block_scales(recipe: NVFP4Recipe, ab: np.ndarray, gs: dict) -> tuple:
             p = ab / (_F32(6.0) * sf2)
             p[p == 0] = _F32(1.0)
             p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
-            sbytes = encode(p, E4M3FN, rounding="rne", saturate=True)
-            s = decode(sbytes, E4M3FN)
+            sbytes = _e4m3_f32(p)  # = encode(p, E4M3FN, rounding="rne", saturate=True)
+            s = _e4m3_table()[1].take(sbytes)  # = decode(sbytes, E4M3FN)
             return sbytes, s * sf2, s
         if recipe is NVFP4Recipe.TE:
             pre = ab * gs["mult"]
         else:
             pre = (ab / _F32(6.0)) * gs["s_enc"]
         pre = np.clip(np.minimum(pre, _FLT_MAX), -_E4M3_MAX, _E4M3_MAX)
-        sbytes = encode(pre, E4M3FN, rounding="rne", saturate=True)
-        s = decode(sbytes, E4M3FN)
+        sbytes = _e4m3_f32(pre)
+        s = _e4m3_table()[1].take(sbytes)
         return sbytes, np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX), s
 
 
@@ -577,65 +605,64 @@ def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool 
     ``x2`` [r, K] (float16, bfloat16 or float32; K a multiple of 16) for recipe te, sol or modelopt with 1x16
     blocks: the bytes of _nvfp4_rows + _pack (see the comment above _FAST_RECIPES).
 
-    Memory: one float32 copy of ``x2`` (transposed) plus ~1.5 MiB of scratch. Raises ValueError on NaN/inf.
+    Memory: the outputs plus ~1.5 MiB of scratch. Raises ValueError on NaN/inf.
     """
     rows, k = x2.shape
     nblk = rows * (k // _NVFP4_BLOCK)
     xb = x2.reshape(nblk, _NVFP4_BLOCK)
     sub = min(_FAST_SUB, max(nblk, 1))
-    nsub = -(-nblk // sub)
-    xt = np.empty(nblk * _NVFP4_BLOCK, np.float32)  # sub-chunk i: xt[16 b0 : 16 b1] as [16, m], m = b1 - b0
-    ab = np.empty(nblk, np.float32)
-    work = np.empty(_NVFP4_BLOCK * sub, np.float32)
-    spans = [(i * sub, min(nblk, (i + 1) * sub)) for i in range(nsub)]
-    for b0, b1 in spans:  # pass 1: transpose (exact widening to float32) and block amax
+    n_max = _NVFP4_BLOCK * sub
+    xt, work = np.empty(n_max, np.float32), np.empty(n_max, np.float32)
+    idx = np.empty(n_max, np.intp)
+    ents = np.empty(n_max, np.uint32)
+    err = np.empty(n_max, np.float64) if stats else None
+    packed = np.empty((nblk, _NVFP4_BLOCK // 2), np.uint8)
+    sbytes = np.empty(nblk, np.uint8)
+    divide = recipe is NVFP4Recipe.MODELOPT
+    g = _F32(gs["stored"])
+    num = den = maxerr = 0.0
+    zero_blocks = 0
+    for b0 in range(0, nblk, sub):  # each sub-chunk stays in the cache from the transpose to the statistics
+        b1 = min(nblk, b0 + sub)
         m = b1 - b0
-        t = xt[16 * b0:16 * b1].reshape(_NVFP4_BLOCK, m)
-        np.copyto(t, xb[b0:b1].T)
-        a = work[:16 * m].reshape(_NVFP4_BLOCK, m)
+        n = _NVFP4_BLOCK * m
+        # element 2j + p of block b0 + i at t[8p + j, i]: even elements in rows 0..7, odd ones in rows 8..15
+        t = xt[:n].reshape(_NVFP4_BLOCK, m)
+        np.copyto(t.reshape(2, 8, m), xb[b0:b1].reshape(m, 8, 2).transpose(2, 1, 0))  # exact widening to float32
+        a = work[:n].reshape(_NVFP4_BLOCK, m)
         np.abs(t, out=a)  # |-0.0| = +0.0, as np.max(np.abs(.)) in _nvfp4_rows
         for half in (8, 4, 2):
             np.maximum(a[:half], a[half:2 * half], out=a[:half])
-        np.maximum(a[0], a[1], out=ab[b0:b1])  # max is exact: the same amax as any reduction order; NaN propagates
-    if nblk and not np.isfinite(ab).all():
-        raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
-    sbytes, f, s = _fast_block_scales(recipe, ab, gs)
-    divide = recipe is NVFP4Recipe.MODELOPT
-    packed = np.empty((nblk, _NVFP4_BLOCK // 2), np.uint8)
-    idx = np.empty(_NVFP4_BLOCK * sub, np.intp)  # intp: take() would convert any other index dtype first
-    ents = np.empty(_NVFP4_BLOCK * sub, np.uint32)
-    err = np.empty(_NVFP4_BLOCK * sub, np.float64) if stats else None
-    g = _F32(gs["stored"])
-    num = den = maxerr = 0.0
-    for b0, b1 in spans:  # pass 2: elementwise, on cache-resident sub-chunks
-        m = b1 - b0
-        n = _NVFP4_BLOCK * m
-        t = xt[16 * b0:16 * b1].reshape(_NVFP4_BLOCK, m)
-        y = work[:n].reshape(_NVFP4_BLOCK, m)
+        ab = np.maximum(a[0], a[1])  # max is exact: the amax of any reduction order; NaN propagates
+        if not np.isfinite(ab).all():
+            raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
+        sbytes[b0:b1], f, s = _fast_block_scales(recipe, ab, gs)
+        y = a  # the amax scratch is free again
         with np.errstate(over="ignore"):  # te/sol: x * FLT_MAX may overflow to inf, which saturates to 6 as there
-            (np.divide if divide else np.multiply)(t, f[b0:b1], out=y)
-        ent = _e2m1_entries(y.reshape(-1), idx[:n], ents[:n]).reshape(_NVFP4_BLOCK, m)  # code and value bits
+            (np.divide if divide else np.multiply)(t, f, out=y)
+        h = n // 2  # per element: its code (in its nibble of the packed byte) and its value bits
+        _e2m1_entries(y.reshape(-1)[:h], idx[:h], ents[:h])
+        _e2m1_entries(y.reshape(-1)[h:n], idx[h:n], ents[h:n], high=True)
+        ent = ents[:n].reshape(_NVFP4_BLOCK, m)
         low = ent.view(np.uint8).reshape(_NVFP4_BLOCK, m, 4)[:, :, _LOW_BYTE]
-        pairs = low[0::2] & np.uint8(0x0F)  # element 2i in bits 3:0, element 2i+1 in bits 7:4
-        pairs |= low[1::2] & np.uint8(0xF0)
-        packed[b0:b1] = pairs.T
+        packed[b0:b1] = (low[:8] | low[8:]).T  # element 2j in bits 3:0, element 2j + 1 in bits 7:4
         if stats:
             ent &= np.uint32(0xFFFFFF00)
             xhat = ent.view(np.float32)
-            np.multiply(xhat, s[b0:b1], out=xhat)  # (e2m1 * e4m3) * g in float32, as nvfp4_dequantize
+            np.multiply(xhat, s, out=xhat)  # (e2m1 * e4m3) * g in float32, as nvfp4_dequantize
             np.multiply(xhat, g, out=xhat)
             e = err[:n]
             np.copyto(e, t.reshape(-1))
             num += _sum_sq(e)
             np.subtract(e, xhat.reshape(-1), out=e)  # float64: exact
             den += _sum_sq(e)
-            if n:
-                maxerr = max(maxerr, float(e.max()), -float(e.min()))
+            maxerr = max(maxerr, float(e.max()), -float(e.min()))
+            zero_blocks += int(np.count_nonzero(ab == 0))
     codes = packed.reshape(rows, k // 2)
     scales = sbytes.reshape(rows, k // _NVFP4_BLOCK)
     if not stats:
         return codes, scales, None
-    return codes, scales, _ChunkStats(num, den, maxerr, int(np.count_nonzero(ab == 0)))
+    return codes, scales, _ChunkStats(num, den, maxerr, zero_blocks)
 
 
 def _four_over_six(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple:

@@ -810,18 +810,28 @@ def _assert_fast_equals_reference(recipe: str, x: np.ndarray, amax=None) -> None
 
 def test_fast_e2m1_entries_on_every_class():
     """The fast path's one gather: the code of every float32 rounding class (and the class neighbours) as
-    _e2m1_f32(negative_zero=False), the code in both nibbles of the low byte, the value in the other bits."""
+    _e2m1_f32(negative_zero=False), in the low or the high nibble of the low byte, the value in the other bits."""
     from fp4ref.blockscale import _e2m1_entries, _e2m1_f32
     from fp4ref.formats import E2M1, decode
 
     rng = np.random.default_rng(17)
     r = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
     for v in (_all_classes_and_neighbours(), r[np.isfinite(r)]):
-        ent = _e2m1_entries(v, np.empty(v.size, np.intp), np.empty(v.size, np.uint32))
         want = _e2m1_f32(v, negative_zero=False)
-        np.testing.assert_array_equal(ent & 0xF, want)
-        np.testing.assert_array_equal((ent >> 4) & 0xF, want)
-        np.testing.assert_array_equal(ent & 0xFFFFFF00, decode(want, E2M1).view(np.uint32))
+        for high in (False, True):
+            ent = _e2m1_entries(v, np.empty(v.size, np.intp), np.empty(v.size, np.uint32), high=high)
+            np.testing.assert_array_equal(ent & 0xFF, want << 4 if high else want)
+            np.testing.assert_array_equal(ent & 0xFFFFFF00, decode(want, E2M1).view(np.uint32))
+
+
+def test_e4m3_table_path_equals_encode_on_every_class():
+    from fp4ref.blockscale import _e4m3_f32
+    from fp4ref.formats import E4M3FN, encode
+
+    rng = np.random.default_rng(18)
+    r = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    for v in (_all_classes_and_neighbours(), r[np.isfinite(r)]):
+        np.testing.assert_array_equal(_e4m3_f32(v), encode(v, E4M3FN, rounding="rne", saturate=True))
 
 
 @pytest.mark.parametrize("recipe", FAST)
