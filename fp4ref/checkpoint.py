@@ -451,26 +451,41 @@ class _AmaxTask:
     nbytes: int
 
 
+#: quantizable safetensors dtype -> (unsigned type of its width, |x| bit mask, bits of +inf): for IEEE bit patterns
+#: with the sign cleared, integer order is value order and every NaN/inf pattern is >= the inf one.
+_ABS_BITS = {"F32": (np.uint32, 0x7FFFFFFF, 0x7F800000), "F16": (np.uint16, 0x7FFF, 0x7C00),
+             "BF16": (np.uint16, 0x7FFF, 0x7F80)}
+
+
 def _amax_task(t: _AmaxTask):
-    """Per-expert (3-D) or whole-tensor amax (float32) and the count / first index of non-finite values."""
+    """Per-expert (3-D) or whole-tensor amax (float32) and the count of non-finite values. Works on the bit
+    patterns (one mask and one integer max per chunk, no float32 copy); a chunk holding NaN/inf adds its count and
+    nothing to the amax (the tensor is refused then)."""
     s = _shard(t.path)
+    dtype = s.tensors[t.name].dtype
+    if dtype not in _ABS_BITS:
+        raise ValueError(f"tensor {t.name!r} has dtype {dtype}; quantizable: {sorted(_ABS_BITS)}")
+    uint, mask, inf = _ABS_BITS[dtype]
     k = t.shape[-1]
     experts = t.shape[0] if len(t.shape) == 3 else 1
     n = int(np.prod(t.shape[:-1], dtype=np.int64)) // experts
     amax = []
     bad = 0
     for e in range(experts):
-        a = np.float32(0.0)
+        a = uint(0)
         for r0 in range(0, n, _row_step(k)):
             r1 = min(n, r0 + _row_step(k))
-            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
-            fin = np.isfinite(x)
-            if not fin.all():
-                bad += int(x.size - np.count_nonzero(fin))
+            x = s.read_rows(t.name, e * n + r0, e * n + r1)
+            if not x.size:
                 continue
-            if x.size:
-                a = max(a, np.max(np.abs(x)))
-        amax.append(np.float32(a))
+            bits = x.view(uint) & uint(mask)
+            top = bits.max()
+            if top >= inf:
+                bad += int(np.count_nonzero(bits >= uint(inf)))
+                continue
+            a = max(a, top)
+        # the largest |x| of the expert, widened exactly to float32 (its bits, read as the tensor's dtype)
+        amax.append(np.float32(np.array([a], dtype=uint).view(x.dtype)[0]) if n else np.float32(0.0))
     return amax, bad
 
 
