@@ -132,7 +132,9 @@ _QUANTIZABLE = ("F16", "BF16", "F32")
 #: architectures (config.json "architectures") whose 3-D expert tensors are [experts, in, out] (ModelOpt's export
 #: transposes them: maybe_transpose_expert_weight_dimensions); fp4ref copies them instead of blocking the wrong axis.
 _IN_OUT_EXPERTS = ("Llama4", "GptOss")
-_CHUNK_ELEMS = 1 << 21  # input elements per row chunk: bounds every worker's buffers (about 40 bytes per element)
+# input elements per row chunk: bounds every worker's buffers (NVFP4 te/sol/modelopt: the input's bytes, ~0.6 of
+# output and ~3.5 MiB of scratch; other recipes and MX about 40 bytes per element)
+_CHUNK_ELEMS = 1 << 21
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
