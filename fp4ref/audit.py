@@ -262,7 +262,7 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
             if part[0] == "global":
                 gvals.append(part[2])
                 continue
-            _, row0, _x, codes, scales, _xhat = part
+            _, row0, codes, scales, _stats = part
             r1 = row0 + codes.shape[0]
             dc += int(np.count_nonzero(cs.read_rows(L.codes, row0, r1).view(np.uint8).reshape(codes.shape)
                                        != codes.view(np.uint8)))

@@ -26,6 +26,8 @@ import functools
 from dataclasses import dataclass
 
 import math
+import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -480,6 +482,190 @@ def _pack(codes: np.ndarray) -> np.ndarray:
     return codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4))
 
 
+# ------------------------------------------------------------------ fast path: recipes te, sol, modelopt, 1x16 blocks
+#
+# _nvfp4_rows works on blocks xb [r, nb, 16]: numpy reduces the 16-element axis and broadcasts the per-block factor
+# one short row at a time, and it encodes, packs and (in fp4ref quantize) dequantizes again in separate full-size
+# passes over chunks larger than the cache. _nvfp4_rows_fast gives the same bytes with the same fp32 operations on
+# each element, in a cheaper order: the blocks are transposed to [16, m] (one element position of every block per
+# contiguous row), so the block amax is four contiguous maximum() calls and the factor broadcasts along rows;
+# each sub-chunk of _FAST_SUB blocks goes from the transpose to the statistics while its buffers are in the cache;
+# one table gather gives each element's E2M1 code (in its nibble) and value, so the statistics of fp4ref quantize
+# need no second dequantize; the E4M3 scale bytes come from a table over the same float32 classes as the codes.
+# tests/test_blockscale.py proves it byte-identical to _nvfp4_rows (every tie class, every scale byte, special
+# values, Hypothesis on random blocks).
+
+#: Recipes with one fp32 element step x (op) f, f per block (te, sol: x * enc; modelopt: x / (s * sf2)), and the
+#: E2M1 cast that maps -0.0 to 0x0.
+_FAST_RECIPES = (NVFP4Recipe.TE, NVFP4Recipe.SOL, NVFP4Recipe.MODELOPT)
+_FAST_SUB = 8192  # blocks per sub-chunk (128K elements, ~3.5 MiB of scratch): the fastest of 2048..32768 measured
+_LOW_BYTE = 0 if sys.byteorder == "little" else 3  # offset of a uint32's least significant byte
+
+
+_DOT_PIECE = 8192  # OpenBLAS runs ddot single-threaded up to 10000 elements
+
+
+def _sum_sq(v: np.ndarray) -> float:
+    """sum(v * v) of a 1-D float64 array (BLAS ddot, in pieces of _DOT_PIECE): a longer ddot starts OpenBLAS
+    threads, which stall for milliseconds when the other cores are busy (fp4ref quantize --jobs N, a shared
+    machine) and made the statistics the slowest step."""
+    return sum(float(np.dot(v[j:j + _DOT_PIECE], v[j:j + _DOT_PIECE])) for j in range(0, v.size, _DOT_PIECE))
+
+
+class _ChunkStats(NamedTuple):
+    """Error statistics of one quantized chunk, against x_hat = the float32 value nvfp4_dequantize gives."""
+
+    sum_sq: float  # sum of x^2, float64
+    sum_err_sq: float  # sum of (x - x_hat)^2, float64 (x - x_hat is exact in float64)
+    max_abs_err: float  # max |x - x_hat|
+    zero_blocks: int  # blocks whose amax is 0
+
+
+@functools.lru_cache(maxsize=None)
+def _e2m1_value_table(high: bool) -> np.ndarray:
+    """_e2m1_table(negative_zero=False) widened to uint32 entries: the float32 bits of the code's E2M1 value, with
+    the code itself in bits 3:0 (``high=False``: an even element's nibble) or 7:4 (``high=True``: an odd
+    element's). Every E2M1 value has at most 2 significant bits, so its float32 bits 7:0 are zero (asserted):
+    ``entry & 0xFFFFFF00`` is the value, and the low bytes of an even and an odd element OR to their packed byte."""
+    codes = _e2m1_table(False)
+    vals = decode(np.arange(16, dtype=np.uint8), E2M1).view(np.uint32)  # code 8 -> -0.0 (sign bit only)
+    assert not np.any(vals & np.uint32(0xFF))
+    table = vals[codes] | codes.astype(np.uint32) << np.uint32(4 if high else 0)
+    table.flags.writeable = False
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _e4m3_table() -> tuple:
+    """(codes, values): formats.encode(., E4M3FN) (RNE, saturating) over the float32 classes of _e2m1_table, and
+    the float32 value of every byte. RNE to E4M3FN keeps 3 mantissa bits: its round bit is float32 mantissa bit 19
+    or higher, so the class argument of _e2m1_table holds (tests/test_blockscale.py compares with encode on every
+    class). NaN classes hold 0 (inputs are finite)."""
+    hi = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    table = np.empty((1 << 16, 2), dtype=np.uint8)
+    table[:, 0] = encode(hi.view(np.float32), E4M3FN, rounding="rne", saturate=True, nan="zero")
+    table[:, 1] = encode((hi | np.uint32(1)).view(np.float32), E4M3FN, rounding="rne", saturate=True, nan="zero")
+    values = decode(np.arange(256, dtype=np.uint8), E4M3FN)
+    table.flags.writeable = values.flags.writeable = False
+    return table.reshape(-1), values
+
+
+def _class_index(y: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The _e2m1_table / _e4m3_table index (bits >> 16) * 2 + (bits & 0xFFFF != 0) of float32 ``y`` (1-D) into
+    ``idx`` (intp, same length: take() would convert any other index dtype first), returned. Four in-place integer
+    passes: ((bits & 0x7FFF) + 0x7FFF) | bits) >> 15; the sum is below 2^16 and has bit 15 set exactly when bits
+    14..0 are not all zero, so after the OR bit 15 says "bits 15..0 not all zero" and bits 31..16 are the input's."""
+    yb = y.view(np.uint32)
+    np.bitwise_and(yb, 0x7FFF, out=idx)
+    idx += 0x7FFF
+    idx |= yb
+    idx >>= 15
+    return idx
+
+
+def _e4m3_f32(y: np.ndarray) -> np.ndarray:
+    """E4M3FN bytes (RNE, saturating) of a finite float32 array: formats.encode's, through _e4m3_table."""
+    flat = np.ascontiguousarray(y, dtype=np.float32).reshape(-1)
+    idx = _class_index(flat, np.empty(flat.size, np.intp))
+    return _e4m3_table()[0].take(idx).reshape(np.shape(y))
+
+
+def _e2m1_entries(y: np.ndarray, idx: np.ndarray, out: np.ndarray, high: bool = False) -> np.ndarray:
+    """The _e2m1_value_table(high) entries of float32 ``y`` (1-D) into ``out`` (uint32, same length), returned;
+    ``idx`` (intp, same length) is scratch. Codes are those of _e2m1_f32(y, negative_zero=False)."""
+    _class_index(y, idx)
+    _e2m1_value_table(high).take(idx, out=out, mode="wrap")  # all indices are in range; "wrap" is not buffered
+    return out
+
+
+def _fast_block_scales(recipe: NVFP4Recipe, ab: np.ndarray, gs: dict) -> tuple:
+    """(scale bytes, per-block element factor f, decoded scale s) of blocks with amax ``ab``: the arithmetic of
+    _nvfp4_rows for te, sol (y = x * f) and modelopt (y = x / f), step for step. Every byte is < 0x80 (the
+    pre-cast scale is >= +0), so s is also the scale nvfp4_dequantize decodes."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if recipe is NVFP4Recipe.MODELOPT:
+            sf2 = gs["g"]
+            p = ab / (_F32(6.0) * sf2)
+            p[p == 0] = _F32(1.0)
+            p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
+            sbytes = _e4m3_f32(p)  # = encode(p, E4M3FN, rounding="rne", saturate=True)
+            s = _e4m3_table()[1].take(sbytes)  # = decode(sbytes, E4M3FN)
+            return sbytes, s * sf2, s
+        if recipe is NVFP4Recipe.TE:
+            pre = ab * gs["mult"]
+        else:
+            pre = (ab / _F32(6.0)) * gs["s_enc"]
+        pre = np.clip(np.minimum(pre, _FLT_MAX), -_E4M3_MAX, _E4M3_MAX)
+        sbytes = _e4m3_f32(pre)
+        s = _e4m3_table()[1].take(sbytes)
+        return sbytes, np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX), s
+
+
+def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool = False) -> tuple:
+    """Packed codes [r, K/2], scale bytes [r, K/16] and, with ``stats``, the :class:`_ChunkStats` of finite
+    ``x2`` [r, K] (float16, bfloat16 or float32; K a multiple of 16) for recipe te, sol or modelopt with 1x16
+    blocks: the bytes of _nvfp4_rows + _pack (see the comment above _FAST_RECIPES).
+
+    Memory: the outputs plus ~3.5 MiB of scratch. Raises ValueError on NaN/inf.
+    """
+    rows, k = x2.shape
+    nblk = rows * (k // _NVFP4_BLOCK)
+    xb = x2.reshape(nblk, _NVFP4_BLOCK)
+    sub = min(_FAST_SUB, max(nblk, 1))
+    n_max = _NVFP4_BLOCK * sub
+    xt, work = np.empty(n_max, np.float32), np.empty(n_max, np.float32)
+    idx = np.empty(n_max, np.intp)
+    ents = np.empty(n_max, np.uint32)
+    err = np.empty(n_max, np.float64) if stats else None
+    packed = np.empty((nblk, _NVFP4_BLOCK // 2), np.uint8)
+    sbytes = np.empty(nblk, np.uint8)
+    divide = recipe is NVFP4Recipe.MODELOPT
+    g = _F32(gs["stored"])
+    num = den = maxerr = 0.0
+    zero_blocks = 0
+    for b0 in range(0, nblk, sub):  # each sub-chunk stays in the cache from the transpose to the statistics
+        b1 = min(nblk, b0 + sub)
+        m = b1 - b0
+        n = _NVFP4_BLOCK * m
+        # element 2j + p of block b0 + i at t[8p + j, i]: even elements in rows 0..7, odd ones in rows 8..15
+        t = xt[:n].reshape(_NVFP4_BLOCK, m)
+        np.copyto(t.reshape(2, 8, m), xb[b0:b1].reshape(m, 8, 2).transpose(2, 1, 0))  # exact widening to float32
+        a = work[:n].reshape(_NVFP4_BLOCK, m)
+        np.abs(t, out=a)  # |-0.0| = +0.0, as np.max(np.abs(.)) in _nvfp4_rows
+        for half in (8, 4, 2):
+            np.maximum(a[:half], a[half:2 * half], out=a[:half])
+        ab = np.maximum(a[0], a[1])  # max is exact: the amax of any reduction order; NaN propagates
+        if not np.isfinite(ab).all():
+            raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
+        sbytes[b0:b1], f, s = _fast_block_scales(recipe, ab, gs)
+        y = a  # the amax scratch is free again
+        with np.errstate(over="ignore"):  # te/sol: x * FLT_MAX may overflow to inf, which saturates to 6 as there
+            (np.divide if divide else np.multiply)(t, f, out=y)
+        h = n // 2  # per element: its code (in its nibble of the packed byte) and its value bits
+        _e2m1_entries(y.reshape(-1)[:h], idx[:h], ents[:h])
+        _e2m1_entries(y.reshape(-1)[h:n], idx[h:n], ents[h:n], high=True)
+        ent = ents[:n].reshape(_NVFP4_BLOCK, m)
+        low = ent.view(np.uint8).reshape(_NVFP4_BLOCK, m, 4)[:, :, _LOW_BYTE]
+        packed[b0:b1] = (low[:8] | low[8:]).T  # element 2j in bits 3:0, element 2j + 1 in bits 7:4
+        if stats:
+            ent &= np.uint32(0xFFFFFF00)
+            xhat = ent.view(np.float32)
+            np.multiply(xhat, s, out=xhat)  # (e2m1 * e4m3) * g in float32, as nvfp4_dequantize
+            np.multiply(xhat, g, out=xhat)
+            e = err[:n]
+            np.copyto(e, t.reshape(-1))
+            num += _sum_sq(e)
+            np.subtract(e, xhat.reshape(-1), out=e)  # float64: exact
+            den += _sum_sq(e)
+            maxerr = max(maxerr, float(e.max()), -float(e.min()))
+            zero_blocks += int(np.count_nonzero(ab == 0))
+    codes = packed.reshape(rows, k // 2)
+    scales = sbytes.reshape(rows, k // _NVFP4_BLOCK)
+    if not stats:
+        return codes, scales, None
+    return codes, scales, _ChunkStats(num, den, maxerr, zero_blocks)
+
+
 def _four_over_six(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict) -> tuple:
     """Both 4over6 candidates of blocks xb [r, nb, 16]: ((bytes, codes, err) map-to-4, (bytes, codes, err) map-to-6);
     err [r, nb] is the block's fp32 error, summed in element order (NVFP4Recipe.TE_4OVER6)."""
@@ -570,6 +756,32 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
         codes = _encode_e2m1(y)
         codes[np.broadcast_to(zero[..., None], codes.shape)] = 0
         return sbytes, codes
+
+
+def _error_stats(x: np.ndarray, xhat: np.ndarray, block: int) -> _ChunkStats:
+    """:class:`_ChunkStats` of float32 ``x`` [r, K] against its dequantized float32 ``xhat`` (blocks of ``block``
+    along K for the zero-block count)."""
+    xd = x.astype(np.float64).reshape(-1)
+    err = xd - xhat.astype(np.float64).reshape(-1)
+    maxerr = float(np.max(np.abs(err))) if err.size else 0.0
+    zero = int(np.count_nonzero(np.max(np.abs(x.reshape(x.shape[0], -1, block)), axis=-1) == 0)) if x.size else 0
+    return _ChunkStats(_sum_sq(xd), _sum_sq(err), maxerr, zero)
+
+
+def _nvfp4_quantize_stats(x2: np.ndarray, recipe, global_amax) -> tuple:
+    """fp4ref quantize's step for one row chunk: (packed codes, scale bytes, global decode scale, _ChunkStats) of
+    ``x2`` [r, K] (float16, bfloat16 or float32, finite) with 1x16 blocks and the tensor's (or fused group's)
+    ``global_amax``: the bytes of :func:`nvfp4_quantize`, and statistics against :func:`nvfp4_dequantize`'s float32
+    values. Recipes te, sol and modelopt take the fast path, which needs no second dequantizing pass."""
+    rec = _parse_recipe(recipe)
+    amax = _F32(global_amax)
+    if rec in _FAST_RECIPES and np.isfinite(amax) and amax > 0:  # else nvfp4_quantize checks (and may raise)
+        gs = _global_scales(rec, amax)
+        codes, scales, st = _nvfp4_rows_fast(rec, x2, gs, stats=True)
+        return codes, scales, _F32(gs["stored"]), st
+    q = nvfp4_quantize(x2, recipe=rec, global_amax=global_amax)
+    xf = x2.astype(np.float32, copy=False)
+    return q.codes, q.scales, q.global_decode_scale, _error_stats(xf, nvfp4_dequantize(q), _NVFP4_BLOCK)
 
 
 def _block_amax_2d(x3: np.ndarray) -> np.ndarray:
@@ -677,9 +889,13 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         batches, m = rows // lead[-1], lead[-1]
         tile4, tile6 = _tile_errors(err4, batches, m), _tile_errors(err6, batches, m)
         pick4 = np.repeat(tile4 < tile6, 16, axis=1)[:, :m].reshape(rows, nb)
+    fast = blk == (1, 16) and rec in _FAST_RECIPES
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         xb = x2[r0:r1]
+        if fast:  # the same bytes as _nvfp4_rows + _pack (tests/test_blockscale.py), several times faster
+            codes[r0:r1], scales[r0:r1], _ = _nvfp4_rows_fast(rec, xb.reshape(r1 - r0, k), gs)
+            continue
         ab = np.max(np.abs(xb), axis=-1) if amax_b is None else amax_b[r0:r1]
         sb, cb = _nvfp4_rows(rec, xb, ab, gs, None if pick4 is None else pick4[r0:r1])
         scales[r0:r1] = sb

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize, nvfp4_dequantize, nvfp4_quantize
+from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
+from .blockscale import _error_stats, _nvfp4_quantize_stats
 from .blockscale import MXTensor, NVFP4Tensor
 from .checkpoint_io import (
     DTYPES,
@@ -131,7 +132,9 @@ _QUANTIZABLE = ("F16", "BF16", "F32")
 #: architectures (config.json "architectures") whose 3-D expert tensors are [experts, in, out] (ModelOpt's export
 #: transposes them: maybe_transpose_expert_weight_dimensions); fp4ref copies them instead of blocking the wrong axis.
 _IN_OUT_EXPERTS = ("Llama4", "GptOss")
-_CHUNK_ELEMS = 1 << 21  # input elements per row chunk: bounds every worker's buffers (about 40 bytes per element)
+# input elements per row chunk: bounds every worker's buffers (NVFP4 te/sol/modelopt: the input's bytes, ~0.6 of
+# output and ~3.5 MiB of scratch; other recipes and MX about 40 bytes per element)
+_CHUNK_ELEMS = 1 << 21
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
@@ -450,26 +453,41 @@ class _AmaxTask:
     nbytes: int
 
 
+#: quantizable safetensors dtype -> (unsigned type of its width, |x| bit mask, bits of +inf): for IEEE bit patterns
+#: with the sign cleared, integer order is value order and every NaN/inf pattern is >= the inf one.
+_ABS_BITS = {"F32": (np.uint32, 0x7FFFFFFF, 0x7F800000), "F16": (np.uint16, 0x7FFF, 0x7C00),
+             "BF16": (np.uint16, 0x7FFF, 0x7F80)}
+
+
 def _amax_task(t: _AmaxTask):
-    """Per-expert (3-D) or whole-tensor amax (float32) and the count / first index of non-finite values."""
+    """Per-expert (3-D) or whole-tensor amax (float32) and the count of non-finite values. Works on the bit
+    patterns (one mask and one integer max per chunk, no float32 copy); a chunk holding NaN/inf adds its count and
+    nothing to the amax (the tensor is refused then)."""
     s = _shard(t.path)
+    dtype = s.tensors[t.name].dtype
+    if dtype not in _ABS_BITS:
+        raise ValueError(f"tensor {t.name!r} has dtype {dtype}; quantizable: {sorted(_ABS_BITS)}")
+    uint, mask, inf = _ABS_BITS[dtype]
     k = t.shape[-1]
     experts = t.shape[0] if len(t.shape) == 3 else 1
     n = int(np.prod(t.shape[:-1], dtype=np.int64)) // experts
     amax = []
     bad = 0
     for e in range(experts):
-        a = np.float32(0.0)
+        a = uint(0)
         for r0 in range(0, n, _row_step(k)):
             r1 = min(n, r0 + _row_step(k))
-            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
-            fin = np.isfinite(x)
-            if not fin.all():
-                bad += int(x.size - np.count_nonzero(fin))
+            x = s.read_rows(t.name, e * n + r0, e * n + r1)
+            if not x.size:
                 continue
-            if x.size:
-                a = max(a, np.max(np.abs(x)))
-        amax.append(np.float32(a))
+            bits = x.view(uint) & uint(mask)
+            top = bits.max()
+            if top >= inf:
+                bad += int(np.count_nonzero(bits >= uint(inf)))
+                continue
+            a = max(a, top)
+        # the largest |x| of the expert, widened exactly to float32 (its bits, read as the tensor's dtype)
+        amax.append(np.float32(np.array([a], dtype=uint).view(x.dtype)[0]) if n else np.float32(0.0))
     return amax, bad
 
 
@@ -500,7 +518,8 @@ def _ct_encode_scale(amax: np.float32) -> np.float32:
 
 def quantized_chunks(t: _QuantTask):
     """Quantize tensor ``t.name`` in row chunks (the recipe or mode in ``t.option``, the global amax per expert in
-    ``t.amax``). Yields ("rows", first row, x float32 [rows, Kp], codes, scales, x_hat float32) per chunk and
+    ``t.amax``). Yields ("rows", first row, codes, scales, stats) per chunk, stats the chunk's error statistics
+    (sum x^2, sum (x - x_hat)^2, max |x - x_hat|, all-zero blocks; x_hat the float32 dequantized value), and
     ("global", expert, stored global scale float32) after each expert (nvfp4 only; the layout's direction)."""
     s = _shard(t.path)
     k, kp = t.shape[-1], t.k_padded
@@ -511,21 +530,20 @@ def quantized_chunks(t: _QuantTask):
         g_expected = None
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            x = s.read_rows(t.name, e * n + r0, e * n + r1).astype(np.float32)
+            x = s.read_rows(t.name, e * n + r0, e * n + r1)  # float16 / bfloat16 / float32, widened exactly below
             if kp != k:
-                x = np.concatenate([x, np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
+                x = np.concatenate([x.astype(np.float32), np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
             if t.fmt == "nvfp4":
-                q = nvfp4_quantize(x, recipe=t.option, global_amax=t.amax[e])
-                codes, scales = q.codes, q.scales
+                codes, scales, g, stats = _nvfp4_quantize_stats(x, t.option, t.amax[e])
                 if g_expected is None:
-                    g_expected = q.global_decode_scale
-                xhat = nvfp4_dequantize(q)
+                    g_expected = g
             else:
+                x = x.astype(np.float32, copy=False)
                 q = mx_quantize(x, t.elem, mode=t.option, block=t.block)
                 codes = pack_fp4(q.codes) if t.elem == "e2m1" else q.codes
                 scales = q.scales
-                xhat = mx_dequantize(q)
-            yield "rows", e * n + r0, x, codes, scales, xhat
+                stats = _error_stats(x, mx_dequantize(q), t.block)
+            yield "rows", e * n + r0, codes, scales, stats
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
                 enc = _ct_encode_scale(t.amax[e])
@@ -539,7 +557,7 @@ def quantized_chunks(t: _QuantTask):
 def _quant_task(t: _QuantTask):
     """Quantize one tensor in row chunks, writing codes / scales / global scale at their offsets; returns stats."""
     t0 = time.perf_counter()
-    k, kp = t.shape[-1], t.k_padded
+    kp = t.k_padded
     ccols = kp if t.fmt == "mxfp8" else kp // 2
     scols = kp // t.block
     num = den = 0.0
@@ -550,16 +568,14 @@ def _quant_task(t: _QuantTask):
         if part[0] == "global":
             globals_.append(part[2])
             continue
-        _, row0, x, codes, scales, xhat = part
+        _, row0, codes, scales, st = part
         write_at(t.out_path, t.offsets["codes"] + row0 * ccols, codes)
         write_at(t.out_path, t.offsets["scale"] + row0 * scols, scales)
-        xd = x[:, :k].astype(np.float64).reshape(-1)
-        err = xd - xhat[:, :k].astype(np.float64).reshape(-1)
-        num += float(np.dot(xd, xd))  # float64 sums (BLAS): the same to ~1e-16 relative as np.sum of squares
-        den += float(np.dot(err, err))
-        if err.size:
-            maxerr = max(maxerr, float(np.max(np.abs(err))))
-        zero_blocks += int(np.sum(np.max(np.abs(x.reshape(x.shape[0], -1, t.block)), axis=-1) == 0))
+        # padded columns (--pad) are zeros, quantized to zero: they add nothing to the sums or the max error
+        num += st.sum_sq
+        den += st.sum_err_sq
+        maxerr = max(maxerr, st.max_abs_err)
+        zero_blocks += st.zero_blocks
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:

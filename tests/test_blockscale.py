@@ -769,3 +769,174 @@ def test_mx_rceil_torchao_matches_torch_log2():
     d = d[d > 0]
     want = torch.ceil(torch.log2(torch.from_numpy(np.tile(d, 4)))).numpy()[: d.size].astype(np.int64)
     np.testing.assert_array_equal(_ceil_rn_log2_f32(d), want)
+
+
+# ------------------------------------------------------------ fast path (te, sol, modelopt) == the reference rows
+
+FAST = ["te", "sol", "modelopt"]
+
+
+def _reference_rows(recipe: str, x: np.ndarray, gs: dict) -> tuple:
+    """Packed codes and scale bytes of x [r, K] by the reference path (_nvfp4_rows + _pack)."""
+    from fp4ref.blockscale import _nvfp4_rows, _pack
+
+    xf = x.astype(np.float32)
+    xb = xf.reshape(xf.shape[0], xf.shape[1] // 16, 16)
+    sb, cb = _nvfp4_rows(NVFP4Recipe(recipe), xb, np.max(np.abs(xb), axis=-1), gs)
+    return _pack(cb.reshape(xf.shape)), sb
+
+
+def _assert_fast_equals_reference(recipe: str, x: np.ndarray, amax=None) -> None:
+    __tracebackhide__ = True
+    from fp4ref.blockscale import _error_stats, _global_scales, _nvfp4_rows_fast
+
+    xf = x.astype(np.float32)
+    a = np.float32(np.max(np.abs(xf))) if amax is None else np.float32(amax)
+    gs = _global_scales(NVFP4Recipe(recipe), a)
+    want_c, want_s = _reference_rows(recipe, x, gs)
+    codes, scales, stats = _nvfp4_rows_fast(NVFP4Recipe(recipe), x, gs, stats=True)
+    for what, got, want in (("codes", codes, want_c), ("scale bytes", scales, want_s)):
+        bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
+        assert bad.size == 0, (
+            f"fast path != reference ({recipe}): {what} differ at {bad.size} of {got.size} positions; first flat "
+            f"index {bad[:4].tolist()}: ACTUAL {got.reshape(-1)[bad[:4]].tolist()} DESIRED "
+            f"{want.reshape(-1)[bad[:4]].tolist()}")
+    t = NVFP4Tensor(codes, scales, np.float32(gs["stored"]), x.shape, recipe, (1, 16), 1)
+    ref = _error_stats(xf, nvfp4_dequantize(t), 16)
+    assert stats.max_abs_err == ref.max_abs_err and stats.zero_blocks == ref.zero_blocks
+    assert stats.sum_sq == pytest.approx(ref.sum_sq, rel=1e-12, abs=0)
+    assert stats.sum_err_sq == pytest.approx(ref.sum_err_sq, rel=1e-12, abs=0)
+
+
+def test_fast_e2m1_entries_on_every_class():
+    """The fast path's one gather: the code of every float32 rounding class (and the class neighbours) as
+    _e2m1_f32(negative_zero=False), in the low or the high nibble of the low byte, the value in the other bits."""
+    from fp4ref.blockscale import _e2m1_entries, _e2m1_f32
+    from fp4ref.formats import E2M1, decode
+
+    rng = np.random.default_rng(17)
+    r = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    for v in (_all_classes_and_neighbours(), r[np.isfinite(r)]):
+        want = _e2m1_f32(v, negative_zero=False)
+        for high in (False, True):
+            ent = _e2m1_entries(v, np.empty(v.size, np.intp), np.empty(v.size, np.uint32), high=high)
+            np.testing.assert_array_equal(ent & 0xFF, want << 4 if high else want)
+            np.testing.assert_array_equal(ent & 0xFFFFFF00, decode(want, E2M1).view(np.uint32))
+
+
+def test_e4m3_table_path_equals_encode_on_every_class():
+    from fp4ref.blockscale import _e4m3_f32
+    from fp4ref.formats import E4M3FN, encode
+
+    rng = np.random.default_rng(18)
+    r = rng.integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    for v in (_all_classes_and_neighbours(), r[np.isfinite(r)]):
+        np.testing.assert_array_equal(_e4m3_f32(v), encode(v, E4M3FN, rounding="rne", saturate=True))
+
+
+@pytest.mark.parametrize("recipe", FAST)
+def test_fast_path_every_scale_byte_and_tie(recipe):
+    """Every E4M3 scale byte (block amax on each E4M3 value, on each midpoint and one fp32 ulp either side) with,
+    in every block, elements on each E2M1 tie (and the grid points) of that block's scale and one and two fp32 ulps
+    either side, both signs; in bf16 (rounded) and fp32."""
+    from fp4ref.blockscale import _fast_block_scales, _global_scales
+
+    vals = ml_dtypes.finfo(ml_dtypes.float8_e4m3fn)
+    e4 = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # 0 .. 448
+    mids = (e4[1:] + e4[:-1]) / 2
+    amax_e4 = np.concatenate([e4, mids, [float(vals.max) * 1.1]]).astype(np.float32)
+    amax_e4 = np.concatenate([amax_e4, np.nextafter(amax_e4, np.float32(np.inf)),
+                              np.nextafter(amax_e4, np.float32(0))])
+    for tensor_amax in (2688.0, 1.0, 3.0e-3):
+        # block amax chosen so that the recipe's pre-cast scale is about each E4M3 value / midpoint
+        ab = (amax_e4.astype(np.float64) * 6 * tensor_amax / 2688).astype(np.float32)
+        ab = ab[(ab <= tensor_amax) & (ab > 0)]
+        gs = _global_scales(NVFP4Recipe(recipe), np.float32(tensor_amax))
+        _, f, _ = _fast_block_scales(NVFP4Recipe(recipe), ab, gs)
+        grid = np.array([0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6], np.float64)
+        with np.errstate(over="ignore", divide="ignore"):
+            per = grid[None, :] * f[:, None] if recipe == "modelopt" else grid[None, :] / f[:, None]
+        per = per.astype(np.float32)
+        near = np.concatenate([per, np.nextafter(per, np.float32(np.inf)), np.nextafter(per, np.float32(0)),
+                               np.nextafter(np.nextafter(per, np.float32(np.inf)), np.float32(np.inf)),
+                               np.nextafter(np.nextafter(per, np.float32(0)), np.float32(0))], axis=1)
+        near = np.where(np.abs(near) <= ab[:, None], near, 0).astype(np.float32)
+        sign = np.where(np.arange(near.shape[1]) % 2, -1, 1).astype(np.float32)
+        elems = np.concatenate([near * sign, -near * sign], axis=1)  # [blocks, 150]
+        pad = (-elems.shape[1]) % 15
+        elems = np.concatenate([elems, np.zeros((elems.shape[0], pad), np.float32)], axis=1)
+        elems = elems.reshape(elems.shape[0], -1, 15)
+        blocks = np.concatenate([np.broadcast_to(ab[:, None, None], elems.shape[:2] + (1,)), elems], axis=2)
+        x = blocks.reshape(1, -1)
+        x[0, 0] = tensor_amax
+        _assert_fast_equals_reference(recipe, x, tensor_amax)
+        _assert_fast_equals_reference(recipe, x.astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("recipe", FAST)
+def test_fast_path_special_values(recipe, monkeypatch):
+    """Zero blocks, -0.0, float32 and bf16 subnormals, bf16 extremes, a tiny and a huge tensor amax, float16 and
+    bfloat16 input, several ragged sub-chunks, no rows."""
+    import fp4ref.blockscale as B
+
+    monkeypatch.setattr(B, "_FAST_SUB", 3)  # sub-chunks of 3 blocks: every boundary case below crosses several
+    tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
+    bmax = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    bsub = float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal)
+    rows = [
+        np.zeros(64),
+        np.r_[-0.0, np.zeros(15), -0.0 * np.ones(16), 1.0, -0.0, np.zeros(30)],
+        np.r_[tiny * np.arange(16), -tiny * np.arange(16), tiny, -tiny, np.zeros(30)],
+        np.r_[bmax, -bmax, bsub, -bsub, 1.0, np.zeros(11), bsub * np.arange(16), np.full(32, bmax / 3)],
+        np.r_[np.full(16, 1e-30), np.full(16, -3e-38), np.linspace(-6, 6, 32)],
+    ]
+    for r in rows:
+        x = np.asarray(r, np.float64).astype(np.float32).reshape(1, -1)
+        if np.max(np.abs(x)) == 0:
+            continue  # all zero: the global amax is 0, which nvfp4_quantize handles before any fast path
+        _assert_fast_equals_reference(recipe, x)
+        _assert_fast_equals_reference(recipe, x.astype(ml_dtypes.bfloat16))
+        if np.max(np.abs(x)) < 1e30:
+            _assert_fast_equals_reference(recipe, x, amax=np.max(np.abs(x)) * 1e6)  # a calibrated amax above max|x|
+    x16 = np.random.default_rng(3).standard_normal((5, 80)).astype(np.float16)
+    _assert_fast_equals_reference(recipe, x16)
+    _assert_fast_equals_reference(recipe, np.zeros((0, 32), np.float32), amax=1.0)
+
+
+@pytest.mark.parametrize("recipe", FAST)
+@given(data=st.data())
+def test_fast_path_random_blocks(recipe, data):
+    """Hypothesis: adversarial bf16 blocks (fp4ref.strategies.nvfp4_inputs) and raw finite float32 bit patterns,
+    with the tensor amax or a calibrated amax above it."""
+    from fp4ref.strategies import nvfp4_inputs
+
+    rows = data.draw(st.integers(1, 5))
+    nb = data.draw(st.integers(1, 6))
+    x = data.draw(nvfp4_inputs(rows, 16 * nb))
+    if np.max(np.abs(x.astype(np.float32))) > 0:
+        _assert_fast_equals_reference(recipe, x)
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    bits = np.random.default_rng(seed).integers(0, 2**32, size=(rows, 16 * nb), dtype=np.uint64).astype(np.uint32)
+    bits = np.where(((bits >> 23) & 0xFF) == 0xFF, bits & 0x807FFFFF, bits)  # NaN/inf patterns -> finite
+    y = bits.view(np.float32)
+    scale = data.draw(st.sampled_from([1.0, 2.0**-100, 2.0**-140]))
+    y = (y.astype(np.float64) * scale).astype(np.float32)  # rescaled: tiny and subnormal magnitudes too
+    a = float(np.max(np.abs(y)))
+    if a > 0:
+        _assert_fast_equals_reference(recipe, y)
+        factor = data.draw(st.sampled_from([1.5, 1e3]))
+        if a * factor < 3e38:  # a finite float32 amax
+            _assert_fast_equals_reference(recipe, y, amax=a * factor)
+
+
+@pytest.mark.parametrize("recipe", FAST)
+def test_nvfp4_quantize_uses_the_reference_bytes(recipe):
+    """The public nvfp4_quantize (fast path for these recipes) equals the reference rows on a real-sized chunk."""
+    from fp4ref.blockscale import _global_scales
+
+    x = (np.random.default_rng(5).standard_normal((64, 4096), dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+    t = nvfp4_quantize(x, recipe=recipe)
+    want_c, want_s = _reference_rows(recipe, x, _global_scales(NVFP4Recipe(recipe),
+                                                               np.float32(np.max(np.abs(x.astype(np.float32))))))
+    np.testing.assert_array_equal(t.codes, want_c)
+    np.testing.assert_array_equal(t.scales, want_s)

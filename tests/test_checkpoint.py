@@ -353,7 +353,8 @@ def test_ctrl_c_signal_with_workers(tmp_path):
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(1)
-    save_file({f"l{i}.weight": rng.standard_normal((512, 2048)).astype(np.float32) for i in range(16)},
+    # 128 MiB: enough work that the signal 0.2 s after the first progress line arrives while it runs
+    save_file({f"l{i}.weight": rng.standard_normal((1024, 2048), dtype=np.float32) for i in range(16)},
               str(tmp_path / "big.safetensors"))
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "fp4ref.quantize_file", str(tmp_path / "big.safetensors"), "-o",

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         for j in args.jobs:
             rows.append((f"fp4ref quantize --checkpoint-format modelopt", j, _run_case("quantize", inp, work / "out",
                                                                                       j)))
-        from ..bench_codecs import machine_line
+        from .codecs import machine_line
 
         largest_out = info["largest"][0] * info["largest"][1] // 2 / 2**20
         print(f"Checkpoint: {info['bytes'] / 2**30:.2f} GiB bf16, {info['weights'] / 1e9:.3f} G weights "
