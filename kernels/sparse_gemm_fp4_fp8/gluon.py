@@ -34,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._gluon import store_layout, store_or_reduce
+from .decode import _e4m3_of_e2m1, _e4m3_of_e2m1_sum
 
 __all__ = ["STEP_K", "decode_table", "gluon_constexprs", "shared_layouts", "sparse_swapab_kernel"]
 
@@ -82,37 +83,10 @@ def decode_table(device: torch.device) -> torch.Tensor:
 # Decode
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _e4m3_of_e2m1(code):
-    """(NaN slow path) E2M1 code (uint32, 0..15) -> its E4M3FN byte: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are bytes 0x00, 0x30,
-    0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C (4 * mag + 0x30 for mag >= 2); sign bit 3 -> bit 7."""
-    mag = code & 7
-    return gl.where(mag > 1, (mag << 2) + 0x30, mag * 0x30) | ((code & 8) << 4)
-
-
-@gluon.jit
-def _twice_e2m1(code):
-    """2 x the value of E2M1 code (uint32) as int32 in [-12, 12]."""
-    mag = code & 7
-    tw = gl.where(mag < 4, mag, (4 + 2 * (mag & 1)) << ((mag >> 1) - 2)).to(gl.int32)
-    return gl.where((code & 8) != 0, -tw, tw)
-
-
-@gluon.jit
-def _e4m3_of_e2m1_sum(code0, code1):
-    """E4M3FN byte of e2m1(code0) + e2m1(code1), exact: s = 2 x the sum is an integer, |s| <= 24 with <= 4
-    significant bits; exponent field = e32(|s|) - 121, mantissa = the top 3 fraction bits of fp32(|s|). 0 -> +0."""
-    s = _twice_e2m1(code0) + _twice_e2m1(code1)
-    a = gl.abs(s)
-    bits = a.to(gl.float32).to(gl.uint32, bitcast=True)
-    byte = ((((bits >> 23) & 0xFF) - 121) << 3) | ((bits >> 20) & 7)
-    byte = gl.where(s < 0, byte | 0x80, byte)
-    return gl.where(a == 0, 0, byte).to(gl.uint32)
-
-
-@gluon.jit
 def _words_by_arithmetic(v, t):
     """The table's word (``decode_table``) for int32 vals bytes v and meta bytes t, by integer arithmetic (no
-    fp16 -> e4m3 conversion: triton 3.6's packed one gave wrong bytes on the H200). Zeros come out +0."""
+    fp16 -> e4m3 conversion: triton 3.6's packed one gave wrong bytes on the H200) with decode.py's helpers, which
+    use only elementwise ops and so serve Gluon as they are. Zeros come out +0."""
     v = v.to(gl.uint32)
     t = t.to(gl.uint32)
     sh0 = (t & 3) << 3  # bit offset of idx0's byte
