@@ -202,7 +202,12 @@ def run(args) -> int:
         print("fp4ref quantize: interrupted; no partial output left", file=sys.stderr)
         return 130
     if show or args.dry_run:
-        print_report(reports, title=title)
+        try:
+            print_report(reports, title=title)
+        except KeyboardInterrupt:  # the output (if any) is already complete: say so, same status
+            done = "" if args.dry_run else f"; {args.output} is complete"
+            print(f"fp4ref quantize: interrupted while printing the report{done}", file=sys.stderr)
+            return 130
     return 0
 
 

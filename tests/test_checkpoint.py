@@ -343,6 +343,23 @@ def test_ctrl_c_leaves_no_partial_output(src, tmp_path, capsys, monkeypatch):
     assert _listing(tmp_path) == ["o"] and _listing(out) == ["old.txt"]
 
 
+def test_ctrl_c_while_the_report_prints_keeps_the_complete_output(src, tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the output is published (while the table prints): exit 130, one line saying it is complete."""
+    import fp4ref.quantize_file as Q
+
+    root, _ = src
+    out = tmp_path / "o"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Q, "print_report", interrupted)
+    assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"fp4ref quantize: interrupted while printing the report; {out} is complete"
+    assert (out / "model.safetensors.index.json").exists() or any(out.iterdir())
+
+
 def test_ctrl_c_signal_with_workers(tmp_path):
     """A real SIGINT to the CLI while --jobs 2 workers run: exit 130, one line, no output, no temporary files."""
     import signal
@@ -368,8 +385,13 @@ def test_ctrl_c_signal_with_workers(tmp_path):
     if proc.returncode == 0:
         pytest.skip("the run finished before the signal arrived")
     assert proc.returncode == 130, err
-    assert [e for e in err.splitlines() if "%" not in e] == ["fp4ref quantize: interrupted; no partial output left"]
-    assert _listing(tmp_path) == ["big.safetensors"]
+    lines = [e for e in err.splitlines() if "%" not in e]
+    if out.exists():  # the signal came after the output was published, while the report printed
+        assert lines == [f"fp4ref quantize: interrupted while printing the report; {out} is complete"], err
+        assert sorted(_listing(tmp_path)) == ["big.safetensors", "out"]
+    else:
+        assert lines == ["fp4ref quantize: interrupted; no partial output left"], err
+        assert _listing(tmp_path) == ["big.safetensors"]
 
 
 def test_corrupt_and_truncated_inputs_are_named(src, tmp_path, capsys):
