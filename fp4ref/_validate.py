@@ -1,6 +1,8 @@
 """Argument checks shared by the public functions: clear errors naming the argument, no silent casts."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ._interop import to_numpy
@@ -71,3 +73,17 @@ def as_float_array(x, name: str) -> np.ndarray:
             "convert explicitly (e.g. x.astype(np.float64)) if that is what you mean"
         )
     return arr
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Raise ValueError naming ``flag`` unless a report file can be written at ``path``, checked before a long run
+    (the report is written there at its end) and without truncating an existing file: a usage error found later
+    must leave it as it was."""
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.remove(path)
+    except OSError as exc:
+        raise ValueError(f"{flag} {path!r}: cannot write it ({exc.strerror})") from None

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
+from ._validate import check_writable
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
@@ -230,6 +231,10 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
     target = C.resolve_target(cf, fmt, recipe or (option if fmt == "nvfp4" else None),
                               mode or (option if fmt != "nvfp4" else None))
     ref = open_checkpoint(reference)
+    done = C._already_quantized(ref)
+    if done:
+        raise C.QuantizeFileError(f"--reference {str(reference)!r} is already quantized ({done}): pass the original "
+                                  "checkpoint")
     missing = sorted(n for n in layers if n not in ref.weight_map)
     if missing:
         raise C.QuantizeFileError(f"--reference {str(reference)!r} lacks tensor {missing[0]!r} of the audited "
@@ -311,6 +316,12 @@ def run(args) -> int:
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
         return 2
+    if args.json and args.json != "-":
+        try:
+            check_writable(args.json, "--json")
+        except ValueError as e:
+            print(f"fp4ref audit: error: {e}", file=sys.stderr)
+            return 2
     try:
         report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
     except (CheckpointError, ValueError) as e:

@@ -857,7 +857,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         if rec in _TORCHAO_SINGLE:
             raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
                              "global scale; use recipe='torchao' for two-level scaling")
-        amax = _F32(global_amax)
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf and is refused just below
+            amax = _F32(global_amax)
         if not np.isfinite(amax) or amax < 0:
             raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
         if amax == 0 and _max_abs(xm) != 0:

@@ -990,11 +990,14 @@ def detect_format(ckpt: Checkpoint) -> tuple:
                             "fp4ref reads")
 
 
-def find_quantized_layers(ckpt: Checkpoint) -> tuple:
-    """(checkpoint format, format, option, {name: :class:`Layer`}) of a quantized checkpoint.
+def find_quantized_layers(ckpt) -> tuple:
+    """(checkpoint format, format, option, {name: :class:`Layer`}) of a quantized checkpoint: a :class:`Checkpoint`
+    or a path (opened with :func:`fp4ref.checkpoint_io.open_checkpoint`).
 
     A layer is found from its scale tensor (``*weight_scale`` / ``*_scale`` in fp4ref's format, or the names listed
     in ``fp4ref.tensors``). Raises QuantizeFileError as :func:`detect_format`, or when a scale has no codes."""
+    if not isinstance(ckpt, Checkpoint):
+        ckpt = open_checkpoint(ckpt)
     cf, fmt, option = detect_format(ckpt)
     layers = {}
     recorded = {}
@@ -1050,16 +1053,27 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
     if layer.fmt == "nvfp4":
         import ml_dtypes
 
-        scale = (sb & 0x7F).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        # a scale byte is a non-negative E4M3FN value: a NaN (0x7F) or sign-bit byte is a corrupt checkpoint,
+        # never decoded into NaN or negated weights (fp4ref audit names such bytes too)
+        bad = np.flatnonzero((sb >= 0x80) | (sb == 0x7F))
+        if bad.size:
+            raise QuantizeFileError(f"{layer.scale}: scale byte {int(sb.reshape(-1)[bad[0]]):#04x} at flat index "
+                                    f"{int(bad[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN or negative")
+        scale = sb.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
         g = shard_of(layer.global_).read_array(layer.global_).astype(np.float64).reshape(-1)
         gv = g[e] if g.size > 1 else g[0]
+        if not (np.isfinite(gv) and gv > 0):
+            raise QuantizeFileError(f"{layer.global_}: global scale {float(gv)!r} (expert {e}) is not a finite "
+                                    "positive number")
         if layer.checkpoint_format == "compressed-tensors":
             gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
         out = vals.reshape(r1 - r0, -1, block) * scale[..., None] * gv
     else:
-        with np.errstate(over="ignore"):
-            sc = np.where(sb == 255, np.nan, np.ldexp(1.0, sb.astype(np.int64) - 127))
-        out = vals.reshape(r1 - r0, -1, block) * sc[..., None]
+        bad = np.flatnonzero(sb == 255)  # UE8M0 NaN
+        if bad.size:
+            raise QuantizeFileError(f"{layer.scale}: scale byte 0xff (NaN) at flat index {int(bad[0])} of rows "
+                                    f"[{row0 + r0}, {row0 + r1})")
+        out = vals.reshape(r1 - r0, -1, block) * np.ldexp(1.0, sb.astype(np.int64) - 127)[..., None]
     return out.reshape(r1 - r0, -1)[:, : layer.shape[-1]]
 
 
@@ -1251,6 +1265,9 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     """
     ckpt = open_checkpoint(path)
     _, _, _, layers = find_quantized_layers(ckpt)
+    if name not in layers:
+        some = ", ".join(sorted(layers)[:5]) + (", ..." if len(layers) > 5 else "")
+        raise KeyError(f"{name!r} is not a quantized tensor of {str(path)!r} (its {len(layers)}: {some})")
     L = layers[name]
     experts = L.shape[0] if len(L.shape) == 3 else 1
     n = int(np.prod(L.shape[:-1], dtype=np.int64)) // experts

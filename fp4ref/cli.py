@@ -64,6 +64,7 @@ def _cmd_verify(args) -> int:
     from rich.table import Table
 
     from . import verify as V
+    from ._validate import check_writable
 
     console = Console()
     if not console.is_terminal:
@@ -81,16 +82,7 @@ def _cmd_verify(args) -> int:
             if args.kernel.count(":") != 1 or not all(args.kernel.split(":")):
                 raise ValueError(f"--kernel {args.kernel!r} must look like 'package.module:function'")
         if args.json:
-            # fail now, not after the run (the report is written over this file at the end), without truncating
-            # an existing file: a usage error found later must leave it as it was
-            existed = os.path.exists(args.json)
-            try:
-                with open(args.json, "a"):
-                    pass
-                if not existed:
-                    os.remove(args.json)
-            except OSError as exc:
-                raise ValueError(f"--json {args.json!r}: cannot write it ({exc.strerror})") from None
+            check_writable(args.json, "--json")
         if args.max_check_rows is not None and (args.max_check_rows < 0 or 0 < args.max_check_rows < 129):
             raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
     except ValueError as exc:

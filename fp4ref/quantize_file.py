@@ -23,7 +23,8 @@ dtype of each quantized tensor), which ``--dequantize`` reads to restore each te
 
 Bad input gives a clear error (exit status 2) and writes nothing; an existing output is replaced only with
 ``--force``; the output is built under a temporary name beside it and renamed on success; Ctrl-C removes the
-partial output, prints one line and exits with status 130.
+partial output, prints one line and exits with status 130; SIGTERM (``kill``, ``timeout``) does the same and
+exits with status 143.
 
 CLI wiring (fp4ref/cli.py): ``add_parser(subparsers)`` registers the ``quantize`` subcommand with
 ``func=run``; ``run(args) -> int`` is the exit status. ``main(argv)`` runs it standalone.
@@ -31,6 +32,7 @@ CLI wiring (fp4ref/cli.py): ``add_parser(subparsers)`` registers the ``quantize`
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .blockscale import MXMode, NVFP4Recipe
@@ -162,7 +164,8 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
-    """Run the subcommand from parsed ``args``; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    """Run the subcommand from parsed ``args``; returns the exit status (0 ok, 2 bad input, 130 interrupted by
+    Ctrl-C, 143 by SIGTERM). Must run in the main thread (it handles SIGTERM while it works)."""
     show = not args.quiet
     if args.dequantize:
         given = [f"--{k.replace('_', '-')}" for k in ("format", "recipe", "mode", "include", "ignore",
@@ -180,6 +183,13 @@ def run(args) -> int:
     ignore = None
     if args.no_default_ignore or args.ignore:
         ignore = ([] if args.no_default_ignore or cf == "fp4ref" else list(DEFAULT_IGNORE)) + (args.ignore or [])
+    terminated = []
+
+    def on_sigterm(signum, frame):  # SIGTERM takes Ctrl-C's clean-up path: workers stopped, partial output removed
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         if args.dequantize:
             if args.dtype is not None:
@@ -199,8 +209,11 @@ def run(args) -> int:
     except (QuantizeFileError, CheckpointError, ValueError) as e:
         return _error(str(e))
     except KeyboardInterrupt:
-        print("fp4ref quantize: interrupted; no partial output left", file=sys.stderr)
-        return 130
+        what, status = ("terminated", 143) if terminated else ("interrupted", 130)
+        print(f"fp4ref quantize: {what}; no partial output left", file=sys.stderr)
+        return status
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if show or args.dry_run:
         try:
             print_report(reports, title=title)

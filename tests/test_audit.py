@@ -142,3 +142,48 @@ def test_bad_usage(made, tmp_path, capsys):
     assert "--mode applies to mxfp4/mxfp8" in capsys.readouterr().err
     assert main(["audit", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what, name_suffix, fn, words", [
+    ("NaN scale byte", "weight_scale", lambda a: a.__setitem__(3, 0x7F), "0x7f"),
+    ("negative scale byte", "weight_scale", lambda a: a.__setitem__(5, 0xB8), "0xb8"),
+    ("NaN global scale", "weight_scale_2", lambda a: a.__setitem__(slice(0, 4), np.frombuffer(
+        np.float32("nan").tobytes(), np.uint8)), "nan"),
+    ("negative global scale", "weight_scale_2", lambda a: a.__setitem__(slice(0, 4), np.frombuffer(
+        np.float32(-1.0).tobytes(), np.uint8)), "-1.0"),
+    ("zero global scale", "weight_scale_2", lambda a: a.__setitem__(slice(0, 4), 0), "0.0"),
+])
+def test_dequantize_refuses_corrupt_scales(made, tmp_path, capsys, what, name_suffix, fn, words):
+    """--dequantize never turns a corrupt scale into NaN, inf, zero or negated weights: exit 2, the tensor named,
+    nothing written (audit flags the same files)."""
+    bad = copy(made, "mo", tmp_path)
+    base = QKV[0][: -len("weight")]
+    patch(bad, base + name_suffix, fn)
+    out = tmp_path / "deq"
+    assert main(["quantize", str(bad), "-o", str(out), "--dequantize", "--quiet"]) == 2, what
+    err = capsys.readouterr().err
+    assert base + name_suffix in err and words in err, err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["mo"]
+    assert not audit_checkpoint(bad).clean
+
+
+def test_audit_json_path_checked_before_the_run(made, tmp_path, capsys):
+    assert main(["audit", str(made / "mo"), "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert "--json" in capsys.readouterr().err
+    assert main(["audit", str(made / "mo"), "--json", str(tmp_path)]) == 2  # a directory
+    keep = tmp_path / "old.json"
+    keep.write_text("old")
+    assert main(["audit", str(made / "mo"), "--recipe", "te", "--json", str(keep)]) == 2  # usage error: kept
+    assert keep.read_text() == "old"
+
+
+def test_layers_from_a_path_and_a_named_missing_tensor(made):
+    cf, fmt, _, layers = C.find_quantized_layers(made / "mo")
+    assert (cf, fmt) == ("modelopt", "nvfp4") and QKV[0] in layers
+    with pytest.raises(KeyError, match="not a quantized tensor"):
+        C.read_dequantized(made / "mo", "nope.weight")
+
+
+def test_a_quantized_reference_is_a_usage_error(made, capsys):
+    assert main(["audit", str(made / "mo"), "--reference", str(made / "ct")]) == 2
+    assert "already quantized" in capsys.readouterr().err
