@@ -164,15 +164,16 @@ TL_CONFIGS = _runtime.ConfigTable(
 
 # The table on a GPU: the Gluon kernel where it is the fastest path (M <= 64; per-bucket winners of the H200 CUPTI
 # sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
-# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once),
+# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once;
+# at M = 32 and 64 two and four 16-row M tiles with the arithmetic decode beat one 32- or 64-row tile decoded
+# through the table: 7.5 vs 9.1 us and 10.3 vs 11.5 us),
 # the `tl` table above it (at M = 100 and 256 the expand path's 64 x 64 tiles beat the Gluon kernel, whose
 # per-N-tile decode of A grows with M). docs/benchmarks.md.
 CONFIGS = _runtime.ConfigTable(
     rows=(
         (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
         (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
-        (32, GluonConfig(BLOCK_N=64, BLOCK_M=32, STAGES=4, SPLIT_K=4)),
-        (64, GluonConfig(BLOCK_N=64, BLOCK_M=64, STAGES=4, SPLIT_K=4)),
+        (64, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
     ) + tuple(r for r in TL_CONFIGS.rows if r[0] > 64),
     larger=TL_CONFIGS.larger,
 )
