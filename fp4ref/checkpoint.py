@@ -339,6 +339,8 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
             it.group = _fused_key(n)
             it.outputs = _outputs(it, target)
         items.append(it)
+    if not items:
+        raise QuantizeFileError(f"{_where(ckpt)!r} holds no tensors")
     if all(it.reason for it in items):
         reasons = "; ".join(f"{it.name}: {it.reason}" for it in items[:5])
         raise QuantizeFileError(f"no tensor of {_where(ckpt)!r} can be quantized to {target.fmt} ({reasons}"

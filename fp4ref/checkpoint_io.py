@@ -390,10 +390,11 @@ class OutputLocation:
         parent = self.target.parent
         for src in inputs:
             s = Path(src)
-            if self.target.exists() and s.exists() and (os.path.samefile(s, self.target)
-                                                        or (self.target.is_dir() and s.resolve().is_relative_to(
-                                                            self.target.resolve()))):
+            if self.target.exists() and s.exists() and os.path.samefile(s, self.target):
                 raise CheckpointError(f"output path {str(self.target)!r} is the input; choose another output path")
+            if self.target.is_dir() and s.exists() and s.resolve().is_relative_to(self.target.resolve()):
+                raise CheckpointError(f"output path {str(self.target)!r} contains the input {str(s)!r}; choose "
+                                      "another output path")
             if s.resolve() == self.target.resolve():
                 raise CheckpointError(f"output path {str(self.target)!r} is the input; choose another output path")
         if self.target.exists() and not force:

@@ -225,13 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"formats to print (default: all of {', '.join(FORMATS)})")
     p.add_argument("--markdown", action="store_true", help="print Markdown (docs/formats.md is this output)")
     p.set_defaults(func=_cmd_formats)
+    for p in sub.choices.values():  # an unknown option is reported with its subcommand's usage (main)
+        p.set_defaults(subparser=p)
     return parser
 
 
 def main(argv=None) -> int:
     """Entry point of the ``fp4ref`` console script. Returns the process exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits with status 2
     return args.func(args)
 
 

@@ -387,8 +387,8 @@ def _read_output(case, out_t):
     shape = case.w.output_shape(case.m, case.n)
     if getattr(out, "shape", None) != shape or getattr(out, "dtype", None) != np.dtype(
             _dtype_of(case.w.output_dtype)):
-        raise ValueError(f"the kernel returned {getattr(out, 'dtype', type(out).__name__)} "
-                         f"{getattr(out, 'shape', '')}; the workload's output is {case.w.output_dtype} {shape}")
+        got = f"{out.dtype} {out.shape}" if hasattr(out, "dtype") and hasattr(out, "shape") else type(out).__name__
+        raise ValueError(f"the kernel returned {got}; the workload's output is {case.w.output_dtype} {shape}")
     return out
 
 

@@ -296,6 +296,7 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         ([str(src), "-o", str(out), "--include", "^nomatch$"], "matches none"),
         ([str(src), "-o", str(src)], "is the input"),
         ([str(src), "-o", str(tmp_path / "." / "in.safetensors")], "is the input"),
+        ([str(src), "-o", str(tmp_path), "--force"], "contains the input"),
         ([str(src), "-o", str(out), "--include", "("], "not a valid regular expression"),
         ([str(src), "-o", str(out), "--dequantize"], "no fp4ref quantization metadata"),
     ]
@@ -303,6 +304,10 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
     junk.write_bytes(b"this is not a safetensors file at all")
     before = _listing(tmp_path)
     cases.append(([str(junk), "-o", str(out)], "not a readable safetensors file"))
+    empty = tmp_path / "empty.safetensors"
+    save_file({}, str(empty))
+    before = _listing(tmp_path)
+    cases.append(([str(empty), "-o", str(out)], "holds no tensors"))
     for argv, msg in cases:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
@@ -376,3 +381,15 @@ def test_add_parser_wires_a_quantize_subcommand(tmp_path, capsys):
     with safe_open(str(out), framework="np") as f:
         assert f.metadata()["fp4ref.mode"] == "rceil"
         assert f.get_slice("a.weight").get_dtype() == "F8_E4M3"
+
+
+@pytest.mark.parametrize("command", ["quantize", "audit", "verify"])
+def test_unknown_option_shows_the_subcommands_usage(command, capsys):
+    from fp4ref.cli import main as cli_main
+
+    args = {"quantize": ["in.safetensors", "-o", "out"], "audit": ["q"], "verify": []}[command]
+    with pytest.raises(SystemExit) as exc:
+        cli_main([command, *args, "--bogus-flag"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: fp4ref {command}") and "unrecognized arguments: --bogus-flag" in err
