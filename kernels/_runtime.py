@@ -46,8 +46,8 @@ from triton import knobs
 
 __all__ = [
     "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream", "hooks_installed", "interpreting",
-    "launch_compiled", "num_sms", "raw_launcher", "workspace", "workspace_bytes",
+    "check_int_fields", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream", "hooks_installed",
+    "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace", "workspace_bytes",
 ]
 
 # Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``
@@ -127,6 +127,21 @@ def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -
 # ---------------------------------------------------------------------------------------------------------------
 # Config tables
 # ---------------------------------------------------------------------------------------------------------------
+def check_int_fields(config, *names: str) -> None:
+    """Raise TypeError naming the field unless each of ``config``'s fields ``names`` is an int (bools are not)."""
+    for name in names:
+        v = getattr(config, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}={v!r}: expected an int")
+
+
+def k_split(steps: int, split_k: int) -> tuple[int, int]:
+    """(K steps per slice, slices launched) for ``steps`` K steps cut into at most ``split_k`` slices of equal
+    length: the last slice may be shorter, none is empty (the split-K kernels launch no empty slice)."""
+    per = -(-steps // min(split_k, steps))
+    return per, -(-steps // per)
+
+
 @dataclass(frozen=True)
 class ConfigTable:
     """Configs chosen by M, the table shape every kernel package uses.

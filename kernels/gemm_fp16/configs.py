@@ -139,10 +139,7 @@ class GluonConfig:
     def __post_init__(self):
         if not isinstance(self.WARP_SPEC, bool):
             raise TypeError(f"WARP_SPEC={self.WARP_SPEC!r}: expected a bool")
-        for name in ("BLOCK_N", "BLOCK_M", "BLOCK_K", "STAGES", "SPLIT_K", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name}={v!r}: expected an int")
+        _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_M", "BLOCK_K", "STAGES", "SPLIT_K", "num_warps")
         if self.num_warps not in (4, 8):
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128, 256) or self.BLOCK_N < 16 * self.num_warps:
@@ -166,9 +163,7 @@ class GluonConfig:
 
     def k_split(self, K: int) -> tuple[int, int]:
         """(K tiles per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
-        k_tiles = -(-K // self.BLOCK_K)
-        per = -(-k_tiles // min(self.SPLIT_K, k_tiles))
-        return per, -(-k_tiles // per)
+        return _runtime.k_split(-(-K // self.BLOCK_K), self.SPLIT_K)
 
 
 # gemm_fp16's table on a GPU, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct

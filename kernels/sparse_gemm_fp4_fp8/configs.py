@@ -111,10 +111,7 @@ class GluonConfig:
     num_warps: int = 4
 
     def __post_init__(self):
-        for name in ("BLOCK_N", "BLOCK_M", "STAGES", "SPLIT_K", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name}={v!r}: expected an int")
+        _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_M", "STAGES", "SPLIT_K", "num_warps")
         if self.num_warps not in (4, 8):
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128) or self.BLOCK_N < 16 * self.num_warps:
@@ -131,9 +128,7 @@ class GluonConfig:
 
     def k_split(self, K: int) -> tuple[int, int]:
         """(K steps per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
-        steps = -(-K // PROMOTION_INTERVAL)
-        per = -(-steps // min(self.SPLIT_K, steps))
-        return per, -(-steps // per)
+        return _runtime.k_split(-(-K // PROMOTION_INTERVAL), self.SPLIT_K)
 
     def shared_bytes(self, K: int) -> int:
         """Shared memory at reduction length K: the slice's A bytes and decoded A (K_PER x BLOCK_M x (64 + 128))
