@@ -131,13 +131,13 @@ def _check_bytes(layer, ckpt) -> list:
         else:
             nib = np.stack([codes & 15, codes >> 4], axis=-1).reshape(r1 - r0, -1)
             mag = nib & 7
+        nan_b, neg_b = C.scale_byte_defects(fmt, sb)
+        nan += int(np.count_nonzero(nan_b))
+        neg += int(np.count_nonzero(neg_b))
         if fmt == "nvfp4":
-            nan += int(np.count_nonzero((sb & 0x7F) == 0x7F))
-            neg += int(np.count_nonzero(((sb & 0x80) != 0) & ((sb & 0x7F) != 0x7F)))
             negzero += int(np.count_nonzero(sb == 0x80))
             zero_scale = (sb & 0x7F) == 0
         else:
-            nan += int(np.count_nonzero(sb == 0xFF))
             zero_scale = np.zeros(sb.shape, bool)  # UE8M0 has no zero
         blocks_nonzero = np.any(mag.reshape(r1 - r0, -1, block) != 0, axis=-1)
         zsc += int(np.count_nonzero(zero_scale & blocks_nonzero))

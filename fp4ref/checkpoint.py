@@ -76,6 +76,7 @@ __all__ = [
     "TensorReport",
     "Layer",
     "find_quantized_layers",
+    "scale_byte_defects",
     "plan_quantize",
     "quantize_checkpoint",
     "dequantize_checkpoint",
@@ -1037,6 +1038,17 @@ def find_quantized_layers(ckpt) -> tuple:
     return cf, fmt, option, layers
 
 
+def scale_byte_defects(fmt: str, sb: np.ndarray) -> tuple:
+    """(NaN mask, negative mask) of scale bytes ``sb`` (uint8) of format ``fmt``: an NVFP4 scale is a non-negative
+    E4M3FN value, so bytes 0x7F / 0xFF are NaN and the other bytes with the sign bit set (0x80 = -0 included) are
+    negative; an MX scale is UE8M0, whose 0xFF is NaN and which has no sign. A quantizer writes neither; fp4ref
+    audit counts them, --dequantize refuses them."""
+    if fmt == "nvfp4":
+        nan = (sb & 0x7F) == 0x7F
+        return nan, ((sb & 0x80) != 0) & ~nan
+    return sb == 0xFF, np.zeros(sb.shape, bool)
+
+
 def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray:
     """Exact float64 values of rows [r0, r1) of expert e (0 for 2-D) of a quantized layer, unpadded."""
     block = FORMATS[layer.fmt][0]
@@ -1052,15 +1064,15 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
     else:
         c = codes.view(np.uint8)
         vals = _E2M1[np.stack([c & 15, c >> 4], axis=-1).reshape(r1 - r0, -1)]
+    # a corrupt scale byte is refused, never decoded into NaN or negated weights
+    nan, neg = scale_byte_defects(layer.fmt, sb)
+    bad = np.flatnonzero(nan | neg)
+    if bad.size:
+        raise QuantizeFileError(f"{layer.scale}: scale byte {int(sb.reshape(-1)[bad[0]]):#04x} at flat index "
+                                f"{int(bad[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN or negative")
     if layer.fmt == "nvfp4":
         import ml_dtypes
 
-        # a scale byte is a non-negative E4M3FN value: a NaN (0x7F) or sign-bit byte is a corrupt checkpoint,
-        # never decoded into NaN or negated weights (fp4ref audit names such bytes too)
-        bad = np.flatnonzero((sb >= 0x80) | (sb == 0x7F))
-        if bad.size:
-            raise QuantizeFileError(f"{layer.scale}: scale byte {int(sb.reshape(-1)[bad[0]]):#04x} at flat index "
-                                    f"{int(bad[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN or negative")
         scale = sb.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
         g = shard_of(layer.global_).read_array(layer.global_).astype(np.float64).reshape(-1)
         gv = g[e] if g.size > 1 else g[0]
@@ -1071,10 +1083,6 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
             gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
         out = vals.reshape(r1 - r0, -1, block) * scale[..., None] * gv
     else:
-        bad = np.flatnonzero(sb == 255)  # UE8M0 NaN
-        if bad.size:
-            raise QuantizeFileError(f"{layer.scale}: scale byte 0xff (NaN) at flat index {int(bad[0])} of rows "
-                                    f"[{row0 + r0}, {row0 + r1})")
         out = vals.reshape(r1 - r0, -1, block) * np.ldexp(1.0, sb.astype(np.int64) - 127)[..., None]
     return out.reshape(r1 - r0, -1)[:, : layer.shape[-1]]
 

@@ -187,3 +187,13 @@ def test_layers_from_a_path_and_a_named_missing_tensor(made):
 def test_a_quantized_reference_is_a_usage_error(made, capsys):
     assert main(["audit", str(made / "mo"), "--reference", str(made / "ct")]) == 2
     assert "already quantized" in capsys.readouterr().err
+
+
+def test_dequantize_refuses_a_nan_mx_scale(made, tmp_path, capsys):
+    bad = copy(made, "mx8", tmp_path)
+    scale = C.output_names("modelopt", "mxfp8", QKV[0])["scale"]
+    patch(bad, scale, lambda a: a.__setitem__(2, 0xFF))  # UE8M0 NaN
+    assert main(["quantize", str(bad), "-o", str(tmp_path / "deq"), "--dequantize", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert scale in err and "0xff" in err
+    assert "scale-nan" in findings(audit_checkpoint(bad))[QKV[0]]
