@@ -508,20 +508,22 @@ class Report:
     def failures(self) -> list:
         """What failed, each with its count, the rule that decides first: e.g. ``["37 / 6144 elements not equal to
         the correctly rounded output (exact-accumulation input)", "2 NaN mismatches"]``. Empty when ``ok``."""
-        pct = lambda n: f"{n} / {self.size} ({100.0 * n / max(self.size, 1):.3g}%)"  # noqa: E731
         out = []
         if self.not_equal_exact:
-            out.append(f"{pct(self.not_equal_exact)} elements not equal to the correctly rounded output "
+            out.append(f"{self._pct(self.not_equal_exact)} elements not equal to the correctly rounded output "
                        "(exact-accumulation input)")
         if self.n_violations:
-            out.append(f"{pct(self.n_violations)} elements over the K-aware bound")
+            out.append(f"{self._pct(self.n_violations)} elements over the K-aware bound")
         if self.unwritten:
-            out.append(f"{pct(self.unwritten)} elements unwritten (still poisoned)")
+            out.append(f"{self._pct(self.unwritten)} elements unwritten (still poisoned)")
         if self.nan_mismatch:
-            out.append(f"{pct(self.nan_mismatch)} NaN mismatches")
+            out.append(f"{self._pct(self.nan_mismatch)} NaN mismatches")
         if self.inf_mismatch:
-            out.append(f"{pct(self.inf_mismatch)} Inf mismatches")
+            out.append(f"{self._pct(self.inf_mismatch)} Inf mismatches")
         return out
+
+    def _pct(self, n: int) -> str:
+        return f"{n} / {self.size} ({100.0 * n / max(self.size, 1):.3g}%)"
 
     def summary(self) -> str:
         """One line: what failed and how many first (``FAILED: ...``), then the headline numbers."""
@@ -538,16 +540,15 @@ class Report:
         lines = [f"Not within the K-aware bound of model {self.model!r} ({self.output_rounding} output, K={self.K})"]
         if self.exact_accumulation:
             lines[0] = f"Not equal to the correctly rounded output (exact-accumulation input), model {self.model!r}"
-        pct = lambda n: f"{n} / {self.size} ({100.0 * n / max(self.size, 1):.3g}%)"  # noqa: E731
-        lines.append(f"Elements over the bound: {pct(self.n_violations)}")
+        lines.append(f"Elements over the bound: {self._pct(self.n_violations)}")
         if self.exact_accumulation:
-            lines.append(f"Elements not equal to the correctly rounded output: {pct(self.not_equal_exact)}")
+            lines.append(f"Elements not equal to the correctly rounded output: {self._pct(self.not_equal_exact)}")
         if self.nan_mismatch:
-            lines.append(f"NaN mismatches: {pct(self.nan_mismatch)}")
+            lines.append(f"NaN mismatches: {self._pct(self.nan_mismatch)}")
         if self.inf_mismatch:
-            lines.append(f"Inf mismatches: {pct(self.inf_mismatch)}")
+            lines.append(f"Inf mismatches: {self._pct(self.inf_mismatch)}")
         if self.unwritten:
-            lines.append(f"Unwritten (still poisoned) elements: {pct(self.unwritten)}")
+            lines.append(f"Unwritten (still poisoned) elements: {self._pct(self.unwritten)}")
         lines.append(f"Max err/bound: {self.max_err_over_bound:.6g} at {self.worst}; max ulps vs correctly rounded: "
                      f"{self.max_ulps}; equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
