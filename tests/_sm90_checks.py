@@ -6,8 +6,8 @@ from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, sass_info
 
 def assert_gluon_build(ck, max_spill_stores: int = 0) -> dict:
     """wgmma and TMA loads in the PTX; shared memory within the sm_90 limit; in the SASS (where triton's bundled
-    cuobjdump reads it) HGMMA (16-bit) or QGMMA (fp8) and UTMALDG present and at most ``max_spill_stores`` spill stores (and as many loads
-    when spilling is allowed at all). Returns the SASS facts."""
+    cuobjdump reads it) HGMMA (16-bit) or QGMMA (fp8) and UTMALDG present and at most ``max_spill_stores`` spill
+    stores (and as many loads when spilling is allowed at all). Returns the SASS facts."""
     __tracebackhide__ = True
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx

@@ -357,7 +357,9 @@ def test_ctrl_c_while_the_report_prints_keeps_the_complete_output(src, tmp_path,
     assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt"]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"fp4ref quantize: interrupted while printing the report; {out} is complete"
-    assert (out / "model.safetensors.index.json").exists() or any(out.iterdir())
+    from fp4ref.audit import audit_checkpoint
+
+    assert (out / "model.safetensors.index.json").exists() and audit_checkpoint(out).clean  # complete and valid
 
 
 @pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])

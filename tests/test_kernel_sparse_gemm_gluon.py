@@ -41,11 +41,11 @@ def _build(cfg):
            "v_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
            "t_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
            "b_ptr": "*fp8e4nv", "vals_ptr": "*i8", "meta_ptr": "*i8", "c_ptr": "*bf16", "ws_ptr": "*fp32",
-           "cnt_ptr": "*i32", "lut_ptr": "*i32", "M": "i32", "N": "i32", "k_steps": "i32", "stride_bn": "i32", "stride_am": "i32",
-           "stride_cm": "i32"}
+           "cnt_ptr": "*i32", "lut_ptr": "*i32", "M": "i32", "N": "i32", "k_steps": "i32", "stride_bn": "i32",
+           "stride_am": "i32", "stride_cm": "i32"}
     return compile_for_sm90(sparse_swapab_kernel, sig, gluon_constexprs(cfg, K), num_warps=cfg.num_warps,
-                            divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "lut_ptr", "N",
-                                             "stride_bn", "stride_am", "stride_cm"])
+                            divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "lut_ptr",
+                                             "N", "stride_bn", "stride_am", "stride_cm"])
 
 
 @pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)

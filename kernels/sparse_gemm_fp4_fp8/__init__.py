@@ -20,7 +20,8 @@ Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py,
 TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 64
 on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
 interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
-E4M3FN A, persistent TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is kernels/_runtime.py.
+E4M3FN A, persistent TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is
+kernels/_runtime.py.
 """
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ PLANS = _runtime.PlanCache("sparse_gemm_fp4_fp8")
 
 
 def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: GluonConfig | FusedConfig | ExpandConfig | None = None, *, out: torch.Tensor | None = None,
-                        nan_check_bytes: bool | None = None) -> torch.Tensor:
+                        config: GluonConfig | FusedConfig | ExpandConfig | None = None, *,
+                        out: torch.Tensor | None = None, nan_check_bytes: bool | None = None) -> torch.Tensor:
     """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (module docstring).
 
     Args:

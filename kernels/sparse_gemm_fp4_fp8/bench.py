@@ -5,8 +5,9 @@
     python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep    # time candidate configs per M (tuning only)
 
 --sweep picks, per M, the candidate with the least GPU time (CUPTI), except that at M <= 256 an expand pick must
-also have the lower event time (host included) than the best one-launch (Gluon or fused) config; then (with --check) checks and times
-the picked configs in the same run; paste them into configs.CONFIGS.
+also have the lower event time (host included) than the best one-launch (Gluon or fused) config; then (with
+--check) checks and times the picked configs in the same run; paste them into configs.CONFIGS (--paths limits the
+candidates to some paths).
 
 Peers, timed in the same run on the same operands:
   (a) cuBLAS fp8 dense: torch._scaled_mm(A_e4m3, b.T, scale 1, out bf16) with A pre-expanded to E4M3FN outside
