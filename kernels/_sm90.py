@@ -35,7 +35,7 @@ import types
 from typing import Any, Mapping, Sequence
 
 __all__ = ["SM90_TARGET_ARCH", "SM90_MAX_SHARED_BYTES", "Sm90Build", "Sm90CompileError", "compile_for_sm90",
-           "gluon_tensordesc", "sass_info"]
+           "gluon_tensordesc", "ptxas_advisories", "sass_info"]
 
 SM90_TARGET_ARCH = 90  # compute capability 9.0 (Hopper), warp size 32
 SM90_MAX_SHARED_BYTES = 232448  # 227 KiB: the most dynamic shared memory one CTA may use on H100/H200
@@ -135,6 +135,28 @@ def sass_info(cubin: bytes) -> dict:
     return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
             "spill_stores": count("STL"), "spill_loads": count("LDL"), "hgmma": count("HGMMA"),
             "qgmma": count("QGMMA"), "utmaldg": count("UTMALDG")}
+
+
+def ptxas_advisories(ptx: str) -> list[str]:
+    """The "Potential Performance Loss" advisories triton's bundled ptxas prints for ``ptx`` (sm_90a, ``-v``),
+    e.g. C7513-C7515: "wgmma.mma_async instructions are serialized due to ..." (every wgmma of the kernel then
+    waits for the previous one, so nothing overlaps the tensor cores). Triton's own build does not show them.
+    [] where ptxas is not available."""
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(tool):
+        return []
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([tool, "-arch=sm_90a", "-v", src, "-o", os.path.join(d, "kernel.cubin")],
+                             capture_output=True, text=True)
+    return [line.split("ptxas info    : ", 1)[-1] for line in (res.stdout + res.stderr).splitlines()
+            if "Potential Performance Loss" in line]
 
 
 def _normalize(params, signature, constexprs, divisible_by_16):

@@ -7,11 +7,15 @@ warpgroup), M (padded to BM, 8..128) the wgmma N width. Per 256-element K step:
 * TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes, block scales [BN, 16] bytes, and
   x dequantized to fp16 [BM, 256] (zero-filled past row M);
 * each thread decodes ITS OWN part of the wgmma A fragment from shared memory: 32 contiguous code bytes of two
-  rows (two 16-byte loads each) and 4 scale bytes, by bit placement (an E2M1 code c = s e1 e0 m placed as the
+  rows (two 16-byte loads each) and 4 scale bytes, in four 64-K chunks (one 16-element block per chunk and row
+  part), by bit placement (an E2M1 code c = s e1 e0 m placed as the
   fp16 bits s << 15 | (e1 e0 m) << 9 is exactly E2M1(c) * 2^-14) and one f16x2 multiply by fp16(block scale) *
   2^6: E2M1(c) * scale * 2^-8, exact in fp16 (<= 6 significant bits, magnitude <= 10.5, >= 2^-18). No shared
   memory round trip of the decoded W; the accumulator is multiplied by 2^8 at the end (exact).
-* ``warpgroup_mma`` with A from registers, B = the x tile from shared memory, async, one group in flight.
+* ``warpgroup_mma`` per chunk with A from registers, B = the chunk's 64 columns of the x tile in shared memory,
+  async, one group in flight: chunk c + 1 is decoded while chunk c runs, and only two chunks' A fragments are
+  live (16 registers each). ``gl.assume(k_steps >= 1)`` removes the loop's zero-trip path, whose accumulator
+  initialisation would otherwise make ptxas serialize every wgmma (advisory C7515).
 
 The K permutation. wgmma's A fragment gives lane 4 g + q of a warp the rows g and g + 8 of its 16 and, per k16
 instruction i, the logical columns {2q, 2q+1, 2q+8, 2q+9}. Within each 256-element step the kernel computes
@@ -31,6 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .._gluon import store_layout
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_BITS_PTX
@@ -67,6 +72,29 @@ def _decode_words(words, s16):
 
 
 @gluon.jit
+def _chunks(t, order: gl.constexpr):
+    """The four 64-K chunks of a thread's registers: ``t`` [BN, 4 (q), 2 (chi), 2 (clo), ...] permuted by
+    ``order`` so that chi, clo are the two trailing axes, split into chunk c = 2 chi + clo (register renames)."""
+    t = gl.permute(t, order)
+    lo, hi = gl.split(t)  # clo = 0, 1
+    c0, c2 = gl.split(lo)  # chi = 0, 1
+    c1, c3 = gl.split(hi)
+    return c0, c1, c2, c3
+
+
+@gluon.jit
+def _chunk_mma(w, s16, x_s, acc, c: gl.constexpr, BN: gl.constexpr, a_layout: gl.constexpr):
+    """Decode chunk c (w: int32 [BN, 4 (q), 2 (t)] code words, s16: fp16 [BN, 4 (q)] scales * 2^6) into the
+    wgmma A fragment [BN, 64] and issue its async wgmma against logical K columns [64 c, 64 c + 64) of x_s."""
+    w = gl.reshape(w, [BN, 8])
+    s = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BN, 8]), w.type.layout, assert_trivial=True)
+    v = gl.reshape(_decode_words(w, s), [BN, 4, 2, 2, 2, 2])  # physical (q, t, e_hi, j1, j0): i = 4c + 2t + e_hi
+    a = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [BN, 64])  # logical (t, e_hi, j1, q, j0)
+    a = gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
+    return warpgroup_mma(a, x_s.slice(64 * c, 64, dim=1).permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
 def _issue(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, NBYTES: gl.constexpr):
     mbarrier.expect(bar, NBYTES)
     tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem)
@@ -92,6 +120,7 @@ def nvfp4_gluon_kernel(
     off_n = pid_n * BN
     off_m = pid_m * BM
     k_steps = K // BK // SPLIT_K  # the host launches SPLIT_K dividing K / 256
+    gl.assume(k_steps >= 1)  # K >= 256: no zero-trip path (it would serialize the wgmmas, ptxas C7515)
     k0 = pid_k * k_steps * BK
 
     w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 2], w_desc.layout)
@@ -128,13 +157,14 @@ def nvfp4_gluon_kernel(
         words = w_smem.index(s)._reinterpret(gl.int32, [BN, BK // 8], words_smem).load(words_layout)
         sb = s_smem.index(s).load(scale_layout)
         s16 = (sb & 0x7F).to(gl.float8e4nv, bitcast=True).to(gl.float16) * 64.0  # UE4M3: sign ignored; exact
-        s16 = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BN, BK // 8]), words_layout, assert_trivial=True)
-        v = gl.reshape(_decode_words(words, s16), [BN, 4, 16, 2, 2])  # physical (q, i, j1, j0)
-        a = gl.reshape(gl.permute(v, [0, 2, 3, 1, 4]), [BN, BK])  # logical (i, j1, q, j0)
-        a = gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
-        acc = warpgroup_mma(a, x_smem.index(s).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        nxt = i + STAGES - 1  # step i - 1's wgmma retired: its slot takes step i + STAGES - 1
+        # chunk c (k16 instructions 4c..4c+3) of a thread: words 2c, 2c+1 and scale byte c of its row parts
+        w_c = _chunks(gl.reshape(words, [BN, 4, 2, 2, 2]), [0, 1, 4, 2, 3])  # (q, chi, clo, t) -> (q, t)
+        s_c = _chunks(gl.reshape(s16, [BN, 4, 2, 2]), [0, 1, 2, 3])  # (q, chi, clo) -> (q)
+        x_s = x_smem.index(s)
+        for c in gl.static_range(4):
+            acc = _chunk_mma(w_c[c], s_c[c], x_s, acc, c, BN, a_layout)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        nxt = i + STAGES - 1  # step i - 1's wgmmas retired: its slot takes step i + STAGES - 1
         if nxt < k_steps:
             t = nxt % STAGES
             _issue(w_desc, s_desc, x_desc, w_smem.index(t), s_smem.index(t), x_smem.index(t), ready.index(t),
@@ -144,7 +174,7 @@ def nvfp4_gluon_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [num_warps, 1], [0, 1])
+    out_layout: gl.constexpr = store_layout(BN, BM, num_warps)  # 8 consecutive n per thread: 16-byte stores
     accb = gl.convert_layout(acc, out_layout)
     offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
     offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))

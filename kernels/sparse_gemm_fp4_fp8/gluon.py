@@ -15,7 +15,10 @@ reading b at full bandwidth on every SM and spending as little as possible on A:
   arithmetic for smaller tiles. The K loop then only waits for b and issues wgmma.
 * promotion that overlaps the tensor cores: each step's wgmma goes into a fresh accumulator (<= 128 products in
   the tensor core's limited-precision accumulator); after the NEXT step's wgmma is issued, ``warpgroup_mma_wait(1)``
-  retires this one and its result is added into the fp32 accumulator (``hopper_fp8_wgmma_promote(128)``).
+  retires this one and its result is added into the fp32 accumulator (``hopper_fp8_wgmma_promote(128)``). The
+  fresh accumulators alternate between two register sets (two steps per loop iteration), so a retired one is
+  never copied while the other wgmma runs: such a copy makes ptxas serialize every wgmma of the kernel (advisory
+  C7514), which the CPU build test checks.
 * NaN policy (module docstring of the package): a dense MMA makes a NaN byte of b poison its whole column, read or
   not. A tile whose fp32 accumulator holds a NaN is recomputed, for this program's K range, on CUDA cores from the
   selected positions only (exact products, fp32 sums: within the same model), so a NaN reaches c iff the
@@ -159,6 +162,25 @@ def _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, off_m,
     return acc
 
 
+@gluon.jit
+def _step_mma(b_smem, a_smem, ready, i, into, STAGES: gl.constexpr):
+    """Issue step i's wgmma (b tile of ring slot i % STAGES, decoded A of step i) into a fresh accumulator held in
+    ``into``'s registers (use_acc=False: their value is not read)."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    return warpgroup_mma(b_smem.index(s), a_smem.index(i).permute((1, 0)), into, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _refill(b_desc, b_smem, ready, off_n, ks0, i, nk, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Step i - 1 retired: its ring slot takes step i + STAGES - 1 (two warpgroups: both retired it first)."""
+    if num_warps > 4:
+        gl.thread_barrier()
+    j = i + STAGES - 1
+    if j < nk:
+        _issue_b(b_desc, b_smem.index(j % STAGES), ready.index(j % STAGES), off_n, (ks0 + j) * 128)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,24 +234,29 @@ def sparse_swapab_kernel(
     # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs -----------
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 32])
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+    acc = zero
     mbarrier.wait(ready.index(0), 0)  # step 0 (peeled: from here on one wgmma group is always in flight)
-    part = warpgroup_mma(b_smem.index(0), a_smem.index(0).permute((1, 0)), acc, use_acc=False, is_async=True)
+    pa = warpgroup_mma(b_smem.index(0), a_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     if STAGES - 1 < nk:  # the ring's last slot was never filled
         _issue_b(b_desc, b_smem.index(STAGES - 1), ready.index(STAGES - 1), off_n, (ks0 + STAGES - 1) * BK)
-    for i in range(1, nk):
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        nxt = warpgroup_mma(b_smem.index(s), a_smem.index(i).permute((1, 0)), acc, use_acc=False, is_async=True)
-        # retire step i - 1 (step i stays in flight) and promote its result into fp32
-        acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(part,))
-        part = nxt
-        if num_warps > 4:
-            gl.thread_barrier()  # both warpgroups retired step i - 1 before its slot is refilled
-        j = i + STAGES - 1  # step i - 1 retired: its ring slot takes step i + STAGES - 1
-        if j < nk:
-            _issue_b(b_desc, b_smem.index(j % STAGES), ready.index(j % STAGES), off_n, (ks0 + j) * BK)
-    acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(part,))
+    # two steps per iteration, their fresh accumulators alternating between two register sets (pa carried, pb
+    # local): a promoted accumulator is never copied while the other wgmma runs, which would make ptxas
+    # serialize every wgmma (C7514)
+    for i in range(1, nk - 1, 2):
+        pb = _step_mma(b_smem, a_smem, ready, i, zero, STAGES)
+        ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))  # retire step i - 1, promote it into fp32
+        acc = acc + ra
+        _refill(b_desc, b_smem, ready, off_n, ks0, i, nk, STAGES, num_warps)
+        pa = _step_mma(b_smem, a_smem, ready, i + 1, ra, STAGES)  # into step i - 1's registers
+        acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
+        _refill(b_desc, b_smem, ready, off_n, ks0, i + 1, nk, STAGES, num_warps)
+    if nk % 2 == 0:  # one step left over: nk - 1
+        pb = _step_mma(b_smem, a_smem, ready, nk - 1, zero, STAGES)
+        acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
+        acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
+    else:
+        acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
     mbarrier.invalidate(a_bar.index(0))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
