@@ -471,14 +471,15 @@ def test_gemv_model_is_registered_and_tighter():
 
 def test_pick_config_serves_each_M_by_its_path():
     """INTERPRETER_CONFIGS (the tl paths): the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass
-    above; on a GPU the Gluon path up to M = 256 where it fits N and K; the contract picks the same config and gives
+    above; on a GPU the Gluon path at every M where it fits N and K; the contract picks the same config and gives
     each its own model (what fp4ref verify asks)."""
     paths = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=True)) for m in (1, 2, 16, 64, 256, 257, 16384)}
     assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
                      256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
-    gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 16, 64, 256, 257)}
+    gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 16, 64, 256, 257, 16384)}
     assert gpu == {1: nvl.GluonConfig, 2: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
-                   256: nvl.GluonConfig, 257: nvl.PrepassConfig}
+                   256: nvl.GluonConfig, 257: nvl.GluonConfig, 16384: nvl.GluonConfig}
+    assert type(nvl.pick_config(1024, 8192, 8192 + 64, interpreter=False)) is nvl.PrepassConfig  # K % 256 != 0
     # K not a multiple of 256 (or of 256 * SPLIT_K): the tl paths serve it on a GPU too
     assert type(nvl.pick_config(1, 8192, 8192 + 128, interpreter=False)) is nvl.GemvConfig
     assert type(nvl.pick_config(8, 4096, 768, interpreter=False)) is nvl.TensorCoreConfig  # 3 steps, SPLIT_K 4
@@ -488,7 +489,8 @@ def test_pick_config_serves_each_M_by_its_path():
     assert c.model_for(c.config_for(1, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 2048)"
     assert c.model_for(c.config_for(64, 8192, 8192, True), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(64, 8192, 8192, False), 8192).name == "hopper_fp16_wgmma"
-    assert c.model_for(c.config_for(4096, 8192, 8192), 8192, interpreter=True).name == "fp32_rn"
+    assert c.model_for(c.config_for(4096, 8192, 8192, True), 8192, interpreter=True).name == "fp32_rn"
+    assert c.model_for(c.config_for(4096, 8192, 8192), 8192).name == "hopper_fp16_wgmma"
     for cfg in nvl.CONFIGS.configs() + nvl.INTERPRETER_CONFIGS.configs():  # the contract bounds every config
         assert bounds.get_model(nvl.accumulation_model(cfg, 8192)).eps(8192) <= bounds.get_model(c.model).eps(8192)
 

@@ -27,16 +27,18 @@ from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()
 TABLE = [c for c in nvl.CONFIGS.configs() if isinstance(c, G)]
-VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=16, SPLIT_K=2, STAGES=3, num_warps=8)]
+VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=16, SPLIT_K=2, STAGES=3, num_warps=8),
+            G(BN=128, BM=128, SPLIT_K=2, STAGES=3, num_warps=8, X_STAGES=8), G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3)]
 
 
 def _build(cfg):
     wl, sl, xl = gluon.shared_layouts(cfg)
     sig = {"w_desc": gluon_tensordesc("u8", [cfg.BN, 128], wl), "s_desc": gluon_tensordesc("u8", [cfg.BN, 16], sl),
-           "x_desc": gluon_tensordesc("fp16", [cfg.BM, 256], xl), "gdec_ptr": "*fp32", "out_ptr": "*bf16",
+           "x_desc": gluon_tensordesc("fp16", [cfg.BM, gluon.x_block_k(cfg)], xl), "gdec_ptr": "*fp32",
+           "out_ptr": "*bf16",
            "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
-    ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, W_SWIZZLE=cfg.W_SWIZZLE,
-              num_warps=cfg.num_warps)
+    ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, X_STAGES=cfg.X_STAGES,
+              W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps)
     return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps,
                             divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
 
@@ -87,7 +89,10 @@ def test_gluon_config_checks_and_model():
     with pytest.raises(ValueError, match="BN"):
         G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps
     with pytest.raises(ValueError, match="BM"):
-        G(BN=64, BM=256, SPLIT_K=1, STAGES=3)
+        G(BN=64, BM=512, SPLIT_K=1, STAGES=3)
+    for xs in (1, -1, 2.0, True):
+        with pytest.raises(ValueError, match="X_STAGES"):
+            G(BN=64, BM=16, SPLIT_K=1, STAGES=2, X_STAGES=xs)
     with pytest.raises(ValueError, match="STAGES"):
         G(BN=64, BM=16, SPLIT_K=1, STAGES=1)
     with pytest.raises(TypeError, match="W_SWIZZLE"):
@@ -138,7 +143,35 @@ def test_gluon_within_bound_and_deterministic(m, cfg, weight):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("m", [1, 16, 64, 256])
+@pytest.mark.parametrize("m, cfg", [(m, c) for m in (257, 700) for c in TABLE[-2:] + VARIANTS[-2:]])
+def test_gluon_large_m_within_bound_and_deterministic(m, cfg, weight):
+    """The large-M tiles (x in its own ring of 64-K chunks) at M past one and two tiles of x rows."""
+    test_gluon_within_bound_and_deterministic(m, cfg, weight)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gluon_ragged_tiles_and_one_step():
+    """N not a multiple of BN, M not a multiple of BM (TMA zero-fill and clipped stores), one 256-K step."""
+    rng = np.random.default_rng(31)
+    for m, n, k, cfg in ((300, 1040, 512, TABLE[-1]), (129, 208, 256, TABLE[-1]), (1, 80, 256, TABLE[0]),
+                         (40, 336, 768, VARIANTS[-1])):
+        wq = ref_quantize(rng.standard_normal((n, k), dtype=np.float32), recipe="sol")
+        x_np = rng.standard_normal((m, k)).astype(np.float32).astype(ml_dtypes.bfloat16)
+        x = torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        cfg = cfg if cfg.fits(n, k) else G(cfg.BN, cfg.BM, 1, cfg.STAGES, num_warps=cfg.num_warps,
+                                           X_STAGES=cfg.X_STAGES)
+        nvl.nvfp4_linear(x, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).cuda(),
+                         float(wq.global_decode_scale), config=cfg, out=out)
+        ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
+        bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, k), output_rounding="rne",
+                     poison=float("nan")).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", [1, 16, 64, 256, 512])
 def test_gluon_exact_accumulation_is_correctly_rounded(m):
     """Every x block holds a 10.5 (tensor amax 10.5: global encode 256, a power of two; block amax 10.5: block scale
     448, so x's codes are {0, +-0.5, 6} and dequantized x a multiple of 224), W codes {0, +-0.5, +-1} with block

@@ -7,10 +7,11 @@ docs/kernels.md, section nvfp4_linear, describes the paths and their numerics.
 A call: quantize x (quantize.py: amax, then codes * block scales, exact), then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
-* ``GluonConfig`` (gluon.py, GPU, M <= 256): W decoded in registers straight into the wgmma A operand (Gluon);
+* ``GluonConfig`` (gluon.py, GPU): W decoded in registers straight into the wgmma A operand (Gluon), every M;
 * ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode (the CPU interpreter's M = 1 path);
 * ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;
-* ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M).
+* ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M in the CPU
+  interpreter, and shapes the Gluon path cannot take).
 
 Epilogue on every path: acc * fp32(x_global_decode * weight_global_decode), one RNE rounding to bf16.
 Bitwise deterministic (no floating-point atomics, fixed reduction orders); no host synchronisation. Host
@@ -145,8 +146,10 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     Returns:
         y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
         exact products and fp32 accumulation (``accumulation_model(config, K)``; NUMERIC_CONTRACT). Any M >= 1;
-        N, K multiples of 16. The PrepassConfig path keeps a decoded-weight workspace of 2 N K bytes (128 MiB at
-        N = K = 8192) per device and stream; ``_runtime.clear_workspaces()`` frees it.
+        N, K multiples of 16. Workspaces (per device and stream; ``_runtime.clear_workspaces()`` frees them): x
+        dequantized (2 M K bytes, 4 M K for the GEMV), split-K partials of the Gluon path (4 SPLIT_K M N bytes,
+        M <= 32); the PrepassConfig path (CPU interpreter at M > 256, shapes the Gluon path cannot take) also
+        keeps a decoded weight of 2 N K bytes (128 MiB at N = K = 8192).
 
     Raises:
         TypeError: wrong tensor types or dtypes, config of another type.

@@ -168,7 +168,7 @@ SWEEP_M = (1, 2, 4, 8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def _cfg_label(cfg) -> str:
-    """The path and its config, short: gemv / tc / prepass."""
+    """The path and its config, short: gemv / tc / prepass / gluon."""
     t = type(cfg).__name__
     if t == "PrepassConfig":
         g = cfg.gemm
@@ -178,7 +178,7 @@ def _cfg_label(cfg) -> str:
         return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
     if t == "GluonConfig":
         return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
-                + ("" if cfg.W_SWIZZLE else ",noswz"))
+                + (f",xs{cfg.X_STAGES}" if cfg.X_STAGES else "") + ("" if cfg.W_SWIZZLE else ",noswz"))
     return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 

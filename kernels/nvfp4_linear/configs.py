@@ -4,7 +4,8 @@ Paths (the config's type says which one serves a call):
 
 * ``GemvConfig``: ``nvfp4_gemv_kernel`` (gemv.py), CUDA cores, batch-1 decode.
 * ``TensorCoreConfig``: ``nvfp4_linear_kernel`` (tensorcore.py), W decoded in registers, tensor cores, split-K.
-* ``PrepassConfig``: the large-M path (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM.
+* ``PrepassConfig``: the large-M path of the CPU interpreter and of shapes the Gluon path cannot take (prepass.py):
+  W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM.
 
 ``QuantizeConfig`` is the tile of the quantizer that runs before every path (and in ``nvfp4_quantize``).
 Workload: SOL-ExecBench ``nvfp4_linear_layer`` (in = out = 8192); docs/kernels.md, section nvfp4_linear.
@@ -90,10 +91,12 @@ class TensorCoreConfig:
 @dataclass(frozen=True)
 class GluonConfig:
     """The Gluon path (``gluon.nvfp4_gluon_kernel``, sm_90 only): W decoded in registers straight into the wgmma
-    A operand, swap-AB, TMA / mbarrier ring of STAGES 256-element K steps; BN weight rows per program (64 per
-    warpgroup: num_warps 4 -> 64, 8 -> 128), BM rows of x per program (8..128, the wgmma N width), SPLIT_K
-    programs along K (fixed-order last-arrival sum); W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no
-    bank conflicts on the decode's 16-byte loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
+    A operand, swap-AB; BN weight rows per program (64 per warpgroup: num_warps 4 -> 64, 8 -> 128), BM rows of x
+    per program (8..256, the wgmma N width), SPLIT_K programs along K (fixed-order last-arrival sum). TMA rings:
+    STAGES 256-element K steps of W codes and scales; x rides in that ring ([BM, 256] per step, X_STAGES 0) or has
+    its own ring of X_STAGES >= 2 64-element chunks (large tiles, where STAGES steps of x would not fit in shared
+    memory). W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no bank conflicts on the decode's 16-byte
+    loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
 
     BN: int
     BM: int
@@ -101,6 +104,7 @@ class GluonConfig:
     STAGES: int
     W_SWIZZLE: bool = True
     num_warps: int = 4
+    X_STAGES: int = 0
 
     def __post_init__(self):
         _check_pow2(self, "SPLIT_K")
@@ -108,12 +112,15 @@ class GluonConfig:
         if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
             raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
                              "BN = 16 * num_warps (64 rows per warpgroup)")
-        if self.BM not in (8, 16, 32, 64, 128):
-            raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64 or 128 (the wgmma N width)")
+        if self.BM not in (8, 16, 32, 64, 128, 256):
+            raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64, 128 or 256 (the wgmma N width)")
         if self.STAGES < 2:
             raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
         if not isinstance(self.W_SWIZZLE, bool):
             raise TypeError(f"W_SWIZZLE={self.W_SWIZZLE!r}: expected a bool")
+        x = self.X_STAGES
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x == 1:
+            raise ValueError(f"X_STAGES={x!r}: expected 0 (x in the W ring) or an int >= 2")
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
@@ -161,23 +168,23 @@ class QuantizeConfig:
 # On a GPU, chosen by M (rows of x). M <= 256: the Gluon path, per-bucket winners of an H200 CUPTI sweep of the
 # kernel (docs/benchmarks.md): bound by the weight bytes (36 MiB) and the decode, so every program streams W with
 # a deep TMA ring, split-K where the grid would otherwise underfill the SMs. Larger M is bound by tensor-core
-# throughput: W decoded once per call by the word pre-pass, then the TMA GEMM 128x256x64. Shapes the Gluon path
-# cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
+# throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
+# workspace. Shapes the Gluon path cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 CONFIGS = ConfigTable(
     rows=(
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
-        (256, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
+        (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
+        (256, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=4)),
     ),
-    larger=PrepassConfig(gemm=TmaConfig(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
-                         BLOCK_R=16, BLOCK_C=512, num_warps=4, mode="cvt"),
+    larger=GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4),
 )
 
 # The Triton paths (the CPU interpreter cannot run Gluon; also every shape on a GPU): M = 1 the CUDA-core GEMV
 # (exact 16-element block sums); up to M = 256 the in-kernel decode on tensor cores (tl: W decoded in registers,
-# through shared memory into wgmma); larger M the pre-pass path, as in CONFIGS.
+# through shared memory into wgmma); larger M the pre-pass path (W decoded to a workspace, then the TMA GEMM).
 INTERPRETER_CONFIGS = ConfigTable(
     rows=(
         (1, GemvConfig(BLOCK_N=64, BLOCK_M=1, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=1)),
@@ -185,7 +192,8 @@ INTERPRETER_CONFIGS = ConfigTable(
         (64, TensorCoreConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4)),
         (256, TensorCoreConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)),
     ),
-    larger=CONFIGS.larger,
+    larger=PrepassConfig(gemm=TmaConfig(128, 256, 64, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3),
+                         BLOCK_R=16, BLOCK_C=512, num_warps=4, mode="cvt"),
 )
 
 # The quantizer's tile by M (same table shape).
@@ -237,7 +245,7 @@ def accumulation_model(config, K: int, interpreter: bool | None = False, **launc
     ``launch`` (M, N) does not change the model.
 
     Raises:
-        TypeError: config is not one of the three config types.
+        TypeError: config is not one of the four config types.
         ValueError: K is not a positive multiple of 16.
     """
     if not isinstance(config, _CONFIG_TYPES):

@@ -33,7 +33,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from .._gluon import store_layout
 from .._runtime import Desc, Launch
@@ -41,17 +42,23 @@ from .configs import GluonConfig
 from .decode import DECODE_BITS_PTX
 from .tensorcore import splitk_buffers
 
-__all__ = ["GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K"]
+__all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K", "x_block_k"]
 
 STEP_K = 256  # K elements per step: the period of the K permutation (K must be a multiple)
+CHUNK_K = 64  # K elements per wgmma group and x TMA chunk
+
+
+def x_block_k(config: GluonConfig) -> int:
+    """K columns of x one TMA copy moves: a 256-K step (X_STAGES 0, x in the W ring) or a 64-K chunk."""
+    return STEP_K if config.X_STAGES == 0 else CHUNK_K
 
 
 def shared_layouts(config: GluonConfig):
-    """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x (the default
-    NVMMA layout of an fp16 [BM, 256] tile)."""
+    """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x tiles (the
+    default NVMMA layout of an fp16 [BM, x_block_k] tile: 128-byte swizzle, the wgmma operand layout)."""
     w = gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8, rank=2)
     s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    x = gl.NVMMASharedLayout.get_default_for([config.BM, STEP_K], gl.float16)
+    x = gl.NVMMASharedLayout.get_default_for([config.BM, x_block_k(config)], gl.float16)
     return w, s, x
 
 
@@ -83,23 +90,34 @@ def _chunks(t, order: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_mma(w, s16, x_s, acc, c: gl.constexpr, BN: gl.constexpr, a_layout: gl.constexpr):
+def _chunk_mma(w, s16, x_s, acc, BN: gl.constexpr, a_layout: gl.constexpr):
     """Decode chunk c (w: int32 [BN, 4 (q), 2 (t)] code words, s16: fp16 [BN, 4 (q)] scales * 2^6) into the
-    wgmma A fragment [BN, 64] and issue its async wgmma against logical K columns [64 c, 64 c + 64) of x_s."""
+    wgmma A fragment [BN, 64] and issue its async wgmma against the x chunk x_s [BM, 64]."""
     w = gl.reshape(w, [BN, 8])
     s = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BN, 8]), w.type.layout, assert_trivial=True)
     v = gl.reshape(_decode_words(w, s), [BN, 4, 2, 2, 2, 2])  # physical (q, t, e_hi, j1, j0): i = 4c + 2t + e_hi
     a = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [BN, 64])  # logical (t, e_hi, j1, q, j0)
     a = gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
-    return warpgroup_mma(a, x_s.slice(64 * c, 64, dim=1).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma(a, x_s.permute((1, 0)), acc, is_async=True)
 
 
 @gluon.jit
-def _issue(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, NBYTES: gl.constexpr):
-    mbarrier.expect(bar, NBYTES)
-    tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem)
-    tma.async_copy_global_to_shared(s_desc, [off_n, k // 16], bar, s_smem)
-    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem)
+def _issue_w(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, pred, X_STAGES: gl.constexpr):
+    """TMA (when ``pred``): W codes and block scales of the 256-K step at k into one W ring slot, and with
+    X_STAGES == 0 the step's x tile [BM, 256] as well."""
+    XB: gl.constexpr = x_desc.block_type.nbytes if X_STAGES == 0 else 0
+    mbarrier.expect(bar, w_desc.block_type.nbytes + s_desc.block_type.nbytes + XB, pred=pred)
+    tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem, pred=pred)
+    tma.async_copy_global_to_shared(s_desc, [off_n, k // 16], bar, s_smem, pred=pred)
+    if X_STAGES == 0:
+        tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+
+
+@gluon.jit
+def _issue_x(x_desc, x_smem, bar, off_m, k, pred):
+    """TMA (when ``pred``): the x chunk [BM, 64] at (permuted) column k into one slot of the x ring."""
+    mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
 
 
 @gluon.jit
@@ -110,8 +128,8 @@ def nvfp4_gluon_kernel(
     # [SPLIT_K, M, N] and per-tile arrival counters (int32, 0 between launches)
     gdec_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
-    BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, W_SWIZZLE: gl.constexpr,
-    num_warps: gl.constexpr,
+    BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, X_STAGES: gl.constexpr,
+    W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr,
 ):
     BK: gl.constexpr = 256
     pid_n = gl.program_id(0)
@@ -123,17 +141,28 @@ def nvfp4_gluon_kernel(
     gl.assume(k_steps >= 1)  # K >= 256: no zero-trip path (it would serialize the wgmmas, ptxas C7515)
     k0 = pid_k * k_steps * BK
 
+    # the W ring (STAGES 256-K steps); x rides in it (X_STAGES == 0: [BM, 256] per step) or has its own ring of
+    # X_STAGES 64-K chunks (large tiles, where STAGES steps of x would not fit)
     w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 2], w_desc.layout)
     s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 16], s_desc.layout)
-    x_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    NBYTES: gl.constexpr = BN * BK // 2 + BN * BK // 16 + BM * BK * 2
+        mbarrier.init(w_ready.index(i), count=1)
+    if X_STAGES == 0:
+        x_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
+    else:
+        x_smem = gl.allocate_shared_memory(gl.float16, [X_STAGES, BM, BK // 4], x_desc.layout)
+        x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(X_STAGES):
+            mbarrier.init(x_ready.index(i), count=1)
+    fence_async_shared()
+    n_chunks = 4 * k_steps
     for i in gl.static_range(STAGES - 1):
-        if i < k_steps:
-            _issue(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i), ready.index(i),
-                   off_n, off_m, k0 + i * BK, NBYTES)
+        _issue_w(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i if X_STAGES == 0 else 0),
+                 w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES)
+    if X_STAGES > 0:
+        for jx in gl.static_range(X_STAGES - 1):
+            _issue_x(x_desc, x_smem.index(jx), x_ready.index(jx), off_m, k0 + jx * 64, jx < n_chunks)
 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BM, 16])
@@ -153,26 +182,50 @@ def nvfp4_gluon_kernel(
     acc = gl.zeros([BN, BM], gl.float32, acc_layout)
     for i in range(k_steps):
         s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        mbarrier.wait(w_ready.index(s), (i // STAGES) & 1)
         words = w_smem.index(s)._reinterpret(gl.int32, [BN, BK // 8], words_smem).load(words_layout)
         sb = s_smem.index(s).load(scale_layout)
         s16 = (sb & 0x7F).to(gl.float8e4nv, bitcast=True).to(gl.float16) * 64.0  # UE4M3: sign ignored; exact
         # chunk c (k16 instructions 4c..4c+3) of a thread: words 2c, 2c+1 and scale byte c of its row parts
         w_c = _chunks(gl.reshape(words, [BN, 4, 2, 2, 2]), [0, 1, 4, 2, 3])  # (q, chi, clo, t) -> (q, t)
         s_c = _chunks(gl.reshape(s16, [BN, 4, 2, 2]), [0, 1, 2, 3])  # (q, chi, clo) -> (q)
-        x_s = x_smem.index(s)
         for c in gl.static_range(4):
-            acc = _chunk_mma(w_c[c], s_c[c], x_s, acc, c, BN, a_layout)
+            if X_STAGES == 0:
+                x_s = x_smem.index(s).slice(64 * c, 64, dim=1)
+            else:
+                j = 4 * i + c
+                xs = j % X_STAGES
+                mbarrier.wait(x_ready.index(xs), (j // X_STAGES) & 1)
+                x_s = x_smem.index(xs)
+            acc = _chunk_mma(w_c[c], s_c[c], x_s, acc, BN, a_layout)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        nxt = i + STAGES - 1  # step i - 1's wgmmas retired: its slot takes step i + STAGES - 1
-        if nxt < k_steps:
-            t = nxt % STAGES
-            _issue(w_desc, s_desc, x_desc, w_smem.index(t), s_smem.index(t), x_smem.index(t), ready.index(t),
-                   off_n, off_m, k0 + nxt * BK, NBYTES)
+            if X_STAGES > 0:
+                if num_warps > 4:
+                    gl.thread_barrier()  # both warpgroups retired chunk j - 1 (and read step i - 1's W words)
+                # chunk j - 1 retired: its x slot takes chunk j - 1 + X_STAGES; after chunk 4 i - 1 (c = 0), step
+                # i - 1's W slot takes step i + STAGES - 1 (predicated, not branched: a branch between the wgmmas
+                # makes ptxas serialize them, advisory C7513)
+                nx = j + X_STAGES - 1
+                _issue_x(x_desc, x_smem.index(nx % X_STAGES), x_ready.index(nx % X_STAGES), off_m, k0 + nx * 64,
+                         nx < n_chunks)
+                if c == 0:
+                    nw = i + STAGES - 1
+                    _issue_w(w_desc, s_desc, x_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES), x_s,
+                             w_ready.index(nw % STAGES), off_n, off_m, k0 + nw * BK, nw < k_steps, X_STAGES)
+        if X_STAGES == 0:
+            if num_warps > 4:
+                gl.thread_barrier()  # both warpgroups retired step i - 1
+            nw = i + STAGES - 1  # step i - 1's wgmmas retired: its slot takes step i + STAGES - 1
+            _issue_w(w_desc, s_desc, x_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES),
+                     x_smem.index(nw % STAGES), w_ready.index(nw % STAGES), off_n, off_m, k0 + nw * BK, nw < k_steps,
+                     X_STAGES)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     acc = acc * 256.0  # undo the decode's 2^-8 (exact: every product carries the same power of two)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(w_ready.index(i))
+    if X_STAGES > 0:
+        for i in gl.static_range(X_STAGES):
+            mbarrier.invalidate(x_ready.index(i))
 
     out_layout: gl.constexpr = store_layout(BN, BM, num_warps)  # 8 consecutive n per thread: 16-byte stores
     accb = gl.convert_layout(acc, out_layout)
@@ -211,7 +264,7 @@ class GluonLaunch:
         self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts(config)
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
-            dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES,
+            dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
                  W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps), n_desc=3)
 
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
@@ -221,4 +274,4 @@ class GluonLaunch:
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            Desc(deq, (M, K), (K, 1), (cfg.BM, STEP_K), xl), gdec, out, part, cnt, M, N, K)
+            Desc(deq, (M, K), (K, 1), (cfg.BM, x_block_k(cfg)), xl), gdec, out, part, cnt, M, N, K)
