@@ -165,13 +165,12 @@ def nvfp4_quantize_kernel(
         tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
     if WRITE_DEQUANT:
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
-        v = tl.where(neg, -r, r) * sval[:, :, None]
-        dcols = cols
+        v = (tl.where(neg, -r, r) * sval[:, :, None]).to(deq_ptr.dtype.element_ty)
         if PERMUTE_K:
-            p = cols % 256
-            dcols = cols - p + 16 * ((p // 4) % 16) + 8 * ((p // 2) % 2) + 2 * (p // 64) + p % 2
-        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + dcols[None, :],
-                 v.reshape(BLOCK_R, BLOCK_C).to(deq_ptr.dtype.element_ty), mask=mask)
+            # within each 256 chunk p = 64 q + 4 i + 2 j1 + j0 -> column 16 i + 8 j1 + 2 q + j0: axes (q, i, j1, j0)
+            # -> (i, j1, q, j0), reordered in registers so that the store stays contiguous (wide stores)
+            v = v.reshape(BLOCK_R, BLOCK_C // 256, 4, 16, 2, 2).permute(0, 1, 3, 4, 2, 5)
+        tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], v.reshape(BLOCK_R, BLOCK_C), mask=mask)
 
 
 
