@@ -14,7 +14,8 @@ fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call, the headline figure, an
 * the floor max(bytes floor, bf16 compute floor): bytes = x + packed W + W scales + y at the device-to-device
   copy bandwidth measured in the same run; compute = 2 M N K at the bf16 matmul rate measured in the same run
   (torch.matmul 8192^3);
-* quantize alone (``nvfp4_quantize``) against its bytes floor (read x once, write codes + scales).
+* quantize alone (``nvfp4_quantize``) against its bytes floor: read x twice (the recipe needs the global amax
+  before the first block scale, and x does not fit in L2 at large M), write codes + scales.
 
 Every table prints CUPTI us and event us for ours and each peer, the ratio peer / ours by CUPTI, % of the floor
 (by CUPTI) and the path + config that served the call. ``--sweep`` times the candidate configs of
@@ -541,7 +542,7 @@ def main(argv=None) -> int:
         t_qa = time_gpu(lambda: torch_dequant_linear(x, None, None, w_gdec), iters=args.iters)
         bytes_lin = m * K * 2 + N * K // 2 + N * K // 16 + m * N * 2
         floor = max(bytes_lin / bw, 2.0 * m * N * K / flops) * 1e6
-        q_floor = (m * K * 2 + m * K // 2 + m * K // 16) / bw * 1e6
+        q_floor = (2 * m * K * 2 + m * K // 2 + m * K // 16) / bw * 1e6  # x read twice: amax, then quantize
         label = _cfg_label(nvl.pick_config(m, N, K))
         rec = dict(m=m, config=label, ours=t_ours, torch_dequant=t_a, bf16_predequant=t_b, floor_us=floor,
                    quantize=t_q, quantize_torch=t_qa, quantize_floor_us=q_floor)
