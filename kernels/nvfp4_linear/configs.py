@@ -177,7 +177,7 @@ CONFIGS = ConfigTable(
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
-        (256, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=4)),
+        (256, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)),
     ),
     larger=GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4),
 )
