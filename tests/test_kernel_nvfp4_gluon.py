@@ -1,8 +1,8 @@
 """nvfp4_linear's Gluon path (GluonConfig, kernels/nvfp4_linear/gluon.py): W decoded in registers into wgmma.
 
-CPU: every GluonConfig of CONFIGS (and the unswizzled and 8-warp variants) is built for sm_90 (there is no Gluon
-interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no spills, no shared-memory round trip of
-the decoded W (no STS in the main loop's SASS), shared memory within the limit. The quantizer's permuted K order
+CPU: every GluonConfig of CONFIGS, the variants below and every one the benchmark's sweep may pick is built for
+sm_90 (there is no Gluon interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no spills, no ptxas
+advisory (serialized wgmma), shared memory within the limit. The quantizer's permuted K order
 is checked in the interpreter against numpy on every element; config checks.
 GPU (``-m gpu``): every tabled M against fp4ref's exact NVFP4 reference (recipe "sol") under the config's model,
 NaN-poisoned outputs, bitwise determinism, and an exact-accumulation case (integer-valued products whose fp32 sums
@@ -43,8 +43,15 @@ def _build(cfg):
                             divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
 
 
-@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def _sweep_candidates():
+    from fp4ref.kernels.nvfp4_linear import bench
+
+    return [c for c in bench.all_linear_candidates() if isinstance(c, G) and c not in TABLE + VARIANTS]
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS + _sweep_candidates(), ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
+    """Every tabled config, the variants the GPU tests run and every config the benchmark's sweep may pick."""
     assert_gluon_build(_build(cfg))
 
 

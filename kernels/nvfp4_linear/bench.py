@@ -114,6 +114,28 @@ def _candidates_in_kernel(m: int):
     return [C(128, 256, 64, 1, 8, 3), C(128, 128, 64, 1, 8, 4)]
 
 
+def _gluon_candidates(m: int):
+    """GluonConfig candidates per M bucket (BN, BM, SPLIT_K, STAGES, num_warps, X_STAGES): swap-AB, W decoded in
+    registers; split-K at small M (the grid would underfill the SMs), 256-row x tiles with an x chunk ring above."""
+    from fp4ref.kernels.nvfp4_linear import GluonConfig as G
+
+    if m <= 8:
+        tiles = [(64, 8, s, t, 4, 0) for s in (2, 4, 8) for t in (3, 4)]
+    elif m <= 16:
+        tiles = [(64, 16, s, t, 4, 0) for s in (1, 2, 4) for t in (3, 4)]
+    elif m <= 32:
+        tiles = [(64, 32, s, 4, 4, 0) for s in (1, 2, 4)]
+    elif m <= 64:
+        tiles = [(64, 64, s, t, 4, 0) for s in (1, 2) for t in (3, 4)]
+    elif m <= 128:
+        tiles = [(64, 128, 1, 3, 4, 0), (64, 128, 2, 3, 4, 0), (128, 128, 2, 3, 8, 8)]
+    elif m <= 256:
+        tiles = [(64, 256, 1, t, 4, x) for t in (2, 3) for x in (4, 6)] + [(128, 128, 1, 3, 8, 8)]
+    else:
+        tiles = [(128, 256, 1, 2, 8, 4), (128, 256, 1, 2, 8, 5), (128, 256, 1, 3, 8, 4), (64, 256, 1, 3, 4, 6)]
+    return [G(bn, bm, sk, st, num_warps=nw, X_STAGES=xs) for bn, bm, sk, st, nw, xs in tiles]
+
+
 def _gemv_candidates(m: int):
     """GemvConfig candidates for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows per program,
     (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to 2048, i.e.
@@ -133,15 +155,15 @@ def _gemv_candidates(m: int):
 
 
 def linear_candidates(m: int):
-    """nvfp4_linear candidates at M = m: the GEMV configs (m <= GEMV_MAX_M), the tensor-core configs (cvt decode
-    and DECODE_BITS twins) and, for m >= 128, the pre-pass path with each TMA GEMM tile candidate (the "fp32"
-    pre-pass), for m >= 512 also the word ("cvt") pre-pass tiles with the first GEMM tile."""
+    """nvfp4_linear candidates at M = m: the Gluon configs, the GEMV configs (m <= GEMV_MAX_M), the tensor-core
+    configs (cvt decode and DECODE_BITS twins) and, for m >= 128, the pre-pass path with each TMA GEMM tile
+    candidate (the "fp32" pre-pass), for m >= 512 also the word ("cvt") pre-pass tiles with the first GEMM tile."""
     import dataclasses
 
     from fp4ref.kernels.nvfp4_linear import PrepassConfig
 
     base = _candidates_in_kernel(m)
-    out = _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
+    out = _gluon_candidates(m) + _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [PrepassConfig(gemm=g) for g in _gemm_candidates()]
     if m >= 512:
