@@ -35,6 +35,7 @@ expert tensor gets one global scale per expert.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import multiprocessing
@@ -609,17 +610,20 @@ def _copy_task(t: _CopyTask):
 
 
 class Workers:
-    """``jobs`` worker processes (concurrent.futures), or none for ``jobs == 1``. On Linux they are forked when the
-    pool is made (before any progress thread starts), so they start at once with the modules already imported;
-    elsewhere they are spawned. Workers ignore SIGINT: Ctrl-C is the parent's to handle (cancel, clean up)."""
+    """Up to ``jobs`` worker processes (concurrent.futures), or none for ``jobs == 1``: at most one per CPU and one
+    per task (``tasks``), so a large ``jobs`` cannot start more processes than can work. On Linux they are forked
+    when the pool is made (before any progress thread starts), so they start at once with the modules already
+    imported; elsewhere they are spawned. Workers ignore SIGINT (Ctrl-C is the parent's to handle: cancel, clean
+    up) and, on Linux, are killed when the parent dies, even by SIGKILL."""
 
-    def __init__(self, jobs: int):
+    def __init__(self, jobs: int, tasks: int):
+        jobs = max(1, min(jobs, os.cpu_count() or 1, tasks))
         self.jobs = jobs
         self.ex = None
         if jobs > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             self.ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
-                                          initializer=_worker_init)
+                                          initializer=_worker_init, initargs=(os.getpid(),))
             self.ex.submit(_noop).result()  # start the workers now
 
     def __enter__(self):
@@ -658,8 +662,15 @@ def _noop():
     return None
 
 
-def _worker_init():
+def _worker_init(parent: int):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):  # die with the parent (PR_SET_PDEATHSIG = 1), however it ends
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
 
 
 # ------------------------------------------------------------------------------------------------------ progress
@@ -765,7 +776,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
                                 f"shards: give -o a directory (not {str(out)!r})")
     loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards])
-    with Workers(jobs) as pool, Progress(progress, "quantize") as bar:
+    with Workers(jobs, len(items)) as pool, Progress(progress, "quantize") as bar:
         # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
         q_items = [it for it in items if it.quantized]
         amax_tasks = [(_amax_task, _AmaxTask(str(ckpt.shard_of(it.name).path), it.name, it.shape, it.nbytes))
@@ -788,6 +799,10 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
             results = pool.run(tasks, bar, "quantize")
             _write_side_files(ckpt, items, target, tmp, quantized=True)
             loc.publish(None if is_dir else ckpt.shards[0].path.name)
+        except OSError as e:  # e.g. the disk is full: nothing is left behind
+            loc.discard()
+            raise CheckpointError(f"output {str(out)!r} not written: {e.strerror or e}"
+                                  + (f" ({e.filename})" if e.filename else "")) from None
         except BaseException:
             loc.discard()
             raise
@@ -1204,7 +1219,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     is_dir = _out_is_dir(ckpt, out)
     loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards])
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
-    with Workers(jobs) as pool, Progress(progress, "quantize --dequantize") as bar:
+    with Workers(jobs, len(ckpt.weight_map)) as pool, Progress(progress, "quantize --dequantize") as bar:
         tmp = loc.create()
         try:
             tasks, items = [], []
@@ -1239,6 +1254,10 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
             _write_side_files(ckpt, items, None, tmp, quantized=False,
                               dtype=_dtype_name(dts.pop()) if len(dts) == 1 else None)
             loc.publish(None if is_dir else ckpt.shards[0].path.name)
+        except OSError as e:  # e.g. the disk is full: nothing is left behind
+            loc.discard()
+            raise CheckpointError(f"output {str(out)!r} not written: {e.strerror or e}"
+                                  + (f" ({e.filename})" if e.filename else "")) from None
         except BaseException:
             loc.discard()
             raise

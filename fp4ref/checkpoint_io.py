@@ -376,12 +376,16 @@ def write_at(path, offset: int, data) -> None:
 
 
 class OutputLocation:
-    """Where an output goes and how it is published: built in a temporary sibling (``.NAME.fp4ref-tmp-*``) and
+    """Where an output goes and how it is published: built in a temporary sibling (``.NAME.fp4ref-tmp-PID-*``) and
     renamed onto ``target`` by :meth:`publish`; :meth:`discard` removes it. An existing target is refused unless
-    ``force`` (then it is replaced only at publish time, after everything was written).
+    ``force`` (then it is replaced only at publish time, after everything was written). An existing directory is
+    replaced only by an output holding every name it holds (a previous output of the same checkpoint): files it
+    does not replace, or any subdirectory (fp4ref writes none), are refused rather than deleted. Temporary siblings
+    left by a run that was killed (its process id no longer running) are removed by :meth:`create`.
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing; target is (or holds) the input.
+        CheckpointError: target exists without force; its directory is missing; target is (or holds) the input;
+            an existing target directory holds a subdirectory, or (at publish) names the new output does not have.
     """
 
     def __init__(self, target, *, is_dir: bool, force: bool, inputs=()):
@@ -406,12 +410,20 @@ class OutputLocation:
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "directories)")
+        if self.target.is_dir() and not self.target.is_symlink():
+            subdirs = sorted(e.name for e in os.scandir(self.target) if e.is_dir(follow_symlinks=False))
+            if subdirs:
+                raise CheckpointError(f"output directory {str(self.target)!r} holds subdirectories ({_names(subdirs)}) "
+                                      "that an fp4ref output never has; --force replaces a previous output only: "
+                                      "remove them or choose another output path")
         self.tmp = None
 
     def create(self) -> Path:
         """Create the temporary directory (or file path's directory) and return it."""
+        _remove_stale(self.target)
         try:
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-tmp-", dir=str(self.target.parent)))
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-tmp-{os.getpid()}-",
+                                             dir=str(self.target.parent)))
         except OSError as e:
             raise CheckpointError(f"cannot write in {str(self.target.parent)!r}: {e.strerror}") from None
         umask = os.umask(0)
@@ -424,13 +436,20 @@ class OutputLocation:
         SIGINT is held back during the renames (where the platform allows), so Ctrl-C leaves either the old output
         or the new one, never neither."""
         src = self.tmp if self.is_dir else self.tmp / file_name
+        if self.is_dir and self.target.is_dir() and not self.target.is_symlink():
+            extra = sorted(set(os.listdir(self.target)) - set(os.listdir(src)))
+            if extra:
+                raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
+                                      "output does not replace; --force replaces a previous output of the same "
+                                      "checkpoint only: remove them or choose another output path")
         block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
         if block:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             old = None
             if self.target.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-old-", dir=str(self.target.parent)))
+                old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-old-{os.getpid()}-",
+                                            dir=str(self.target.parent)))
                 os.replace(self.target, old / "x")
             os.replace(src, self.target)
             tmp, self.tmp = self.tmp, None
@@ -447,3 +466,34 @@ class OutputLocation:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+
+def _names(names: list, most: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _remove_stale(target: Path) -> None:
+    """Remove ``.NAME.fp4ref-tmp-PID-*`` / ``-old-PID-*`` siblings of ``target`` whose process is gone (a run
+    killed by SIGKILL or a power cut cannot clean up after itself); those of running processes are left alone."""
+    prefix = f".{target.name}.fp4ref-"
+    try:
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for e in entries:
+        kind, _, rest = e.name[len(prefix):].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind not in ("tmp", "old") or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True

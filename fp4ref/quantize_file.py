@@ -148,8 +148,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pad", action="store_true",
                    help="fp4ref layout only: zero-pad K to a multiple of the block instead of copying such tensors")
     p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
-                   help="worker processes (default 1); the output bytes are the same for every N")
-    p.add_argument("--force", action="store_true", help="replace an existing output")
+                   help="worker processes (default 1; at most one per CPU and per tensor are started); the output "
+                        "bytes are the same for every N")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output (a directory only by a previous output of the same checkpoint: "
+                        "one holding files the new output does not replace is refused)")
     p.add_argument("--dry-run", action="store_true", help="list what would be quantized and write nothing")
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")

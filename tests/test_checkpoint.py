@@ -306,15 +306,82 @@ def _listing(d: Path) -> list:
 def test_existing_output_needs_force_and_nothing_partial_remains(src, tmp_path, capsys):
     root, _ = src
     out = tmp_path / "o"
-    out.mkdir()
-    (out / "keep.txt").write_text("old")
     argv = [str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--quiet"]
+    assert main(argv) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
     assert main(argv) == 2
     assert "exists; pass --force" in capsys.readouterr().err
-    assert _listing(out) == ["keep.txt"]
-    assert main(argv + ["--force"]) == 0
-    assert "keep.txt" not in _listing(out) and "hf_quant_config.json" in _listing(out)
+    assert main(argv + ["--force"]) == 0  # a previous output of the same checkpoint is replaced
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     assert _listing(tmp_path) == ["o"]  # no temporary directory left
+
+
+def test_force_never_deletes_files_the_output_does_not_replace(src, tmp_path, capsys):
+    """--force into a directory holding a user's files (or subdirectories) is refused, the files stay."""
+    root, _ = src
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "thesis.txt").write_text("mine")
+    argv = [str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--quiet", "--force"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'thesis.txt'" in err and "does not replace" in err and err.count("\n") == 1
+    assert _listing(out) == ["thesis.txt"] and (out / "thesis.txt").read_text() == "mine"
+    assert _listing(tmp_path) == ["o"]
+    (out / "sub").mkdir()
+    assert main(argv) == 2  # refused before any work
+    assert "subdirectories ('sub')" in capsys.readouterr().err
+    assert _listing(out) == ["sub", "thesis.txt"] and _listing(tmp_path) == ["o"]
+
+
+def test_jobs_are_capped_by_cpus_and_tensors(src, tmp_path):
+    with C.Workers(10_000, 3) as pool:
+        assert pool.jobs == min(3, os.cpu_count() or 1)
+    with C.Workers(5, 1) as pool:
+        assert pool.jobs == 1 and pool.ex is None
+    root, _ = src
+    assert main([str(root), "-o", str(tmp_path / "a"), "--quiet", "--jobs", "100000"]) == 0
+    assert main([str(root), "-o", str(tmp_path / "b"), "--quiet"]) == 0
+    assert raw(tmp_path / "a") == raw(tmp_path / "b")
+
+
+def test_write_error_is_one_line_and_leaves_nothing(src, tmp_path, capsys, monkeypatch):
+    """A full disk (ENOSPC while writing a shard): exit 2, one line naming the output, no temporary files."""
+    import errno
+
+    root, _ = src
+    real = C.write_at
+
+    def full(path, offset, data):
+        if offset > 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(path, offset, data)
+
+    monkeypatch.setattr(C, "write_at", full)
+    out = tmp_path / "o"
+    assert main([str(root), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fp4ref quantize: error: output {str(out)!r} not written: No space")
+    assert _listing(tmp_path) == []
+
+
+def test_stale_temporaries_of_dead_runs_are_removed(src, tmp_path):
+    """A run killed outright leaves .OUT.fp4ref-tmp-PID-*; the next run to OUT removes it unless PID still runs."""
+    import subprocess
+    import sys
+
+    root, _ = src
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # that process has exited
+    stale = tmp_path / f".o.fp4ref-tmp-{dead_pid}-abc"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    live = tmp_path / f".o.fp4ref-tmp-{os.getppid()}-def"  # a running process (this test's parent)
+    live.mkdir()
+    other = tmp_path / ".p.fp4ref-tmp-1-x"  # another output's
+    other.mkdir()
+    assert main([str(root), "-o", str(tmp_path / "o"), "--quiet"]) == 0
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 def test_ctrl_c_leaves_no_partial_output(src, tmp_path, capsys, monkeypatch):
@@ -406,6 +473,45 @@ def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
         while Path(f"/proc/{pid}").exists() and time.time() < deadline:
             time.sleep(0.1)
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc children lists")
+def test_workers_die_with_a_killed_main_process(tmp_path):
+    """SIGKILL to the CLI while --jobs 2 workers run: the workers end too (PR_SET_PDEATHSIG); the temporary output it
+    could not remove is removed by the next run to the same output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(2)
+    save_file({f"l{i}.weight": rng.standard_normal((1024, 2048), dtype=np.float32) for i in range(16)},
+              str(tmp_path / "big.safetensors"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "fp4ref.quantize_file", str(tmp_path / "big.safetensors"), "-o",
+                             str(out), "--jobs", "2", "--recipe", "exact"], stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parent.parent))
+    line = proc.stderr.readline()
+    assert line.startswith("fp4ref quantize:"), line
+    time.sleep(0.3)
+    workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert workers
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    for pid in workers:
+        deadline = time.time() + 10
+        while Path(f"/proc/{pid}").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(".out.fp4ref-tmp-")]
+    if not stale:
+        pytest.skip("killed before the temporary output was made")
+    loc = C.OutputLocation(out, is_dir=False, force=False)
+    loc.create()
+    loc.discard()
+    assert _listing(tmp_path) == ["big.safetensors"]
 
 
 def test_corrupt_and_truncated_inputs_are_named(src, tmp_path, capsys):
