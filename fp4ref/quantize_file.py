@@ -161,6 +161,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no table")
 
 
+LOW_SQNR_DB = 10.0  # NVFP4 / MXFP4 of ordinary weights: ~20 dB; below this a tensor has lost most of its signal
+
+
 def _error(message: str) -> int:
     print(f"fp4ref quantize: error: {message}", file=sys.stderr)
     return 2
@@ -224,6 +227,12 @@ def run(args) -> int:
             done = "" if args.dry_run else f"; {args.output} is complete"
             print(f"fp4ref quantize: interrupted while printing the report{done}", file=sys.stderr)
             return 130
+    low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
+    if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
+        worst = min(low, key=lambda r: r.sqnr_db)
+        print(f"fp4ref quantize: warning: {len(low)} tensor(s) quantized with SQNR below {LOW_SQNR_DB:g} dB (worst "
+              f"{worst.name!r}: {worst.sqnr_db:.1f} dB), e.g. weights near or below the float32 normal range; the "
+              "output follows the recipe, check that it is what you want", file=sys.stderr)
     return 0
 
 

@@ -365,6 +365,22 @@ def test_write_error_is_one_line_and_leaves_nothing(src, tmp_path, capsys, monke
     assert _listing(tmp_path) == []
 
 
+def test_low_sqnr_tensors_are_reported(tmp_path, capsys):
+    """Weights far below the float32 normal range quantize (as the recipe says) to almost nothing: exit 0, one
+    warning naming the worst tensor, even with --quiet; ordinary weights give no warning."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(4)
+    save_file({"tiny.weight": (rng.standard_normal((64, 64)) * 1e-39).astype(np.float32),
+               "ok.weight": rng.standard_normal((64, 64)).astype(np.float32)}, str(tmp_path / "m.safetensors"))
+    assert main([str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "o.safetensors"), "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warning: 1 tensor(s)" in err[0] and "'tiny.weight'" in err[0], err
+    save_file({"ok.weight": rng.standard_normal((64, 64)).astype(np.float32)}, str(tmp_path / "n.safetensors"))
+    assert main([str(tmp_path / "n.safetensors"), "-o", str(tmp_path / "p.safetensors"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_stale_temporaries_of_dead_runs_are_removed(src, tmp_path):
     """A run killed outright leaves .OUT.fp4ref-tmp-PID-*; the next run to OUT removes it unless PID still runs."""
     import subprocess
