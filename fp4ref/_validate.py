@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 
@@ -75,11 +76,16 @@ def as_float_array(x, name: str) -> np.ndarray:
     return arr
 
 
-def check_writable(path: str, flag: str) -> None:
+def check_writable(path: str, flag: str, *, force: bool = False) -> None:
     """Raise ValueError naming ``flag`` unless a report file can be written at ``path``, checked before a long run
     (the report is written there at its end) and without truncating an existing file: a usage error found later
-    must leave it as it was."""
-    existed = os.path.exists(path)
+    must leave it as it was. An existing file is refused unless ``force`` (the command's ``--force``): no output is
+    replaced without being asked."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r}: cannot write it (Is a directory)")
+    existed = os.path.lexists(path)
+    if existed and not force:
+        raise ValueError(f"{flag} {path!r} already exists; pass --force to replace it")
     try:
         with open(path, "a"):
             pass
@@ -87,3 +93,51 @@ def check_writable(path: str, flag: str) -> None:
             os.remove(path)
     except OSError as exc:
         raise ValueError(f"{flag} {path!r}: cannot write it ({exc.strerror})") from None
+
+
+def check_writable_dir(path: str, flag: str, files=(), *, force: bool = False) -> None:
+    """Raise ValueError naming ``flag`` unless ``files`` can be written in directory ``path`` (created at the end of
+    the run if missing, with its missing parents), checked before the run: ``path`` must be a directory or not
+    exist, the directory (or its nearest existing parent) must accept a new file, and none of ``files`` may exist
+    there unless ``force``. Nothing is created or changed."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: not a directory")
+    if os.path.isdir(path):
+        taken = [f for f in files if os.path.lexists(os.path.join(path, f))]
+        if taken and not force:
+            raise ValueError(f"{flag} {path}: {', '.join(taken)} already there; pass --force to replace "
+                             f"{'it' if len(taken) == 1 else 'them'}, or give a new directory (it is created)")
+        where = path
+    else:
+        where = os.path.dirname(os.path.abspath(path))
+        while not os.path.lexists(where):
+            where = os.path.dirname(where)
+        if not os.path.isdir(where):
+            raise ValueError(f"{flag} {path}: cannot create it ({where} is not a directory)")
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        verb = "cannot write in it" if where == path else f"cannot create it in {where}"
+        raise ValueError(f"{flag} {path}: {verb} ({exc.strerror})") from None
+
+
+def write_report(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it, so an
+    interrupt or an error while writing leaves no partial report (and an existing file as it was)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".fp4ref-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -2,7 +2,7 @@
 
 Usage::
 
-    fp4ref audit PATH [--reference ORIGINAL [--recipe R | --mode M]] [--json FILE|-] [--quiet]
+    fp4ref audit PATH [--reference ORIGINAL [--recipe R | --mode M]] [--json FILE|-] [--force] [--quiet]
 
 Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 
@@ -16,10 +16,14 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
 * ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
 * ``global-scale``: finite and positive; members of a fused group (q/k/v, gate/up, w1/w3) must share it.
+* ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
+  detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8). An ``fp4ref.format``
+  fp4ref does not know is an error (exit 2) when the layout has no other record of the format.
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
   scale and global-scale bytes.
 
-Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint.
+Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint, 130 on
+Ctrl-C (no partial --json report is left; an existing one is replaced only with --force).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
-from ._validate import check_writable
+from ._validate import check_writable, write_report
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
@@ -172,6 +176,46 @@ def _global_values(layer, ckpt, cf: str):
     return ckpt.shard_of(gname).read_array(gname).astype(np.float32).reshape(-1)
 
 
+def _bad_global(layer, cf: str, g) -> Finding | None:
+    """The global-scale finding for values ``g`` that are not finite and positive (naming the tensor and them)."""
+    bad = ~(np.isfinite(g) & (g > 0))
+    if not bad.any():
+        return None
+    gname = C.output_names(cf, layer.fmt, layer.name)["global"]
+    vals = ", ".join(str(v) for v in g[bad][:8].tolist()) + (", ..." if bad.sum() > 8 else "")
+    where = "" if g.size == 1 else f" (first at index {int(np.flatnonzero(bad)[0])})"
+    return Finding("global-scale", int(bad.sum()), f"{gname}: {int(bad.sum())} of {g.size} value(s) not finite and "
+                                                   f"positive: {vals}{where}")
+
+
+def _metadata_findings(ckpt, fmt: str) -> dict:
+    """{shard file name: [Finding]} for fp4ref shard metadata that disagrees with the detected format ``fmt``:
+    ``fp4ref.format`` another format, ``fp4ref.block`` not that format's block (as fp4ref writes them)."""
+    block = str(C.FORMATS[fmt][0])
+    out = {}
+    for s in ckpt.shards:
+        meta, bad = s.metadata, []
+        if "fp4ref.format" in meta and meta["fp4ref.format"] != fmt:
+            bad.append(f"{s.path.name}: metadata fp4ref.format={meta['fp4ref.format']!r}, but the checkpoint is "
+                       f"{fmt}")
+        if "fp4ref.block" in meta and meta["fp4ref.block"] != block:
+            bad.append(f"{s.path.name}: metadata fp4ref.block={meta['fp4ref.block']!r}, expected {block!r} "
+                       f"(the {fmt} block size)")
+        if bad:
+            out[s.path.name] = [Finding("metadata", 1, b) for b in bad]
+    return out
+
+
+def _unknown_format(ckpt) -> str:
+    """A message naming the first shard whose ``fp4ref.format`` metadata is not a format fp4ref knows, or ""."""
+    for s in ckpt.shards:
+        name = s.metadata.get("fp4ref.format")
+        if name is not None and name not in C.FORMATS:
+            return (f"{str(s.path)!r}: metadata fp4ref.format={name!r} is not a format fp4ref knows "
+                    f"({', '.join(C.FORMATS)})")
+    return ""
+
+
 def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditReport:
     """Audit a quantized checkpoint (see the module docstring).
 
@@ -189,22 +233,29 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         mode, a reference that lacks a tensor.
     """
     ckpt = open_checkpoint(path)
-    cf, fmt, option, layers = C.find_quantized_layers(ckpt)
+    try:
+        cf, fmt, option, layers = C.find_quantized_layers(ckpt)
+    except C.QuantizeFileError:
+        unknown = _unknown_format(ckpt)  # say so, not "has no fp4ref quantization metadata"
+        if unknown:
+            raise C.QuantizeFileError(unknown) from None
+        raise
+    meta_bad = _metadata_findings(ckpt, fmt)
     rows = []
     globals_ = {}
     for name in sorted(layers):
         L = layers[name]
         ta = TensorAudit(name, fmt, list(L.shape))
+        ta.findings += meta_bad.get(L.shard, [])
         ta.findings += _check_layout(L, ckpt, cf)
-        if not ta.findings:
+        if not any(f.check == "layout" for f in ta.findings):
             ta.findings += _check_bytes(L, ckpt)
             g = _global_values(L, ckpt, cf)
             if g is not None:
                 globals_[name] = g
-                badg = int(np.count_nonzero(~(np.isfinite(g) & (g > 0))))
-                if badg:
-                    ta.findings.append(Finding("global-scale", badg, f"global scale(s) {g.tolist()} not finite and "
-                                                                     "positive"))
+                bad = _bad_global(L, cf, g)
+                if bad is not None:
+                    ta.findings.append(bad)
         rows.append(ta)
     by_name = {t.name: t for t in rows}
     groups = {}
@@ -307,38 +358,49 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], help="NVFP4 recipe for --reference "
                                                                          "(default: the recorded one)")
     p.add_argument("--mode", choices=[m.value for m in MXMode], help="MX mode for --reference (default: recorded)")
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout; an existing FILE "
+                                                  "only with --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json output")
     p.add_argument("--quiet", action="store_true", help="no table")
 
 
 def run(args) -> int:
-    """Run ``fp4ref audit`` from parsed ``args``: 0 clean, 1 findings, 2 bad arguments or input."""
+    """Run ``fp4ref audit`` from parsed ``args``: 0 clean, 1 findings, 2 bad arguments or input, 130 Ctrl-C."""
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
         return 2
     if args.json and args.json != "-":
         try:
-            check_writable(args.json, "--json")
+            check_writable(args.json, "--json", force=args.force)
         except ValueError as e:
             print(f"fp4ref audit: error: {e}", file=sys.stderr)
             return 2
+    to_file = bool(args.json) and args.json != "-"
+    written = False
     try:
-        report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
-    except (CheckpointError, ValueError) as e:
-        print(f"fp4ref audit: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fp4ref audit: interrupted", file=sys.stderr)
+        try:
+            report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
+        except (CheckpointError, ValueError) as e:
+            print(f"fp4ref audit: error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            text = json.dumps(report.to_json(), indent=2, allow_nan=False)
+            if args.json == "-":
+                print(text)
+            else:
+                try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
+                    write_report(args.json, text + "\n")
+                except OSError as e:
+                    print(f"fp4ref audit: error: --json {args.json!r}: cannot write it ({e.strerror or e})",
+                          file=sys.stderr)
+                    return 2
+                written = True
+        if not args.quiet and args.json != "-":
+            _print_table(report)
+    except KeyboardInterrupt:  # one line saying what is on disk, no traceback
+        said = (f"{args.json} is complete" if written else "no --json report written") if to_file else "nothing written"
+        print(f"fp4ref audit: interrupted; {said}", file=sys.stderr)
         return 130
-    if args.json:
-        text = json.dumps(report.to_json(), indent=2, allow_nan=False)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    if not args.quiet and args.json != "-":
-        _print_table(report)
     return 0 if report.clean else 1
 
 
@@ -346,12 +408,15 @@ def _print_table(report: AuditReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})")
+    from rich.markup import escape
+
+    # escaped: values such as "[nan]" and tensor names are text, not rich markup tags (which would vanish)
+    t = Table(title=escape(f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})"))
     for col in ("tensor", "shape", "checks", "reference"):
         t.add_column(col)
     for r in report.tensors:
         checks = "ok" if r.clean else "; ".join(f"{f.check}: {f.detail}" for f in r.findings)
-        t.add_row(r.name, str(r.shape), checks, r.reference)
+        t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(r.reference))
     console = Console(width=160)
     console.print(t)
     bad = sum(not r.clean for r in report.tensors)

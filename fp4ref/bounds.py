@@ -482,6 +482,8 @@ class Report:
         unwritten: elements still holding the poison value where the reference does not.
         not_equal_exact: elements differing from the correctly rounded output when ``exact_accumulation``.
         violations: up to 10 (index, out, correctly rounded, exact, bound) tuples.
+        first_nonfinite: index of the first NaN/Inf mismatch or unwritten element (these make
+            ``max_err_over_bound`` inf), None when there is none.
     """
 
     ok: bool
@@ -504,6 +506,7 @@ class Report:
     not_equal_exact: int
     violations: list = field(default_factory=list)
     description: dict = field(default_factory=dict)
+    first_nonfinite: tuple | None = None
 
     def failures(self) -> list:
         """What failed, each with its count, the rule that decides first: e.g. ``["37 / 6144 elements not equal to
@@ -549,14 +552,23 @@ class Report:
             lines.append(f"Inf mismatches: {self._pct(self.inf_mismatch)}")
         if self.unwritten:
             lines.append(f"Unwritten (still poisoned) elements: {self._pct(self.unwritten)}")
-        lines.append(f"Max err/bound: {self.max_err_over_bound:.6g} at {self.worst}; max ulps vs correctly rounded: "
+        if self.first_nonfinite is not None:  # inf from a NaN/Inf mismatch or an unwritten element, not a ratio
+            where = (f"inf (a NaN/Inf mismatch or unwritten element, the first at {self.first_nonfinite}); "
+                     + (f"the worst finite element is at {self.worst}" if self.worst is not None
+                        else "no element is finite in both out and the reference"))
+        elif self.worst is None:
+            where = f"{self.max_err_over_bound:.6g} (no element is finite in both out and the reference)"
+        else:
+            where = f"{self.max_err_over_bound:.6g} at {self.worst}"
+        lines.append(f"Max err/bound: {where}; max ulps vs correctly rounded: "
                      f"{self.max_ulps}; equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
             lines.append("First offenders (index: ACTUAL, DESIRED correctly rounded, exact, bound):")
             for idx, o, r, c, b in self.violations:
                 lines.append(f"  {idx}: {o!r}, {r!r}, {c!r}, {b:.6g}")
         if self.worst_terms:
-            lines.append("Bound terms at the worst element: " +
+            at = "worst finite element" if self.first_nonfinite is not None else "worst element"
+            lines.append(f"Bound terms at the {at}: " +
                          ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in self.worst_terms.items()))
         return "\n".join(lines)
@@ -706,10 +718,12 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     else:
         worst, max_err_over_bound, wt = None, 0.0, {}
 
+    first_nonfinite = None
     if np.any(nan_mm | inf_mm | unwritten_mask):
         # A NaN/inf where the exact value is finite (or an unwritten element) is an unbounded error: the summary
         # numbers must not read as perfect when only the finite elements were measured.
         max_err_over_bound, sqnr = math.inf, -math.inf
+        first_nonfinite = tuple(int(i) for i in np.argwhere(nan_mm | inf_mm | unwritten_mask)[0])
     bad = viol | nan_mm | inf_mm | unwritten_mask | not_exact
     examples = []
     for idx in np.argwhere(bad)[:10]:
@@ -738,6 +752,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         not_equal_exact=int(not_exact.sum()),
         violations=examples,
         description=dict(ref.description),
+        first_nonfinite=first_nonfinite,
     )
 
 

@@ -54,17 +54,17 @@ TABLE_CAPTION = ("FIB and SOL: the FlashInfer-Bench and SOL-ExecBench checkers' 
                  "for comparison only; the fp4ref column decides the exit status")
 
 
+#: The files ``--repro DIR`` writes (fp4ref.repro.write_repro).
+REPRO_FILES = ("repro.py", "inputs.npz")
+
+
 def _cmd_verify(args) -> int:
-    import json
     import os
-    import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from . import verify as V
-    from ._validate import check_writable
+    from ._validate import check_writable, check_writable_dir
 
     console = Console()
     if not console.is_terminal:
@@ -73,7 +73,7 @@ def _cmd_verify(args) -> int:
     try:
         if args.definition:
             name, _axes = V.workload_from_definition(args.definition)
-            if workloads and workloads != [name]:
+            if workloads and set(workloads) != {name}:
                 raise ValueError(f"--definition matches {name}, but --workload says {workloads}")
             workloads = [name]
         if args.kernel and not workloads:
@@ -81,20 +81,46 @@ def _cmd_verify(args) -> int:
         if args.kernel:
             if args.kernel.count(":") != 1 or not all(args.kernel.split(":")):
                 raise ValueError(f"--kernel {args.kernel!r} must look like 'package.module:function'")
+        if args.sizes is not None:
+            V.check_sizes(list(dict.fromkeys(workloads or V.WORKLOADS)), args.sizes, "--sizes")
         if args.json:
-            check_writable(args.json, "--json")
+            check_writable(args.json, "--json", force=args.force)
+        if args.repro:  # never overwrite an earlier reproducer unasked; a folder that cannot be written fails now
+            check_writable_dir(args.repro, "--repro", REPRO_FILES, force=args.force)
         if args.max_check_rows is not None and (args.max_check_rows < 0 or 0 < args.max_check_rows < 129):
             raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
     except ValueError as exc:
         return _usage_error("verify", str(exc))
-    if args.repro:  # never overwrite an earlier reproducer
-        taken = [f for f in ("repro.py", "inputs.npz") if os.path.exists(os.path.join(args.repro, f))]
-        if taken or (os.path.exists(args.repro) and not os.path.isdir(args.repro)):
-            return _usage_error("verify", f"--repro {args.repro}: "
-                                + (f"{', '.join(taken)} already there" if taken else "not a directory")
-                                + "; give a new directory (it is created) or remove the old files")
     if args.kernel:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
+    state = {"result": None, "json": False}
+    try:
+        return _run_verify(args, workloads, console, state)
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what is (not) on disk, no traceback
+        result = getattr(exc, "result", None) or state["result"]
+        said = []
+        if args.json:
+            said.append(f"{args.json} is complete" if state["json"] else "no --json report written")
+        if args.repro:
+            wrote = result is not None and str(result.settings.get("repro") or "").startswith("wrote ")
+            said.append(f"the reproducer in {args.repro} is complete" if wrote else "no --repro reproducer written")
+        sys.stderr.write(f"fp4ref verify: interrupted; {'; '.join(said) or 'nothing written'}\n")
+        return 130
+
+
+def _run_verify(args, workloads, console, state) -> int:
+    """The run, the table and the reports of ``fp4ref verify`` after its argument checks; ``state`` records what
+    is done (the result, the JSON report written) for the Ctrl-C message."""
+    import json
+    import time
+
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from . import verify as V
+    from ._validate import write_report
+
     device = args.device
     if device is None:
         import torch
@@ -124,6 +150,9 @@ def _cmd_verify(args) -> int:
             result = V.verify(workloads, progress=line, **kw)
     except ValueError as exc:  # argument checks inside verify() run before any kernel
         return _usage_error("verify", str(exc))
+    except MemoryError as exc:  # the operands or the reference of one M do not fit: a usage error, not a trace
+        return _usage_error("verify", f"--sizes: {exc}; give a smaller M")
+    state["result"] = result
     s = result.settings
     title = f"fp4ref verify on {s['gpu'] or s['device']} (examples={s['examples']}, seed={s['seed']})"
     table = Table(title=title)
@@ -142,8 +171,6 @@ def _cmd_verify(args) -> int:
                       "-" if integrity else verdict(r.sol_ok), verdict(r.fp4ref_ok))
     console.print(table)
     console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
-    from rich.markup import escape
-
     for r in result.rows:
         if r.note:
             console.print(f"[yellow]{escape(f'{r.workload} M={r.m} N={r.n} K={r.k} {r.family}')}:[/] "
@@ -153,8 +180,11 @@ def _cmd_verify(args) -> int:
     if s.get("repro"):
         console.print(f"--repro: {escape(s['repro'])}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result.to_json(), fh, indent=2, allow_nan=False)
+        try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
+            write_report(args.json, json.dumps(result.to_json(), indent=2, allow_nan=False))
+        except OSError as exc:
+            return _usage_error("verify", f"--json {args.json!r}: cannot write it ({exc.strerror or exc})")
+        state["json"] = True
     console.print("[green]all verdicts pass[/]" if result.ok else "[red]verification FAILED[/]")
     return 0 if result.ok else 1
 
@@ -180,20 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="verify kernels against fp4ref's exact references (GPU if present, else the Triton interpreter)",
         description="Verify the project's kernels (or --kernel) on the workloads: exact reference, K-aware bound, "
-        "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes.",
+        "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes, 1 otherwise, 2 for bad "
+        "arguments, 130 on Ctrl-C (no partial --json / --repro output is left).",
     )
     from .workloads import WORKLOADS
 
     p.add_argument("--workload", action="append", choices=list(WORKLOADS),
-                   help="workload to verify (repeatable; default all)")
+                   help="workload to verify (repeatable, each counts once; default all)")
     p.add_argument("--kernel", metavar="MODULE:FUNCTION",
                    help="your kernel, taking the workload's signature (needs --workload or --definition)")
     p.add_argument("--definition", metavar="FILE.json", help="FlashInfer-Bench definition file naming the workload")
     p.add_argument("--examples", type=int, default=1, help="seeds per workload, size and input family (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu (interpreter)")
-    p.add_argument("--sizes", type=int, nargs="+", metavar="M", help="M values (default: per device)")
-    p.add_argument("--families", nargs="+", metavar="FAMILY", help="input families (default: all)")
+    p.add_argument("--sizes", type=int, nargs="+", metavar="M",
+                   help="M values (default: per device); a repeated M counts once; each at most (2**31 - 1) // "
+                        "max(N, K) of the workload (699050 for gemm_n3072_k2048), so no operand or output reaches "
+                        "2**31 elements")
+    p.add_argument("--families", nargs="+", metavar="FAMILY",
+                   help="input families (default: all); a repeated name counts once")
     p.add_argument("--model", help="accumulation model (default: the kernel's declared model, else "
                                    "the universal fp32-accumulating tensor-core model)")
     p.add_argument("--output-rounding", choices=("rne", "faithful"),
@@ -208,8 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable, mid-run output kept, plain dense output)")
     p.add_argument("--repro", metavar="DIR",
                    help="on the first failing row, shrink the case and write DIR/inputs.npz + DIR/repro.py (exits "
-                        "non-zero while the bug is there)")
-    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+                        "non-zero while the bug is there); DIR is checked before the run, and existing files there "
+                        "are kept unless --force")
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON (an existing file only with --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --json / --repro output")
     p.set_defaults(func=_cmd_verify)
 
     from . import quantize_file

@@ -405,10 +405,15 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
         if not (lo >= 0 if not fmt.signed else lo == lo):
             isnan = np.isnan(work)
             if isnan.any() and nanpol is NanPolicy.RAISE:
-                raise ValueError(
-                    f"x has {int(isnan.sum())} NaN value(s) (first at index {_first_index(isnan)}); "
-                    f"{fmt.name.upper()} has no NaN: pass nan='max' (PTX satfinite: +max) or nan='zero'"
-                )
+                name = fmt.name.upper()
+                if fmt.has_nan:  # only an explicit nan='raise' gets here: the format's default keeps NaN
+                    why = (f"nan='raise' refuses them; pass nan='nan' (keep them as {name} NaN), nan='max' "
+                           "(PTX satfinite: +max) or nan='zero'")
+                else:
+                    why = (f"{name} has no NaN and nan='raise' refuses them"
+                           + (" (the default for it)" if nan is None else "")
+                           + ": pass nan='max' (PTX satfinite: +max) or nan='zero'")
+                raise ValueError(f"x has {int(isnan.sum())} NaN value(s) (first at index {_first_index(isnan)}); {why}")
             neg = (work < 0) & ~isnan
             if not fmt.signed and neg.any():
                 raise ValueError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import replace
 
 import ml_dtypes
@@ -204,17 +205,39 @@ sys.exit(0 if report.ok else 1)
 
 def write_repro(directory: str, case, ops: dict, *, seed: int, device: str) -> str:
     """Shrink ``case`` (whose example ``ops`` failed) and write DIR/inputs.npz and DIR/repro.py; return a line
-    saying what was written."""
+    saying what was written. Both files are written under temporary names and then renamed: an interrupt or an
+    error leaves either both or neither (and removes DIR again if this call created it)."""
     c, small, nz, nb = shrink(case, seed, device)
     if not _fails(c, small, device):  # nothing smaller fails: keep the original operands
         c, small, nz, nb = case, ops, _n_blocks(case), _n_blocks(case)
-    os.makedirs(directory, exist_ok=True)
-    save_operands(os.path.join(directory, "inputs.npz"), small)
     what = (f"{c.w.name}, family {c.family}, M={c.m} N={c.n} K={c.k}, {nz} of {nb} K-blocks non-zero, "
             f"kernel {c.spec}")
-    with open(os.path.join(directory, "repro.py"), "w") as fh:
-        fh.write(_SCRIPT.format(what=what, script=os.path.join(directory, "repro.py"),
-                                interpret="1" if device == "cpu" else "0", kernel=c.spec, workload=c.w.name,
-                                device=device, model=c.model, rounding=c.rounding,
-                                exact=c.family in c.w.exact_families))
+    script = _SCRIPT.format(what=what, script=os.path.join(directory, "repro.py"),
+                            interpret="1" if device == "cpu" else "0", kernel=c.spec, workload=c.w.name,
+                            device=device, model=c.model, rounding=c.rounding, exact=c.family in c.w.exact_families)
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    temps, placed = [], []
+    try:
+        fd, tmp_npz = tempfile.mkstemp(dir=directory, prefix=".inputs-", suffix=".npz")
+        os.close(fd)
+        temps.append(tmp_npz)
+        save_operands(tmp_npz, small)
+        fd, tmp_py = tempfile.mkstemp(dir=directory, prefix=".repro-", suffix=".py")
+        temps.append(tmp_py)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(script)
+        for tmp, name in ((tmp_npz, "inputs.npz"), (tmp_py, "repro.py")):
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, os.path.join(directory, name))
+            placed.append(name)
+    except BaseException:
+        for tmp in temps:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+        if len(placed) == 1:  # inputs.npz without its repro.py
+            os.remove(os.path.join(directory, placed[0]))
+        if created and not os.listdir(directory):
+            os.rmdir(directory)
+        raise
     return f"wrote {os.path.join(directory, 'repro.py')} and inputs.npz ({what})"

@@ -28,7 +28,8 @@ import numpy as np
 
 from .workloads import WORKLOADS, Workload, get_workload
 
-__all__ = ["Row", "VerifyResult", "load_kernel", "kernel_contract", "verify", "workload_from_definition"]
+__all__ = ["Row", "VerifyResult", "load_kernel", "kernel_contract", "verify", "workload_from_definition", "max_m",
+           "check_sizes", "Interrupted"]
 
 
 @dataclass
@@ -73,6 +74,15 @@ class VerifyResult:
         """The report as strict-JSON data (non-finite floats as the strings "inf", "-inf", "nan")."""
         return _json_safe({"ok": self.ok, "settings": self.settings, "missing": self.missing,
                            "rows": [asdict(r) for r in self.rows]})
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`verify`: a KeyboardInterrupt that carries the :class:`VerifyResult` so far as
+    ``result`` (its rows, and ``settings["repro"]`` when a reproducer was written before the interrupt)."""
+
+    def __init__(self, result: VerifyResult):
+        super().__init__("interrupted")
+        self.result = result
 
 
 def load_kernel(spec: str):
@@ -206,6 +216,41 @@ def sweep_shapes(workload) -> list:
     return [(r, q), (64 + r, 64 - q), (128 - r, 128 + q), (192 + r, 320 + q)]
 
 
+#: The most elements one operand or output of a run may hold: the int32 offsets kernels index with reach 2**31 - 1.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def max_m(workload) -> int:
+    """The largest M ``verify`` accepts for ``workload`` (a name or :class:`Workload`): M * max(N, K) of its full N
+    and K stays within :data:`MAX_ELEMENTS`, so no operand or output of M rows reaches 2**31 elements (699050 for
+    gemm_n3072_k2048; the public benchmarks' M are far below)."""
+    w = get_workload(workload) if isinstance(workload, str) else workload
+    return MAX_ELEMENTS // max(w.n, w.k)
+
+
+def check_sizes(names, sizes, flag: str = "sizes") -> list:
+    """``sizes`` as a list of ints, each M once in the order given (a repeated M would repeat its rows).
+
+    Raises:
+        ValueError: naming ``flag`` (``sizes=[...]`` for the function, ``--sizes M`` for the command line), for an
+            empty list, an M that is not an int >= 1, or an M above :func:`max_m` of one of the workloads ``names``.
+    """
+    cli = flag.startswith("--")
+    sizes = list(sizes)
+    bad = [m for m in sizes if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1]
+    if bad or not sizes:
+        what = f"{flag} {' '.join(map(str, bad))}" if cli and bad else f"{flag}={sizes!r}"
+        raise ValueError(f"{what}: every M must be an int >= 1 (an empty output verifies nothing)")
+    for name in names:
+        top = max_m(name)
+        big = [int(m) for m in sizes if m > top]
+        if big:
+            what = f"{flag} {big[0]}: above" if cli else f"{flag}={sizes!r}: M={big[0]} is above"
+            raise ValueError(f"{what} {top}, the largest M for {name} (M * max(N, K) must stay below 2**31 "
+                             "elements, the int32 offsets kernels index with)")
+    return list(dict.fromkeys(int(m) for m in sizes))
+
+
 @dataclass(frozen=True)
 class _Case:
     w: Workload
@@ -243,8 +288,9 @@ def verify(
         workloads: workload names (default: all three).
         kernel: "module:function" of a user kernel (then exactly one workload); default: the project's kernel.
         device: "cuda" or "cpu" (Triton interpreter); default cuda if available.
-        sizes: M values (default: the public sizes on cuda, small ones on cpu).
-        families: input family names (default: all of the workload's).
+        sizes: M values (default: the public sizes on cuda, small ones on cpu); each at most :func:`max_m` of every
+            workload; a repeated M counts once.
+        families: input family names (default: all of the workload's); a repeated name counts once.
         examples: seeds per (workload, M, family).
         model: accumulation model name for fp4ref.bounds (default: the kernel's declared one, else the universal
             fp32-accumulating tensor-core model).
@@ -260,8 +306,12 @@ def verify(
 
     Returns:
         :class:`VerifyResult`.
+
+    Raises:
+        ValueError: a bad argument (before any kernel runs). MemoryError: the operands of an M do not fit in
+            memory (the message names the M and the workload). :class:`Interrupted`: Ctrl-C during the run.
     """
-    names = list(workloads or WORKLOADS)
+    names = list(dict.fromkeys(workloads or WORKLOADS))
     if kernel is not None and len(names) != 1:
         raise ValueError(f"kernel={kernel!r} needs exactly one workload, got {names}")
     if device not in (None, "cuda", "cpu"):
@@ -274,18 +324,17 @@ def verify(
         raise ValueError(f"examples={examples!r} must be a positive int")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
+    for name in names:
+        get_workload(name)
     if sizes is not None:
-        sizes = list(sizes)
-        bad = [m for m in sizes if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1]
-        if bad or not sizes:
-            raise ValueError(f"sizes={sizes!r}: every M must be an int >= 1 (an empty output verifies nothing)")
+        sizes = check_sizes(names, sizes)
+    if families is not None:
+        families = list(dict.fromkeys(families))
     if max_check_rows is not None and (not isinstance(max_check_rows, int) or max_check_rows < 129):
         raise ValueError(f"max_check_rows={max_check_rows!r} must be None (all rows) or an int >= 129 "
                          "(the first 64, the last 64 and at least one row between)")
     if repro is not None and (not isinstance(repro, str) or (os.path.exists(repro) and not os.path.isdir(repro))):
         raise ValueError(f"repro={repro!r} must be a directory path")
-    for name in names:
-        get_workload(name)
     if families is not None:
         for f in families:
             if not any(f in get_workload(n).families for n in names):
@@ -344,13 +393,22 @@ def verify(
                                       integrity and first and f == fams[0]))
                     first = False
 
-    for case in plan:
-        rows = _run_case(case, device, examples, seed, max_check_rows, repro, result)
-        for row in rows:
-            result.rows.append(row)
-            if progress is not None:
-                progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: "
-                            f"{'pass' if row.fp4ref_ok else 'FAIL'} ({row.seconds:.1f} s)")
+    try:
+        for case in plan:
+            try:
+                rows = _run_case(case, device, examples, seed, max_check_rows, repro, result)
+            except MemoryError as exc:  # numpy's operands or reference (a kernel's MemoryError is a failing row)
+                raise MemoryError(f"M={case.m} of {case.w.name} (N={case.n}, K={case.k}, family {case.family}) "
+                                  f"does not fit in memory ({exc})") from None
+            for row in rows:
+                result.rows.append(row)
+                if progress is not None:
+                    progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: "
+                                f"{'pass' if row.fp4ref_ok else 'FAIL'} ({row.seconds:.1f} s)")
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        raise Interrupted(result) from None
     return result
 
 
@@ -590,7 +648,9 @@ def _json_safe(x):
 def plan_size(workloads=None, *, device="cpu", sizes=None, families=None, shapes="fixed", integrity=True) -> int:
     """Number of table rows ``verify`` will produce (for a progress bar)."""
     n = 0
-    for name in workloads or WORKLOADS:
+    sizes = list(dict.fromkeys(sizes)) if sizes else sizes
+    families = list(dict.fromkeys(families)) if families else families
+    for name in dict.fromkeys(workloads or WORKLOADS):
         w = get_workload(name)
         ms = sizes or (_SWEEP_M if shapes == "sweep" else (w.cpu_m if device == "cpu" else w.gpu_m))
         dims = len(sweep_shapes(w)) if shapes == "sweep" else 1

@@ -197,3 +197,111 @@ def test_dequantize_refuses_a_nan_mx_scale(made, tmp_path, capsys):
     err = capsys.readouterr().err
     assert scale in err and "0xff" in err
     assert "scale-nan" in findings(audit_checkpoint(bad))[QKV[0]]
+
+
+def set_metadata(dirpath: Path, **kv) -> None:
+    """Rewrite every shard's header ``__metadata__`` with the entries ``kv`` (the data bytes unchanged)."""
+    for f in sorted(dirpath.glob("*.safetensors")):
+        data = f.read_bytes()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8: 8 + n])
+        header["__metadata__"].update(kv)
+        h = json.dumps(header, separators=(",", ":")).encode()
+        h += b" " * (-len(h) % 8)
+        f.write_bytes(len(h).to_bytes(8, "little") + h + data[8 + n:])
+
+
+@pytest.fixture(scope="module")
+def made_fp4ref(made):
+    """The same checkpoint in fp4ref's own layout (the format known from the shard metadata only)."""
+    C.quantize_checkpoint(made / "in", made / "fp", checkpoint_format="fp4ref")
+    return made / "fp"
+
+
+def checks_column(table: str) -> str:
+    """The printed table's "checks" cells, their wrapped lines joined by spaces."""
+    return " ".join(ln.split("│")[3].strip() for ln in table.splitlines() if ln.count("│") == 5)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -2.0])
+def test_a_bad_global_scale_is_shown_with_its_tensor_and_value(made, tmp_path, capsys, value):
+    """The table shows the offending value (rich markup must not swallow "[nan]") and the global-scale tensor."""
+    bad = copy(made, "mo", tmp_path)
+    gname = O_PROJ[: -len("weight")] + "weight_scale_2"
+    patch(bad, gname, lambda a: a.view(np.float32).__setitem__(0, value))
+    assert main(["audit", str(bad)]) == 1
+    out = checks_column(capsys.readouterr().out)
+    text = str(np.float32(value).item())
+    assert f"global-scale: {gname}: 1 of 1 value(s) not finite and positive: {text}" in out, out
+    rep = audit_checkpoint(bad)
+    (f,) = next(t for t in rep.tensors if t.name == O_PROJ).findings
+    assert f.detail == f"{gname}: 1 of 1 value(s) not finite and positive: {text}"
+    fused = copy(made, "mo", tmp_path / "fused")
+    patch(fused, QKV[0][: -len("weight")] + "weight_scale_2", lambda a: a.view(np.float32).__setitem__(0, value))
+    assert main(["audit", str(fused)]) == 1
+    out = checks_column(capsys.readouterr().out)
+    assert f"'{QKV[0]}': [{text}]" in out, out  # the fused members' values, the bad one included
+
+
+@pytest.mark.parametrize("layout", ["mo", "fp"])
+@pytest.mark.parametrize("block", ["banana", "0", "32"])
+def test_a_wrong_block_in_the_metadata_is_a_finding(made, made_fp4ref, tmp_path, layout, block):
+    bad = copy(made, layout, tmp_path)
+    set_metadata(bad, **{"fp4ref.block": block})
+    rep = audit_checkpoint(bad)
+    assert not rep.clean and all("metadata" in t for t in findings(rep).values()), findings(rep)
+    t = rep.tensors[0]
+    assert t.findings[0].detail.endswith(f": metadata fp4ref.block={block!r}, expected '16' (the nvfp4 block size)")
+    assert main(["audit", str(bad), "--quiet"]) == 1
+    assert audit_checkpoint(made / layout).clean
+
+
+def test_an_unknown_format_in_the_metadata_is_named(made, made_fp4ref, tmp_path, capsys):
+    bad = copy(made, "fp", tmp_path)  # fp4ref's layout: the metadata is the only record of the format
+    set_metadata(bad, **{"fp4ref.format": "nvfp5"})
+    assert main(["audit", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fp4ref audit: error: ") and err.endswith(
+        ".safetensors': metadata fp4ref.format='nvfp5' is not a format fp4ref knows (nvfp4, mxfp4, mxfp8)\n"), err
+    assert "no fp4ref quantization metadata" not in err
+    mo = copy(made, "mo", tmp_path)  # ModelOpt's config says nvfp4: the tensors are audited, the metadata flagged
+    set_metadata(mo, **{"fp4ref.format": "nvfp5"})
+    rep = audit_checkpoint(mo)
+    assert rep.fmt == "nvfp4" and all(v == ["metadata"] for v in findings(rep).values()) and findings(rep)
+    assert "metadata fp4ref.format='nvfp5', but the checkpoint is nvfp4" in rep.tensors[0].findings[0].detail
+
+
+def test_an_existing_json_report_needs_force(made, tmp_path, capsys):
+    keep = tmp_path / "old.json"
+    keep.write_text("old")
+    assert main(["audit", str(made / "mo"), "--json", str(keep), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"fp4ref audit: error: --json {str(keep)!r} already exists; pass --force to "
+                                       "replace it\n")
+    assert keep.read_text() == "old"
+    assert main(["audit", str(made / "mo"), "--json", str(keep), "--quiet", "--force"]) == 0
+    assert json.loads(keep.read_text())["clean"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # no temporary file left beside it
+
+
+def test_ctrl_c_prints_one_line_and_leaves_no_report(made, tmp_path, capsys, monkeypatch):
+    from fp4ref import audit as A
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    report = tmp_path / "r.json"
+    monkeypatch.setattr(A, "audit_checkpoint", interrupted)
+    assert main(["audit", str(made / "mo"), "--json", str(report)]) == 130
+    assert capsys.readouterr().err == "fp4ref audit: interrupted; no --json report written\n"
+    assert main(["audit", str(made / "mo")]) == 130
+    assert capsys.readouterr().err == "fp4ref audit: interrupted; nothing written\n"
+    monkeypatch.undo()
+    monkeypatch.setattr(A, "write_report", lambda path, text: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["audit", str(made / "mo"), "--json", str(report)]) == 130
+    assert capsys.readouterr().err == "fp4ref audit: interrupted; no --json report written\n"
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(A, "_print_table", interrupted)  # after the report was written: it is complete
+    assert main(["audit", str(made / "mo"), "--json", str(report)]) == 130
+    assert capsys.readouterr().err == f"fp4ref audit: interrupted; {report} is complete\n"
+    assert json.loads(report.read_text())["clean"] is True

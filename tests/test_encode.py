@@ -527,6 +527,23 @@ def test_nan_raise_message_has_count_and_first_index():
     assert "37" in str(ei.value)
 
 
+@pytest.mark.parametrize("name, nan, expected", [
+    ("e4m3fn", "raise", "x has 1 NaN value(s) (first at index (1,)); nan='raise' refuses them; pass nan='nan' "
+                        "(keep them as E4M3FN NaN), nan='max' (PTX satfinite: +max) or nan='zero'"),
+    ("e5m2", "raise", "x has 1 NaN value(s) (first at index (1,)); nan='raise' refuses them; pass nan='nan' "
+                      "(keep them as E5M2 NaN), nan='max' (PTX satfinite: +max) or nan='zero'"),
+    ("e2m1", "raise", "x has 1 NaN value(s) (first at index (1,)); E2M1 has no NaN and nan='raise' refuses them: "
+                      "pass nan='max' (PTX satfinite: +max) or nan='zero'"),
+    ("e2m1", None, "x has 1 NaN value(s) (first at index (1,)); E2M1 has no NaN and nan='raise' refuses them (the "
+                   "default for it): pass nan='max' (PTX satfinite: +max) or nan='zero'"),
+])
+def test_nan_raise_message_says_what_happened(name, nan, expected):
+    """A format with a NaN code is never said to have none: the message names nan='raise' as the reason."""
+    with pytest.raises(ValueError) as ei:
+        encode(np.array([1.0, np.nan], np.float32), FORMATS[name], nan=nan)
+    assert str(ei.value) == expected
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_zero_and_negative_zero(name):
     s, f = SPECS[name], FORMATS[name]

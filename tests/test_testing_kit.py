@@ -349,6 +349,30 @@ def test_assert_gemm_close_message_names_the_rule():
     assert "hopper_fp16_wgmma" in msg and "(1, 2)" in msg and "Elements over the bound: 1 / 32" in msg
 
 
+def test_assert_gemm_close_message_on_non_finite_outputs_names_an_element():
+    """An all-NaN output (no finite element to rank) and a single NaN: the message gives the first NaN's index,
+    never "at None", and never calls a correct element the worst."""
+    A, B = fp16_inputs(12, M=4, N=8, K=64)
+    ref = gemm.gemm_fp16(A, B)
+    with pytest.raises(AssertionError) as ei:
+        testing.assert_gemm_close(np.full(ref.out.shape, np.nan, ref.out.dtype), ref)
+    msg = str(ei.value)
+    assert "None" not in msg, msg
+    assert ("Max err/bound: inf (a NaN/Inf mismatch or unwritten element, the first at (0, 0)); no element is "
+            "finite in both out and the reference;") in msg, msg
+    bad = ref.out.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(AssertionError) as ei:
+        testing.assert_gemm_close(bad, ref)
+    msg = str(ei.value)
+    rep = bounds.check(bad, ref)
+    assert rep.first_nonfinite == (1, 2) and rep.worst is not None
+    assert (f"Max err/bound: inf (a NaN/Inf mismatch or unwritten element, the first at (1, 2)); the worst finite "
+            f"element is at {rep.worst};") in msg, msg
+    assert "Bound terms at the worst finite element: " in msg
+    assert bounds.check(ref.out.copy(), ref).first_nonfinite is None
+
+
 def test_summary_leads_with_what_failed_and_how_many():
     out, ref, kw = case_ties_away()
     rep = bounds.check(out, ref, **kw)

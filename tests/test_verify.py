@@ -292,3 +292,169 @@ def test_sparse_exact_acc_fails_an_unpromoted_fp8_kernel_end_to_end():
     assert row.diagnosis == ["unpromoted_fp8_accumulation"], row.note
     good = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_promoted", **kw)
     assert good.ok and good.rows[0].bitwise_equal_pct == 100.0
+
+
+GEMM = ["verify", "--workload", "gemm_n3072_k2048"]
+RIGHT = [*GEMM, "--kernel", "tests._verify_kernels:right", "--device", "cpu", "--families", "exact_acc",
+         "--no-integrity"]
+
+
+def test_sizes_beyond_the_int32_limit_are_usage_errors_naming_sizes(capsys):
+    """An M whose operands or output would reach 2**31 elements is refused before anything is allocated, with one
+    line naming --sizes (not numpy's "Unable to allocate 76.3 GiB" traceback or "Maximum allowed dimension")."""
+    assert V.max_m("gemm_n3072_k2048") == 699050 == (2**31 - 1) // 3072
+    assert V.max_m("nvfp4_linear_n8192_k8192") == 262143
+    limit = ("above 699050, the largest M for gemm_n3072_k2048 (M * max(N, K) must stay below 2**31 elements, the "
+             "int32 offsets kernels index with)")
+    for m in ("10000000", "99999999999999999999999", "699051"):
+        assert main([*GEMM, "--sizes", "1", m]) == 2
+        assert capsys.readouterr().err == f"fp4ref verify: error: --sizes {m}: {limit}\n"
+    assert main(["verify", "--sizes", "300000"]) == 2  # every workload's limit applies (nvfp4: 262143)
+    assert "--sizes 300000: above 262143, the largest M for nvfp4_linear_n8192_k8192" in capsys.readouterr().err
+    assert main([*GEMM, "--sizes", "0", "-3"]) == 2
+    assert capsys.readouterr().err.startswith("fp4ref verify: error: --sizes 0 -3: every M must be an int >= 1")
+    with pytest.raises(ValueError, match=r"sizes=\[699051\]: M=699051 is above 699050"):
+        V.verify(["gemm_n3072_k2048"], device="cpu", sizes=[699051])
+    assert V.check_sizes(["gemm_n3072_k2048"], [7, 1, 7, 699050]) == [7, 1, 699050]
+
+
+def test_out_of_memory_is_a_usage_error_naming_the_size(monkeypatch, capsys):
+    """Operands that do not fit in this machine's memory (below the int32 limit): one line, exit 2."""
+    def no_memory(case, seed, ex, max_check_rows):
+        raise MemoryError("Unable to allocate 76.3 GiB for an array with shape (10000000, 1024) and data type "
+                          "float64")
+
+    monkeypatch.setattr(V, "_example", no_memory)
+    assert main([*RIGHT, "--sizes", "3"]) == 2
+    assert capsys.readouterr().err == (
+        "fp4ref verify: error: --sizes: M=3 of gemm_n3072_k2048 (N=512, K=1024, family exact_acc) does not fit in "
+        "memory (Unable to allocate 76.3 GiB for an array with shape (10000000, 1024) and data type float64); give "
+        "a smaller M\n")
+
+
+def test_repeated_sizes_and_families_count_once(tmp_path):
+    status, rep = _run(tmp_path, *RIGHT[1:], "--sizes", "2", "1", "2", "--families", "exact_acc", "exact_acc",
+                       "--workload", "gemm_n3072_k2048")
+    assert status == 0 and [(r["m"], r["family"]) for r in rep["rows"]] == [(2, "exact_acc"), (1, "exact_acc")]
+    assert V.plan_size(["gemm_n3072_k2048"] * 2, sizes=[1, 1, 2], families=["public", "public"],
+                       integrity=False) == 2
+
+
+def test_existing_json_and_repro_outputs_need_force(tmp_path, capsys):
+    """No output is replaced unasked: an existing --json file or reproducer is refused before the run (exit 2,
+    the file unchanged); --force replaces them."""
+    old = tmp_path / "old.json"
+    old.write_text('{"previous": 1}')
+    assert main([*RIGHT, "--sizes", "1", "--json", str(old)]) == 2
+    assert capsys.readouterr().err == (f"fp4ref verify: error: --json {str(old)!r} already exists; pass --force to "
+                                       "replace it\n")
+    assert old.read_text() == '{"previous": 1}'
+    assert main([*RIGHT, "--sizes", "1", "--json", str(old), "--force"]) == 0
+    assert json.loads(old.read_text())["ok"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # no temporary file left beside it
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "inputs.npz").write_text("old inputs")
+    bug = [*GEMM, "--kernel", "tests._verify_kernels:truncating_store", "--device", "cpu", "--sizes", "2",
+           "--families", "exact_acc", "--no-integrity", "--repro", str(earlier)]
+    assert main(bug) == 2
+    assert capsys.readouterr().err == (f"fp4ref verify: error: --repro {earlier}: inputs.npz already there; pass "
+                                       "--force to replace it, or give a new directory (it is created)\n")
+    assert (earlier / "inputs.npz").read_text() == "old inputs"
+    assert main([*bug, "--force"]) == 1
+    assert sorted(p.name for p in earlier.iterdir()) == ["inputs.npz", "repro.py"]
+    assert (earlier / "inputs.npz").read_bytes()[:2] == b"PK"  # the new reproducer's operands (a zip)
+
+
+def test_repro_directory_is_checked_before_the_run(tmp_path, capsys, monkeypatch):
+    import os
+
+    ran = []
+    monkeypatch.setattr(V, "verify", lambda *a, **k: ran.append(1))
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    assert main([*RIGHT, "--sizes", "1", "--repro", str(afile / "sub")]) == 2
+    assert capsys.readouterr().err == (f"fp4ref verify: error: --repro {afile / 'sub'}: cannot create it ({afile} "
+                                       "is not a directory)\n")
+    assert main([*RIGHT, "--sizes", "1", "--repro", str(afile)]) == 2
+    assert capsys.readouterr().err == f"fp4ref verify: error: --repro {afile}: not a directory\n"
+    if os.geteuid() != 0:  # root writes into a read-only folder anyway
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            assert main([*RIGHT, "--sizes", "1", "--repro", str(ro)]) == 2
+            assert capsys.readouterr().err == (f"fp4ref verify: error: --repro {ro}: cannot write in it (Permission "
+                                               "denied)\n")
+            assert main([*RIGHT, "--sizes", "1", "--repro", str(ro / "new" / "dir")]) == 2
+            assert capsys.readouterr().err == (f"fp4ref verify: error: --repro {ro / 'new' / 'dir'}: cannot create "
+                                               f"it in {ro} (Permission denied)\n")
+        finally:
+            ro.chmod(0o700)
+    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"] + (
+        ["ro"] if os.geteuid() != 0 else [])
+
+
+def test_ctrl_c_during_the_run_leaves_no_report(tmp_path):
+    """A real SIGINT (Ctrl-C) while the rows run: exit 130, one line saying nothing was written, no traceback, no
+    --json report and no --repro folder."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    report, rdir = tmp_path / "r.json", tmp_path / "repro"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "fp4ref.cli", *RIGHT, "--sizes", *map(str, range(1, 65)),
+                             "--json", str(report), "--repro", str(rdir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(root))
+    line = proc.stdout.readline()  # the first plain progress line: the run has started
+    assert line.startswith("[1/64 "), line + proc.stderr.read()
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["fp4ref verify: interrupted; no --json report written; no --repro reproducer "
+                                "written"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_says_what_was_written(tmp_path, monkeypatch, capsys):
+    """An interrupt after the reproducer was written keeps it (complete) and says so; an interrupt while it is
+    written leaves neither file, nor the folder it created."""
+    import os
+
+    d = tmp_path / "repro"
+    real = V._run_case
+
+    def then_ctrl_c(case, *args):
+        rows = real(case, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(V, "_run_case", then_ctrl_c)
+    bug = [*GEMM, "--kernel", "tests._verify_kernels:truncating_store", "--device", "cpu", "--sizes", "2",
+           "--families", "exact_acc", "--no-integrity", "--json", str(tmp_path / "r.json")]
+    assert main([*bug, "--repro", str(d)]) == 130
+    assert capsys.readouterr().err == (f"fp4ref verify: interrupted; no --json report written; the reproducer in {d} "
+                                       "is complete\n")
+    assert sorted(p.name for p in d.iterdir()) == ["inputs.npz", "repro.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repro"]
+    monkeypatch.setattr(V, "_run_case", real)
+    replace, calls = os.replace, []
+
+    def second_replace_interrupted(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", second_replace_interrupted)
+    d2 = tmp_path / "new" / "repro2"
+    (tmp_path / "new").mkdir()
+    assert main([*bug, "--repro", str(d2)]) == 130
+    assert capsys.readouterr().err.endswith("no --json report written; no --repro reproducer written\n")
+    assert [os.path.basename(c) for c in calls] == ["inputs.npz", "repro.py"]
+    assert list((tmp_path / "new").iterdir()) == []
