@@ -1,21 +1,24 @@
-"""Gluon path of nvfp4_linear for M <= 256 (``GluonConfig``): W decoded in registers straight into the wgmma A
-operand (sm_90 only).
+"""Gluon path of nvfp4_linear (``GluonConfig``, every M on sm_90): W decoded in registers straight into the wgmma A
+operand.
 
 Swap-AB: the MMA computes y^T tile [BN, BM] = W tile [BN, K] @ x^T, N on the wgmma M side (64 rows per
-warpgroup), M (padded to BM, 8..128) the wgmma N width. Per 256-element K step:
+warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. Per 256-element K step:
 
-* TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes, block scales [BN, 16] bytes, and
-  x dequantized to fp16 [BM, 256] (zero-filled past row M);
+* TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes and block scales [BN, 16] bytes; x
+  dequantized to fp16 (zero-filled past row M) either rides in the same ring as [BM, 256] tiles (X_STAGES 0, small
+  M) or has its own ring of X_STAGES [BM, 64] chunks (256-row tiles, where STAGES whole steps of x would not fit
+  in shared memory);
 * each thread decodes ITS OWN part of the wgmma A fragment from shared memory: 32 contiguous code bytes of two
   rows (two 16-byte loads each) and 4 scale bytes, in four 64-K chunks (one 16-element block per chunk and row
-  part), by bit placement (an E2M1 code c = s e1 e0 m placed as the
-  fp16 bits s << 15 | (e1 e0 m) << 9 is exactly E2M1(c) * 2^-14) and one f16x2 multiply by fp16(block scale) *
-  2^6: E2M1(c) * scale * 2^-8, exact in fp16 (<= 6 significant bits, magnitude <= 10.5, >= 2^-18). No shared
-  memory round trip of the decoded W; the accumulator is multiplied by 2^8 at the end (exact).
-* ``warpgroup_mma`` per chunk with A from registers, B = the chunk's 64 columns of the x tile in shared memory,
-  async, one group in flight: chunk c + 1 is decoded while chunk c runs, and only two chunks' A fragments are
-  live (16 registers each). ``gl.assume(k_steps >= 1)`` removes the loop's zero-trip path, whose accumulator
-  initialisation would otherwise make ptxas serialize every wgmma (advisory C7515).
+  part), by bit placement (an E2M1 code c = s e1 e0 m placed as the fp16 bits s << 15 | (e1 e0 m) << 9 is exactly
+  E2M1(c) * 2^-14) and one f16x2 multiply by fp16(block scale) * 2^6: E2M1(c) * scale * 2^-8, exact in fp16 (<= 6
+  significant bits, magnitude <= 10.5, >= 2^-18). No shared memory round trip of the decoded W; the accumulator is
+  multiplied by 2^8 at the end (exact).
+* ``warpgroup_mma`` per chunk with A from registers, B = the chunk's 64 columns of x in shared memory, async, one
+  group in flight: chunk c + 1 is decoded while chunk c runs, and only two chunks' A fragments are live (16
+  registers each). Ring refills between the chunk wgmmas are predicated TMA issues, not branches, and
+  ``gl.assume(k_steps >= 1)`` removes the loop's zero-trip path: either would otherwise make ptxas serialize every
+  wgmma (advisories C7513, C7515). Two-warpgroup configs barrier before a ring slot is refilled.
 
 The K permutation. wgmma's A fragment gives lane 4 g + q of a warp the rows g and g + 8 of its 16 and, per k16
 instruction i, the logical columns {2q, 2q+1, 2q+8, 2q+9}. Within each 256-element step the kernel computes
@@ -252,7 +255,7 @@ def nvfp4_gluon_kernel(
 
 class GluonLaunch:
     """``nvfp4_gluon_kernel`` for x [M, K] (dequantized to fp16 by the quantizer in the permuted K order) times
-    W [N, K] with ``config`` (K % 256 == 0, (K / 256) % SPLIT_K == 0: ``configs.gluon_fits``).
+    W [N, K] with ``config`` (K % 256 == 0, (K / 256) % SPLIT_K == 0: ``GluonConfig.fits``).
 
     ``run(stream, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec)`` as the other paths."""
 
