@@ -445,20 +445,15 @@ def test_ctrl_c_while_the_report_prints_keeps_the_complete_output(src, tmp_path,
     assert (out / "model.safetensors.index.json").exists() and audit_checkpoint(out).clean  # complete and valid
 
 
-@pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
-def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
-    """A real SIGINT (Ctrl-C) or SIGTERM (kill) to the CLI while --jobs 2 workers run: exit 130 / 143, one line,
-    no output, no temporary files, no worker left running."""
-    import signal
+def _start_big_quantize(tmp_path, seed: int):
+    """Start ``fp4ref quantize --jobs 2`` on 128 MiB with the float64 reference recipe ("exact") in a subprocess and
+    return (process, output path) once its first progress line shows the workers have started."""
     import subprocess
     import sys
-    import time
 
     from safetensors.numpy import save_file
 
-    rng = np.random.default_rng(1)
-    # 128 MiB with the float64 reference recipe ("exact"): the signal 0.2 s after the first progress line arrives
-    # while the workers run
+    rng = np.random.default_rng(seed)
     save_file({f"l{i}.weight": rng.standard_normal((1024, 2048), dtype=np.float32) for i in range(16)},
               str(tmp_path / "big.safetensors"))
     out = tmp_path / "out"
@@ -467,6 +462,28 @@ def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
                             stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parent.parent))
     line = proc.stderr.readline()  # the first plain progress line: work has started
     assert line.startswith("fp4ref quantize:"), line
+    return proc, out
+
+
+def _assert_ended(pids) -> None:
+    """Each process in ``pids`` ends (or is a zombie) within 10 s."""
+    import time
+
+    for pid in pids:
+        deadline = time.time() + 10
+        while Path(f"/proc/{pid}").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+
+
+@pytest.mark.parametrize("signame, status, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
+    """A real SIGINT (Ctrl-C) or SIGTERM (kill) to the CLI while --jobs 2 workers run: exit 130 / 143, one line,
+    no output, no temporary files, no worker left running."""
+    import signal
+    import time
+
+    proc, out = _start_big_quantize(tmp_path, 1)
     time.sleep(0.2)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     time.sleep(0.2)
@@ -484,11 +501,7 @@ def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
     else:
         assert lines == [f"fp4ref quantize: {word}; no partial output left"], err
         assert _listing(tmp_path) == ["big.safetensors"]
-    for pid in workers:  # (Linux) the worker processes ended with the run
-        deadline = time.time() + 10
-        while Path(f"/proc/{pid}").exists() and time.time() < deadline:
-            time.sleep(0.1)
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+    _assert_ended(workers)  # (Linux) the worker processes ended with the run
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc children lists")
@@ -496,31 +509,15 @@ def test_workers_die_with_a_killed_main_process(tmp_path):
     """SIGKILL to the CLI while --jobs 2 workers run: the workers end too (PR_SET_PDEATHSIG); the temporary output it
     could not remove is removed by the next run to the same output."""
     import signal
-    import subprocess
-    import sys
     import time
 
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(2)
-    save_file({f"l{i}.weight": rng.standard_normal((1024, 2048), dtype=np.float32) for i in range(16)},
-              str(tmp_path / "big.safetensors"))
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "fp4ref.quantize_file", str(tmp_path / "big.safetensors"), "-o",
-                             str(out), "--jobs", "2", "--recipe", "exact"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parent.parent))
-    line = proc.stderr.readline()
-    assert line.startswith("fp4ref quantize:"), line
+    proc, out = _start_big_quantize(tmp_path, 2)
     time.sleep(0.3)
     workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     assert workers
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
-    for pid in workers:
-        deadline = time.time() + 10
-        while Path(f"/proc/{pid}").exists() and time.time() < deadline:
-            time.sleep(0.1)
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+    _assert_ended(workers)
     stale = [p for p in tmp_path.iterdir() if p.name.startswith(".out.fp4ref-tmp-")]
     if not stale:
         pytest.skip("killed before the temporary output was made")
