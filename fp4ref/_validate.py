@@ -1,8 +1,11 @@
 """Argument checks shared by the public functions: clear errors naming the argument, no silent casts."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import tempfile
+import threading
 
 import numpy as np
 
@@ -141,3 +144,24 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs (in the main thread), SIGTERM (``kill``, ``timeout``) raises KeyboardInterrupt, so a CLI
+    command takes its Ctrl-C clean-up path; yields a list that holds the signal number once SIGTERM arrived (the
+    command then exits 143 instead of 130). Elsewhere than the main thread nothing changes."""
+    got: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def on_sigterm(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)

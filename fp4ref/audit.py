@@ -23,7 +23,7 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   scale and global-scale bytes.
 
 Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint, 130 on
-Ctrl-C (no partial --json report is left; an existing one is replaced only with --force).
+Ctrl-C, 143 on SIGTERM (no partial --json report is left; an existing one is replaced only with --force).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
-from ._validate import check_writable, write_report
+from ._validate import check_writable, sigterm_as_interrupt, write_report
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
@@ -365,7 +365,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    """Run ``fp4ref audit`` from parsed ``args``: 0 clean, 1 findings, 2 bad arguments or input, 130 Ctrl-C."""
+    """Run ``fp4ref audit`` from parsed ``args``: 0 clean, 1 findings, 2 bad arguments or input, 130 Ctrl-C, 143
+    SIGTERM."""
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
         return 2
@@ -377,30 +378,33 @@ def run(args) -> int:
             return 2
     to_file = bool(args.json) and args.json != "-"
     written = False
-    try:
+    with sigterm_as_interrupt() as terminated:  # SIGTERM takes Ctrl-C's path, exit 143
         try:
-            report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
-        except (CheckpointError, ValueError) as e:
-            print(f"fp4ref audit: error: {e}", file=sys.stderr)
-            return 2
-        if args.json:
-            text = json.dumps(report.to_json(), indent=2, allow_nan=False)
-            if args.json == "-":
-                print(text)
-            else:
-                try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
-                    write_report(args.json, text + "\n")
-                except OSError as e:
-                    print(f"fp4ref audit: error: --json {args.json!r}: cannot write it ({e.strerror or e})",
-                          file=sys.stderr)
-                    return 2
-                written = True
-        if not args.quiet and args.json != "-":
-            _print_table(report)
-    except KeyboardInterrupt:  # one line saying what is on disk, no traceback
-        said = (f"{args.json} is complete" if written else "no --json report written") if to_file else "nothing written"
-        print(f"fp4ref audit: interrupted; {said}", file=sys.stderr)
-        return 130
+            try:
+                report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
+            except (CheckpointError, ValueError) as e:
+                print(f"fp4ref audit: error: {e}", file=sys.stderr)
+                return 2
+            if args.json:
+                text = json.dumps(report.to_json(), indent=2, allow_nan=False)
+                if args.json == "-":
+                    print(text)
+                else:
+                    try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
+                        write_report(args.json, text + "\n")
+                    except OSError as e:
+                        print(f"fp4ref audit: error: --json {args.json!r}: cannot write it ({e.strerror or e})",
+                              file=sys.stderr)
+                        return 2
+                    written = True
+            if not args.quiet and args.json != "-":
+                _print_table(report)
+        except KeyboardInterrupt:  # one line saying what is on disk, no traceback
+            said = "nothing written" if not to_file else f"{args.json} is complete" if written else \
+                "no --json report written"
+            what, status = ("terminated", 143) if terminated else ("interrupted", 130)
+            print(f"fp4ref audit: {what}; {said}", file=sys.stderr)
+            return status
     return 0 if report.clean else 1
 
 

@@ -64,7 +64,7 @@ def _cmd_verify(args) -> int:
     from rich.console import Console
 
     from . import verify as V
-    from ._validate import check_writable, check_writable_dir
+    from ._validate import check_writable, check_writable_dir, sigterm_as_interrupt
 
     console = Console()
     if not console.is_terminal:
@@ -94,18 +94,25 @@ def _cmd_verify(args) -> int:
     if args.kernel:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
     state = {"result": None, "json": False}
-    try:
-        return _run_verify(args, workloads, console, state)
-    except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what is (not) on disk, no traceback
-        result = getattr(exc, "result", None) or state["result"]
-        said = []
-        if args.json:
-            said.append(f"{args.json} is complete" if state["json"] else "no --json report written")
-        if args.repro:
-            wrote = result is not None and str(result.settings.get("repro") or "").startswith("wrote ")
-            said.append(f"the reproducer in {args.repro} is complete" if wrote else "no --repro reproducer written")
-        sys.stderr.write(f"fp4ref verify: interrupted; {'; '.join(said) or 'nothing written'}\n")
-        return 130
+    with sigterm_as_interrupt() as terminated:  # SIGTERM takes Ctrl-C's path, exit 143
+        try:
+            return _run_verify(args, workloads, console, state)
+        except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what is (not) on disk, no traceback
+            return _interrupted(args, state, getattr(exc, "result", None), terminated)
+
+
+def _interrupted(args, state, result, terminated) -> int:
+    """The one line of an interrupted ``fp4ref verify`` (what is and is not on disk); its exit status."""
+    result = result or state["result"]
+    said = []
+    if args.json:
+        said.append(f"{args.json} is complete" if state["json"] else "no --json report written")
+    if args.repro:
+        wrote = result is not None and str(result.settings.get("repro") or "").startswith("wrote ")
+        said.append(f"the reproducer in {args.repro} is complete" if wrote else "no --repro reproducer written")
+    what, status = ("terminated", 143) if terminated else ("interrupted", 130)
+    sys.stderr.write(f"fp4ref verify: {what}; {'; '.join(said) or 'nothing written'}\n")
+    return status
 
 
 def _run_verify(args, workloads, console, state) -> int:
@@ -211,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify kernels against fp4ref's exact references (GPU if present, else the Triton interpreter)",
         description="Verify the project's kernels (or --kernel) on the workloads: exact reference, K-aware bound, "
         "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes, 1 otherwise, 2 for bad "
-        "arguments, 130 on Ctrl-C (no partial --json / --repro output is left).",
+        "arguments, 130 on Ctrl-C and 143 on SIGTERM (no partial --json / --repro output is left).",
     )
     from .workloads import WORKLOADS
 

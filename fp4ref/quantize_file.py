@@ -32,7 +32,6 @@ CLI wiring (fp4ref/cli.py): ``add_parser(subparsers)`` registers the ``quantize`
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from .blockscale import MXMode, NVFP4Recipe
@@ -47,6 +46,7 @@ from .checkpoint import (
     print_report,
     quantize_checkpoint,
 )
+from ._validate import sigterm_as_interrupt
 from .checkpoint_io import CheckpointError
 
 __all__ = [
@@ -189,13 +189,12 @@ def run(args) -> int:
     ignore = None
     if args.no_default_ignore or args.ignore:
         ignore = ([] if args.no_default_ignore or cf == "fp4ref" else list(DEFAULT_IGNORE)) + (args.ignore or [])
-    terminated = []
+    # SIGTERM takes Ctrl-C's clean-up path: workers stopped, partial output removed
+    with sigterm_as_interrupt() as terminated:
+        return _run(args, fmt, cf, ignore, show, terminated)
 
-    def on_sigterm(signum, frame):  # SIGTERM takes Ctrl-C's clean-up path: workers stopped, partial output removed
-        terminated.append(signum)
-        raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+def _run(args, fmt: str, cf: str, ignore, show: bool, terminated: list) -> int:
     try:
         if args.dequantize:
             if args.dtype is not None:
@@ -218,15 +217,14 @@ def run(args) -> int:
         what, status = ("terminated", 143) if terminated else ("interrupted", 130)
         print(f"fp4ref quantize: {what}; no partial output left", file=sys.stderr)
         return status
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if show or args.dry_run:
         try:
             print_report(reports, title=title)
         except KeyboardInterrupt:  # the output (if any) is already complete: say so, same status
             done = "" if args.dry_run else f"; {args.output} is complete"
-            print(f"fp4ref quantize: interrupted while printing the report{done}", file=sys.stderr)
-            return 130
+            what, status = ("terminated", 143) if terminated else ("interrupted", 130)
+            print(f"fp4ref quantize: {what} while printing the report{done}", file=sys.stderr)
+            return status
     low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
     if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
         worst = min(low, key=lambda r: r.sqnr_db)

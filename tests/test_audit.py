@@ -283,6 +283,22 @@ def test_an_existing_json_report_needs_force(made, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # no temporary file left beside it
 
 
+def test_sigterm_takes_the_ctrl_c_path_with_status_143(made, tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    from fp4ref import audit as A
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(A, "audit_checkpoint", killed)
+    assert main(["audit", str(made / "mo"), "--json", str(tmp_path / "r.json")]) == 143
+    assert capsys.readouterr().err == "fp4ref audit: terminated; no --json report written\n"
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
 def test_ctrl_c_prints_one_line_and_leaves_no_report(made, tmp_path, capsys, monkeypatch):
     from fp4ref import audit as A
 

@@ -28,7 +28,8 @@ G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()
 TABLE = [c for c in nvl.CONFIGS.configs() if isinstance(c, G)]
 VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=16, SPLIT_K=2, STAGES=3, num_warps=8),
-            G(BN=128, BM=128, SPLIT_K=2, STAGES=3, num_warps=8, X_STAGES=8), G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3)]
+            G(BN=128, BM=128, SPLIT_K=2, STAGES=3, num_warps=8, X_STAGES=8),
+            G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3)]
 
 
 def _build(cfg):

@@ -422,6 +422,22 @@ def test_ctrl_c_during_the_run_leaves_no_report(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_takes_the_ctrl_c_path_with_status_143(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    def killed(case, *args):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(V, "_run_case", killed)
+    argv = [*GEMM, "--device", "cpu", "--sizes", "2", "--families", "exact_acc", "--no-integrity", "--json",
+            str(tmp_path / "r.json")]
+    assert main(argv) == 143
+    assert capsys.readouterr().err == "fp4ref verify: terminated; no --json report written\n"
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+
+
 def test_ctrl_c_says_what_was_written(tmp_path, monkeypatch, capsys):
     """An interrupt after the reproducer was written keeps it (complete) and says so; an interrupt while it is
     written leaves neither file, nor the folder it created."""
