@@ -206,16 +206,6 @@ def _metadata_findings(ckpt, fmt: str) -> dict:
     return out
 
 
-def _unknown_format(ckpt) -> str:
-    """A message naming the first shard whose ``fp4ref.format`` metadata is not a format fp4ref knows, or ""."""
-    for s in ckpt.shards:
-        name = s.metadata.get("fp4ref.format")
-        if name is not None and name not in C.FORMATS:
-            return (f"{str(s.path)!r}: metadata fp4ref.format={name!r} is not a format fp4ref knows "
-                    f"({', '.join(C.FORMATS)})")
-    return ""
-
-
 def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditReport:
     """Audit a quantized checkpoint (see the module docstring).
 
@@ -233,13 +223,7 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         mode, a reference that lacks a tensor.
     """
     ckpt = open_checkpoint(path)
-    try:
-        cf, fmt, option, layers = C.find_quantized_layers(ckpt)
-    except C.QuantizeFileError:
-        unknown = _unknown_format(ckpt)  # say so, not "has no fp4ref quantization metadata"
-        if unknown:
-            raise C.QuantizeFileError(unknown) from None
-        raise
+    cf, fmt, option, layers = C.find_quantized_layers(ckpt)
     meta_bad = _metadata_findings(ckpt, fmt)
     rows = []
     globals_ = {}

@@ -981,9 +981,11 @@ def detect_format(ckpt: Checkpoint) -> tuple:
     config.json's quantization_config, or fp4ref shard metadata.
 
     Raises:
-        QuantizeFileError: not a quantized checkpoint, or a quantization this reader does not know.
+        QuantizeFileError: not a quantized checkpoint, or a quantization this reader does not know (an
+            ``fp4ref.format`` it does not know is named with its shard).
     """
-    meta = next((s.metadata for s in ckpt.shards if "fp4ref.format" in s.metadata), None)
+    first = next((s for s in ckpt.shards if "fp4ref.format" in s.metadata), None)
+    meta = None if first is None else first.metadata
     option = None
     if meta is not None:
         option = meta.get("fp4ref.recipe") or meta.get("fp4ref.mode")
@@ -1003,6 +1005,9 @@ def detect_format(ckpt: Checkpoint) -> tuple:
         return "compressed-tensors", fmts[f], option
     if meta is not None and meta.get("fp4ref.format") in FORMATS:
         return meta.get("fp4ref.checkpoint_format", "fp4ref"), meta["fp4ref.format"], option
+    if meta is not None:  # metadata of a format this version does not know (or a tampered file): name it
+        raise QuantizeFileError(f"{str(first.path)!r}: metadata fp4ref.format={meta['fp4ref.format']!r} is not a "
+                                f"format fp4ref knows ({', '.join(FORMATS)})")
     raise QuantizeFileError(f"{_where(ckpt)!r} has no fp4ref quantization metadata (fp4ref.format / fp4ref.tensors), "
                             "no hf_quant_config.json and no quantization_config: it is not a quantized checkpoint "
                             "fp4ref reads")

@@ -264,6 +264,10 @@ def test_an_unknown_format_in_the_metadata_is_named(made, made_fp4ref, tmp_path,
     assert err.startswith("fp4ref audit: error: ") and err.endswith(
         ".safetensors': metadata fp4ref.format='nvfp5' is not a format fp4ref knows (nvfp4, mxfp4, mxfp8)\n"), err
     assert "no fp4ref quantization metadata" not in err
+    from fp4ref.quantize_file import main as quantize_main  # the shared reader names it for --dequantize too
+
+    assert quantize_main([str(bad), "-o", str(tmp_path / "deq"), "--dequantize", "--quiet"]) == 2
+    assert "metadata fp4ref.format='nvfp5' is not a format fp4ref knows" in capsys.readouterr().err
     mo = copy(made, "mo", tmp_path)  # ModelOpt's config says nvfp4: the tensors are audited, the metadata flagged
     set_metadata(mo, **{"fp4ref.format": "nvfp5"})
     rep = audit_checkpoint(mo)
