@@ -146,22 +146,38 @@ def _umask() -> int:
     return mask
 
 
+class Stop:
+    """What stopped a CLI command that took its Ctrl-C path: ``terminated`` once SIGTERM arrived; ``word``
+    ("interrupted" / "terminated") and exit ``status`` (130 / 143) for its one line."""
+
+    def __init__(self):
+        self.terminated = False
+
+    @property
+    def word(self) -> str:
+        return "terminated" if self.terminated else "interrupted"
+
+    @property
+    def status(self) -> int:
+        return 143 if self.terminated else 130
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """While the block runs (in the main thread), SIGTERM (``kill``, ``timeout``) raises KeyboardInterrupt, so a CLI
-    command takes its Ctrl-C clean-up path; yields a list that holds the signal number once SIGTERM arrived (the
-    command then exits 143 instead of 130). Elsewhere than the main thread nothing changes."""
-    got: list = []
+    command takes its Ctrl-C clean-up path; yields a :class:`Stop` that says which signal it was (the command then
+    exits 143 instead of 130). Elsewhere than the main thread nothing changes."""
+    stop = Stop()
     if threading.current_thread() is not threading.main_thread():
-        yield got
+        yield stop
         return
 
     def on_sigterm(signum, frame):
-        got.append(signum)
+        stop.terminated = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        yield got
+        yield stop
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -362,7 +362,7 @@ def run(args) -> int:
             return 2
     to_file = bool(args.json) and args.json != "-"
     written = False
-    with sigterm_as_interrupt() as terminated:  # SIGTERM takes Ctrl-C's path, exit 143
+    with sigterm_as_interrupt() as stop:  # SIGTERM takes Ctrl-C's path, exit 143
         try:
             try:
                 report = audit_checkpoint(args.path, reference=args.reference, recipe=args.recipe, mode=args.mode)
@@ -386,9 +386,8 @@ def run(args) -> int:
         except KeyboardInterrupt:  # one line saying what is on disk, no traceback
             said = "nothing written" if not to_file else f"{args.json} is complete" if written else \
                 "no --json report written"
-            what, status = ("terminated", 143) if terminated else ("interrupted", 130)
-            print(f"fp4ref audit: {what}; {said}", file=sys.stderr)
-            return status
+            print(f"fp4ref audit: {stop.word}; {said}", file=sys.stderr)
+            return stop.status
     return 0 if report.clean else 1
 
 

@@ -94,14 +94,14 @@ def _cmd_verify(args) -> int:
     if args.kernel:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
     state = {"result": None, "json": False}
-    with sigterm_as_interrupt() as terminated:  # SIGTERM takes Ctrl-C's path, exit 143
+    with sigterm_as_interrupt() as stop:  # SIGTERM takes Ctrl-C's path, exit 143
         try:
             return _run_verify(args, workloads, console, state)
         except KeyboardInterrupt as exc:  # Ctrl-C: one line saying what is (not) on disk, no traceback
-            return _interrupted(args, state, getattr(exc, "result", None), terminated)
+            return _interrupted(args, state, getattr(exc, "result", None), stop)
 
 
-def _interrupted(args, state, result, terminated) -> int:
+def _interrupted(args, state, result, stop) -> int:
     """The one line of an interrupted ``fp4ref verify`` (what is and is not on disk); its exit status."""
     result = result or state["result"]
     said = []
@@ -110,9 +110,8 @@ def _interrupted(args, state, result, terminated) -> int:
     if args.repro:
         wrote = result is not None and str(result.settings.get("repro") or "").startswith("wrote ")
         said.append(f"the reproducer in {args.repro} is complete" if wrote else "no --repro reproducer written")
-    what, status = ("terminated", 143) if terminated else ("interrupted", 130)
-    sys.stderr.write(f"fp4ref verify: {what}; {'; '.join(said) or 'nothing written'}\n")
-    return status
+    sys.stderr.write(f"fp4ref verify: {stop.word}; {'; '.join(said) or 'nothing written'}\n")
+    return stop.status
 
 
 def _run_verify(args, workloads, console, state) -> int:

@@ -46,7 +46,7 @@ from .checkpoint import (
     print_report,
     quantize_checkpoint,
 )
-from ._validate import sigterm_as_interrupt
+from ._validate import Stop, sigterm_as_interrupt
 from .checkpoint_io import CheckpointError
 
 __all__ = [
@@ -190,11 +190,11 @@ def run(args) -> int:
     if args.no_default_ignore or args.ignore:
         ignore = ([] if args.no_default_ignore or cf == "fp4ref" else list(DEFAULT_IGNORE)) + (args.ignore or [])
     # SIGTERM takes Ctrl-C's clean-up path: workers stopped, partial output removed
-    with sigterm_as_interrupt() as terminated:
-        return _run(args, fmt, cf, ignore, show, terminated)
+    with sigterm_as_interrupt() as stop:
+        return _run(args, fmt, cf, ignore, show, stop)
 
 
-def _run(args, fmt: str, cf: str, ignore, show: bool, terminated: list) -> int:
+def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
     try:
         if args.dequantize:
             if args.dtype is not None:
@@ -214,17 +214,15 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, terminated: list) -> int:
     except (QuantizeFileError, CheckpointError, ValueError) as e:
         return _error(str(e))
     except KeyboardInterrupt:
-        what, status = ("terminated", 143) if terminated else ("interrupted", 130)
-        print(f"fp4ref quantize: {what}; no partial output left", file=sys.stderr)
-        return status
+        print(f"fp4ref quantize: {stop.word}; no partial output left", file=sys.stderr)
+        return stop.status
     if show or args.dry_run:
         try:
             print_report(reports, title=title)
         except KeyboardInterrupt:  # the output (if any) is already complete: say so, same status
             done = "" if args.dry_run else f"; {args.output} is complete"
-            what, status = ("terminated", 143) if terminated else ("interrupted", 130)
-            print(f"fp4ref quantize: {what} while printing the report{done}", file=sys.stderr)
-            return status
+            print(f"fp4ref quantize: {stop.word} while printing the report{done}", file=sys.stderr)
+            return stop.status
     low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
     if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
         worst = min(low, key=lambda r: r.sqnr_db)
