@@ -132,7 +132,7 @@ def write_report(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):
@@ -140,7 +140,8 @@ def write_report(path: str, text: str) -> None:
         raise
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's file-creation mask (read by setting and restoring it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

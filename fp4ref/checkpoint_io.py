@@ -32,6 +32,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from ._validate import current_umask
+
 __all__ = [
     "CheckpointError",
     "TensorInfo",
@@ -426,9 +428,7 @@ class OutputLocation:
                                              dir=str(self.target.parent)))
         except OSError as e:
             raise CheckpointError(f"cannot write in {str(self.target.parent)!r}: {e.strerror}") from None
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp creates 0700; give the directory the usual permissions
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700: the usual permissions instead
         return self.tmp
 
     def publish(self, file_name: str | None = None) -> None:
