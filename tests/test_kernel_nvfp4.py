@@ -53,11 +53,18 @@ def _bf16_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def _assert_quantize_equal(x: np.ndarray, want=None):
-    """Kernel bytes == fp4ref 'sol' bytes for x (numpy, any supported dtype); ``want``: fp4ref's, if computed."""
+    """Kernel bytes == fp4ref 'sol' bytes for x (numpy, any supported dtype); ``want``: fp4ref's, if computed.
+    Both forms of the quantizer: the default (one launch for a small x) and two launches (a forced tile)."""
     __tracebackhide__ = True
     want = ref_quantize(x, recipe="sol") if want is None else want
     k = x.shape[-1]
-    q, s, g = nvl.nvfp4_quantize(_to_torch(x))
+    _assert_quantize_form_equal(x, want, k, None)
+    _assert_quantize_form_equal(x, want, k, nvl.pick_quantize_config(x.size // k, k))
+
+
+def _assert_quantize_form_equal(x, want, k, config):
+    __tracebackhide__ = True
+    q, s, g = nvl.nvfp4_quantize(_to_torch(x), config=config)
     q = q.cpu().numpy()
     s = s.view(torch.uint8).cpu().numpy()
     g = np.float32(g.item())
@@ -145,6 +152,33 @@ def test_quantize_leaves_input_and_shapes():
 def test_quantize_rejects(bad, exc, word):
     with pytest.raises(exc, match=word):
         nvl.nvfp4_quantize(bad)
+
+
+def test_quantize_launch_count():
+    """One launch (no amax kernel) where x padded to powers of two fits ONE_LAUNCH_MAX_ELEMENTS, two beyond it or
+    with a forced tile; one launch refuses a larger x."""
+    from fp4ref.kernels.nvfp4_linear import _quantize_config
+
+    cap = quantize.ONE_LAUNCH_MAX_ELEMENTS
+    assert cap == 8192
+    assert quantize.one_launch_tile(1, 8192) == (1, 8192, 32) and quantize.one_launch_tile(2, 8192) is None
+    assert quantize.one_launch_tile(1, 16) == (1, 256, 32)  # at least one 256-column chunk (PERMUTE_K)
+    assert quantize.one_launch_tile(3, 1504) == (4, 2048, 32) and quantize.one_launch_tile(9, 1024) is None
+    for m, k, n in ((1, 8192, 1), (1, 6000, 1), (4, 2048, 1), (2, 8192, 2), (1, 8208, 2), (8192, 8192, 2)):
+        assert quantize.QuantizeLaunches(m, k, _quantize_config(m, k), True, False).launches == n, (m, k)
+    assert quantize.QuantizeLaunches(1, 64, nvl.pick_quantize_config(1, 64), True, False).launches == 2
+    with pytest.raises(ValueError, match="one launch"):
+        quantize.QuantizeLaunches(2, 8192, None, True, False)
+
+
+@pytest.mark.parametrize("where", [(0, 0), (2, 1503), (1, 700), (2, 1023)])
+def test_quantize_one_launch_amax_spans_all_of_x(where):
+    """The one-launch form's global amax is max |x| over all of x (3 x 1504, tile 4 x 2048 with padding rows and
+    columns masked): a largest |x| (negative) anywhere sets every block's scale."""
+    x = np.full((3, 1504), 0.5, np.float32)
+    x[where] = -1000.0
+    assert quantize.one_launch_tile(3, 1504) == (4, 2048, 32)
+    _assert_quantize_equal(x)
 
 
 # ---------------------------------------------------------------------------------------------------- linear
@@ -647,15 +681,18 @@ def _compile_all():
                                       divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
     defaults = sorted({dataclasses.astuple(nvl.pick_quantize_config(m, 8192)) for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
-    jobs = [(mode, t) for mode in modes for t in defaults]
-    jobs += [(modes[0], t) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
-    for (write_packed, write_dequant, deq), (br, bc, nw) in jobs:
+    jobs = [(mode, t, False) for mode in modes for t in defaults]
+    jobs += [(modes[0], t, False) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
+    one = [quantize.one_launch_tile(1, 8192), quantize.one_launch_tile(4, 2048)]  # one-launch tiles
+    jobs += [(mode, t, True) for mode in modes for t in one]
+    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0),
+                 AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
+                 SELF_AMAX=self_amax),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates

@@ -4,7 +4,8 @@ Workload: SOL-ExecBench ``nvfp4_linear_layer``: y = x @ W^T with x (bf16) quanti
 fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode scale), bf16 out.
 docs/kernels.md, section nvfp4_linear, describes the paths and their numerics.
 
-A call: quantize x (quantize.py: amax, then codes * block scales, exact), then one path, chosen by M from
+A call: quantize x (quantize.py: amax, then codes * block scales, exact; one launch for a small x, two otherwise),
+then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
 * ``GluonConfig`` (gluon.py, GPU): W decoded in registers straight into the wgmma A operand (Gluon), every M;
@@ -33,7 +34,7 @@ from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_C
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch
 from .prepass import PrepassLaunch
-from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
+from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches, one_launch_tile
 from .tensorcore import TensorCoreLaunch
 
 __all__ = [
@@ -62,7 +63,9 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     Args:
         x: torch float32 / bfloat16 / float16 tensor [..., K], contiguous, K a positive multiple of 16. Rows are
             the leading dimensions flattened: M = x.numel() // K.
-        config: the quantize tile to force (default ``pick_quantize_config(M, K)``).
+        config: the quantize tile to force (two launches: amax, then the tiles). Default: one launch of one
+            program when x padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements,
+            else ``pick_quantize_config(M, K)``'s tile. The bytes do not depend on the choice.
 
     Returns:
         (x_fp4, x_scales, global_decode):
@@ -90,10 +93,10 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     if new:
         M, K = _check_x(x)
         check_device(x, "x")
-        cfg = pick_quantize_config(M, K) if config is None else config
-        if not isinstance(cfg, QuantizeConfig):
-            raise TypeError(f"config: expected a QuantizeConfig or None, got {type(cfg).__name__}")
-        plan = QuantizeLaunches(M, K, cfg, write_packed=True, write_dequant=False)
+        if config is not None and not isinstance(config, QuantizeConfig):
+            raise TypeError(f"config: expected a QuantizeConfig or None, got {type(config).__name__}")
+        plan = QuantizeLaunches(M, K, _quantize_config(M, K) if config is None else config, write_packed=True,
+                                write_dequant=False)
     dev = x.device
     st = current_stream(dev)
     packed = torch.empty((plan.M, plan.K // 2), dtype=torch.uint8, device=dev)
@@ -104,6 +107,12 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     if new:
         _QPLANS.put(key, plan)
     return packed, scales.view(torch.float8_e4m3fn), gdec[0]
+
+
+def _quantize_config(M: int, K: int) -> QuantizeConfig | None:
+    """The quantizer's default: None (one launch, ``quantize.one_launch_tile``) where x is small enough, else
+    ``pick_quantize_config``'s tile (two launches)."""
+    return None if one_launch_tile(M, K) is not None else pick_quantize_config(M, K)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,7 +206,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     plan.deq_name = _DEQUANT[plan.deq_dtype]
     # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
     plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
-    plan.quant = QuantizeLaunches(M, K, pick_quantize_config(M, K), write_packed=False, write_dequant=True,
+    plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K), write_packed=False, write_dequant=True,
                                   permute_k=isinstance(cfg, GluonConfig))
     path = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
             PrepassConfig: PrepassLaunch}[type(cfg)]

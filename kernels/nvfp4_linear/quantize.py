@@ -1,5 +1,9 @@
 """The NVFP4 quantizer of x, recipe "sol" bit for bit: ``amax_kernel`` + ``nvfp4_quantize_kernel``.
 
+Inputs of at most ``ONE_LAUNCH_MAX_ELEMENTS`` take one launch: ``nvfp4_quantize_kernel`` alone, one program whose
+tile is all of x, the global amax taken from the tile it has loaded (M = 1 at K = 8192, where each launch costs
+~1.5 us of GPU time against a few hundred ns of work). Larger inputs take two:
+
 1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
    sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
 2. ``nvfp4_quantize_kernel``: every program reduces the partials to the global amax, derives the global
@@ -22,10 +26,26 @@ from .._runtime import Launch
 from .configs import QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
-__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "QuantizeLaunches", "amax_kernel", "nvfp4_quantize_kernel"]
+__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "ONE_LAUNCH_MAX_ELEMENTS", "QuantizeLaunches", "amax_kernel",
+           "nvfp4_quantize_kernel", "one_launch_tile"]
 
 AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
+# Largest x (next_power_of_2(M) x next_power_of_2(K) elements) quantized by one launch of one program: 8 elements
+# (one 16-byte load of bf16) per thread at 32 warps. H200, CUPTI, L2 flushed, K = 8192: M = 1 one launch 2.6-2.7 us
+# against 3.2 for two; M = 2 and 4 one launch 4.0 and 5.8 us against 3.3 and 3.9 (one SM's latency chain grows
+# with x; programs that each read all of x for the amax and quantize a 2048-column tile: 3.3 and 4.4 us)
+ONE_LAUNCH_MAX_ELEMENTS = 8192
+
+
+def one_launch_tile(M: int, K: int):
+    """(BLOCK_R, BLOCK_C, num_warps) of the one-launch quantizer for x [M, K]: the whole of x padded to powers of
+    two (at least 256 columns), 32 warps (fewest elements per thread: the launch is latency-bound); None when that
+    tile exceeds ONE_LAUNCH_MAX_ELEMENTS."""
+    block_r, block_c = triton.next_power_of_2(M), max(triton.next_power_of_2(K), 256)
+    if block_r * block_c > ONE_LAUNCH_MAX_ELEMENTS:
+        return None
+    return block_r, block_c, 32
 
 
 @triton.jit
@@ -102,13 +122,27 @@ def nvfp4_quantize_kernel(
     # WRITE_DEQUANT in the Gluon path's K order: within each 256-element chunk, physical element
     # p = 64 q + 4 i + 2 j1 + j0 goes to column 16 i + 8 j1 + 2 q + j0 (gluon.py; BLOCK_C % 256 == 0)
     PERMUTE_K: tl.constexpr = False,
+    # one-launch form (small x): one program whose tile is all of x takes the global amax from that tile (no
+    # amax_kernel launch; amax_ptr and n_amax unused)
+    SELF_AMAX: tl.constexpr = False,
 ):
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
+    NB: tl.constexpr = BLOCK_C // 16
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < M) & (cols[None, :] < K)  # K % 16 == 0: a block is all in or all out
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
+    x = _widen_to_fp32(x).reshape(BLOCK_R, NB, 16)
+    # block amax as |x| bits (exact; NaN bits exceed +inf, as in amax_kernel)
+    bbits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
 
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
-    parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
-    amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
+    if SELF_AMAX:  # this program's tile is all of x
+        amax = tl.max(tl.max(bbits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    else:
+        parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
+        amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
     genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
     genc = tl.minimum(genc, 3.4028234663852886e38)  # clamp to the fp32 max
     genc = tl.where(genc == 0.0, 1.0, genc)  # amax = +inf -> 0 -> 1 (TransformerEngine's rule)
@@ -117,16 +151,8 @@ def nvfp4_quantize_kernel(
         tl.store(gdec_ptr, gdec)
         tl.store(gdec_ptr + 1, gdec * w_gdec)  # fp32 RNE (no FMA contraction: enable_fp_fusion=False)
 
-    # --- the tile ----------------------------------------------------------------------------------------------
-    NB: tl.constexpr = BLOCK_C // 16
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (rows[:, None] < M) & (cols[None, :] < K)  # K % 16 == 0: a block is all in or all out
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xm + cols[None, :], mask=mask, other=0.0)
-    x = _widen_to_fp32(x).reshape(BLOCK_R, NB, 16)
-
-    # block amax (exact, via bits), block scale = (block_amax / 6) * global_encode, clamp 448, E4M3 RNE
-    bamax = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    # --- the tile: block scale = (block_amax / 6) * global_encode, clamp 448, E4M3 RNE ----------------------------
+    bamax = bbits.to(tl.float32, bitcast=True)
     s = tl.math.div_rn(bamax, tl.full([BLOCK_R, NB], 6.0, tl.float32)) * genc
     s = tl.minimum(s, 448.0)  # s >= 0; the -448 side of the clamp never applies
     sbyte = _e4m3_rne_byte(s)
@@ -175,31 +201,54 @@ def nvfp4_quantize_kernel(
 
 
 class QuantizeLaunches:
-    """The two launches that quantize x [M, K] (contiguous) with ``config``'s tile.
+    """The launches that quantize x [M, K] (contiguous): ``amax_kernel`` + ``nvfp4_quantize_kernel`` with
+    ``config``'s tile, or (``config`` None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone
+    with one program over all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
     256; ValueError otherwise). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
-    [>= AMAX_MAX_PROGRAMS] amax partials; ``gdec`` fp32 [2] receives [x global decode, fp32(x global decode *
-    w_gdec)]; unused outputs may be any tensor (``gdec``).
+    [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
+    fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
+    bytes.
+
+    Raises:
+        ValueError: ``config`` None where x is too large for one launch; ``permute_k`` with K or BLOCK_C not a
+            multiple of 256.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
-    def __init__(self, M: int, K: int, config: QuantizeConfig, write_packed: bool, write_dequant: bool,
+    def __init__(self, M: int, K: int, config: QuantizeConfig | None, write_packed: bool, write_dequant: bool,
                  permute_k: bool = False):
-        if permute_k and (K % 256 or config.BLOCK_C % 256):
-            raise ValueError(f"K={K}, BLOCK_C={config.BLOCK_C}: the permuted K order needs both multiples of 256")
+        if config is None:
+            tile = one_launch_tile(M, K)
+            if tile is None:
+                raise ValueError(f"M={M}, K={K}: more than {ONE_LAUNCH_MAX_ELEMENTS} elements (padded) for one "
+                                 "launch; pass a QuantizeConfig")
+            block_r, block_c, num_warps = tile
+        else:
+            block_r, block_c, num_warps = config.BLOCK_R, config.BLOCK_C, config.num_warps
+        if permute_k and (K % 256 or block_c % 256):
+            raise ValueError(f"K={K}, BLOCK_C={block_c}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
+        grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
-        self.amax = Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK}, num_warps=8)
+        self.amax = None if config is None else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK},
+                                                       num_warps=8)
         self.quant = Launch(
-            nvfp4_quantize_kernel, (triton.cdiv(M, config.BLOCK_R), triton.cdiv(K, config.BLOCK_C)),
-            dict(BLOCK_R=config.BLOCK_R, BLOCK_C=config.BLOCK_C, WRITE_PACKED=write_packed,
-                 WRITE_DEQUANT=write_dequant, AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k),
-            num_warps=config.num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
+            nvfp4_quantize_kernel, grid,
+            dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
+                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None),
+            num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches per ``run``: 1 or 2."""
+        return 1 if self.amax is None else 2
 
     def run(self, stream: int, x, parts, q, s, deq, gdec, w_gdec: float) -> None:
-        self.amax.launch(stream, x, parts, self.numel, self.iters)
+        if self.amax is not None:
+            self.amax.launch(stream, x, parts, self.numel, self.iters)
         self.quant.launch(stream, x, parts, q, s, deq, gdec, w_gdec, self.M, self.K, self.K, self.nprog)
