@@ -1,16 +1,23 @@
-"""Gluon helpers shared by the swap-AB kernels (gemm_fp16 and sparse_gemm_fp4_fp8): the c^T tile's store layout
-and its epilogue, a plain store or the deterministic split-K reduction.
+"""Gluon helpers shared by the swap-AB kernels (gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear): the c^T tile's
+store layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue
+scale.
 
 Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
-rounds once to c's dtype (RNE) and resets the counter for the next launch. Bitwise reproducible run to run.
+multiplies by the scale (HAS_SCALE; fp32 RN), rounds once to c's dtype (RNE) and resets the counter for the next
+launch. Bitwise reproducible run to run.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["store_layout", "store_or_reduce"]
+__all__ = ["store_layout", "store_or_reduce", "workspace_elements"]
+
+
+def workspace_elements(tiles: int, split_k: int, block_n: int, block_m: int) -> int:
+    """fp32 elements of ``store_or_reduce``'s split-K workspace for ``tiles`` c tiles (0 when split_k == 1)."""
+    return tiles * split_k * block_n * block_m if split_k > 1 else 0
 
 
 @gluon.constexpr_function
@@ -31,18 +38,23 @@ def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
 
 
 @gluon.jit
-def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k,
-                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
+def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k, scale,
+                    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, HAS_SCALE: gl.constexpr,
+                    num_warps: gl.constexpr):
     """Write the fp32 c^T tile ``part`` [BLOCK_N, BLOCK_M] (``store_layout``) of K slice ``pid_k`` to c[off_m +
     m, off_n + n] (rows m < M, columns n < N; row stride ``stride_cm``): directly when SPLIT_K == 1, else through
-    the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N]) and ``cnt_ptr[tile]`` (module docstring).
-    Padding columns m >= M are neither written nor read."""
+    the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N], ``workspace_elements``) and
+    ``cnt_ptr[tile]`` (module docstring). With HAS_SCALE the full sum is multiplied by the fp32 ``scale`` before
+    the one rounding to c's dtype (``scale`` is not read otherwise). Padding columns m >= M are neither written
+    nor read."""
     st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     c_ptrs = c_ptr + gl.expand_dims(rm, 0) * stride_cm + gl.expand_dims(off_n + rn, 1)
     c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
     if SPLIT_K == 1:
+        if HAS_SCALE:
+            part = part * scale  # fp32 RN
         gl.store(c_ptrs, part.to(c_ptr.dtype.element_ty), mask=c_mask)
     else:
         TILE: gl.constexpr = BLOCK_M * BLOCK_N
@@ -64,6 +76,8 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
                 total = gl.load(src, cache_modifier=".cg")
                 for s in gl.static_range(1, SPLIT_K):
                     total = total + gl.load(src + s * TILE, cache_modifier=".cg")
+                if HAS_SCALE:
+                    total = total * scale  # fp32 RN, after the fixed-order sum
                 m_idx = off_m + m0 + r_c
                 dst = c_ptr + gl.expand_dims(m_idx, 0) * stride_cm + gl.expand_dims(off_n + r_n, 1)
                 gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_idx < M, 0) & n_ok)

@@ -149,5 +149,5 @@ def gemm_swapab_kernel(
 
     # ---- epilogue: a plain store, or the fixed-order split-K reduction (kernels/_gluon.py) ---------------------
     part = gl.convert_layout(acc, store_layout(BLOCK_N, BLOCK_M, num_warps))
-    store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k,
-                    BLOCK_N, BLOCK_M, SPLIT_K, num_warps)
+    store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k, 1.0,
+                    BLOCK_N, BLOCK_M, SPLIT_K, False, num_warps)

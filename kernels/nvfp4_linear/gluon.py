@@ -27,8 +27,9 @@ that a thread's 64 elements of a row are the physical bytes [32 q, 32 q + 32): c
 quantizer in the same permuted order (``PERMUTE_K``), so sum_k x[m, k] W[n, k] is the same sum; only the order
 of the products in the accumulation changes, which the block-FMA model does not depend on.
 
-Split-K (SPLIT_K slices of the K steps): fp32 partials, summed by the last arriving program of the tile in the
-fixed order s = 0, 1, ... (fp32 RN), then acc * fp32(x_gdec * w_gdec) and one RNE rounding to bf16.
+Epilogue: kernels/_gluon.py's ``store_or_reduce``, shared with the other swap-AB kernels: with split-K (SPLIT_K
+slices of the K steps) fp32 partials summed by the last arriving program of the tile in the fixed order s = 0, 1,
+... (fp32 RN); then acc * fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16.
 """
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout
-from .._runtime import Desc, Launch
+from .._gluon import store_layout, store_or_reduce, workspace_elements
+from .._runtime import Desc, Launch, workspace
 from .configs import GluonConfig
 from .decode import DECODE_BITS_PTX
-from .tensorcore import splitk_buffers
+from .tensorcore import COUNTERS_WORKSPACE, PARTIALS_WORKSPACE
 
 __all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K", "x_block_k"]
 
@@ -128,7 +129,7 @@ def nvfp4_gluon_kernel(
     # TMA descriptors: W codes uint8 [N, K/2], block scales uint8 [N, K/16], x dequantized fp16 [M, K] (permuted)
     w_desc, s_desc, x_desc,
     # fp32 [2] from the quantizer ([1] = fp32(x_gdec * w_gdec)); out bf16 [M, N]; split-K partials fp32
-    # [SPLIT_K, M, N] and per-tile arrival counters (int32, 0 between launches)
+    # [tiles, SPLIT_K, BM, BN] and per-tile arrival counters (int32, 0 between launches): kernels/_gluon.py
     gdec_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
     BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, X_STAGES: gl.constexpr,
@@ -230,27 +231,11 @@ def nvfp4_gluon_kernel(
         for i in gl.static_range(X_STAGES):
             mbarrier.invalidate(x_ready.index(i))
 
-    out_layout: gl.constexpr = store_layout(BN, BM, num_warps)  # 8 consecutive n per thread: 16-byte stores
-    accb = gl.convert_layout(acc, out_layout)
-    offs_n = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, out_layout))
-    offs_m = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, out_layout))
-    idx = gl.expand_dims(offs_m, 0).to(gl.int64) * N + gl.expand_dims(offs_n, 1)
-    mask = (gl.expand_dims(offs_m, 0) < M) & (gl.expand_dims(offs_n, 1) < N)
-    scale = gl.load(gdec_ptr + 1)
-    if SPLIT_K == 1:
-        gl.store(out_ptr + idx, (accb * scale).to(gl.bfloat16), mask=mask)  # fp32 RNE, one RNE to bf16
-    else:
-        MN = N.to(gl.int64) * M  # (M may be the constant 1 after specialisation: no .to on it)
-        gl.store(part_ptr + pid_k * MN + idx, accb, mask=mask, cache_modifier=".cg")
-        gl.thread_barrier()  # every thread's partial stores precede the (release) arrival
-        tile = pid_m * gl.num_programs(0) + pid_n
-        prev = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if prev == SPLIT_K - 1:  # last to arrive: the fixed-order sum s = 0, 1, ..., SPLIT_K - 1
-            tot = gl.load(part_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
-            for j in gl.static_range(1, SPLIT_K):
-                tot += gl.load(part_ptr + j * MN + idx, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.store(out_ptr + idx, (tot * scale).to(gl.bfloat16), mask=mask)
-            gl.store(count_ptr + tile, 0)  # ready for the next launch
+    # the shared epilogue (kernels/_gluon.py): 16-byte stores, or the fixed-order split-K sum; then the epilogue
+    # scale fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16
+    accb = gl.convert_layout(acc, store_layout(BN, BM, num_warps))
+    store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, pid_m * gl.num_programs(0) + pid_n,
+                    pid_k, gl.load(gdec_ptr + 1), BN, BM, SPLIT_K, True, num_warps)
 
 
 class GluonLaunch:
@@ -273,7 +258,12 @@ class GluonLaunch:
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
         wl, sl, xl = self.layouts
-        part, cnt = splitk_buffers(device, stream, self.split_k, M, N, self.tiles, out)
+        if self.split_k > 1:  # store_or_reduce's tile-major workspace and the per-tile arrival counters
+            part = workspace(device, stream, PARTIALS_WORKSPACE,
+                             workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), torch.float32)
+            cnt = workspace(device, stream, COUNTERS_WORKSPACE, max(self.tiles, 4096), torch.int32, zeroed=True)
+        else:
+            part = cnt = out  # never touched without split-K
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
