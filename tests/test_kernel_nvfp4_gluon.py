@@ -22,6 +22,7 @@ from fp4ref.kernels import _runtime
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import gluon
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
+from fp4ref.kernels.nvfp4_linear.tensorcore import PARTIALS_WORKSPACE
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
 G = nvl.GluonConfig
@@ -138,8 +139,11 @@ def test_gluon_within_bound_and_deterministic(m, cfg, weight):
     wq, wc, ws = weight
     x_np = np.random.default_rng(m).standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
     x = torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
+    nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg)  # sizes the split-K workspace
     outs = []
-    for _ in range(2):
+    for _ in range(2):  # output and split-K partials poisoned: an unwritten or misaddressed element shows as NaN
+        _runtime.workspace(x.device, _runtime.current_stream(x.device), PARTIALS_WORKSPACE, 1,
+                           torch.float32).fill_(float("nan"))
         out = torch.full((m, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
         nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=out)
         outs.append(out)
