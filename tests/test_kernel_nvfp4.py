@@ -162,7 +162,8 @@ def test_quantize_launch_count():
     cap = quantize.ONE_LAUNCH_MAX_ELEMENTS
     assert cap == 8192
     assert quantize.one_launch_tile(1, 8192) == (1, 8192, 32) and quantize.one_launch_tile(2, 8192) is None
-    assert quantize.one_launch_tile(1, 16) == (1, 256, 32)  # at least one 256-column chunk (PERMUTE_K)
+    assert quantize.one_launch_tile(1, 16) == (1, 256, 1)  # at least one 256-column chunk (PERMUTE_K)
+    assert quantize.one_launch_tile(2, 1024) == (2, 1024, 8)  # 8 elements per thread
     assert quantize.one_launch_tile(3, 1504) == (4, 2048, 32) and quantize.one_launch_tile(9, 1024) is None
     for m, k, n in ((1, 8192, 1), (1, 6000, 1), (4, 2048, 1), (2, 8192, 2), (1, 8208, 2), (8192, 8192, 2)):
         assert quantize.QuantizeLaunches(m, k, _quantize_config(m, k), True, False).launches == n, (m, k)
@@ -683,7 +684,7 @@ def _compile_all():
     modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
     jobs = [(mode, t, False) for mode in modes for t in defaults]
     jobs += [(modes[0], t, False) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
-    one = [quantize.one_launch_tile(1, 8192), quantize.one_launch_tile(4, 2048)]  # one-launch tiles
+    one = [quantize.one_launch_tile(*mk) for mk in ((1, 8192), (4, 2048), (1, 256), (2, 1024))]
     jobs += [(mode, t, True) for mode in modes for t in one]
     for (write_packed, write_dequant, deq), (br, bc, nw), self_amax in jobs:
         built.append(compile_for_sm90(

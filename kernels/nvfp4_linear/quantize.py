@@ -40,12 +40,12 @@ ONE_LAUNCH_MAX_ELEMENTS = 8192
 
 def one_launch_tile(M: int, K: int):
     """(BLOCK_R, BLOCK_C, num_warps) of the one-launch quantizer for x [M, K]: the whole of x padded to powers of
-    two (at least 256 columns), 32 warps (fewest elements per thread: the launch is latency-bound); None when that
-    tile exceeds ONE_LAUNCH_MAX_ELEMENTS."""
+    two (at least 256 columns), 8 elements per thread (the launch is latency-bound: as many warps as that gives, up
+    to 32; no thread without elements); None when that tile exceeds ONE_LAUNCH_MAX_ELEMENTS."""
     block_r, block_c = triton.next_power_of_2(M), max(triton.next_power_of_2(K), 256)
     if block_r * block_c > ONE_LAUNCH_MAX_ELEMENTS:
         return None
-    return block_r, block_c, 32
+    return block_r, block_c, min(32, block_r * block_c // 256)
 
 
 @triton.jit
