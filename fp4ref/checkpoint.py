@@ -250,7 +250,7 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
     if checkpoint_format not in CHECKPOINT_FORMATS:
         raise QuantizeFileError(f"--checkpoint-format {checkpoint_format!r} is not one of {list(CHECKPOINT_FORMATS)}")
     if fmt not in FORMATS:
-        raise QuantizeFileError(f"--format {fmt!r} is not one of {list(FORMATS)}")
+        raise QuantizeFileError(f"format {fmt!r} (--format) is not one of {list(FORMATS)}")
     if fmt == "nvfp4" and mode is not None:
         raise QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
     if fmt != "nvfp4" and recipe is not None:
@@ -733,6 +733,13 @@ class Progress:
 
 
 def _out_is_dir(ckpt: Checkpoint, out: Path) -> bool:
+    """Whether the output is a directory: always for a sharded checkpoint or a model directory (an output name
+    ending in ``.safetensors`` is refused there: it would be a directory of that name); for one input file unless
+    ``out`` ends in ``.safetensors``."""
+    if ckpt.kind != "file" and out.name.endswith(".safetensors"):
+        raise QuantizeFileError(f"the input is a {'model directory' if ckpt.kind == 'directory' else 'sharded checkpoint'}"
+                                f", so the output is a directory of shards: give the output a directory name, not "
+                                f"{str(out)!r}")
     return ckpt.kind != "file" or not out.name.endswith(".safetensors")
 
 

@@ -404,7 +404,7 @@ class OutputLocation:
             if s.resolve() == self.target.resolve():
                 raise CheckpointError(f"output path {str(self.target)!r} is the input; choose another output path")
         if self.target.exists() and not force:
-            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force to replace it")
+            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force (force=True) to replace it")
         if self.target.exists() and self.target.is_dir() != is_dir:
             kind = "directory" if self.target.is_dir() else "file"
             raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected a "

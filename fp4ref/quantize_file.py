@@ -47,7 +47,7 @@ from .checkpoint import (
     quantize_checkpoint,
 )
 from ._validate import Stop, sigterm_as_interrupt
-from .checkpoint_io import CheckpointError
+from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = [
     "FORMATS",
@@ -223,6 +223,11 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
             done = "" if args.dry_run else f"; {args.output} is complete"
             print(f"fp4ref quantize: {stop.word} while printing the report{done}", file=sys.stderr)
             return stop.status
+    if not args.dequantize and not args.dry_run and cf != "fp4ref" and open_checkpoint(args.input).config is None:
+        carried = "hf_quant_config.json" if cf == "modelopt" else "a config.json holding only quantization_config"
+        print(f"fp4ref quantize: warning: {args.input} has no config.json, so the {cf} output has {carried} but "
+              "not the model's config.json, which vLLM / SGLang need to load it; quantize the model directory "
+              "(config.json + shards) instead", file=sys.stderr)
     low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
     if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
         worst = min(low, key=lambda r: r.sqnr_db)

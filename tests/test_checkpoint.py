@@ -381,6 +381,47 @@ def test_low_sqnr_tensors_are_reported(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_sharded_input_refuses_a_safetensors_output_name(src, tmp_path, capsys):
+    """A sharded checkpoint (or model directory) quantizes into a directory: an -o ending in .safetensors would
+    silently be a directory of that name, so it is refused, before anything is written."""
+    root, _ = src
+    for inp in (root / "model.safetensors.index.json", root):
+        assert main([str(inp), "-o", str(tmp_path / "q.safetensors"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "output is a directory of shards" in err[0] and "'" + str(tmp_path) in err[0], err
+    assert _listing(tmp_path) == []
+
+
+def test_serving_layout_without_config_json_warns(src, tmp_path, capsys):
+    """One weight file has no config.json: the modelopt / compressed-tensors output is written (exit 0) with one
+    warning that vLLM / SGLang also need the model's config.json; the fp4ref layout and a model directory with a
+    config.json give none."""
+    from safetensors.numpy import save_file
+
+    save_file({"l.weight": np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)},
+              str(tmp_path / "m.safetensors"))
+    for cf, carried in (("modelopt", "hf_quant_config.json"), ("compressed-tensors", "only quantization_config")):
+        out = tmp_path / f"o-{cf}"
+        assert main([str(tmp_path / "m.safetensors"), "-o", str(out), "--checkpoint-format", cf, "--quiet"]) == 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "warning:" in err[0] and "no config.json" in err[0] and carried in err[0], err
+    assert main([str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "f.safetensors"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert (src[0] / "config.json").is_file()
+    assert main([str(src[0]), "-o", str(tmp_path / "d"), "--checkpoint-format", "modelopt", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_python_m_fp4ref_runs_the_cli():
+    import subprocess
+    import sys
+
+    from fp4ref import __version__
+
+    r = subprocess.run([sys.executable, "-m", "fp4ref", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"fp4ref {__version__}", (r.stdout, r.stderr)
+
+
 def test_stale_temporaries_of_dead_runs_are_removed(src, tmp_path):
     """A run killed outright leaves .OUT.fp4ref-tmp-PID-*; the next run to OUT removes it unless PID still runs."""
     import subprocess
