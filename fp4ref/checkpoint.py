@@ -737,9 +737,9 @@ def _out_is_dir(ckpt: Checkpoint, out: Path) -> bool:
     ending in ``.safetensors`` is refused there: it would be a directory of that name); for one input file unless
     ``out`` ends in ``.safetensors``."""
     if ckpt.kind != "file" and out.name.endswith(".safetensors"):
-        raise QuantizeFileError(f"the input is a {'model directory' if ckpt.kind == 'directory' else 'sharded checkpoint'}"
-                                f", so the output is a directory of shards: give the output a directory name, not "
-                                f"{str(out)!r}")
+        what = "model directory" if ckpt.kind == "directory" else "sharded checkpoint"
+        raise QuantizeFileError(f"the input is a {what}, so the output is a directory of shards: give the output a "
+                                f"directory name, not {str(out)!r}")
     return ckpt.kind != "file" or not out.name.endswith(".safetensors")
 
 

@@ -50,7 +50,8 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
     st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-    c_ptrs = c_ptr + gl.expand_dims(rm, 0) * stride_cm + gl.expand_dims(off_n + rn, 1)
+    # 64-bit row offsets: M x N may exceed 2^31 elements (nvfp4_linear at large M)
+    c_ptrs = c_ptr + gl.expand_dims(rm, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + rn, 1)
     c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
     if SPLIT_K == 1:
         if HAS_SCALE:
@@ -79,6 +80,6 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
                 if HAS_SCALE:
                     total = total * scale  # fp32 RN, after the fixed-order sum
                 m_idx = off_m + m0 + r_c
-                dst = c_ptr + gl.expand_dims(m_idx, 0) * stride_cm + gl.expand_dims(off_n + r_n, 1)
+                dst = c_ptr + gl.expand_dims(m_idx, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + r_n, 1)
                 gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
