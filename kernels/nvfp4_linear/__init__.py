@@ -156,9 +156,9 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
         exact products and fp32 accumulation (``accumulation_model(config, K)``; NUMERIC_CONTRACT). Any M >= 1;
         N, K multiples of 16. Workspaces (per device and stream; ``_runtime.clear_workspaces()`` frees them): x
-        dequantized (2 M K bytes, 4 M K for the GEMV), split-K partials of the Gluon path (4 SPLIT_K M N bytes,
-        M <= 32); the PrepassConfig path (CPU interpreter at M > 256, shapes the Gluon path cannot take) also
-        keeps a decoded weight of 2 N K bytes (128 MiB at N = K = 8192).
+        dequantized (2 M K bytes, 4 M K for the GEMV), split-K partials of the Gluon path (4 SPLIT_K BM BN bytes
+        per output tile, M <= 32); the PrepassConfig path (CPU interpreter at M > 256, shapes the Gluon path
+        cannot take) also keeps a decoded weight of 2 N K bytes (128 MiB at N = K = 8192).
 
     Raises:
         TypeError: wrong tensor types or dtypes, config of another type.
