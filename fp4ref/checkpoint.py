@@ -800,19 +800,11 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         for it in q_items:
             if it.group is not None:
                 group_amax[it.group] = max(group_amax.get(it.group, np.float32(0)), amaxes[it.name][0][0])
-        tmp = loc.create()
-        try:
+        with loc.building() as tmp:
             tasks = _write_shards(ckpt, items, target, tmp, amaxes, group_amax)
             results = pool.run(tasks, bar, "quantize")
             _write_side_files(ckpt, items, target, tmp, quantized=True)
             loc.publish(None if is_dir else ckpt.shards[0].path.name)
-        except OSError as e:  # e.g. the disk is full: nothing is left behind
-            loc.discard()
-            raise CheckpointError(f"output {str(out)!r} not written: {e.strerror or e}"
-                                  + (f" ({e.filename})" if e.filename else "")) from None
-        except BaseException:
-            loc.discard()
-            raise
     stats = {t.name: r for (fn, t), r in zip(tasks, results) if fn is _quant_task}
     reports = []
     for it in items:
@@ -1232,8 +1224,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards])
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
     with Workers(jobs, len(ckpt.weight_map)) as pool, Progress(progress, "quantize --dequantize") as bar:
-        tmp = loc.create()
-        try:
+        with loc.building() as tmp:
             tasks, items = [], []
             for shard in ckpt.shards:
                 entries, plan = [], []
@@ -1266,13 +1257,6 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
             _write_side_files(ckpt, items, None, tmp, quantized=False,
                               dtype=_dtype_name(dts.pop()) if len(dts) == 1 else None)
             loc.publish(None if is_dir else ckpt.shards[0].path.name)
-        except OSError as e:  # e.g. the disk is full: nothing is left behind
-            loc.discard()
-            raise CheckpointError(f"output {str(out)!r} not written: {e.strerror or e}"
-                                  + (f" ({e.filename})" if e.filename else "")) from None
-        except BaseException:
-            loc.discard()
-            raise
     reports = []
     for (fn, t), it, r in zip(tasks, items, results):
         if it.dequantized:

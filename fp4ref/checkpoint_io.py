@@ -19,6 +19,7 @@ either of them (a directory with several ``*.safetensors`` files must have ``mod
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -466,6 +467,22 @@ class OutputLocation:
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+
+    @contextlib.contextmanager
+    def building(self):
+        """:meth:`create`, then yield the temporary path for the block to write and :meth:`publish`; on any
+        exception (Ctrl-C included) :meth:`discard` it, so nothing is left behind. An OSError (e.g. the disk is
+        full) becomes a CheckpointError naming the output."""
+        tmp = self.create()
+        try:
+            yield tmp
+        except OSError as e:
+            self.discard()
+            raise CheckpointError(f"output {str(self.target)!r} not written: {e.strerror or e}"
+                                  + (f" ({e.filename})" if e.filename else "")) from None
+        except BaseException:
+            self.discard()
+            raise
 
 
 def _names(names: list, most: int = 5) -> str:
