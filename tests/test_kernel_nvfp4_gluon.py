@@ -11,6 +11,8 @@ are exact) equal to the correctly rounded output.
 from __future__ import annotations
 
 import ml_dtypes
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -58,15 +60,22 @@ def test_gluon_config_builds_for_sm90(cfg):
 
 
 def _reference_permutation(K: int) -> np.ndarray:
-    """dst[c] for every physical column c: within each 256-chunk p = 64 q + 4 i + 2 j1 + j0 -> 16 i + 8 j1 + 2 q +
-    j0, spelled out digit by digit (independent of the kernel's formula)."""
+    """dst[c] for every physical column c, spelled out from the A fragment (independent of the quantizer's
+    formula): within each 256-chunk, lane q's logical columns k = 16 i + 8 j1 + 2 q + j0 (k16 instruction i) take
+    its 64 physical codes [64 q, 64 q + 64) = 8 words of 8 codes, in the order the decode emits them: word i // 2,
+    output e = 4 (i % 2) + 2 j1 + j0, which is code DECODE_PAIRS_ORDER[e] of the word."""
+    from fp4ref.kernels.nvfp4_linear.decode import DECODE_PAIRS_ORDER
+
     dst = np.empty(K, np.int64)
     for base in range(0, K, 256):
         for q in range(4):
             for i in range(16):
                 for j1 in range(2):
                     for j0 in range(2):
-                        dst[base + 64 * q + 4 * i + 2 * j1 + j0] = base + 16 * i + 8 * j1 + 2 * q + j0
+                        e = 4 * (i % 2) + 2 * j1 + j0
+                        p = 64 * q + 8 * (i // 2) + DECODE_PAIRS_ORDER[e]
+                        dst[base + p] = base + 16 * i + 8 * j1 + 2 * q + j0
+    assert sorted(dst) == list(range(K))
     return dst
 
 
@@ -204,3 +213,93 @@ def test_gluon_exact_accumulation_is_correctly_rounded(m):
     cfg = nvl.pick_config(m, N, K, interpreter=False)
     bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"),
                  exact_accumulation=True).assert_ok()
+
+
+# ------------------------------------------------------------------------------ the decode's PTX, run on the CPU
+def _run_ptx(ptx: str, operands: dict) -> dict:
+    """Execute the straight-line PTX of an inline-asm decode (the instructions it uses: mov, and, or, shl, shr,
+    prmt, mul.rn.f16x2) on uint32 numpy arrays; ``operands`` maps $N to arrays (32-bit, or 16-bit for "h"
+    operands). Returns every register and $N written. A model of the PTX ISA's semantics for these instructions,
+    so that the CPU tests check the decode's text, which only the GPU executes."""
+    regs = dict(operands)
+
+    def val(tok):
+        tok = tok.strip()
+        if tok.startswith("{"):  # {$a, $b}: two 16-bit halves, low first
+            lo, hi = (regs[t.strip()] for t in tok.strip("{}").split(","))
+            return (lo.astype(np.uint32) & 0xFFFF) | (hi.astype(np.uint32) << 16)
+        if tok.startswith("0x") or tok.isdigit():
+            return np.uint32(int(tok, 0))
+        return regs[tok]
+
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in re.split(r",(?![^{]*})", args)]
+        if op == "mov.b32" and dst.startswith("{"):  # split a register into two 16-bit halves
+            lo, hi = (t.strip() for t in dst.strip("{}").split(","))
+            v = val(src[0]).astype(np.uint32)
+            regs[lo], regs[hi] = (v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)
+            continue
+        a = [val(s) for s in src]
+        if op == "mov.b32":
+            r = np.asarray(a[0], np.uint32)
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
+        elif op == "shl.b32":
+            r = (a[0].astype(np.uint64) << np.uint64(a[1])).astype(np.uint32)
+        elif op == "shr.u32":
+            r = a[0] >> a[1]
+        elif op == "prmt.b32":  # default mode: selector nibble k picks byte (nibble & 7) of {b, a}
+            src8 = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(np.broadcast_to(a[1], a[0].shape) >> (8 * i)) & 0xFF
+                                                                     for i in range(4)]
+            sel = int(a[2])
+            r = np.zeros_like(a[0])
+            for k in range(4):
+                nib = (sel >> (4 * k)) & 0xF
+                assert nib < 8, "sign-replicate mode is not modelled"
+                r |= src8[nib] << (8 * k)
+        elif op == "mul.rn.f16x2":  # IEEE fp16 multiply per half (numpy float16 rounds to nearest even)
+            h = [np.stack([(x & 0xFFFF), (x >> 16)]).astype(np.uint16).view(np.float16) for x in a]
+            p = (h[0] * h[1]).view(np.uint16).astype(np.uint32)
+            r = p[0] | (p[1] << 16)
+        else:
+            raise AssertionError(f"instruction {op} is not modelled")
+        regs[dst] = np.asarray(r, np.uint32)
+    return regs
+
+
+def test_decode_pairs_ptx_every_byte_and_scale():
+    """DECODE_PAIRS_PTX on every byte value in every byte of the word and every E4M3 block scale the kernel can
+    see (bytes 0x00-0x7E): output e is E2M1(code DECODE_PAIRS_ORDER[e]) * scale * 2^-8, bit for bit (exact in
+    fp16), from fp4ref's E2M1 and E4M3FN tables."""
+    from fp4ref import decode as ref_decode
+    from fp4ref.kernels.nvfp4_linear.decode import DECODE_PAIRS_ORDER, DECODE_PAIRS_PTX
+
+    rng = np.random.default_rng(11)
+    words = []
+    for byte in range(4):  # every value in each byte, random bytes around it
+        w = rng.integers(0, 2**32, 256, dtype=np.uint64).astype(np.uint32)
+        w = (w & np.uint32(~(0xFF << (8 * byte)) & 0xFFFFFFFF)) | (np.arange(256, dtype=np.uint32) << (8 * byte))
+        words.append(w)
+    words = np.concatenate(words)
+    scale_bytes = np.arange(0x7F, dtype=np.uint8)
+    w = np.repeat(words, len(scale_bytes))
+    sb = np.tile(scale_bytes, len(words))
+    scale = ref_decode(sb, "e4m3fn").astype(np.float64)
+    s16 = (scale * 64.0).astype(np.float16)  # fp16(scale) * 2^6: exact for every E4M3 value
+    assert np.array_equal(s16.astype(np.float64), scale * 64.0)
+    out = _run_ptx(DECODE_PAIRS_PTX.value if hasattr(DECODE_PAIRS_PTX, "value") else DECODE_PAIRS_PTX,
+                   {"$8": w, "$9": s16.view(np.uint16)})
+    for e, code_index in enumerate(DECODE_PAIRS_ORDER):
+        codes = ((w >> (4 * code_index)) & 0xF).astype(np.uint8)
+        want = (ref_decode(codes, "e2m1").astype(np.float64) * scale * 2.0**-8).astype(np.float16)
+        assert np.array_equal(want.astype(np.float64), ref_decode(codes, "e2m1").astype(np.float64) * scale * 2.0**-8)
+        got = out[f"${e}"].astype(np.uint16)
+        bad = np.flatnonzero(got != want.view(np.uint16))
+        assert bad.size == 0, (f"output {e}: word {w[bad[0]]:#010x}, scale byte {sb[bad[0]]:#04x}: "
+                               f"got {got[bad[0]]:#06x}, want {want.view(np.uint16)[bad[0]]:#06x}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["DECODE_BITS_PTX", "DECODE_WORD_PTX", "decode_bits_portable", "decode_word_portable", "e4m3_byte_to_fp32"]
+__all__ = ["DECODE_BITS_PTX", "DECODE_PAIRS_PTX", "DECODE_PAIRS_ORDER", "DECODE_WORD_PTX", "decode_bits_portable",
+           "decode_word_portable", "e4m3_byte_to_fp32"]
 
 
 @triton.jit
@@ -80,6 +81,26 @@ DECODE_BITS_PTX = tl.constexpr(
     # f{i}: byte i of (w << 4) -> byte 1 and byte i of w -> byte 3 of t, then the code bits placed as above
     + "".join(f"prmt.b32 t, w, u, 0x{i}{i}{i + 4}{i + 4};\nshr.u32 f{i}, t, 3;\nand.b32 f{i}, f{i}, 0x0E000E00;\n"
               f"and.b32 t, t, 0x80008000;\nor.b32 f{i}, f{i}, t;\n" for i in range(4))
+    + "".join(f"mul.rn.f16x2 f{i}, f{i}, s2;\n" for i in range(4))
+    + "".join(f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, f{i};\n" for i in range(4))
+    + "}\n")
+
+# The Gluon path's decode (same bit placement, same exactness), with fewer instructions: 15 per word instead of 21.
+# Per word, hi = the odd codes at the top of their bytes (w & 0xF0F0F0F0), lo = the even codes there ((w << 4) &
+# 0xF0F0F0F0); (x | x >> 3) & 0x8E8E8E8E turns each byte into the fp16 HIGH byte of its code (sign at bit 7, e1 e0 m
+# at bits 3..1; the shift cannot carry between bytes: their low nibbles are zero). Then one prmt per f16x2 register
+# puts two such bytes of the same word into bytes 1 and 3 beside zero bytes, and one f16x2 multiply by the scale.
+# The registers pair codes of the same parity, so the 8 outputs come in the order DECODE_PAIRS_ORDER (output e =
+# code DECODE_PAIRS_ORDER[e] of the word): the kernel's K permutation absorbs it (gluon.py, quantize PERMUTE_K).
+DECODE_PAIRS_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+DECODE_PAIRS_PTX = tl.constexpr(
+    "\n{\n.reg .b32 w, hi, lo, t, z, f0, f1, f2, f3, s2;\nmov.b32 w, $8;\nmov.b32 s2, {$9, $9};\nmov.b32 z, 0;\n"
+    "and.b32 hi, w, 0xF0F0F0F0;\nshr.u32 t, hi, 3;\nor.b32 hi, hi, t;\nand.b32 hi, hi, 0x8E8E8E8E;\n"
+    "shl.b32 lo, w, 4;\nand.b32 lo, lo, 0xF0F0F0F0;\nshr.u32 t, lo, 3;\nor.b32 lo, lo, t;\n"
+    "and.b32 lo, lo, 0x8E8E8E8E;\n"
+    # f0 = (code 0, code 2), f1 = (4, 6), f2 = (1, 3), f3 = (5, 7): bytes 0/1 or 2/3 of lo / hi into bytes 1 and 3
+    "prmt.b32 f0, lo, z, 0x1404;\nprmt.b32 f1, lo, z, 0x3424;\nprmt.b32 f2, hi, z, 0x1404;\n"
+    "prmt.b32 f3, hi, z, 0x3424;\n"
     + "".join(f"mul.rn.f16x2 f{i}, f{i}, s2;\n" for i in range(4))
     + "".join(f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, f{i};\n" for i in range(4))
     + "}\n")

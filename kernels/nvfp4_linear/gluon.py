@@ -12,8 +12,9 @@ warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. Per 256-el
   rows (two 16-byte loads each) and 4 scale bytes, in four 64-K chunks (one 16-element block per chunk and row
   part), by bit placement (an E2M1 code c = s e1 e0 m placed as the fp16 bits s << 15 | (e1 e0 m) << 9 is exactly
   E2M1(c) * 2^-14) and one f16x2 multiply by fp16(block scale) * 2^6: E2M1(c) * scale * 2^-8, exact in fp16 (<= 6
-  significant bits, magnitude <= 10.5, >= 2^-18). No shared memory round trip of the decoded W; the accumulator is
-  multiplied by 2^8 at the end (exact).
+  significant bits, magnitude <= 10.5, >= 2^-18); 15 instructions per word of 8 codes (decode.DECODE_PAIRS_PTX:
+  each f16x2 register pairs two codes of the same parity). No shared memory round trip of the decoded W; the
+  accumulator is multiplied by 2^8 at the end (exact).
 * ``warpgroup_mma`` per chunk with A from registers, B = the chunk's 64 columns of x in shared memory, async, one
   group in flight: chunk c + 1 is decoded while chunk c runs, and only two chunks' A fragments are live (16
   registers each). Ring refills between the chunk wgmmas are predicated TMA issues, not branches, and
@@ -22,10 +23,12 @@ warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. Per 256-el
 
 The K permutation. wgmma's A fragment gives lane 4 g + q of a warp the rows g and g + 8 of its 16 and, per k16
 instruction i, the logical columns {2q, 2q+1, 2q+8, 2q+9}. Within each 256-element step the kernel computes
-with logical k = 16 i + 8 j1 + 2 q + j0 holding the physical (storage) element p = 64 q + 4 i + 2 j1 + j0, so
-that a thread's 64 elements of a row are the physical bytes [32 q, 32 q + 32): contiguous. x is stored by the
-quantizer in the same permuted order (``PERMUTE_K``), so sum_k x[m, k] W[n, k] is the same sum; only the order
-of the products in the accumulation changes, which the block-FMA model does not depend on.
+with logical k = 16 i + 8 j1 + 2 q + j0 holding the physical (storage) element p = 64 q + 8 (i // 2) + o[4 (i % 2)
++ 2 j1 + j0], o = DECODE_PAIRS_ORDER = (0, 2, 4, 6, 1, 3, 5, 7) (the decode's output order within a word), so that
+a thread's 64 elements of a row are the physical bytes [32 q, 32 q + 32): contiguous. x is stored by the quantizer
+in the same permuted order (``PERMUTE_K``: p = 64 q + 8 ih + 4 j1 + 2 j0 + il for i = 2 ih + il), so sum_k x[m, k]
+W[n, k] is the same sum; only the order of the products in the accumulation changes, which the block-FMA model
+does not depend on.
 
 Epilogue: kernels/_gluon.py's ``store_or_reduce``, shared with the other swap-AB kernels: with split-K (SPLIT_K
 slices of the K steps) fp32 partials summed by the last arriving program of the tile in the fixed order s = 0, 1,
@@ -43,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._gluon import store_layout, store_or_reduce, workspace_elements
 from .._runtime import Desc, Launch, workspace
 from .configs import GluonConfig
-from .decode import DECODE_BITS_PTX
+from .decode import DECODE_PAIRS_PTX
 from .tensorcore import COUNTERS_WORKSPACE, PARTIALS_WORKSPACE
 
 __all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K", "x_block_k"]
@@ -77,7 +80,7 @@ def _decode_words(words, s16):
     """words int32 (8 codes each, element j in bits 4j..4j+3), s16 fp16 (block scale * 2^6) -> 8 fp16 per word
     in element order along a new trailing axis of 8 (three nested joins take their operands bit-reversed)."""
     e0, e1, e2, e3, e4, e5, e6, e7 = gl.inline_asm_elementwise(
-        DECODE_BITS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, s16], dtype=(gl.float16,) * 8, is_pure=True,
+        DECODE_PAIRS_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, s16], dtype=(gl.float16,) * 8, is_pure=True,
         pack=1)
     return gl.join(gl.join(gl.join(e0, e4), gl.join(e2, e6)), gl.join(gl.join(e1, e5), gl.join(e3, e7)))
 

@@ -193,9 +193,10 @@ def nvfp4_quantize_kernel(
         # E2M1 value of the code (the rounded |y|), sign, times the block scale: exact in fp32 and in fp16
         v = (tl.where(neg, -r, r) * sval[:, :, None]).to(deq_ptr.dtype.element_ty)
         if PERMUTE_K:
-            # within each 256 chunk p = 64 q + 4 i + 2 j1 + j0 -> column 16 i + 8 j1 + 2 q + j0: axes (q, i, j1, j0)
+            # within each 256 chunk p = 64 q + 8 ih + 4 j1 + 2 j0 + il -> column 32 ih + 16 il + 8 j1 + 2 q + j0 (the
+            # Gluon kernel's decode pairs codes of the same parity, gluon.py): axes (q, ih, j1, j0, il)
             # -> (i, j1, q, j0), reordered in registers so that the store stays contiguous (wide stores)
-            v = v.reshape(BLOCK_R, BLOCK_C // 256, 4, 16, 2, 2).permute(0, 1, 3, 4, 2, 5)
+            v = v.reshape(BLOCK_R, BLOCK_C // 256, 4, 8, 2, 2, 2).permute(0, 1, 3, 6, 4, 2, 5)
         tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], v.reshape(BLOCK_R, BLOCK_C), mask=mask)
 
 
