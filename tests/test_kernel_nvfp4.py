@@ -255,6 +255,43 @@ def test_linear_weight_dtype_float4_x2_and_sign_ignored_scales():
     assert torch.equal(y0.view(torch.int16), y1.view(torch.int16))
 
 
+def test_chunk_rows():
+    assert nvl.X_WORKSPACE_MAX_BYTES == 16 * 2**20
+    assert nvl.chunk_rows(1024, 8192, 2) == 1024  # 16 MiB exactly: one piece
+    assert nvl.chunk_rows(1025, 8192, 2) == nvl.chunk_rows(16384, 8192, 2) == 1024
+    assert nvl.chunk_rows(16384, 8192, 4) == 512 and nvl.chunk_rows(4096, 6000, 2) == 1280
+    assert nvl.chunk_rows(7, 64, 2, cap=3 * 64 * 2) == 3 and nvl.chunk_rows(7, 64, 2, cap=10) == 1
+
+
+@pytest.mark.parametrize("config", [_SMALL_CONFIGS[1], _SMALL_CONFIGS[4], _GEMV_CONFIGS[1]], ids=repr)
+def test_linear_row_chunks_give_the_same_bits(config, monkeypatch):
+    """Where x dequantized would exceed X_WORKSPACE_MAX_BYTES the call goes in row chunks after one amax over all
+    of x: bitwise the output of the unchunked call (the largest |x| in the last chunk, the last chunk shorter),
+    with a dequantized-x workspace of one chunk."""
+    rng = np.random.default_rng(21)
+    M, N, K = 7, 48, 64
+    wq = ref_quantize(rng.standard_normal((N, K), dtype=np.float32), recipe="sol")
+    x_np = rng.standard_normal((M, K)).astype(np.float32)
+    x_np[6, 5] = -40.0  # the global amax, in the last (one-row) chunk
+    x = _to_torch(x_np.astype(ml_dtypes.bfloat16))
+    codes, scales = torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).to(DEVICE)
+    gd = float(wq.global_decode_scale)
+    whole = nvl.nvfp4_linear(x, codes, scales, gd, config=config)
+    itemsize = 4 if isinstance(config, nvl.GemvConfig) else 2
+    monkeypatch.setattr(nvl, "X_WORKSPACE_MAX_BYTES", 3 * K * itemsize)  # chunks of 3, 3 and 1 rows
+    _runtime.clear_plans()
+    _runtime.clear_workspaces()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    chunked = nvl.nvfp4_linear(x, codes, scales, gd, config=config, out=out)
+    deq = _runtime.workspace(x.device, _runtime.current_stream(x.device),
+                             nvl._DEQUANT[torch.float32 if itemsize == 4 else torch.float16], 1,
+                             torch.float32 if itemsize == 4 else torch.float16)
+    assert deq.numel() == 3 * K  # one chunk's rows
+    assert torch.equal(chunked.view(torch.int16), whole.view(torch.int16))
+    _runtime.clear_plans()  # plans made under the patched cap
+    _check_linear(x_np.astype(ml_dtypes.bfloat16), wq.codes, wq.scales, wq.global_decode_scale, config)
+
+
 def test_linear_scale_words_equal_scale_bytes():
     """Block scales loaded as int32 words (SCALE_WORDS) give bitwise the same output as byte loads."""
     rng = np.random.default_rng(5)

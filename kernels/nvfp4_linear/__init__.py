@@ -39,9 +39,8 @@ from .tensorcore import TensorCoreLaunch
 
 __all__ = [
     "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "GemvConfig", "GluonConfig",
-    "PrepassConfig", "QuantizeConfig",
-    "TensorCoreConfig", "accumulation_model", "nvfp4_linear", "nvfp4_quantize", "pick_config",
-    "pick_quantize_config",
+    "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
+    "chunk_rows", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
 ]
 
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -118,10 +117,27 @@ def _quantize_config(M: int, K: int) -> QuantizeConfig | None:
 # ---------------------------------------------------------------------------------------------------------------
 # nvfp4_linear
 # ---------------------------------------------------------------------------------------------------------------
-class _LinearPlan:
-    """The launches of one nvfp4_linear call shape: the quantizer (into the dequantized-x workspace) and a path."""
+X_WORKSPACE_MAX_BYTES = 16 * 2**20  # the dequantized-x workspace's cap (a larger x goes in row chunks)
 
-    __slots__ = ("quant", "path", "deq_name", "deq_dtype", "quant_w_gdec", "out_shape", "numel")
+
+def chunk_rows(M: int, K: int, itemsize: int, cap: int | None = None) -> int:
+    """Rows of x per chunk so that the dequantized chunk (rows x K x itemsize bytes) fits ``cap`` (default
+    ``X_WORKSPACE_MAX_BYTES``): M itself when all of x fits, else the largest multiple of 256 rows that fits (the
+    large-M tiles' row count), at least one row."""
+    cap = X_WORKSPACE_MAX_BYTES if cap is None else cap
+    rows = max(1, cap // (K * itemsize))
+    if rows >= M:
+        return M
+    return rows - rows % 256 if rows >= 256 else rows
+
+
+class _LinearPlan:
+    """The launches of one nvfp4_linear call shape: the quantizer (into the dequantized-x workspace) and a path;
+    or, where x dequantized would exceed X_WORKSPACE_MAX_BYTES, one amax over all of x and then, per chunk of
+    rows, the quantizer and the path (``chunks``: (first row, end row, QuantizeLaunches, path launch))."""
+
+    __slots__ = ("quant", "path", "chunks", "deq_name", "deq_dtype", "quant_w_gdec", "out_shape", "numel", "K",
+                 "N")
 
     def run(self, x, weight_fp4, weight_scales, w_gdec: float, out):
         dev = x.device
@@ -132,8 +148,18 @@ class _LinearPlan:
         gdec = workspace(dev, st, _GDEC, 2, torch.float32)
         deq = workspace(dev, st, self.deq_name, self.numel, self.deq_dtype)
         # gdec = [x global decode, fp32(x global decode * w_gdec)] (the pre-pass GEMM's epilogue scale)
-        self.quant.run(st, x, parts, gdec, gdec, deq, gdec, w_gdec if self.quant_w_gdec else 1.0)
-        self.path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out, w_gdec)
+        wq = w_gdec if self.quant_w_gdec else 1.0
+        if self.chunks is None:
+            self.quant.run(st, x, parts, gdec, gdec, deq, gdec, wq)
+            self.path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out, w_gdec)
+            return out
+        # the recipe's global amax is over all of x: one amax launch, then every chunk quantizes with it. Each row's
+        # codes, scales and products are those of the unchunked call (same config for every chunk): same bits.
+        self.quant.run_amax(st, x, parts)
+        x2, out2 = x.view(-1, self.K), out.view(-1, self.N)
+        for r0, r1, quant, path in self.chunks:
+            quant.run_quant(st, x2[r0:r1], parts, self.quant.nprog, gdec, gdec, deq, gdec, wq)
+            path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out2[r0:r1], w_gdec)
         return out
 
 
@@ -156,9 +182,11 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
         exact products and fp32 accumulation (``accumulation_model(config, K)``; NUMERIC_CONTRACT). Any M >= 1;
         N, K multiples of 16. Workspaces (per device and stream; ``_runtime.clear_workspaces()`` frees them): x
-        dequantized (2 M K bytes, 4 M K for the GEMV), split-K partials of the Gluon path (4 SPLIT_K BM BN bytes
-        per output tile, M <= 32); the PrepassConfig path (CPU interpreter at M > 256, shapes the Gluon path
-        cannot take) also keeps a decoded weight of 2 N K bytes (128 MiB at N = K = 8192).
+        dequantized (2 M K bytes, 4 M K for the GEMV, at most X_WORKSPACE_MAX_BYTES = 16 MiB: a larger x is
+        quantized and multiplied in chunks of ``chunk_rows`` rows after one amax over all of x, same bits),
+        split-K partials of the Gluon path (4 SPLIT_K BM BN bytes per output tile, M <= 32); the PrepassConfig
+        path (CPU interpreter at M > 256, shapes the Gluon path cannot take; never chunked) also keeps a decoded
+        weight of 2 N K bytes (128 MiB at N = K = 8192) and x dequantized whole.
 
     Raises:
         TypeError: wrong tensor types or dtypes, config of another type.
@@ -199,18 +227,35 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
 
     plan = _LinearPlan()
-    plan.out_shape, plan.numel = out_shape, M * K
+    plan.out_shape, plan.K, plan.N = out_shape, K, N
     # the quantizer writes x dequantized (code * block scale, exact) in the dtype the path multiplies: fp32 for the
     # GEMV's FMAs, fp16 for the tensor cores
     plan.deq_dtype = torch.float32 if isinstance(cfg, GemvConfig) else torch.float16
     plan.deq_name = _DEQUANT[plan.deq_dtype]
     # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
     plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
-    plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K), write_packed=False, write_dequant=True,
-                                  permute_k=isinstance(cfg, GluonConfig))
+    permute = isinstance(cfg, GluonConfig)
     path = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
             PrepassConfig: PrepassLaunch}[type(cfg)]
-    plan.path = path(cfg, M, N, K)
+    # row chunks where x dequantized would exceed the cap; not for the pre-pass path (it decodes all of W per
+    # launch, which chunks would repeat)
+    rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, plan.deq_dtype.itemsize)
+    plan.numel = rows * K
+    # (chunked: its amax launch over all of x only, so the two-launch form)
+    plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K) if rows == M else pick_quantize_config(M, K),
+                                  write_packed=False, write_dequant=True, permute_k=permute)
+    if rows == M:
+        plan.chunks, plan.path = None, path(cfg, M, N, K)
+    else:
+        launches = {}  # one QuantizeLaunches + path launch per chunk height (the full one and the last)
+        plan.chunks = []
+        for r0 in range(0, M, rows):
+            h = min(rows, M - r0)
+            if h not in launches:
+                launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=False,
+                                                write_dequant=True, permute_k=permute), path(cfg, h, N, K))
+            plan.chunks.append((r0, r0 + h, *launches[h]))
+        plan.path = None
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
     if key is not None:
         _PLANS.put(key, plan)

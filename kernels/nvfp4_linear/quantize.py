@@ -251,5 +251,14 @@ class QuantizeLaunches:
 
     def run(self, stream: int, x, parts, q, s, deq, gdec, w_gdec: float) -> None:
         if self.amax is not None:
-            self.amax.launch(stream, x, parts, self.numel, self.iters)
-        self.quant.launch(stream, x, parts, q, s, deq, gdec, w_gdec, self.M, self.K, self.K, self.nprog)
+            self.run_amax(stream, x, parts)
+        self.run_quant(stream, x, parts, self.nprog, q, s, deq, gdec, w_gdec)
+
+    def run_amax(self, stream: int, x, parts) -> None:
+        """The amax launch alone: ``self.nprog`` partials of max |x| over all of x into ``parts``."""
+        self.amax.launch(stream, x, parts, self.numel, self.iters)
+
+    def run_quant(self, stream: int, x, parts, n_amax: int, q, s, deq, gdec, w_gdec: float) -> None:
+        """The quantize launch alone, its global amax the max of ``parts[:n_amax]``: with the partials of a larger
+        tensor, ``x`` may be a block of its rows (nvfp4_linear's row chunks)."""
+        self.quant.launch(stream, x, parts, q, s, deq, gdec, w_gdec, self.M, self.K, self.K, n_amax)
