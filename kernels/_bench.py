@@ -2,10 +2,12 @@
 
 Headline figure (``time_gpu(...).cupti_us``): GPU time per call by CUPTI, the method of FlashInfer's
 ``bench_gpu_time`` that the workloads' public benchmarks use: torch.profiler with CUDA activity records every
-kernel; a call's time is the sum of its kernels' durations; the L2 is flushed before every call by a write of
-2 x the L2 size (its kernel excluded from the sum); 10 warm-up and 50 timed calls; the median. Beside it,
-``event_us``: CUDA events around each call (same flush, same counts), which includes what host launch time
-costs when the host is slower than the GPU. Always time the peer in the same run and print both columns.
+kernel; a call's time is its GPU span, from the start of its first kernel to the end of its last (so the gaps
+between a call's kernels count, and kernels that overlap count once); the L2 is flushed before every call by a
+write of 2 x the L2 size (its kernel excluded); 10 warm-up and 50 timed calls; the median. ``kernel_sum_us``
+beside it is the sum of the call's kernel durations (gaps left out). ``event_us``: CUDA events around each call
+(same flush, same counts), which includes what host launch time costs when the host is slower than the GPU.
+Always time the peer in the same run and print both columns.
 
 Nothing runs at import; torch is imported lazily so ``--help`` works without a GPU.
 """
@@ -15,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
+__all__ = ["Timing", "call_span_us", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
            "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
@@ -57,9 +59,10 @@ _FLUSH_KERNEL = "bitwise_not"
 class Timing:
     """One benchmark measurement, in MICROSECONDS per call (medians)."""
 
-    cupti_us: float  # GPU time: the sum of the call's kernel durations (CUPTI), L2-flush kernel excluded
+    cupti_us: float  # GPU time (CUPTI): first kernel start to last kernel end of the call, L2 flush excluded
     event_us: float  # CUDA events around the call (host launch time included when it exceeds the GPU time)
     kernels: int  # kernels per call (median over the timed calls)
+    kernel_sum_us: float = float("nan")  # the sum of the call's kernel durations (CUPTI; gaps left out)
 
 
 def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bool = True) -> Timing:
@@ -86,17 +89,28 @@ def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bo
     # every device activity (kernels, and the memcpy / memset a call may issue) counts as the call's GPU time
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
-    calls: list = []
+    calls: list = []  # per call: (start, end) of each of its kernels, microseconds
     for e in kernels:
         if _FLUSH_KERNEL in e.name:
             calls.append([])
         elif calls:
-            calls[-1].append(e.time_range.end - e.time_range.start)  # microseconds
+            calls[-1].append((e.time_range.start, e.time_range.end))
     if len(calls) != iters or not all(calls):
         raise RuntimeError(f"CUPTI trace: expected {iters} calls with >= 1 kernel each, got "
                            f"{[len(c) for c in calls][:8]}... ({len(calls)} calls)")
-    return Timing(cupti_us=statistics.median(sum(c) for c in calls), event_us=event_us,
-                  kernels=int(statistics.median(len(c) for c in calls)))
+    return Timing(cupti_us=statistics.median(call_span_us(c) for c in calls), event_us=event_us,
+                  kernels=int(statistics.median(len(c) for c in calls)),
+                  kernel_sum_us=statistics.median(sum(e - s for s, e in c) for c in calls))
+
+
+def call_span_us(intervals: Sequence[tuple[float, float]]) -> float:
+    """GPU span of one call: the last end minus the first start of its kernels' (start, end) intervals, in the
+    intervals' unit. Raises ValueError on no intervals or an interval that ends before it starts."""
+    if not intervals:
+        raise ValueError("call_span_us: no kernel intervals")
+    if any(e < s for s, e in intervals):
+        raise ValueError(f"call_span_us: an interval ends before it starts: {list(intervals)}")
+    return max(e for _, e in intervals) - min(s for s, _ in intervals)
 
 
 def time_cuda(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush_l2: bool = True) -> float:

@@ -8,8 +8,8 @@
         # per M next to torch.matmul's, choose a table per M bucket (printed as configs.CONFIGS source), then
         # check and benchmark the --m sizes with it. Nothing is re-tuned at import: paste the table.
 
-Timing: every figure is fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call: the sum of the call's kernel
-durations, L2 flushed by a 2 x L2 write before every call, 10 warm-up + 50 timed calls, median; CUDA-event time
+Timing: every figure is fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call: the span from the call's first
+kernel start to its last kernel end, L2 flushed by a 2 x L2 write before every call, 10 warm-up + 50 timed calls, median; CUDA-event time
 beside it), gemm_fp16 and torch.matmul in the same run on the same operands (randn fp16, never zeros). Tables
 print both columns for both, the ratio torch / ours by CUPTI, % of the bytes floor and the path and config.
 Bytes floor: (M*K + N*K + M*N) * 2 bytes at 4.25 TB/s (the H200's measured device-to-device copy rate,
