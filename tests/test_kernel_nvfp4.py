@@ -730,7 +730,7 @@ def _compile_all():
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax),
+                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=write_dequant and bc % 256 == 0),  # as for the Gluon path
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -777,6 +777,13 @@ def test_every_config_compiles_for_sm90():
         qptx = ck.asm["ptx"]
         assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx
         assert "div.approx" not in qptx
+    # the Gluon path's quantizer (permuted x) lets the GEMM start under it: one launch_dependents, first
+    triggers = [ck for ck in qbuilds if "griddepcontrol.launch_dependents" in ck.asm["ptx"]]
+    assert 0 < len(triggers) < len(qbuilds)
+    for ck in triggers:
+        qptx = ck.asm["ptx"]
+        assert qptx.count("griddepcontrol.launch_dependents") == 1
+        assert "ld.global" not in qptx.split("griddepcontrol.launch_dependents")[0]
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

@@ -35,14 +35,14 @@ VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=
             G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3)]
 
 
-def _build(cfg):
+def _build(cfg, pdl=True):
     wl, sl, xl = gluon.shared_layouts(cfg)
     sig = {"w_desc": gluon_tensordesc("u8", [cfg.BN, 128], wl), "s_desc": gluon_tensordesc("u8", [cfg.BN, 16], sl),
            "x_desc": gluon_tensordesc("fp16", [cfg.BM, gluon.x_block_k(cfg)], xl), "gdec_ptr": "*fp32",
            "out_ptr": "*bf16",
            "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, X_STAGES=cfg.X_STAGES,
-              W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps)
+              W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps, PDL=pdl)  # nvfp4_linear launches it with PDL
     return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps,
                             divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
 
@@ -57,6 +57,18 @@ def _sweep_candidates():
 def test_gluon_config_builds_for_sm90(cfg):
     """Every tabled config, the variants the GPU tests run and every config the benchmark's sweep may pick."""
     assert_gluon_build(_build(cfg))
+
+
+@pytest.mark.parametrize("cfg", [TABLE[0], TABLE[-1]], ids=repr)
+def test_gluon_pdl_build_waits_after_the_w_prologue(cfg):
+    """Under programmatic dependent launch the kernel issues its W prologue (codes and scales of STAGES - 1 steps)
+    before griddepcontrol.wait and reads nothing the quantizer writes before it; without PDL there is no wait."""
+    ptx = _build(cfg).asm["ptx"]
+    assert ptx.count("griddepcontrol.wait") == 1
+    before, after = ptx.split("griddepcontrol.wait")
+    assert before.count("cp.async.bulk.tensor") == 2 * (cfg.STAGES - 1)  # W codes + scales per prologue step
+    assert "ld.global" not in before  # gdec (and the split-K partials) only after the wait
+    assert "griddepcontrol" not in _build(cfg, pdl=False).asm["ptx"]
 
 
 def _reference_permutation(K: int) -> np.ndarray:

@@ -234,18 +234,25 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     plan.deq_name = _DEQUANT[plan.deq_dtype]
     # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
     plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
-    permute = isinstance(cfg, GluonConfig)
-    path = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
-            PrepassConfig: PrepassLaunch}[type(cfg)]
+    # the Gluon path takes x in its K order, and starts under the quantize launch (programmatic dependent launch:
+    # the quantizer triggers it, it waits for the quantizer's grid before it reads x; gluon.py)
+    gluon_path = isinstance(cfg, GluonConfig)
+    launch_type = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
+                   PrepassConfig: PrepassLaunch}[type(cfg)]
+
+    def path(h: int):
+        return GluonLaunch(cfg, h, N, K, pdl=True) if gluon_path else launch_type(cfg, h, N, K)
+
     # row chunks where x dequantized would exceed the cap; not for the pre-pass path (it decodes all of W per
     # launch, which chunks would repeat)
     rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, plan.deq_dtype.itemsize)
     plan.numel = rows * K
     # (chunked: its amax launch over all of x only, so the two-launch form)
     plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K) if rows == M else pick_quantize_config(M, K),
-                                  write_packed=False, write_dequant=True, permute_k=permute)
+                                  write_packed=False, write_dequant=True, permute_k=gluon_path,
+                                  trigger_dependents=gluon_path)
     if rows == M:
-        plan.chunks, plan.path = None, path(cfg, M, N, K)
+        plan.chunks, plan.path = None, path(M)
     else:
         launches = {}  # one QuantizeLaunches + path launch per chunk height (the full one and the last)
         plan.chunks = []
@@ -253,7 +260,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             h = min(rows, M - r0)
             if h not in launches:
                 launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=False,
-                                                write_dequant=True, permute_k=permute), path(cfg, h, N, K))
+                                                write_dequant=True, permute_k=gluon_path,
+                                                trigger_dependents=gluon_path), path(h))
             plan.chunks.append((r0, r0 + h, *launches[h]))
         plan.path = None
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)

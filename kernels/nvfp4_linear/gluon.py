@@ -30,6 +30,11 @@ in the same permuted order (``PERMUTE_K``: p = 64 q + 8 ih + 4 j1 + 2 j0 + il fo
 W[n, k] is the same sum; only the order of the products in the accumulation changes, which the block-FMA model
 does not depend on.
 
+Programmatic dependent launch (``GluonLaunch(pdl=True)``, nvfp4_linear): the quantizer triggers its dependents
+when it starts, so this kernel's programs start while x is being quantized; each issues its first STAGES - 1 W
+steps, then waits for the quantizer's grid (griddepcontrol.wait) before its first x load. At small M the W read
+is most of the time, and the quantizer's runs under it.
+
 Epilogue: kernels/_gluon.py's ``store_or_reduce``, shared with the other swap-AB kernels: with split-K (SPLIT_K
 slices of the K steps) fp32 partials summed by the last arriving program of the tile in the fixed order s = 0, 1,
 ... (fp32 RN); then acc * fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16.
@@ -109,15 +114,31 @@ def _chunk_mma(w, s16, x_s, acc, BN: gl.constexpr, a_layout: gl.constexpr):
 
 
 @gluon.jit
-def _issue_w(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, pred, X_STAGES: gl.constexpr):
+def _issue_w(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, pred, X_STAGES: gl.constexpr,
+             WITH_X: gl.constexpr = True):
     """TMA (when ``pred``): W codes and block scales of the 256-K step at k into one W ring slot, and with
-    X_STAGES == 0 the step's x tile [BM, 256] as well."""
+    X_STAGES == 0 the step's x tile [BM, 256] as well (its bytes always counted in the slot's barrier; with
+    ``WITH_X`` False the caller issues the x copy later, ``_issue_step_x``)."""
     XB: gl.constexpr = x_desc.block_type.nbytes if X_STAGES == 0 else 0
     mbarrier.expect(bar, w_desc.block_type.nbytes + s_desc.block_type.nbytes + XB, pred=pred)
     tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem, pred=pred)
     tma.async_copy_global_to_shared(s_desc, [off_n, k // 16], bar, s_smem, pred=pred)
-    if X_STAGES == 0:
+    if X_STAGES == 0 and WITH_X:
         tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+
+
+@gluon.jit
+def _issue_step_x(x_desc, x_smem, bar, off_m, k, pred):
+    """TMA (when ``pred``): the x tile [BM, 256] of the step at k into its W ring slot, whose barrier already
+    expects it (``_issue_w`` with WITH_X False)."""
+    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+
+
+@gluon.jit
+def _wait_primary():
+    """griddepcontrol.wait: block until the grid this one depends on (the quantizer, under programmatic dependent
+    launch) has completed and its writes are visible; a no-op without such a launch."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -136,7 +157,7 @@ def nvfp4_gluon_kernel(
     gdec_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
     BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, X_STAGES: gl.constexpr,
-    W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr,
+    W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
 ):
     BK: gl.constexpr = 256
     pid_n = gl.program_id(0)
@@ -164,9 +185,16 @@ def nvfp4_gluon_kernel(
             mbarrier.init(x_ready.index(i), count=1)
     fence_async_shared()
     n_chunks = 4 * k_steps
+    # PDL: the W prologue goes out before griddepcontrol.wait (W does not depend on the quantizer, which runs
+    # meanwhile); x and gdec are read only after it
     for i in gl.static_range(STAGES - 1):
         _issue_w(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i if X_STAGES == 0 else 0),
-                 w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES)
+                 w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES, not PDL)
+    if PDL:
+        _wait_primary()
+        if X_STAGES == 0:
+            for i in gl.static_range(STAGES - 1):
+                _issue_step_x(x_desc, x_smem.index(i), w_ready.index(i), off_m, k0 + i * BK, i < k_steps)
     if X_STAGES > 0:
         for jx in gl.static_range(X_STAGES - 1):
             _issue_x(x_desc, x_smem.index(jx), x_ready.index(jx), off_m, k0 + jx * 64, jx < n_chunks)
@@ -245,18 +273,23 @@ class GluonLaunch:
     """``nvfp4_gluon_kernel`` for x [M, K] (dequantized to fp16 by the quantizer in the permuted K order) times
     W [N, K] with ``config`` (K % 256 == 0, (K / 256) % SPLIT_K == 0: ``GluonConfig.fits``).
 
+    ``pdl``: launched with programmatic dependent launch after a quantize launch that triggers its dependents
+    (``QuantizeLaunches(trigger_dependents=True)``): the kernel loads its first W steps while the quantizer runs
+    and waits for it (griddepcontrol.wait) before it reads x and gdec. Correct after any kernel (the wait then
+    returns once the previous grid has completed), but only a triggering one lets it start early.
+
     ``run(stream, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec)`` as the other paths."""
 
     __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K")
 
-    def __init__(self, config: GluonConfig, M: int, N: int, K: int):
+    def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False):
         grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
         self.M, self.N, self.K, self.config = M, N, K, config
         self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts(config)
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
-                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps), n_desc=3)
+                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl), n_desc=3, launch_pdl=pdl)
 
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config

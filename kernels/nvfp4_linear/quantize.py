@@ -120,12 +120,18 @@ def nvfp4_quantize_kernel(
     WRITE_DEQUANT: tl.constexpr,
     AMAX_PARTS: tl.constexpr = 512,
     # WRITE_DEQUANT in the Gluon path's K order: within each 256-element chunk, physical element
-    # p = 64 q + 4 i + 2 j1 + j0 goes to column 16 i + 8 j1 + 2 q + j0 (gluon.py; BLOCK_C % 256 == 0)
+    # p = 64 q + 8 ih + 4 j1 + 2 j0 + il goes to column 32 ih + 16 il + 8 j1 + 2 q + j0 (gluon.py; BLOCK_C % 256
+    # == 0)
     PERMUTE_K: tl.constexpr = False,
     # one-launch form (small x): one program whose tile is all of x takes the global amax from that tile (no
     # amax_kernel launch; amax_ptr and n_amax unused)
     SELF_AMAX: tl.constexpr = False,
+    # let the next kernel, launched with programmatic dependent launch (the Gluon GEMM), start now: it loads W
+    # while this kernel runs and waits for this grid's completion (griddepcontrol.wait) before it reads x or gdec
+    TRIGGER_DEPENDENTS: tl.constexpr = False,
 ):
+    if TRIGGER_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     NB: tl.constexpr = BLOCK_C // 16
@@ -208,7 +214,8 @@ class QuantizeLaunches:
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
-    256; ValueError otherwise). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel launched with
+    programmatic dependent launch start at once (GPU only: the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
     fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
     bytes.
@@ -221,7 +228,7 @@ class QuantizeLaunches:
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
     def __init__(self, M: int, K: int, config: QuantizeConfig | None, write_packed: bool, write_dequant: bool,
-                 permute_k: bool = False):
+                 permute_k: bool = False, trigger_dependents: bool = False):
         if config is None:
             tile = one_launch_tile(M, K)
             if tile is None:
@@ -241,7 +248,8 @@ class QuantizeLaunches:
         self.quant = Launch(
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None),
+                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None,
+                 TRIGGER_DEPENDENTS=trigger_dependents),
             num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
 
     @property
