@@ -170,6 +170,9 @@ def test_quantize_launch_count():
     assert quantize.QuantizeLaunches(1, 64, nvl.pick_quantize_config(1, 64), True, False).launches == 2
     with pytest.raises(ValueError, match="one launch"):
         quantize.QuantizeLaunches(2, 8192, None, True, False)
+    for bad in (3, True, -1):
+        with pytest.raises(ValueError, match="trigger_dependents"):
+            quantize.QuantizeLaunches(1, 8192, None, True, False, trigger_dependents=bad)
 
 
 @pytest.mark.parametrize("where", [(0, 0), (2, 1503), (1, 700), (2, 1023)])
@@ -723,14 +726,18 @@ def _compile_all():
     jobs += [(modes[0], t, False) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
     one = [quantize.one_launch_tile(*mk) for mk in ((1, 8192), (4, 2048), (1, 256), (2, 1024))]
     jobs += [(mode, t, True) for mode in modes for t in one]
-    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax in jobs:
+    # the Gluon path's quantizer (permuted fp16 x) triggers the GEMM's launch at its start (1) or after its
+    # stores (2, GluonConfig.EARLY_START False); the others never (0)
+    jobs = [(mode, t, sa, int(mode[1] and mode[2] == "*fp16" and t[1] % 256 == 0)) for mode, t, sa in jobs]
+    jobs += [(mode, t, sa, 2) for mode, t, sa, trig in jobs if trig == 1]
+    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=write_dequant and bc % 256 == 0),  # as for the Gluon path
+                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -777,13 +784,17 @@ def test_every_config_compiles_for_sm90():
         qptx = ck.asm["ptx"]
         assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx
         assert "div.approx" not in qptx
-    # the Gluon path's quantizer (permuted x) lets the GEMM start under it: one launch_dependents, first
-    triggers = [ck for ck in qbuilds if "griddepcontrol.launch_dependents" in ck.asm["ptx"]]
+    # the Gluon path's quantizer lets the GEMM launch: one launch_dependents, before any global load (start) or
+    # after every global store (after its stores)
+    triggers = [ck.asm["ptx"] for ck in qbuilds if "griddepcontrol.launch_dependents" in ck.asm["ptx"]]
     assert 0 < len(triggers) < len(qbuilds)
-    for ck in triggers:
-        qptx = ck.asm["ptx"]
+    starts = ends = 0
+    for qptx in triggers:
         assert qptx.count("griddepcontrol.launch_dependents") == 1
-        assert "ld.global" not in qptx.split("griddepcontrol.launch_dependents")[0]
+        before, after = qptx.split("griddepcontrol.launch_dependents")
+        starts += "ld.global" not in before
+        ends += "st.global" not in after and "ld.global" in before
+    assert starts + ends == len(triggers) and starts == ends
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

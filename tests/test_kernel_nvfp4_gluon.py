@@ -127,6 +127,8 @@ def test_gluon_config_checks_and_model():
         G(BN=64, BM=16, SPLIT_K=1, STAGES=1)
     with pytest.raises(TypeError, match="W_SWIZZLE"):
         G(BN=64, BM=16, SPLIT_K=1, STAGES=2, W_SWIZZLE=1)
+    with pytest.raises(TypeError, match="EARLY_START"):
+        G(BN=64, BM=16, SPLIT_K=1, STAGES=2, EARLY_START="no")
     assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
     assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
     assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)

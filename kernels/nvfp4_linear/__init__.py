@@ -240,6 +240,9 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     launch_type = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
                    PrepassConfig: PrepassLaunch}[type(cfg)]
 
+    # the quantize launch triggers the Gluon GEMM's launch when it starts (1) or after its stores (2); never (0)
+    trigger = (1 if cfg.EARLY_START else 2) if gluon_path else 0
+
     def path(h: int):
         return GluonLaunch(cfg, h, N, K, pdl=True) if gluon_path else launch_type(cfg, h, N, K)
 
@@ -250,7 +253,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     # (chunked: its amax launch over all of x only, so the two-launch form)
     plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K) if rows == M else pick_quantize_config(M, K),
                                   write_packed=False, write_dequant=True, permute_k=gluon_path,
-                                  trigger_dependents=gluon_path)
+                                  trigger_dependents=trigger)
     if rows == M:
         plan.chunks, plan.path = None, path(M)
     else:
@@ -261,7 +264,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             if h not in launches:
                 launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=False,
                                                 write_dequant=True, permute_k=gluon_path,
-                                                trigger_dependents=gluon_path), path(h))
+                                                trigger_dependents=trigger), path(h))
             plan.chunks.append((r0, r0 + h, *launches[h]))
         plan.path = None
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)

@@ -201,7 +201,8 @@ def _cfg_label(cfg) -> str:
         return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
     if t == "GluonConfig":
         return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
-                + (f",xs{cfg.X_STAGES}" if cfg.X_STAGES else "") + ("" if cfg.W_SWIZZLE else ",noswz"))
+                + (f",xs{cfg.X_STAGES}" if cfg.X_STAGES else "") + ("" if cfg.W_SWIZZLE else ",noswz")
+                + ("" if cfg.EARLY_START else ",late"))
     return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 

@@ -96,7 +96,9 @@ class GluonConfig:
     STAGES 256-element K steps of W codes and scales; x rides in that ring ([BM, 256] per step, X_STAGES 0) or has
     its own ring of X_STAGES >= 2 64-element chunks (large tiles, where STAGES steps of x would not fit in shared
     memory). W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no bank conflicts on the decode's 16-byte
-    loads). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
+    loads). EARLY_START: under nvfp4_linear the kernel is launched with programmatic dependent launch, and the
+    quantizer lets it start when the quantizer starts (True: its W prologue loads run under the quantizer) or only
+    after the quantizer's stores (False). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
 
     BN: int
     BM: int
@@ -105,6 +107,7 @@ class GluonConfig:
     W_SWIZZLE: bool = True
     num_warps: int = 4
     X_STAGES: int = 0
+    EARLY_START: bool = True
 
     def __post_init__(self):
         _check_pow2(self, "SPLIT_K")
@@ -116,8 +119,9 @@ class GluonConfig:
             raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64, 128 or 256 (the wgmma N width)")
         if self.STAGES < 2:
             raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
-        if not isinstance(self.W_SWIZZLE, bool):
-            raise TypeError(f"W_SWIZZLE={self.W_SWIZZLE!r}: expected a bool")
+        for name in ("W_SWIZZLE", "EARLY_START"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
         x = self.X_STAGES
         if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x == 1:
             raise ValueError(f"X_STAGES={x!r}: expected 0 (x in the W ring) or an int >= 2")
@@ -169,11 +173,13 @@ class QuantizeConfig:
 # kernel (docs/benchmarks.md): bound by the weight bytes (36 MiB) and the decode, so every program streams W with
 # a deep TMA ring, split-K where the grid would otherwise underfill the SMs. Larger M is bound by tensor-core
 # throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
-# workspace. Shapes the Gluon path cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
+# workspace. The GEMM starts under the quantizer (EARLY_START) except at M = 9..16, where that measured 11-14%
+# slower than starting after the quantizer's stores (docs/benchmarks.md). Shapes the Gluon path cannot take
+# (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 CONFIGS = ConfigTable(
     rows=(
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
-        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4)),
+        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),

@@ -126,11 +126,12 @@ def nvfp4_quantize_kernel(
     # one-launch form (small x): one program whose tile is all of x takes the global amax from that tile (no
     # amax_kernel launch; amax_ptr and n_amax unused)
     SELF_AMAX: tl.constexpr = False,
-    # let the next kernel, launched with programmatic dependent launch (the Gluon GEMM), start now: it loads W
-    # while this kernel runs and waits for this grid's completion (griddepcontrol.wait) before it reads x or gdec
-    TRIGGER_DEPENDENTS: tl.constexpr = False,
+    # let the next kernel, launched with programmatic dependent launch (the Gluon GEMM), start: 1 first thing (it
+    # loads W while this kernel runs), 2 after this program's stores (it launches as this grid drains); it waits
+    # for this grid's completion (griddepcontrol.wait) before it reads x or gdec. 0: no trigger.
+    TRIGGER_DEPENDENTS: tl.constexpr = 0,
 ):
-    if TRIGGER_DEPENDENTS:
+    if TRIGGER_DEPENDENTS == 1:
         tl.extra.cuda.gdc_launch_dependents()
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -204,6 +205,8 @@ def nvfp4_quantize_kernel(
             # -> (i, j1, q, j0), reordered in registers so that the store stays contiguous (wide stores)
             v = v.reshape(BLOCK_R, BLOCK_C // 256, 4, 8, 2, 2, 2).permute(0, 1, 3, 6, 4, 2, 5)
         tl.store(deq_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], v.reshape(BLOCK_R, BLOCK_C), mask=mask)
+    if TRIGGER_DEPENDENTS == 2:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 
@@ -215,20 +218,21 @@ class QuantizeLaunches:
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
     256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel launched with
-    programmatic dependent launch start at once (GPU only: the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU only:
+    the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
     fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
     bytes.
 
     Raises:
         ValueError: ``config`` None where x is too large for one launch; ``permute_k`` with K or BLOCK_C not a
-            multiple of 256.
+            multiple of 256; ``trigger_dependents`` not 0, 1 or 2.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
     def __init__(self, M: int, K: int, config: QuantizeConfig | None, write_packed: bool, write_dequant: bool,
-                 permute_k: bool = False, trigger_dependents: bool = False):
+                 permute_k: bool = False, trigger_dependents: int = 0):
         if config is None:
             tile = one_launch_tile(M, K)
             if tile is None:
@@ -237,6 +241,8 @@ class QuantizeLaunches:
             block_r, block_c, num_warps = tile
         else:
             block_r, block_c, num_warps = config.BLOCK_R, config.BLOCK_C, config.num_warps
+        if trigger_dependents not in (0, 1, 2) or isinstance(trigger_dependents, bool):
+            raise ValueError(f"trigger_dependents={trigger_dependents!r}: expected 0, 1 or 2")
         if permute_k and (K % 256 or block_c % 256):
             raise ValueError(f"K={K}, BLOCK_C={block_c}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
