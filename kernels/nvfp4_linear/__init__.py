@@ -235,13 +235,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
     plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
     # the Gluon path takes x in its K order, and starts under the quantize launch (programmatic dependent launch:
-    # the quantizer triggers it, it waits for the quantizer's grid before it reads x; gluon.py)
+    # the quantizer triggers it when it starts, 1, or after its stores, 2; the GEMM waits for the quantizer's grid
+    # before it reads x; gluon.py)
     gluon_path = isinstance(cfg, GluonConfig)
+    trigger = (1 if cfg.EARLY_START else 2) if gluon_path else 0
     launch_type = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
                    PrepassConfig: PrepassLaunch}[type(cfg)]
-
-    # the quantize launch triggers the Gluon GEMM's launch when it starts (1) or after its stores (2); never (0)
-    trigger = (1 if cfg.EARLY_START else 2) if gluon_path else 0
 
     def path(h: int):
         return GluonLaunch(cfg, h, N, K, pdl=True) if gluon_path else launch_type(cfg, h, N, K)
