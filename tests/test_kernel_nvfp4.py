@@ -710,7 +710,7 @@ def _compile_all():
                              "KB"]))
     built.append(compile_for_sm90(quantize.amax_kernel, {"x_ptr": "*bf16", "part_ptr": "*i32", "numel": "i32",
                                                          "ITERS": "i32"},
-                                  dict(BLOCK=quantize.AMAX_BLOCK, TRIGGER_DEPENDENTS=True), num_warps=8))
+                                  dict(BLOCK=quantize.AMAX_BLOCK), num_warps=8))
     # the weight pre-pass: the default tile and every tile a config or the sweep may use, both modes
     prepass_cfgs = [c for c in tabled + _SMALL_CONFIGS + list(LINEAR_CANDIDATES) if isinstance(c, nvl.PrepassConfig)]
     tiles = {(c.BLOCK_R, c.BLOCK_C, c.num_warps, c.mode) for c in prepass_cfgs}
@@ -737,7 +737,7 @@ def _compile_all():
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger, WAIT_PRIMARY=not self_amax),  # as on a GPU
+                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -795,16 +795,6 @@ def test_every_config_compiles_for_sm90():
         starts += "ld.global" not in before
         ends += "st.global" not in after and "ld.global" in before
     assert starts + ends == len(triggers) and starts == ends
-    # the two-launch form starts under amax_kernel: x loaded, then griddepcontrol.wait, then the partials and
-    # every store; amax_kernel triggers first thing
-    waits = [ck.asm["ptx"] for ck in qbuilds if "griddepcontrol.wait" in ck.asm["ptx"]]
-    assert 0 < len(waits) < len(qbuilds)
-    for qptx in waits:
-        before, after = qptx.split("griddepcontrol.wait")
-        assert "ld.global" in before and "st.global" not in before  # x loaded, nothing stored
-        assert "ld.global" in after and "st.global" in after  # the partials, then the stores
-    aptx = next(ck.asm["ptx"] for ck in built if ck.metadata.name == "amax_kernel")
-    assert "ld.global" not in aptx.split("griddepcontrol.launch_dependents")[0]
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

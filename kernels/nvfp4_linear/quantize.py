@@ -11,9 +11,7 @@ tile is all of x, the global amax taken from the tile it has loaded (M = 1 at K 
    recipe (fp4ref.blockscale, recipe "sol": SOL-ExecBench nvfp4_linear_layer's quantizer): IEEE divisions (div.rn,
    no FTZ), the E4M3 rounding in integer arithmetic, the E2M1 rounding by an exact magic add. Writes packed E2M1
    codes + E4M3FN block-scale bytes (``nvfp4_quantize``) or, for the linear layer, the dequantized values
-   code * block scale (fp16 or fp32, exact) and the epilogue scale. On a GPU it is launched with programmatic
-   dependent launch: it loads its x tile while ``amax_kernel`` runs and waits for that grid
-   (griddepcontrol.wait) before it reads the partials and before any store.
+   code * block scale (fp16 or fp32, exact) and the epilogue scale.
 
 Triton behaviour worked around (docs/kernels.md): the CPU interpreter's fp32 -> fp8 conversion and bf16 -> fp32
 widening of subnormals are wrong, so the codes come from integer arithmetic and bf16 is widened by its bits; fp32
@@ -24,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._runtime import Launch, interpreting
+from .._runtime import Launch
 from .configs import QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
@@ -68,12 +66,7 @@ def amax_kernel(
     numel,
     ITERS,  # grid-stride steps per program
     BLOCK: tl.constexpr,
-    # let the quantize kernel (launched with programmatic dependent launch) start now: it loads its x tile while
-    # this kernel runs and waits for this grid (griddepcontrol.wait) before it reads the partials
-    TRIGGER_DEPENDENTS: tl.constexpr = False,
 ):
-    if TRIGGER_DEPENDENTS:
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -137,9 +130,6 @@ def nvfp4_quantize_kernel(
     # loads W while this kernel runs), 2 after this program's stores (it launches as this grid drains); it waits
     # for this grid's completion (griddepcontrol.wait) before it reads x or gdec. 0: no trigger.
     TRIGGER_DEPENDENTS: tl.constexpr = 0,
-    # launched with programmatic dependent launch after amax_kernel: wait for its grid (griddepcontrol.wait) after
-    # loading x and before reading the partials or storing anything
-    WAIT_PRIMARY: tl.constexpr = False,
 ):
     if TRIGGER_DEPENDENTS == 1:
         tl.extra.cuda.gdc_launch_dependents()
@@ -158,8 +148,6 @@ def nvfp4_quantize_kernel(
     if SELF_AMAX:  # this program's tile is all of x
         amax = tl.max(tl.max(bbits, axis=1), axis=0).to(tl.float32, bitcast=True)
     else:
-        if WAIT_PRIMARY:
-            tl.extra.cuda.gdc_wait()
         parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
         amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
     genc = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)  # (448 * 6) / amax; amax = 0 -> +inf
@@ -231,9 +219,7 @@ class QuantizeLaunches:
     ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
     256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel launched with
     programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU only:
-    the interpreter has no griddepcontrol). On a GPU the two-launch form launches the quantize kernel with
-    programmatic dependent launch: it loads x under amax_kernel and waits for it before reading the partials.
-    ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
     fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
     bytes.
@@ -263,17 +249,14 @@ class QuantizeLaunches:
         grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
-        # two launches on a GPU: the quantize kernel starts under amax_kernel (programmatic dependent launch) and
-        # loads its x tile before it waits for the partials
-        pdl = config is not None and not interpreting()
-        self.amax = None if config is None else Launch(amax_kernel, (self.nprog,),
-                                                       {"BLOCK": AMAX_BLOCK, "TRIGGER_DEPENDENTS": pdl}, num_warps=8)
+        self.amax = None if config is None else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK},
+                                                       num_warps=8)
         self.quant = Launch(
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None,
-                 TRIGGER_DEPENDENTS=trigger_dependents, WAIT_PRIMARY=pdl),
-            num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False, launch_pdl=pdl)
+                 TRIGGER_DEPENDENTS=trigger_dependents),
+            num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
 
     @property
     def launches(self) -> int:
