@@ -21,6 +21,8 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 
+from ._validate import current_umask
+
 __all__ = ["write_repro", "save_operands", "load_operands"]
 
 _RAW = {"bfloat16": (ml_dtypes.bfloat16, np.uint16), "float8_e4m3fn": (ml_dtypes.float8_e4m3fn, np.uint8)}
@@ -228,7 +230,7 @@ def write_repro(directory: str, case, ops: dict, *, seed: int, device: str) -> s
         with os.fdopen(fd, "w") as fh:
             fh.write(script)
         for tmp, name in ((tmp_npz, "inputs.npz"), (tmp_py, "repro.py")):
-            os.chmod(tmp, 0o644)
+            os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600: what open() would make instead
             os.replace(tmp, os.path.join(directory, name))
             placed.append(name)
     except BaseException:

@@ -1,6 +1,7 @@
 """``fp4ref verify`` end to end: the project's kernel in the Triton CPU interpreter, and user kernels via --kernel."""
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -225,9 +226,14 @@ def test_repro_shrinks_and_writes_a_script_that_fails_while_the_bug_is_there(tmp
     from fp4ref.repro import load_operands
 
     d = tmp_path / "repro"
-    res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:truncating_store", device="cpu", sizes=[7],
-                   families=["exact_acc"], integrity=False, repro=str(d))
+    umask = os.umask(0o027)  # the files follow the umask, as files open() creates do
+    try:
+        res = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:truncating_store", device="cpu",
+                       sizes=[7], families=["exact_acc"], integrity=False, repro=str(d))
+    finally:
+        os.umask(umask)
     assert not res.ok and "repro.py" in res.settings["repro"]
+    assert {(d / f).stat().st_mode & 0o777 for f in ("repro.py", "inputs.npz")} == {0o640}
     ops = load_operands(str(d / "inputs.npz"))
     # shrunk: one row, and N, K from the sweep below the workload's
     w = V.get_workload("gemm_n3072_k2048")
