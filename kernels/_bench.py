@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "call_span_us", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
+__all__ = ["Timing", "call_span_us", "idle_inside", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
            "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
@@ -101,6 +101,13 @@ def time_gpu(fn: Callable[[], Any], warmup: int = 10, iters: int = 50, flush: bo
     return Timing(cupti_us=statistics.median(call_span_us(c) for c in calls), event_us=event_us,
                   kernels=int(statistics.median(len(c) for c in calls)),
                   kernel_sum_us=statistics.median(sum(e - s for s, e in c) for c in calls))
+
+
+def idle_inside(t: Timing, tolerance: float = 0.25) -> bool:
+    """Whether the GPU idled inside the call: its span exceeds the sum of its kernel durations by more than
+    ``tolerance`` of that sum. Launch gaps between dependent kernels are ~1 us; a larger gap means the host did
+    not keep ahead of the GPU (a loaded host machine), and the span then measures the host, not the kernels."""
+    return t.cupti_us > (1.0 + tolerance) * t.kernel_sum_us
 
 
 def call_span_us(intervals: Sequence[tuple[float, float]]) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fp4ref.kernels._bench import call_span_us
+from fp4ref.kernels._bench import Timing, call_span_us, idle_inside
 
 
 def test_span_counts_gaps_and_overlap_once():
@@ -20,3 +20,10 @@ def test_span_rejects_bad_intervals():
     with pytest.raises(ValueError, match="ends before it starts"):
         call_span_us([(10.0, 9.0)])
 
+
+
+def test_idle_inside_flags_a_call_the_host_could_not_keep_fed():
+    # nvfp4_linear at M = 4 on a loaded host: span 77 us over 23.6 us of kernels
+    assert idle_inside(Timing(cupti_us=77.0, event_us=94.4, kernels=3, kernel_sum_us=23.6))
+    assert not idle_inside(Timing(cupti_us=23.1, event_us=25.9, kernels=2, kernel_sum_us=21.9))  # a launch gap
+    assert not idle_inside(Timing(cupti_us=21.7, event_us=26.9, kernels=2, kernel_sum_us=27.9))  # PDL overlap

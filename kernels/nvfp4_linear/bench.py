@@ -18,7 +18,8 @@ fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call, the headline figure, an
   before the first block scale, and x does not fit in L2 at large M), write codes + scales.
 
 Every table prints CUPTI us and event us for ours and each peer, the ratio peer / ours by CUPTI, % of the floor
-(by CUPTI) and the path + config that served the call. ``--sweep`` times the candidate configs of
+(by CUPTI) and the path + config that served the call; ours also its kernel sum, and a warning names the M where
+the GPU idled inside our call (span > 1.25 x kernel sum: the host did not keep ahead, so the row measures it). ``--sweep`` times the candidate configs of
 ``nvfp4_linear`` per M (CUPTI), installs the fastest checked ones and prints the table with them. ``--check``
 only checks the default configs (fp4ref bound, NaN poison, determinism, quantizer bytes) and exits 0 / 1.
 Weights: randn fp32 [8192, 8192] quantized with the same 'sol' recipe (by our quantizer; the tests check it equals
@@ -509,7 +510,7 @@ def main(argv=None) -> int:
 
     from fp4ref.kernels import nvfp4_linear as nvl
 
-    from .._bench import print_table, time_gpu
+    from .._bench import idle_inside, print_table, time_gpu
 
     ms = args.m or list(SWEEP_M)
     result = {}
@@ -592,6 +593,10 @@ def main(argv=None) -> int:
                                       for w, r in zip(weights, pub)) / sum(weights))
         print(f"16 public workloads, geometric mean speed-up of ours (CUPTI): vs (a) {gm('torch_dequant'):.2f}x, "
               f"vs (b) {gm('bf16_predequant'):.2f}x")
+    idle = [r["m"] for r in records if idle_inside(r["ours"])]
+    if idle:  # the span then measures the host: say so beside the table
+        print(f"warning: at M = {', '.join(map(str, idle))} the GPU idled inside our call (CUPTI span > 1.25 x the "
+              "kernel sum): the host did not keep ahead of the GPU; rerun on an idle host machine")
     if args.sweep:  # where the GPU time of the picks goes, per kernel
         try:
             _profile([m for m in (1, 256, 1024, 8192) if m in ms], w_u8, w_scales, w_gdec)
