@@ -167,18 +167,24 @@ class Stop:
 def sigterm_as_interrupt():
     """While the block runs (in the main thread), SIGTERM (``kill``, ``timeout``) raises KeyboardInterrupt, so a CLI
     command takes its Ctrl-C clean-up path; yields a :class:`Stop` that says which signal it was (the command then
-    exits 143 instead of 130). Elsewhere than the main thread nothing changes."""
+    exits 143 instead of 130). The first SIGINT or SIGTERM starts the clean-up and later ones are ignored until the
+    block ends, so a second Ctrl-C, or the second SIGTERM GNU ``timeout`` sends to the process group, cannot break
+    the clean-up half-way (a worker pool's shutdown, say); SIGKILL still ends the process. Elsewhere than the main
+    thread nothing changes."""
     stop = Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
 
-    def on_sigterm(signum, frame):
-        stop.terminated = True
+    def on_signal(signum, frame):
+        stop.terminated = signum == signal.SIGTERM
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -614,7 +614,8 @@ class Workers:
     per task (``tasks``), so a large ``jobs`` cannot start more processes than can work. On Linux they are forked
     when the pool is made (before any progress thread starts), so they start at once with the modules already
     imported; elsewhere they are spawned. Workers ignore SIGINT (Ctrl-C is the parent's to handle: cancel, clean
-    up) and, on Linux, are killed when the parent dies, even by SIGKILL."""
+    up) and SIGTERM (GNU timeout signals the whole process group), and on Linux are killed when the parent dies, even
+    by SIGKILL."""
 
     def __init__(self, jobs: int, tasks: int):
         jobs = max(1, min(jobs, os.cpu_count() or 1, tasks))
@@ -663,7 +664,10 @@ def _noop():
 
 
 def _worker_init(parent: int):
+    # stopping is the parent's: a signal to the whole process group (Ctrl-C, GNU timeout) must not end a worker
+    # half-way through a task, which would break the pool while the parent cleans up
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform.startswith("linux"):  # die with the parent (PR_SET_PDEATHSIG = 1), however it ends
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))

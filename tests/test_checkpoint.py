@@ -486,9 +486,10 @@ def test_ctrl_c_while_the_report_prints_keeps_the_complete_output(src, tmp_path,
     assert (out / "model.safetensors.index.json").exists() and audit_checkpoint(out).clean  # complete and valid
 
 
-def _start_big_quantize(tmp_path, seed: int):
-    """Start ``fp4ref quantize --jobs 2`` on 128 MiB with the float64 reference recipe ("exact") in a subprocess and
-    return (process, output path) once its first progress line shows the workers have started."""
+def _start_big_quantize(tmp_path, seed: int, new_session: bool = False):
+    """Start ``fp4ref quantize --jobs 2`` on 128 MiB with the float64 reference recipe ("exact") in a subprocess (its
+    own process group with ``new_session``) and return (process, output path) once its first progress line shows
+    the workers have started."""
     import subprocess
     import sys
 
@@ -500,7 +501,8 @@ def _start_big_quantize(tmp_path, seed: int):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "fp4ref.quantize_file", str(tmp_path / "big.safetensors"), "-o",
                              str(out), "--jobs", "2", "--recipe", "exact"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parent.parent))
+                            stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parent.parent),
+                            start_new_session=new_session)
     line = proc.stderr.readline()  # the first plain progress line: work has started
     assert line.startswith("fp4ref quantize:"), line
     return proc, out
@@ -543,6 +545,42 @@ def test_ctrl_c_signal_with_workers(tmp_path, signame, status, word):
         assert lines == [f"fp4ref quantize: {word}; no partial output left"], err
         assert _listing(tmp_path) == ["big.safetensors"]
     _assert_ended(workers)  # (Linux) the worker processes ended with the run
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc children lists")
+@pytest.mark.parametrize("how", ["timeout", "double_ctrl_c", "double_term"])
+def test_a_second_signal_during_the_clean_up_is_ignored(tmp_path, how):
+    """Two signals while --jobs 2 workers run, as GNU timeout sends them (SIGTERM to the process, then to its whole
+    group), as a user pressing Ctrl-C twice (SIGINT to the group), or SIGTERM twice to the process: the first starts
+    the clean-up and the second cannot break it (the pool's shutdown once hung for good, workers left behind):
+    the run ends with one line and the first signal's status, no output, no worker left."""
+    import signal
+    import subprocess
+    import time
+
+    proc, out = _start_big_quantize(tmp_path, 3, new_session=True)
+    time.sleep(0.4)
+    workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    first, second = {"timeout": (lambda: os.kill(proc.pid, signal.SIGTERM),
+                                 lambda: os.killpg(proc.pid, signal.SIGTERM)),
+                     "double_ctrl_c": (lambda: os.killpg(proc.pid, signal.SIGINT),) * 2,
+                     "double_term": (lambda: os.kill(proc.pid, signal.SIGTERM),) * 2}[how]
+    first()
+    time.sleep(0.02)
+    second()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{how}: the run hung after the second signal")
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    status, word = (130, "interrupted") if how == "double_ctrl_c" else (143, "terminated")
+    assert proc.returncode == status, err
+    assert [e for e in err.splitlines() if "%" not in e] == [f"fp4ref quantize: {word}; no partial output left"], err
+    assert _listing(tmp_path) == ["big.safetensors"]
+    _assert_ended(workers)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="Linux /proc children lists")
