@@ -40,6 +40,8 @@ from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
 
+_DESCRIPTION = (__doc__ or "").split("\n\n")[0].replace("``", "")  # --help: the first paragraph, plain
+
 
 @dataclass
 class Finding:
@@ -328,7 +330,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``audit`` subcommand on an argparse subparsers object; sets ``func=run``."""
     p = subparsers.add_parser("audit", help="check the scales, padding, layout and global scales of a quantized "
                                             "checkpoint (exit 0 iff clean)",
-                              description=(__doc__ or "").split("\n\n")[0])
+                              description=_DESCRIPTION)
     _add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -412,7 +414,7 @@ def _print_table(report: AuditReport) -> None:
 
 def main(argv=None) -> int:
     """Standalone entry point (``python -m fp4ref.audit``)."""
-    p = argparse.ArgumentParser(prog="fp4ref audit", description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fp4ref audit", description=_DESCRIPTION)
     _add_arguments(p)
     return run(p.parse_args(argv))
 

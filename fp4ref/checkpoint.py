@@ -388,7 +388,7 @@ def _eligibility(it: Item, target: Target, inc, ign, pad: bool = False) -> str:
         return f"dtype {it.dtype} (quantized: {', '.join(_QUANTIZABLE)})"
     nd = len(it.shape)
     if nd not in (2, 3):
-        return f"{nd}-D (quantized: 2-D, and 3-D expert tensors per expert)"
+        return f"{nd}-D (quantized: 2-D, and 3-D per leading index)"
     serving = target.checkpoint_format != "fp4ref"
     if nd == 3 and target.checkpoint_format == "compressed-tensors":
         return "3-D (compressed-tensors names per-expert Linear layers X.weight only)"

@@ -404,12 +404,13 @@ class OutputLocation:
                                       "another output path")
             if s.resolve() == self.target.resolve():
                 raise CheckpointError(f"output path {str(self.target)!r} is the input; choose another output path")
-        if self.target.exists() and not force:
-            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force (force=True) to replace it")
+        # a file where a directory goes (or the reverse) is refused first: --force would not help
         if self.target.exists() and self.target.is_dir() != is_dir:
             kind = "directory" if self.target.is_dir() else "file"
             raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected a "
                                   f"{'directory' if is_dir else 'file'}")
+        if self.target.exists() and not force:
+            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force (force=True) to replace it")
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "directories)")

@@ -61,6 +61,8 @@ __all__ = [
     "main",
 ]
 
+_DESCRIPTION = (__doc__ or "").split("\n\n")[0].replace("``", "")  # --help: the first paragraph, plain
+
 
 def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None = None, mode: str | None = None,
                   include: str | None = None, progress: bool = False, checkpoint_format: str = "fp4ref",
@@ -107,7 +109,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "quantize",
         help="quantize a safetensors file, sharded checkpoint or model directory to NVFP4 / MXFP4 / MXFP8 "
              "(fp4ref, ModelOpt or compressed-tensors layout), or --dequantize",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=_DESCRIPTION,
     )
     _add_arguments(p)
     p.set_defaults(func=run)
@@ -158,7 +160,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="--dequantize only: float32, bfloat16 or float16 (default: each tensor's original dtype)")
-    p.add_argument("--quiet", action="store_true", help="no progress and no table")
+    p.add_argument("--quiet", action="store_true", help="no progress and no table (--dry-run still prints its plan)")
 
 
 LOW_SQNR_DB = 10.0  # NVFP4 / MXFP4 of ordinary weights: ~20 dB; below this a tensor has lost most of its signal
@@ -239,7 +241,7 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
 
 def main(argv=None) -> int:
     """Standalone entry point (``python -m fp4ref.quantize_file ...``); returns the exit status."""
-    p = argparse.ArgumentParser(prog="fp4ref quantize", description=(__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fp4ref quantize", description=_DESCRIPTION)
     _add_arguments(p)
     return run(p.parse_args(argv))
 

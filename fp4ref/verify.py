@@ -92,12 +92,12 @@ def load_kernel(spec: str):
         ValueError: ``spec`` is not of the form module:function. ImportError / AttributeError from the import.
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ValueError(f"kernel={spec!r} must look like 'package.module:function'")
+        raise ValueError(f"kernel (--kernel)={spec!r} must look like 'package.module:function'")
     mod_name, fn_name = spec.split(":")
     module = importlib.import_module(mod_name)
     fn = getattr(module, fn_name)
     if not callable(fn):
-        raise TypeError(f"kernel={spec!r} is not callable")
+        raise TypeError(f"kernel (--kernel)={spec!r} is not callable")
     return fn, module
 
 
@@ -313,17 +313,17 @@ def verify(
     """
     names = list(dict.fromkeys(workloads or WORKLOADS))
     if kernel is not None and len(names) != 1:
-        raise ValueError(f"kernel={kernel!r} needs exactly one workload, got {names}")
+        raise ValueError(f"kernel (--kernel)={kernel!r} needs exactly one workload, got {names}")
     if device not in (None, "cuda", "cpu"):
-        raise ValueError(f"device={device!r} must be 'cuda' or 'cpu'")
+        raise ValueError(f"device (--device)={device!r} must be 'cuda' or 'cpu'")
     if output_rounding not in (None, "rne", "faithful"):
-        raise ValueError(f"output_rounding={output_rounding!r} must be 'rne' or 'faithful'")
+        raise ValueError(f"output_rounding (--output-rounding)={output_rounding!r} must be 'rne' or 'faithful'")
     if shapes not in ("fixed", "sweep"):
-        raise ValueError(f"shapes={shapes!r} must be 'fixed' or 'sweep'")
+        raise ValueError(f"shapes (--shapes)={shapes!r} must be 'fixed' or 'sweep'")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
-        raise ValueError(f"examples={examples!r} must be a positive int")
+        raise ValueError(f"examples (--examples)={examples!r} must be a positive int")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative int")
+        raise ValueError(f"seed (--seed)={seed!r} must be a non-negative int")
     for name in names:
         get_workload(name)
     if sizes is not None:
@@ -331,26 +331,29 @@ def verify(
     if families is not None:
         families = list(dict.fromkeys(families))
     if max_check_rows is not None and (not isinstance(max_check_rows, int) or max_check_rows < 129):
-        raise ValueError(f"max_check_rows={max_check_rows!r} must be None (all rows) or an int >= 129 "
-                         "(the first 64, the last 64 and at least one row between)")
+        raise ValueError(f"max_check_rows (--max-check-rows)={max_check_rows!r} must be None (all rows) or an int "
+                         ">= 129 (the first 64, the last 64 and at least one row between)")
     if repro is not None and (not isinstance(repro, str) or (os.path.exists(repro) and not os.path.isdir(repro))):
-        raise ValueError(f"repro={repro!r} must be a directory path")
+        raise ValueError(f"repro (--repro)={repro!r} must be a directory path")
     if families is not None:
         for f in families:
             if not any(f in get_workload(n).families for n in names):
                 known = sorted({g for n in names for g in get_workload(n).families})
-                raise ValueError(f"family={f!r} is not a family of {names}; their families are {known}")
+                raise ValueError(f"family (--families)={f!r} is not a family of {names}; their families are {known}")
     from . import bounds
 
     if model is not None:
-        bounds.get_model(model)  # unknown names fail now, not after the run
+        try:
+            bounds.get_model(model)  # unknown names fail now, not after the run
+        except ValueError as e:
+            raise ValueError(f"model (--model): {e}") from None
 
     import torch
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but torch sees no CUDA GPU")
+        raise ValueError("device (--device)='cuda' but torch sees no CUDA GPU")
     interpreted = device == "cpu"
     if interpreted and os.environ.get("TRITON_INTERPRET") != "1":
         # Must be set before any @triton.jit module is imported.

@@ -343,4 +343,4 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise ValueError(f"workload={name!r} is not known; expected one of {sorted(WORKLOADS)}") from None
+        raise ValueError(f"workload (--workload)={name!r} is not known; expected one of {sorted(WORKLOADS)}") from None

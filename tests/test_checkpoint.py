@@ -316,6 +316,19 @@ def test_existing_output_needs_force_and_nothing_partial_remains(src, tmp_path, 
     assert _listing(tmp_path) == ["o"]  # no temporary directory left
 
 
+def test_an_output_of_the_wrong_kind_is_named_before_force(src, tmp_path, capsys):
+    """A directory where the output file goes (or a file where the output directory goes) is refused with that
+    reason, not with a --force hint that would only lead to it."""
+    root, _ = src
+    (tmp_path / "o.safetensors").mkdir()
+    (tmp_path / "o").write_text("a user's file")
+    for argv in ([str(root / SHARD1), "-o", str(tmp_path / "o.safetensors")], [str(root), "-o", str(tmp_path / "o")]):
+        assert main(argv + ["--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "expected a" in err and "--force" not in err, err
+    assert (tmp_path / "o").read_text() == "a user's file" and not any((tmp_path / "o.safetensors").iterdir())
+
+
 def test_force_never_deletes_files_the_output_does_not_replace(src, tmp_path, capsys):
     """--force into a directory holding a user's files (or subdirectories) is refused, the files stay."""
     root, _ = src
