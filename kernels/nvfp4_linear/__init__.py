@@ -23,6 +23,7 @@ import.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -239,11 +240,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     # before it reads x; gluon.py)
     gluon_path = isinstance(cfg, GluonConfig)
     trigger = (1 if cfg.EARLY_START else 2) if gluon_path else 0
-    launch_type = {GluonConfig: GluonLaunch, GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
-                   PrepassConfig: PrepassLaunch}[type(cfg)]
-
-    def path(h: int):
-        return GluonLaunch(cfg, h, N, K, pdl=True) if gluon_path else launch_type(cfg, h, N, K)
+    launch_type = {GluonConfig: functools.partial(GluonLaunch, pdl=True), GemvConfig: GemvLaunch,
+                   TensorCoreConfig: TensorCoreLaunch, PrepassConfig: PrepassLaunch}[type(cfg)]
 
     # row chunks where x dequantized would exceed the cap; not for the pre-pass path (it decodes all of W per
     # launch, which chunks would repeat)
@@ -254,7 +252,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                                   write_packed=False, write_dequant=True, permute_k=gluon_path,
                                   trigger_dependents=trigger)
     if rows == M:
-        plan.chunks, plan.path = None, path(M)
+        plan.chunks, plan.path = None, launch_type(cfg, M, N, K)
     else:
         launches = {}  # one QuantizeLaunches + path launch per chunk height (the full one and the last)
         plan.chunks = []
@@ -263,7 +261,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             if h not in launches:
                 launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=False,
                                                 write_dequant=True, permute_k=gluon_path,
-                                                trigger_dependents=trigger), path(h))
+                                                trigger_dependents=trigger), launch_type(cfg, h, N, K))
             plan.chunks.append((r0, r0 + h, *launches[h]))
         plan.path = None
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)

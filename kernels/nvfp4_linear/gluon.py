@@ -49,10 +49,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._gluon import store_layout, store_or_reduce, workspace_elements
-from .._runtime import Desc, Launch, workspace
+from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
-from .tensorcore import COUNTERS_WORKSPACE, PARTIALS_WORKSPACE
+from .tensorcore import splitk_buffers
 
 __all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K", "x_block_k"]
 
@@ -294,12 +294,9 @@ class GluonLaunch:
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
         wl, sl, xl = self.layouts
-        if self.split_k > 1:  # store_or_reduce's tile-major workspace and the per-tile arrival counters
-            part = workspace(device, stream, PARTIALS_WORKSPACE,
-                             workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), torch.float32)
-            cnt = workspace(device, stream, COUNTERS_WORKSPACE, max(self.tiles, 4096), torch.int32, zeroed=True)
-        else:
-            part = cnt = out  # never touched without split-K
+        # store_or_reduce's tile-major split-K workspace and the per-tile arrival counters
+        part, cnt = splitk_buffers(device, stream, self.split_k,
+                                   workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles, out)
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
