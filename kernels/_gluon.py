@@ -1,6 +1,6 @@
-"""Gluon helpers shared by the swap-AB kernels (gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear): the c^T tile's
-store layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue
-scale.
+"""Gluon helpers shared by the kernels of gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear: the c^T tile's store
+layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue scale;
+the wait of a programmatic dependent launch.
 
 Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
@@ -12,7 +12,14 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["store_layout", "store_or_reduce", "workspace_elements"]
+__all__ = ["store_layout", "store_or_reduce", "wait_primary", "workspace_elements"]
+
+
+@gluon.jit
+def wait_primary():
+    """griddepcontrol.wait: block until the grid this one depends on under programmatic dependent launch has
+    completed and its writes are visible; a no-op in a grid launched without it."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 def workspace_elements(tiles: int, split_k: int, block_n: int, block_m: int) -> int:

@@ -48,7 +48,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout, store_or_reduce, workspace_elements
+from .._gluon import store_layout, store_or_reduce, wait_primary, workspace_elements
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
@@ -135,13 +135,6 @@ def _issue_step_x(x_desc, x_smem, bar, off_m, k, pred):
 
 
 @gluon.jit
-def _wait_primary():
-    """griddepcontrol.wait: block until the grid this one depends on (the quantizer, under programmatic dependent
-    launch) has completed and its writes are visible; a no-op without such a launch."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _issue_x(x_desc, x_smem, bar, off_m, k, pred):
     """TMA (when ``pred``): the x chunk [BM, 64] at (permuted) column k into one slot of the x ring."""
     mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
@@ -191,7 +184,7 @@ def nvfp4_gluon_kernel(
         _issue_w(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i if X_STAGES == 0 else 0),
                  w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES, not PDL)
     if PDL:
-        _wait_primary()
+        wait_primary()
         if X_STAGES == 0:
             for i in gl.static_range(STAGES - 1):
                 _issue_step_x(x_desc, x_smem.index(i), w_ready.index(i), off_m, k0 + i * BK, i < k_steps)
