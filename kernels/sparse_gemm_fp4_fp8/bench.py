@@ -301,10 +301,10 @@ def sweep_candidates(M: int):
                 X(128, 128, 8, 4), X(128, 128, 8, 4, g=16), X(128, 256, 8, 3, ns=2), X(128, 256, 8, 3, g=16, ns=2),
                 X(128, 256, 8, 3, ns=2, fix="inline")]
     if M <= 256:  # the Gluon swap-AB kernel: b streamed by TMA over ~128 CTAs (N tiles x K slices x M tiles)
+        G = GluonConfig
         bm = min(64, max(8, 1 << (M - 1).bit_length()))
         if bm > 16:  # 16-row M tiles with the arithmetic decode against one wider tile through the table
             out += [G(64, 16, 5, 4), G(64, 32, 5, 4)]
-        G = GluonConfig
         w = 4 if bm <= 32 else 8
         out += [G(128, bm, 4, 8, w), G(64, bm, 4, 4), G(128, bm, 4, 4, w), G(64, bm, 6, 2), G(64, bm, 4, 8)]
         # STAGES = K steps per slice + 1: every b tile of the slice is in flight from the start
