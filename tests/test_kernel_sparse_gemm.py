@@ -345,6 +345,17 @@ def test_launch_plan_cache():
     assert torch.equal(_run(vals, meta, b).view(torch.int16), c1.view(torch.int16))
 
 
+def test_sweep_candidates_at_every_bucket():
+    """The tuning sweep's candidates build as configs at every M it serves (M = 100 raised UnboundLocalError once)
+    and include the expand path's Gluon GEMM above M = 16."""
+    from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import sweep_candidates
+
+    for M in (1, 7, 16, 24, 64, 100, 256, 1024, 8192):
+        cands = sweep_candidates(M)
+        assert cands and all(isinstance(c, (FusedConfig, ExpandConfig, mod.GluonConfig)) for c, _ in cands)
+        assert any(isinstance(c, ExpandConfig) and c.gemm == "gluon" for c, _ in cands) == (M > 16)
+
+
 def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     """The sweep picks by GPU time, but at M <= 256 an expand pick must also win on event time (host included)."""
     from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import pick_by_kind
@@ -361,7 +372,7 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     assert pick_by_kind(64, {"gluon": (5.0, 9.0, g), "fused": (12.0, 19.0, f), "expand": (6.0, 8.0, x)}) is g
     assert pick_by_kind(64, {"gluon": (13.0, 19.5, g), "fused": (12.0, 19.0, f)}) is f
     assert pick_by_kind(256, {"gluon": (13.0, 19.5, g), "expand": (12.0, 15.0, x)}) is x
-    large = [c for b, c in mod.CONFIGS.rows if b > 256] + [mod.CONFIGS.larger]
+    large = [c for b, c in mod.TL_CONFIGS.rows if b > 256] + [mod.TL_CONFIGS.larger]
     assert {(type(c), c.group_m) for c in large} == {(ExpandConfig, 16)}
 
 
@@ -508,7 +519,8 @@ def test_expand_prepass_compiles_for_sm90():
     sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
            "stride_ag": "constexpr", "stride_wm": "i32"}
     ck = compile_for_sm90(expand.sparse_expand_a_kernel, sig,
-                          {"stride_ag": 1, "BLOCK_M": expand.PREP_BLOCK_M, "BLOCK_G": expand.PREP_BLOCK_G},
+                          {"stride_ag": 1, "BLOCK_M": expand.PREP_BLOCK_M, "BLOCK_G": expand.PREP_BLOCK_G,
+                           "TRIGGER_DEPENDENTS": False},
                           num_warps=expand.PREP_WARPS, num_stages=1,
                           divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
     assert ck.asm["cubin"]

@@ -20,8 +20,9 @@ Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py,
 TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 64
 on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
 interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
-E4M3FN A, persistent TMA fp8 GEMM, NaN fix-up) serves larger M. Host plumbing (plans, launches, workspaces) is
-kernels/_runtime.py.
+E4M3FN A, then a persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel,
+launched with programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M. Host
+plumbing (plans, launches, workspaces) is kernels/_runtime.py.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, N
                       TL_CONFIGS, ExpandConfig, FusedConfig, GluonConfig, accumulation_model, pick_config)
 from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
                      sparse_nan_fixup_kernel)
+from .expand_gluon import expand_gluon_constexprs, expand_gluon_layouts, sparse_expanded_ws_kernel
 from .fused import sparse_gemm_fp4_fp8_kernel
 from .gluon import STEP_K, decode_table, gluon_constexprs, shared_layouts, sparse_swapab_kernel
 
@@ -47,6 +49,11 @@ WS_PARTIALS = "sparse_gemm_fp4_fp8.splitk_partials"
 WS_COUNTERS = "sparse_gemm_fp4_fp8.splitk_counters"
 WS_DENSE_A = "sparse_gemm_fp4_fp8.dense_a"
 WS_NAN_FLAGS = "sparse_gemm_fp4_fp8.nan_flags"
+
+# The expand path with the Gluon GEMM launches the GEMM with programmatic dependent launch after the pre-pass
+# (expand_gluon.py); False launches them one after the other (an A/B switch for benchmarks; plans built after a
+# change use it).
+EXPAND_PDL = True
 
 # Launch plans by key: dtypes, shapes, strides, devices, 16-byte alignment of every pointer, out's strides and
 # alignment, config, nan_check_bytes. The key fixes everything Triton specialises the kept kernels on (N, K and
@@ -114,7 +121,7 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     plan = PLANS.get(key)
     new = plan is None
     if new:
-        plan = _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes)
+        plan = _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out)
 
     # ---- output ----
     m = a_vals.shape[0]
@@ -208,16 +215,19 @@ class _FusedPlan:
 
 
 class _ExpandPlan:
-    """The expand path's launches: the decode pre-pass, the persistent TMA GEMM and (nan_fixup "launch") the NaN
-    fix-up; ``a8_elems`` bytes of dense A, ``n_tiles`` flags. ``_a8`` keeps the last dense-A workspace with its
-    int32 view and TMA descriptor (rebuilt when the workspace is another tensor: another stream, or grown)."""
+    """The expand path's launches: the decode pre-pass, the persistent TMA GEMM (``config.gemm``: the `tl` or the
+    Gluon kernel) and (nan_fixup "launch") the NaN fix-up; ``a8_elems`` bytes of dense A, ``n_tiles`` flags.
+    ``_a8`` keeps the last dense-A workspace with its int32 view and TMA descriptor (rebuilt when the workspace
+    is another tensor: another stream, or grown)."""
 
-    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "b_block", "_a8")
+    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "b_block", "layouts", "_a8")
 
     def __init__(self, config, prep, main, fix, a8_elems, n_tiles):
         self.config, self.prep, self.main, self.fix = config, prep, main, fix
         self.a8_elems, self.n_tiles = a8_elems, n_tiles
         self.b_block = [config.block_n // config.n_split, config.block_k]
+        # the Gluon GEMM's shared layouts (fp8 operand tiles, bf16 c tile); None for the `tl` GEMM
+        self.layouts = expand_gluon_layouts(config) if config.gemm == "gluon" else (None, None)
         self._a8 = (None, None, None)
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
@@ -229,12 +239,19 @@ class _ExpandPlan:
         scm, scn = out.stride()
         a8 = _runtime.workspace(device, stream, WS_DENSE_A, self.a8_elems, torch.float8_e4m3fn)
         cached, a8w, a_desc = self._a8
+        fp8, c_layout = self.layouts
         if a8 is not cached:
             a8w = a8.view(torch.int32)
-            a_desc = _runtime.Desc(a8, [m, k], [k, 1], [self.config.block_m, self.config.block_k])
+            a_desc = _runtime.Desc(a8, [m, k], [k, 1], [self.config.block_m, self.config.block_k], fp8)
             self._a8 = (a8, a8w, a_desc)
         self.prep.launch(stream, a_vals, a_meta, a8w, m, g, sam, sag, g)
-        b_desc = _runtime.Desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], self.b_block)
+        b_desc = _runtime.Desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], self.b_block, fp8)
+        if self.config.gemm == "gluon":
+            c_desc = _runtime.Desc(out, [m, n], [scm if m > 1 else n, 1], [self.config.block_m, self.config.block_n],
+                                   c_layout)
+            self.main.launch(stream, a_desc, b_desc, c_desc, b_fp8, a_vals, a_meta, out, m, n,
+                             k // self.config.block_k, sbn, sam, scm)
+            return
         fix = self.fix
         flags = out  # unused with the inline fix-up
         if fix is not None:
@@ -245,6 +262,15 @@ class _ExpandPlan:
             fix.launch(stream, a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn)
 
 
+def _c_tma_eligible(out, n: int) -> bool:
+    """Whether c can take the Gluon GEMM's TMA stores: unit column stride, 16-byte row stride and base (``out``
+    None: the new contiguous [M, N] output, so N % 8 == 0)."""
+    if out is None:
+        return n % 8 == 0
+    return (out.dim() == 2 and out.stride(1) == 1 and (out.shape[0] == 1 or out.stride(0) % 8 == 0)
+            and out.data_ptr() % 16 == 0)
+
+
 def _check(name: str, t, dtype: torch.dtype) -> None:
     if t.dtype != dtype:
         raise TypeError(f"{name}.dtype={t.dtype}: expected {dtype}")
@@ -252,9 +278,9 @@ def _check(name: str, t, dtype: torch.dtype) -> None:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
 
 
-def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
+def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     """Validate a new key's operands, pick path and config, and build its launch plan (raises as
-    sparse_gemm_fp4_fp8 documents)."""
+    sparse_gemm_fp4_fp8 documents). ``out``: the caller's output tensor or None (a new contiguous one)."""
     _check("a_vals", a_vals, torch.int8)
     _check("a_meta", a_meta, torch.int8)
     _check("b_fp8", b_fp8, torch.float8_e4m3fn)
@@ -280,9 +306,13 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
                          "(the kernels index both with one set)")
     interp = _runtime.interpreting()
     explicit = config is not None
+    gluon_ok = gluon_eligible(a_vals, a_meta, b_fp8)
+    c_tma_ok = _c_tma_eligible(out, n)
     if config is None:
         config = pick_config(m, n, k, interp)
-        if isinstance(config, GluonConfig) and not gluon_eligible(a_vals, a_meta, b_fp8):
+        if isinstance(config, GluonConfig) and not gluon_ok:
+            config = TL_CONFIGS.pick(m)
+        if isinstance(config, ExpandConfig) and config.gemm == "gluon" and not (gluon_ok and c_tma_ok):
             config = TL_CONFIGS.pick(m)
     if isinstance(config, GluonConfig):
         if interp or b_fp8.device.type != "cuda":
@@ -303,6 +333,14 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
     if (expand or config.mma == "fp8") and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
                          "(the promotion interval of the numeric contract)")
+    if expand and config.gemm == "gluon":
+        if interp or b_fp8.device.type != "cuda":
+            raise ValueError(f"config={config}: the Gluon GEMM runs on CUDA (sm_90), not in the CPU interpreter")
+        if k % config.block_k != 0 or not (gluon_ok and c_tma_ok):
+            raise ValueError(f"config={config}: the Gluon GEMM needs K % {config.block_k} == 0, operands its TMA "
+                             f"descriptors can read (gluon_eligible) and an output with unit column stride, "
+                             f"16-byte row stride and base; got K={k}, a_vals strides {a_vals.stride()}, b_fp8 "
+                             f"strides {b_fp8.stride()}, N={n}")
     if expand and not tma_eligible(b_fp8):
         if explicit:
             raise ValueError(f"config: an ExpandConfig (the expand path's TMA descriptors) needs b_fp8 with unit "
@@ -314,8 +352,15 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if expand:
         nprog = min(tiles, _runtime.num_sms(b_fp8.device) * config.programs_per_sm)
+        pdl = config.gemm == "gluon" and EXPAND_PDL
         prep = _runtime.Launch(sparse_expand_a_kernel, (triton.cdiv(m, PREP_BLOCK_M), triton.cdiv(g, PREP_BLOCK_G)),
-                               dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G), num_warps=PREP_WARPS, num_stages=1)
+                               dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G, TRIGGER_DEPENDENTS=pdl),
+                               num_warps=PREP_WARPS, num_stages=1)
+        a8_elems = -(-(m * k) // 16) * 16  # int32-viewable
+        if config.gemm == "gluon":
+            main = _runtime.Launch(sparse_expanded_ws_kernel, (nprog,), expand_gluon_constexprs(config, pdl),
+                                   n_desc=3, launch_pdl=pdl)
+            return _ExpandPlan(config, prep, main, None, a8_elems, tiles)
         main = _runtime.Launch(sparse_gemm_expanded_kernel, (nprog,),
                                dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                                     GROUP_M=config.group_m, N_SPLIT=config.n_split,
@@ -327,7 +372,6 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes):
                                   dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                                        BN=config.block_n // config.n_split, EVEN_K=even_k),
                                   num_warps=config.num_warps, num_stages=2)
-        a8_elems = -(-(m * k) // 16) * 16  # int32-viewable
         return _ExpandPlan(config, prep, main, fix, a8_elems, tiles)
     split_k = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
     main = _runtime.Launch(sparse_gemm_fp4_fp8_kernel, (tiles, split_k),

@@ -144,7 +144,10 @@ def _cfg_name(cfg) -> str:
         return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x128/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.STAGES}"
     if isinstance(cfg, ExpandConfig):
         name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
-        name += f"/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
+        if cfg.gemm == "gluon":  # persistent on every SM, NaN tiles recomputed inline: only the tile and ring vary
+            name += "/gluon"
+        else:
+            name += f"/p{cfg.programs_per_sm}/n{cfg.n_split}/{cfg.nan_fixup}"
     else:
         name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/S{cfg.split_k}/w{cfg.num_warps}/s{cfg.num_stages}/{cfg.mma}"
     if cfg.group_m != 8:
@@ -275,7 +278,17 @@ def sweep_candidates(M: int):
         return ExpandConfig(bm, bn, 128, group_m=g, num_warps=w, num_stages=s, programs_per_sm=p, n_split=ns,
                             nan_fixup=fix)
 
+    def XG(bm, bn, s, g=8):  # the expand path with the Gluon GEMM
+        return ExpandConfig(bm, bn, 128, group_m=g, num_warps=bm // 16, num_stages=s, nan_fixup="inline",
+                            gemm="gluon")
+
     out = []
+    if M > 16:
+        out += [XG(64, 64, 8), XG(64, 128, 6)]
+    if M >= 64:
+        out += [XG(128, 64, 6), XG(128, 128, 5), XG(128, 128, 6)]
+    if M >= 1024:
+        out += [XG(128, 128, 5, g=16), XG(128, 128, 6, g=4)]
     if M <= 2:
         out += [C(1, 64, 128, 8, mma="fma"), C(1, 64, 128, 16, mma="fma"), C(1, 128, 128, 8, num_warps=8, mma="fma"),
                 C(1, 32, 128, 16, num_warps=2, mma="fma"), C(2, 32, 128, 8, mma="fma"),

@@ -9,7 +9,8 @@ Three paths (the config's type says which one serves a call):
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
   (CUDA cores, GEMV-like M).
 * ``ExpandConfig`` (expand.py): large M; a decode pre-pass writes the dense E4M3FN A to a workspace, then a
-  persistent TMA fp8 wgmma GEMM (split_k 1), then (``nan_fixup="launch"``) a NaN fix-up launch.
+  persistent TMA fp8 wgmma GEMM (split_k 1): ``gemm="gluon"`` expand_gluon.py's warp-specialized kernel (sm_90),
+  ``gemm="tl"`` expand.py's, then (``nan_fixup="launch"``) a NaN fix-up launch.
 
 ``CONFIGS`` picks by M (docs/kernels.md, "sparse_gemm_fp4_fp8"; the timings behind the picks are in
 docs/benchmarks.md). ``accumulation_model(config, K)`` is the fp4ref.bounds model of one config;
@@ -55,17 +56,23 @@ class FusedConfig:
 
 @dataclass(frozen=True)
 class ExpandConfig:
-    """The expand path (expand.py): decode pre-pass, persistent TMA fp8 wgmma GEMM (split_k 1), NaN fix-up.
+    """The expand path: decode pre-pass (expand.py), a persistent TMA fp8 wgmma GEMM (split_k 1), NaN fix-up.
 
+    ``gemm``: the GEMM kernel. "tl": expand.py's ``sparse_gemm_expanded_kernel`` (each K tile's wgmma retired
+    before its promotion). "gluon" (sm_90): expand_gluon.py's ``sparse_expanded_ws_kernel``, warp-specialized
+    (a TMA producer warp, one or two consumer warpgroups: num_warps = block_m / 16), the promotion overlapping the
+    next wgmma, a TMA-store epilogue; num_stages is its ring depth, block_k 128, n_split 1, programs_per_sm 1 and
+    nan_fixup "inline" (it recomputes a NaN tile itself).
     ``programs_per_sm``: persistent programs per SM. ``n_split``: the C tile as n_split column blocks of
     block_n / n_split, each its own wgmma chain and fp32 accumulator (the promotion's fresh accumulator is then
     [block_m, block_n / n_split]: fewer registers). ``nan_fixup``: where a tile whose accumulator holds a NaN is
     recomputed by the exact slow path: "inline" (in the GEMM program; its registers then count for the whole
-    kernel: 255 and spills at 128 x 128) or "launch" (the GEMM flags the tile; a fix-up launch recomputes flagged
-    tiles, ~2 us when none is flagged).
+    kernel: 255 and spills at 128 x 128 for "tl") or "launch" (the GEMM flags the tile; a fix-up launch recomputes
+    flagged tiles, ~2 us when none is flagged).
 
     Raises:
-        ValueError: ``n_split`` not 1 or 2; ``nan_fixup`` not "inline" or "launch".
+        ValueError: ``n_split`` not 1 or 2; ``nan_fixup`` not "inline" or "launch"; ``gemm`` not "tl" or "gluon";
+            a "gluon" config outside the values above (block_m 64 or 128, block_n 64 or 128).
     """
 
     block_m: int
@@ -77,12 +84,37 @@ class ExpandConfig:
     programs_per_sm: int = 1
     n_split: int = 1
     nan_fixup: str = "launch"
+    gemm: str = "tl"
 
     def __post_init__(self):
         if self.nan_fixup not in ("inline", "launch"):
             raise ValueError(f"nan_fixup={self.nan_fixup!r}: expected 'inline' or 'launch'")
         if self.n_split not in (1, 2):
             raise ValueError(f"n_split={self.n_split}: expected 1 or 2")
+        if self.gemm not in ("tl", "gluon"):
+            raise ValueError(f"gemm={self.gemm!r}: expected 'tl' or 'gluon'")
+        if self.gemm == "gluon":
+            _runtime.check_int_fields(self, "block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+            want = dict(block_k=PROMOTION_INTERVAL, n_split=1, programs_per_sm=1, nan_fixup="inline",
+                        num_warps=self.block_m // 16)
+            for name, value in want.items():
+                if getattr(self, name) != value:
+                    raise ValueError(f"{name}={getattr(self, name)!r}: gemm='gluon' needs {name}={value!r}")
+            if self.block_m not in (64, 128) or self.block_n not in (64, 128):
+                raise ValueError(f"block_m={self.block_m}, block_n={self.block_n}: gemm='gluon' takes 64 or 128 "
+                                 "each (the fp32 accumulator and two fresh ones stay in registers)")
+            if self.num_stages < 2 or self.group_m < 1:
+                raise ValueError(f"num_stages={self.num_stages}, group_m={self.group_m}: gemm='gluon' needs >= 2 "
+                                 "and >= 1")
+            if self.shared_bytes > 227 * 1024:
+                raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
+
+    @property
+    def shared_bytes(self) -> int:
+        """The "gluon" GEMM's shared memory in bytes: the ring (num_stages x (block_m + block_n) x 128 E4M3FN), the
+        bf16 c tile of the TMA store and the barriers (the build adds a few hundred bytes of reduction scratch)."""
+        return (self.num_stages * (self.block_m + self.block_n) * self.block_k + 2 * self.block_m * self.block_n
+                + 16 * self.num_stages)
 
 
 @dataclass(frozen=True)
@@ -161,16 +193,25 @@ TL_CONFIGS = _runtime.ConfigTable(
 # sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
 # and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once;
 # at M = 32 and 64 two and four 16-row M tiles with the arithmetic decode beat one 32- or 64-row tile decoded
-# through the table: 7.5 vs 9.1 us and 10.3 vs 11.5 us),
-# the `tl` table above it (at M = 100 and 256 the expand path's 64 x 64 tiles beat the Gluon kernel, whose
-# per-N-tile decode of A grows with M). docs/benchmarks.md.
+# through the table: 7.5 vs 9.1 us and 10.3 vs 11.5 us), then the expand path with the Gluon GEMM (the least GPU
+# time per M in `--sweep --paths expand` and in a same-run comparison of the three tiles at M = 256 .. 8192:
+# 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 100 and 256 the expand path beats the swap-AB kernel,
+# whose per-N-tile decode of A grows with M). docs/benchmarks.md.
+def _gluon_gemm(block_m, block_n, stages, group_m=8):
+    """The expand path with the Gluon GEMM (expand_gluon.py)."""
+    return ExpandConfig(block_m, block_n, PROMOTION_INTERVAL, group_m=group_m, num_warps=block_m // 16,
+                        num_stages=stages, nan_fixup="inline", gemm="gluon")
+
+
 CONFIGS = _runtime.ConfigTable(
     rows=(
         (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
         (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
         (64, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
-    ) + tuple(r for r in TL_CONFIGS.rows if r[0] > 64),
-    larger=TL_CONFIGS.larger,
+        (256, _gluon_gemm(64, 64, 8)),
+        (512, _gluon_gemm(64, 128, 6)),
+    ),
+    larger=_gluon_gemm(128, 128, 5),
 )
 
 # Large M when b_fp8 cannot feed TMA descriptors (the host's tma_eligible): the fused kernel's large-M pick.
@@ -184,9 +225,10 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
     """The config a call with M rows runs: ``INTERPRETER_CONFIG`` in the CPU interpreter, else ``CONFIGS.pick(M)``.
 
     ``interpreter``: None means ``_runtime.interpreting()``. N and K do not change the pick (the table is tuned for
-    the workload's N = K = 2048) except that a GluonConfig which does not fit K gives way to the ``TL_CONFIGS``
-    row. The host also takes the ``TL_CONFIGS`` row where the operands' strides or alignment do not fit the Gluon
-    path's TMA descriptors, and ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot feed them.
+    the workload's N = K = 2048) except that a GluonConfig which does not fit K, or a Gluon-GEMM ExpandConfig at
+    K % 128 != 0, gives way to the ``TL_CONFIGS`` row. The host also takes the ``TL_CONFIGS`` row where the
+    operands' strides or alignment (or, for the Gluon GEMM, the output's) do not fit the Gluon kernels' TMA
+    descriptors, and ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot feed them.
     """
     if interpreter is None:
         interpreter = _runtime.interpreting()
@@ -194,6 +236,8 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
         return INTERPRETER_CONFIG
     cfg = CONFIGS.pick(M)
     if isinstance(cfg, GluonConfig) and not cfg.fits(K):
+        cfg = TL_CONFIGS.pick(M)
+    if isinstance(cfg, ExpandConfig) and cfg.gemm == "gluon" and K % cfg.block_k != 0:
         cfg = TL_CONFIGS.pick(M)
     return cfg
 

@@ -21,8 +21,10 @@ from .fused import _mma, _nan_tile
 __all__ = ["PREP_BLOCK_G", "PREP_BLOCK_M", "PREP_WARPS", "sparse_expand_a_kernel", "sparse_gemm_expanded_kernel",
            "sparse_nan_fixup_kernel"]
 
-PREP_BLOCK_M, PREP_BLOCK_G, PREP_WARPS = 32, 128, 4  # decode pre-pass tile, in groups (0.5 B read, 1 B written
-# per element of A)
+# decode pre-pass tile, in groups (0.5 B read, 1 B written per element of A); on the H200 at N = K = 2048, 16 x 128
+# took 3.6 us at M = 1024 against 4.5 for 32 x 128 and 16.1 vs 16.4 at M = 8192 (where every shape tried, 8 x 512
+# to 128 x 64, took 16-19 us: the bytes under the benchmark's write flush)
+PREP_BLOCK_M, PREP_BLOCK_G, PREP_WARPS = 16, 128, 4
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -32,9 +34,14 @@ def sparse_expand_a_kernel(
     M, G,
     stride_am, stride_ag, stride_wm,
     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr,
+    # let the GEMM, launched with programmatic dependent launch (the Gluon GEMM), start as this grid starts: it
+    # loads its first b tiles, then waits for this grid's completion (griddepcontrol.wait) before reading A
+    TRIGGER_DEPENDENTS: tl.constexpr = False,
 ):
     """Dense E4M3FN A from (vals, meta) by the fused kernel's own decode (_a_words), exact, duplicate indices add:
     each group's word holds its 4 bytes in column order (little-endian), so it is stored as one int32."""
+    if TRIGGER_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
     word = _a_words(vals_ptr, meta_ptr, stride_am, stride_ag, offs_m, M, G, tl.program_id(1) * BLOCK_G,

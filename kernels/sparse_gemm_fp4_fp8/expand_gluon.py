@@ -1,0 +1,216 @@
+"""The expand path's Gluon GEMM (``ExpandConfig(gemm="gluon")``, sm_90): persistent, warp-specialized fp8 wgmma
+over the dense E4M3FN A that expand.py's pre-pass writes.
+
+    c[M, N] (bf16) = A8[M, K] @ b[N, K]^T, promoted into fp32 every 128 K-elements, one RNE rounding
+
+* persistent: ``num_programs`` CTAs walk the c tiles [BLOCK_M, BLOCK_N] in grouped order (GROUP_M row tiles
+  share b tiles in L2), every CTA the same walk from its own start.
+* warp specialization: a 1-warp producer partition TMA-loads the A and b tiles of each 128-K step into a
+  STAGES-deep ring ("ready" barriers carry the bytes; "empty" barriers hand a slot back); the default partition
+  (one or two warpgroups stacked along BLOCK_M) only waits, issues wgmma and promotes. The producer runs ahead
+  across tile boundaries, so the next tile's loads overlap this tile's epilogue.
+* promotion that overlaps the tensor cores (as gluon.py): each step's wgmma goes into a fresh accumulator; after
+  the NEXT step's wgmma is issued, ``warpgroup_mma_wait(1)`` retires this one, its result is added into the fp32
+  accumulator and its slot is handed back. The fresh accumulators alternate between two register sets, so a
+  retired one is never copied while the other wgmma runs (ptxas would serialize every wgmma: advisory C7514).
+* programmatic dependent launch (PDL): the pre-pass triggers its dependents as it starts and this kernel is
+  launched with ``launch_pdl``; its producer sends the b tiles of its first tile's first STAGES steps before
+  ``griddepcontrol.wait`` and every A tile after it, so the launch and the b prologue overlap the pre-pass. Nothing else reads what the
+  pre-pass writes, and c is written only after A has been read, so the bits are the same.
+* epilogue: the fp32 tile rounded once to bf16 (RNE) into shared memory, stored by TMA (rows >= M and columns
+  >= N clipped by the descriptor), overlapping the next tile's main loop.
+* NaN policy (package docstring): a dense MMA makes a NaN byte of b poison its whole column, read or not. A tile
+  whose fp32 accumulator holds a NaN is recomputed on CUDA cores from the selected positions only (gluon.py's
+  ``_selected_sum``: exact products, fp32 sums, within the same model) and stored directly.
+
+Numerics: ``hopper_fp8_wgmma_promote(128)``, as every fp8 path of the package. There is no CPU interpreter for
+Gluon: CPU tests build every config for sm_90 (kernels/_sm90.py), GPU tests run it.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .._gluon import store_layout, store_or_reduce, wait_primary
+from .gluon import _selected_sum
+
+__all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "sparse_expanded_ws_kernel"]
+
+BK = gl.constexpr(128)  # K per ring step = the promotion interval
+
+
+def expand_gluon_layouts(config):
+    """The shared-memory layouts of the A [block_m, 128] and b [block_n, 128] E4M3FN tiles (128-byte swizzle, the
+    wgmma operand layout) and of the c tile [block_m, block_n] bf16 (the TMA store's source)."""
+    fp8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+    c = gl.NVMMASharedLayout.get_default_for([config.block_m, config.block_n], gl.bfloat16)
+    return fp8, c
+
+
+def expand_gluon_constexprs(config, pdl: bool = False) -> dict:
+    """``sparse_expanded_ws_kernel``'s constexpr arguments for ``config``, in parameter order (``pdl``: launched
+    with programmatic dependent launch after the pre-pass)."""
+    return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, GROUP_M=config.group_m,
+                num_warps=config.num_warps, PDL=pdl)
+
+
+@gluon.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of linear tile ``tile`` in grouped order: GROUP_M row tiles, then the next N column."""
+    num_in_group = GROUP_M * num_pid_n
+    first_m = (tile // num_in_group) * GROUP_M
+    group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % num_in_group) % group_size, (tile % num_in_group) // group_size
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Producer partition
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              PDL: gl.constexpr):
+    """1 warp: for every K step of every tile of this CTA, wait until its ring slot is empty, then TMA A and b
+    into it. The first pass over the ring waits on parity 1 of fresh barriers, which counts as complete.
+    PDL: the b tiles of the first tile's first min(STAGES, k_steps) steps (b does not depend on the pre-pass) go
+    out before griddepcontrol.wait, their A tiles after it."""
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    pid = gl.program_id(0)
+    head = 0  # K steps of the first tile already issued
+    if PDL:
+        pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+        for j in gl.static_range(STAGES):
+            mbarrier.expect(ready.index(j), nbytes, pred=j < k_steps)
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, j * BK], ready.index(j), b_bufs.index(j),
+                                            pred=j < k_steps)
+        wait_primary()
+        for j in gl.static_range(STAGES):
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, j * BK], ready.index(j), a_bufs.index(j),
+                                            pred=j < k_steps)
+        head = gl.minimum(k_steps, STAGES)
+    step = head
+    for tile in range(pid, num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(head if tile == pid else 0, k_steps):
+            s = step % STAGES
+            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BK], bar, b_bufs.index(s))
+            step += 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Consumer (default) partition
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _issue(a_bufs, b_bufs, ready, step, into, STAGES: gl.constexpr):
+    """Wait for ring step ``step`` and issue its wgmma into a fresh accumulator held in ``into``'s registers
+    (use_acc=False: their value is not read)."""
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), into, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _release(empty, step, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Hand ring step ``step``'s slot back to the producer once its wgmma retired (the arrive is one thread's:
+    with two warpgroups, both retire it first)."""
+    if num_warps > 4:
+        gl.thread_barrier()
+    mbarrier.arrive(empty.index(step % STAGES), count=1)
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr,
+              M, N, num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              num_warps: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    gl.assume(k_steps >= 1)
+    step = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs ----
+        acc = zero
+        pa = _issue(a_bufs, b_bufs, ready, step, zero, STAGES)  # step 0 of the tile (peeled)
+        for i in range(1, k_steps - 1, 2):  # two steps per iteration: pa carried, pb local (C7514)
+            pb = _issue(a_bufs, b_bufs, ready, step + i, zero, STAGES)
+            ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
+            acc = acc + ra
+            _release(empty, step + i - 1, STAGES, num_warps)
+            pa = _issue(a_bufs, b_bufs, ready, step + i + 1, ra, STAGES)  # into step i - 1's registers
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
+            _release(empty, step + i, STAGES, num_warps)
+        if k_steps % 2 == 0:  # one step left over: k_steps - 1
+            pb = _issue(a_bufs, b_bufs, ready, step + k_steps - 1, zero, STAGES)
+            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
+            _release(empty, step + k_steps - 2, STAGES, num_warps)
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
+        else:
+            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
+        _release(empty, step + k_steps - 1, STAGES, num_warps)
+        step += k_steps
+
+        # ---- epilogue: the previous tile's TMA store has read c_smem; this tile's NaN check, then its store ----
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        has_nan = gl.max(gl.max((acc != acc).to(gl.int32), axis=1), axis=0)
+        tma.store_wait(pendings=0)
+        gl.thread_barrier()
+        if has_nan != 0:  # recomputed in column chunks of 16 rows of c (few registers: a rare path)
+            st_layout: gl.constexpr = store_layout(BLOCK_N, 16, num_warps)
+            for m0 in range(off_m, gl.minimum(off_m + BLOCK_M, M), 16):
+                part = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, m0, M, N, 0,
+                                     k_steps * (BK // 4), BLOCK_N, 16, st_layout)
+                store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, 0, 0, 1.0,
+                                BLOCK_N, 16, 1, False, num_warps)
+        else:
+            c_smem.store(acc.to(gl.bfloat16))  # one RNE rounding
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's part of the tile is in c_smem before the one-thread TMA store
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+    tma.store_wait(pendings=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit(do_not_specialize=["M"])  # one build for every M of a config
+def sparse_expanded_ws_kernel(
+    # TMA descriptors: dense A [M, K] E4M3FN (block [BLOCK_M, 128]), b [N, K] E4M3FN (block [BLOCK_N, 128]),
+    # c [M, N] bf16 (block [BLOCK_M, BLOCK_N])
+    a_desc, b_desc, c_desc,
+    # the operands as pointers for the NaN recompute: b, vals and meta [M, K/4], c
+    b_ptr, vals_ptr, meta_ptr, c_ptr,
+    # sizes and strides (elements): K steps of 128 in all
+    M, N, k_steps, stride_bn, stride_am, stride_cm,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+    num_warps: gl.constexpr, PDL: gl.constexpr = False,
+):
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BK], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N,
+                      num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm, BLOCK_M, BLOCK_N, STAGES,
+                      GROUP_M, num_warps)),
+         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps, BLOCK_M,
+                      BLOCK_N, STAGES, GROUP_M, PDL))],
+        [1], [40])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
