@@ -174,7 +174,8 @@ def _run_verify(args, workloads, console, state) -> int:
                       num(r.max_err_over_bound, ".3g"), num(r.max_ulps, ".3g"),
                       "-" if r.bitwise_equal_pct != r.bitwise_equal_pct else f"{r.bitwise_equal_pct:.2f}%",
                       num(r.sqnr_db, ".1f"), "-" if integrity else verdict(r.fib_ok),
-                      "-" if integrity else verdict(r.sol_ok), verdict(r.fp4ref_ok))
+                      "-" if integrity else verdict(r.sol_ok),
+                      "[yellow]not run[/]" if r.not_run else verdict(r.fp4ref_ok))
     console.print(table)
     console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
     for r in result.rows:

@@ -56,6 +56,9 @@ class Row:
     k: int = 0
     kind: str = "numeric"  # or "integrity" (family "integrity:<check>"; FIB/SOL repeat the verdict)
     diagnosis: list = field(default_factory=list)  # fp4ref.diagnose bug names when the check failed
+    # An integrity check that could not run (the first call gave no output to check): its verdict is "not run",
+    # not FAIL; fp4ref_ok stays False, as nothing was verified.
+    not_run: bool = False
 
 
 @dataclass
@@ -406,8 +409,9 @@ def verify(
             for row in rows:
                 result.rows.append(row)
                 if progress is not None:
-                    progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: "
-                                f"{'pass' if row.fp4ref_ok else 'FAIL'} ({row.seconds:.1f} s)")
+                    word = "pass" if row.fp4ref_ok else "not run" if row.not_run else "FAIL"
+                    progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: {word} "
+                                f"({row.seconds:.1f} s)")
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted):
             raise
@@ -525,7 +529,7 @@ def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> li
     row.seconds = time.perf_counter() - t0
     if case.integrity and not extra:  # the first example never reached the checks: they cannot pass
         extra = [Row(workload=w.name, m=case.m, family=f"integrity:{c}", model=case.model, n=case.n, k=case.k,
-                     fp4ref_ok=False, fib_ok=False, sol_ok=False, kind="integrity",
+                     fp4ref_ok=False, fib_ok=False, sol_ok=False, kind="integrity", not_run=True,
                      note=f"not run: the first call failed ({row.note})") for c in INTEGRITY_CHECKS]
     return [row] + extra
 

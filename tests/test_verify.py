@@ -147,8 +147,26 @@ def test_notes_are_never_truncated_and_the_table_names_the_comparison_columns(tm
     # not a terminal: one plain progress line per row (1 numeric + 6 integrity), counted and named
     progress = [ln for ln in lines if ln.startswith("[") and " s] gemm_n3072_k2048 M=1 " in ln]
     assert len(progress) == 7 and progress[0].startswith("[1/7 ") and progress[0].endswith(")")
-    assert "public: FAIL" in progress[0] and "integrity:inputs_unchanged: FAIL" in progress[1]
+    assert "public: FAIL" in progress[0] and "integrity:inputs_unchanged: not run" in progress[1]
     assert "FIB" in TABLE_CAPTION and "SOL" in TABLE_CAPTION and "comparison" in TABLE_CAPTION
+
+
+@pytest.mark.parametrize("bad", ["raises_long", "returns_none"])
+def test_integrity_rows_are_not_run_when_the_first_call_fails(tmp_path, capsys, bad):
+    # no output to check: the integrity verdicts are "not run", not FAIL; the run still fails (exit 1)
+    status, rep = _run(tmp_path, "--workload", "gemm_n3072_k2048", "--kernel", f"tests._verify_kernels:{bad}",
+                       "--device", "cpu", "--sizes", "1", "--families", "public")
+    assert status == 1 and rep["ok"] is False and set(rep["integrity"]) == set(V.INTEGRITY_CHECKS)
+    assert rep["rows"][0]["not_run"] is False and rep["rows"][0]["fp4ref_ok"] is False
+    assert all(r["not_run"] and not r["fp4ref_ok"] and r["note"].startswith("not run: ")
+               for r in rep["integrity"].values())
+    lines = capsys.readouterr().out.splitlines()
+    table = [ln for ln in lines if ln.startswith("│ gemm_n3072_k2048 ")]
+    assert len(table) == 7 and table[0].endswith(" FAIL │")  # the numeric row: the kernel's call failed
+    assert all(ln.endswith(" not run │") for ln in table[1:]), table
+    progress = [ln for ln in lines if " s] gemm_n3072_k2048 M=1 " in ln and "integrity:" in ln]
+    assert len(progress) == 6 and all(": not run (" in ln for ln in progress), progress
+    assert lines[-1] == "verification FAILED"
 
 
 def test_failing_row_note_leads_with_the_failed_count(tmp_path):
