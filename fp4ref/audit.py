@@ -404,8 +404,10 @@ def _print_table(report: AuditReport) -> None:
     for col in ("tensor", "shape", "checks", "reference"):
         t.add_column(col)
     for r in report.tensors:
-        checks = "ok" if r.clean else "; ".join(f"{f.check}: {f.detail}" for f in r.findings)
-        t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(r.reference))
+        # a failed reference check is shown once: in the reference column, with its detail
+        ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference
+        checks = "; ".join(f"{f.check}: {f.detail}" for f in r.findings if f.check != "reference") or "ok"
+        t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(ref))
     console = Console(width=160)
     console.print(t)
     bad = sum(not r.clean for r in report.tensors)

@@ -243,6 +243,19 @@ def test_a_bad_global_scale_is_shown_with_its_tensor_and_value(made, tmp_path, c
     assert f"'{QKV[0]}': [{text}]" in out, out  # the fused members' values, the bad one included
 
 
+def test_a_failed_reference_check_is_shown_once(made, tmp_path, capsys):
+    """A --reference mismatch is in the reference column, with its recipe; the checks column does not repeat it."""
+    bad = copy(made, "mo", tmp_path)
+    patch(bad, O_PROJ[: -len("weight")] + "weight_scale_2", lambda a: a.view(np.float32).__imul__(2))
+    assert main(["audit", str(bad), "--reference", str(made / "in")]) == 1
+    out = capsys.readouterr().out
+    assert out.count("differs") == 1 and out.count("recipe/mode") == 1, out
+    assert set(checks_column(out).split()) == {"ok"}, out  # the other checks pass on every tensor
+    reference = " ".join(ln.split("│")[4].strip() for ln in out.splitlines() if ln.count("│") == 5)
+    assert "differs: 0 code byte(s), 0 scale byte(s), 1 global scale(s) (recipe/mode modelopt)" in reference, out
+    assert out.splitlines()[-1] == "1 of 20 tensor(s) FAIL"
+
+
 @pytest.mark.parametrize("layout", ["mo", "fp"])
 @pytest.mark.parametrize("block", ["banana", "0", "32"])
 def test_a_wrong_block_in_the_metadata_is_a_finding(made, made_fp4ref, tmp_path, layout, block):
