@@ -164,7 +164,9 @@ def _run_verify(args, workloads, console, state) -> int:
     table = Table(title=title)
     for col in ("workload", "M", "N", "K", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
                 "SQNR dB", "FIB", "SOL", "fp4ref"):
-        table.add_column(col, justify="right" if col not in ("workload", "family") else "left")
+        # names fold over lines in a narrow terminal instead of being cut short ("sp…")
+        name = col in ("workload", "family")
+        table.add_column(col, justify="left" if name else "right", overflow="fold" if name else "ellipsis")
     verdict = lambda ok: "[green]pass[/]" if ok else "[red]FAIL[/]"
     num = lambda x, f: "-" if x != x else format(x, f)  # NaN: no example completed
     for r in result.rows:

@@ -169,6 +169,27 @@ def test_integrity_rows_are_not_run_when_the_first_call_fails(tmp_path, capsys, 
     assert lines[-1] == "verification FAILED"
 
 
+def test_table_keeps_whole_workload_and_family_names_on_a_narrow_terminal(monkeypatch, capsys):
+    # an 80-column terminal: the long names fold over lines in their cells, never cut to "sp…"
+    import rich.console
+
+    class Narrow(rich.console.Console):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "width": 80})
+
+    names = [("sparse_gemm_fp4_fp8_n2048_k2048", "public"),
+             ("nvfp4_linear_n8192_k8192", "integrity:fresh_inputs_same_buffers")]
+    rows = [V.Row(workload=w, m=1, family=f, n=128, k=2048, examples=1) for w, f in names]
+    res = V.VerifyResult(rows=rows, settings={"gpu": None, "device": "cpu", "examples": 1, "seed": 0})
+    monkeypatch.setattr(rich.console, "Console", Narrow)
+    monkeypatch.setattr(V, "verify", lambda *a, **kw: res)
+    assert main([*GEMM, "--device", "cpu", "--sizes", "1"]) == 0
+    cells = [ln.split("│") for ln in capsys.readouterr().out.splitlines() if ln.count("│") == 15]
+    assert cells and max(len("│".join(c)) for c in cells) <= 80
+    assert "".join(c[1].strip() for c in cells) == "".join(w for w, _ in names)
+    assert "".join(c[5].strip() for c in cells) == "".join(f for _, f in names)
+
+
 def test_failing_row_note_leads_with_the_failed_count(tmp_path):
     # truncating_store on exact_acc: the note starts with how many elements are not correctly rounded, counted
     # here independently from the same operands
