@@ -1,6 +1,7 @@
 """Gluon helpers shared by the kernels of gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear: the c^T tile's store
 layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue scale;
-the wait of a programmatic dependent launch.
+the wait of a programmatic dependent launch; the grouped tile walk, TMA producer partition, slot release and
+TMA-store epilogue of a persistent, warp-specialized C = A @ B^T (sparse_gemm_fp4_fp8's expand path).
 
 Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-__all__ = ["store_layout", "store_or_reduce", "wait_primary", "workspace_elements"]
+__all__ = ["grouped_tile", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
+           "wait_primary", "workspace_elements"]
 
 
 @gluon.jit
@@ -90,3 +93,74 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
                 dst = c_ptr + gl.expand_dims(m_idx, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + r_n, 1)
                 gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Persistent, warp-specialized GEMMs: grouped tile walk, TMA producer partition, slot release
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of linear tile ``tile`` in grouped order: GROUP_M row tiles, then the next N column (row
+    tiles that share B's column tiles run close together, so B stays in L2)."""
+    num_in_group = GROUP_M * num_pid_n
+    first_m = (tile // num_in_group) * GROUP_M
+    group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % num_in_group) % group_size, (tile % num_in_group) // group_size
+
+
+@gluon.jit
+def tma_ring_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                      GROUP_M: gl.constexpr, PDL: gl.constexpr):
+    """Producer partition (1 warp) of C = A @ B^T: for every K step of every tile this CTA owns (tiles pid, pid +
+    programs, ... in ``grouped_tile`` order), wait until its ring slot is empty, then TMA A[off_m:+BLOCK_M,
+    k:+BLOCK_K] and B[off_n:+BLOCK_N, k:+BLOCK_K] into it; ``ready`` barriers carry the bytes, the consumers
+    arrive on ``empty`` (``release_slot``). The first pass over the ring waits on parity 1 of fresh barriers,
+    which counts as complete. PDL: launched after a grid that writes A (programmatic dependent launch), the B
+    tiles of the first tile's first min(STAGES, k_steps) steps go out before griddepcontrol.wait, every A tile
+    after it."""
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    pid = gl.program_id(0)
+    head = 0  # K steps of the first tile already issued
+    if PDL:
+        pid_m, pid_n = grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+        for j in gl.static_range(STAGES):
+            mbarrier.expect(ready.index(j), nbytes, pred=j < k_steps)
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, j * BLOCK_K], ready.index(j), b_bufs.index(j),
+                                            pred=j < k_steps)
+        wait_primary()
+        for j in gl.static_range(STAGES):
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, j * BLOCK_K], ready.index(j), a_bufs.index(j),
+                                            pred=j < k_steps)
+        head = gl.minimum(k_steps, STAGES)
+    step = head
+    for tile in range(pid, num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        for kk in range(head if tile == pid else 0, k_steps):
+            s = step % STAGES
+            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BLOCK_K], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BLOCK_K], bar, b_bufs.index(s))
+            step += 1
+
+
+@gluon.jit
+def release_slot(empty, step, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Consumer side: hand ring step ``step``'s slot back to ``tma_ring_producer`` once the wgmma reading it
+    retired (an mbarrier arrive is one thread's: with two warpgroups, both retire it first)."""
+    if num_warps > 4:
+        gl.thread_barrier()
+    mbarrier.arrive(empty.index(step % STAGES), count=1)
+
+
+@gluon.jit
+def tma_store_tile(tile, c_smem, c_desc, off_m, off_n):
+    """Round the fp32 tile [BLOCK_M, BLOCK_N] once to c's dtype (RNE) into ``c_smem`` and TMA-store it at
+    c[off_m, off_n] (rows and columns past c's shape are clipped). The caller has waited for the previous store
+    from ``c_smem`` (``tma.store_wait`` and a barrier); this store is waited for by the next one, or at the end."""
+    c_smem.store(tile.to(c_desc.dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # every warp's part of the tile is in c_smem before the one-thread TMA store
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout, store_or_reduce, wait_primary
+from .._gluon import grouped_tile, release_slot, store_layout, store_or_reduce, tma_ring_producer, tma_store_tile
 from .gluon import _selected_sum
 
 __all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "sparse_expanded_ws_kernel"]
@@ -56,53 +56,6 @@ def expand_gluon_constexprs(config, pdl: bool = False) -> dict:
                 num_warps=config.num_warps, PDL=pdl)
 
 
-@gluon.jit
-def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """(pid_m, pid_n) of linear tile ``tile`` in grouped order: GROUP_M row tiles, then the next N column."""
-    num_in_group = GROUP_M * num_pid_n
-    first_m = (tile // num_in_group) * GROUP_M
-    group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile % num_in_group) % group_size, (tile % num_in_group) // group_size
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Producer partition
-# ---------------------------------------------------------------------------------------------------------------
-@gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              PDL: gl.constexpr):
-    """1 warp: for every K step of every tile of this CTA, wait until its ring slot is empty, then TMA A and b
-    into it. The first pass over the ring waits on parity 1 of fresh barriers, which counts as complete.
-    PDL: the b tiles of the first tile's first min(STAGES, k_steps) steps (b does not depend on the pre-pass) go
-    out before griddepcontrol.wait, their A tiles after it."""
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    pid = gl.program_id(0)
-    head = 0  # K steps of the first tile already issued
-    if PDL:
-        pid_m, pid_n = _tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
-        for j in gl.static_range(STAGES):
-            mbarrier.expect(ready.index(j), nbytes, pred=j < k_steps)
-            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, j * BK], ready.index(j), b_bufs.index(j),
-                                            pred=j < k_steps)
-        wait_primary()
-        for j in gl.static_range(STAGES):
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, j * BK], ready.index(j), a_bufs.index(j),
-                                            pred=j < k_steps)
-        head = gl.minimum(k_steps, STAGES)
-    step = head
-    for tile in range(pid, num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        for kk in range(head if tile == pid else 0, k_steps):
-            s = step % STAGES
-            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, kk * BK], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, kk * BK], bar, b_bufs.index(s))
-            step += 1
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Consumer (default) partition
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,15 +69,6 @@ def _issue(a_bufs, b_bufs, ready, step, into, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _release(empty, step, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Hand ring step ``step``'s slot back to the producer once its wgmma retired (the arrive is one thread's:
-    with two warpgroups, both retire it first)."""
-    if num_warps > 4:
-        gl.thread_barrier()
-    mbarrier.arrive(empty.index(step % STAGES), count=1)
-
-
-@gluon.jit
 def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr,
               M, N, num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
@@ -135,7 +79,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
     gl.assume(k_steps >= 1)
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs ----
         acc = zero
         pa = _issue(a_bufs, b_bufs, ready, step, zero, STAGES)  # step 0 of the tile (peeled)
@@ -143,18 +87,18 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
             pb = _issue(a_bufs, b_bufs, ready, step + i, zero, STAGES)
             ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
             acc = acc + ra
-            _release(empty, step + i - 1, STAGES, num_warps)
+            release_slot(empty, step + i - 1, STAGES, num_warps)
             pa = _issue(a_bufs, b_bufs, ready, step + i + 1, ra, STAGES)  # into step i - 1's registers
             acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
-            _release(empty, step + i, STAGES, num_warps)
+            release_slot(empty, step + i, STAGES, num_warps)
         if k_steps % 2 == 0:  # one step left over: k_steps - 1
             pb = _issue(a_bufs, b_bufs, ready, step + k_steps - 1, zero, STAGES)
             acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
-            _release(empty, step + k_steps - 2, STAGES, num_warps)
+            release_slot(empty, step + k_steps - 2, STAGES, num_warps)
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
         else:
             acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
-        _release(empty, step + k_steps - 1, STAGES, num_warps)
+        release_slot(empty, step + k_steps - 1, STAGES, num_warps)
         step += k_steps
 
         # ---- epilogue: the previous tile's TMA store has read c_smem; this tile's NaN check, then its store ----
@@ -171,10 +115,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
                 store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, 0, 0, 1.0,
                                 BLOCK_N, 16, 1, False, num_warps)
         else:
-            c_smem.store(acc.to(gl.bfloat16))  # one RNE rounding
-            fence_async_shared()
-            gl.thread_barrier()  # every warp's part of the tile is in c_smem before the one-thread TMA store
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)
+            tma_store_tile(acc, c_smem, c_desc, off_m, off_n)  # one RNE rounding to bf16
     tma.store_wait(pendings=0)
 
 
@@ -208,8 +149,8 @@ def sparse_expanded_ws_kernel(
         [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N,
                       num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm, BLOCK_M, BLOCK_N, STAGES,
                       GROUP_M, num_warps)),
-         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps, BLOCK_M,
-                      BLOCK_N, STAGES, GROUP_M, PDL))],
+         (tma_ring_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps,
+                              BLOCK_M, BLOCK_N, BK, STAGES, GROUP_M, PDL))],
         [1], [40])
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
