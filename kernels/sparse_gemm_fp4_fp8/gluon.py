@@ -236,8 +236,7 @@ def sparse_swapab_kernel(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 32])
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
     acc = zero
-    mbarrier.wait(ready.index(0), 0)  # step 0 (peeled: from here on one wgmma group is always in flight)
-    pa = warpgroup_mma(b_smem.index(0), a_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    pa = _step_mma(b_smem, a_smem, ready, 0, zero, STAGES)  # step 0, peeled: from here on one group is in flight
     if STAGES - 1 < nk:  # the ring's last slot was never filled
         _issue_b(b_desc, b_smem.index(STAGES - 1), ready.index(STAGES - 1), off_n, (ks0 + STAGES - 1) * BK)
     # two steps per iteration, their fresh accumulators alternating between two register sets (pa carried, pb
