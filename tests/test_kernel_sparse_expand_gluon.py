@@ -16,14 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from fp4ref.bounds import check
-from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
-from fp4ref.kernels import _runtime
 from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.sparse_gemm_fp4_fp8.expand_gluon import (expand_gluon_constexprs, expand_gluon_layouts,
                                                               sparse_expanded_ws_kernel)
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+from _sparse_gpu import assert_ok, check_any_bytes, random_operands, run_poisoned  # tests/_sparse_gpu.py
 
 ExpandConfig = mod.ExpandConfig
 ON_GPU = torch.cuda.is_available()
@@ -135,36 +133,6 @@ def test_refused_off_the_gpu():
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
 
 
-def _b_bytes(rng, n, k, nan_rate=0.0):
-    """Random finite E4M3FN bytes, optionally NaN bytes (0x7F / 0xFF) at rate nan_rate."""
-    b = rng.integers(0, 256, (n, k), dtype=np.uint8)
-    b[(b & 0x7F) == 0x7F] ^= 0x01
-    if nan_rate:
-        hit = rng.random((n, k)) < nan_rate
-        b[hit] = np.where(rng.random((n, k)) < 0.5, 0x7F, 0xFF).astype(np.uint8)[hit]
-    return b
-
-
-def _run(vals, meta, b, cfg):
-    """The path on numpy bytes into a NaN-poisoned output, with the dense-A workspace poisoned (NaN bytes)."""
-    dev = torch.device("cuda")
-    _runtime.workspace(dev, _runtime.current_stream(dev), mod.WS_DENSE_A, 16,
-                       torch.float8_e4m3fn).view(torch.uint8).fill_(0x7F)
-    v = torch.from_numpy(np.ascontiguousarray(vals).view(np.int8)).cuda()
-    t = torch.from_numpy(np.ascontiguousarray(meta).view(np.int8)).cuda()
-    bb = torch.from_numpy(np.ascontiguousarray(b)).cuda().view(torch.float8_e4m3fn)
-    out = torch.full((v.shape[0], bb.shape[0]), NAN, dtype=torch.bfloat16, device="cuda")
-    assert mod.sparse_gemm_fp4_fp8(v, t, bb, cfg, out=out) is out
-    return out.cpu()
-
-
-def _assert_ok(c, vals, meta, b):
-    ref = reference(vals, meta, b)
-    check(c, ref, mod.NUMERIC_CONTRACT.model, output_rounding="rne", poison=NAN).assert_ok()
-    np.testing.assert_array_equal(np.isnan(c.float().numpy()), np.isnan(ref.exact))
-    return ref
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("M, n, k, cfg", [
@@ -175,17 +143,7 @@ def _assert_ok(c, vals, meta, b):
     (2053, 2048, 2048, XG(128, 128, 5, group_m=16)),  # 17 x 16 tiles, ragged last group
 ])
 def test_shapes_any_bytes_and_nan(M, n, k, cfg):
-    rng = np.random.default_rng(M * 7 + n)
-    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    for nan_rate in (0.0, 40 / (n * k)):  # about 40 NaN bytes: some columns NaN in the rows that select them
-        b = _b_bytes(rng, n, k, nan_rate)
-        c1 = _run(vals, meta, b, cfg)
-        c2 = _run(vals, meta, b, cfg)
-        assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
-        ref = _assert_ok(c1, vals, meta, b)
-        if nan_rate:
-            assert np.isnan(ref.exact).any() and not np.isnan(ref.exact).all()
+    check_any_bytes(M, n, k, cfg, 40 / (n * k))  # about 40 NaN bytes: some columns NaN in the rows that select them
 
 
 @pytest.mark.gpu
@@ -202,7 +160,7 @@ def test_nan_selected_vs_pruned():
     meta[:4, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
     vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group: + (1 + 4)
     for cfg in (XG(64, 64, 2), XG(128, 128, 3)):
-        c = _run(vals, meta, b, cfg).float().numpy()
+        c = run_poisoned(vals, meta, b, cfg).float().numpy()
         rest = 5.0
         assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
         assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + rest and c[3, 5] == 0.5 * 1 + 1.0 * 4 + rest
@@ -215,41 +173,17 @@ def test_nan_selected_vs_pruned():
 def test_default_pick_and_fallbacks_on_the_gpu():
     """At M > 64 the default pick is the Gluon GEMM; an output its TMA store cannot write (a column view) and
     K % 128 != 0 take the `tl` row with results within the same model; an explicit config refuses them."""
-    rng = np.random.default_rng(3)
     M, n, k = 100, 256, 512
-    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    b = _b_bytes(rng, n, k)
-    v = torch.from_numpy(vals.view(np.int8)).cuda()
-    t = torch.from_numpy(meta.view(np.int8)).cuda()
-    bb = torch.from_numpy(b).cuda().view(torch.float8_e4m3fn)
-    _assert_ok(mod.sparse_gemm_fp4_fp8(v, t, bb).cpu(), vals, meta, b)
+    (vals, meta, b), (v, t, bb) = random_operands(3, M, n, k)
+    assert_ok(mod.sparse_gemm_fp4_fp8(v, t, bb).cpu(), vals, meta, b)
     wide = torch.full((M, 2 * n), NAN, dtype=torch.bfloat16, device="cuda")
     got = mod.sparse_gemm_fp4_fp8(v, t, bb, out=wide[:, 1::2])  # column stride 2
-    _assert_ok(got.cpu(), vals, meta, b)
+    assert_ok(got.cpu(), vals, meta, b)
     assert torch.isnan(wide[:, 0::2]).all()  # nothing written beside the view
     with pytest.raises(ValueError, match="Gluon GEMM needs"):
         mod.sparse_gemm_fp4_fp8(v, t, bb, XG(64, 64, 2), out=wide[:, 1::2])
     with pytest.raises(ValueError, match="Gluon GEMM needs"):
         mod.sparse_gemm_fp4_fp8(v[:, :124], t[:, :124], bb[:, :496], XG(64, 64, 2))
     got = mod.sparse_gemm_fp4_fp8(v[:, :124], t[:, :124], bb[:, :496]).cpu()
-    _assert_ok(got, vals[:, :124], meta[:, :124], b[:, :496])
+    assert_ok(got, vals[:, :124], meta[:, :124], b[:, :496])
 
-
-def test_prepass_trigger_build():
-    """The pre-pass ahead of the Gluon GEMM lets it start (griddepcontrol.launch_dependents first thing); the
-    `tl` GEMM's pre-pass does not."""
-    from fp4ref.kernels.sparse_gemm_fp4_fp8 import expand
-
-    sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
-           "stride_ag": "constexpr", "stride_wm": "i32"}
-    for trigger in (True, False):
-        ck = compile_for_sm90(expand.sparse_expand_a_kernel, sig,
-                              {"stride_ag": 1, "BLOCK_M": expand.PREP_BLOCK_M, "BLOCK_G": expand.PREP_BLOCK_G,
-                               "TRIGGER_DEPENDENTS": trigger},
-                              num_warps=expand.PREP_WARPS, num_stages=1,
-                              divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
-        ptx = ck.asm["ptx"]
-        assert ("griddepcontrol.launch_dependents" in ptx) == trigger
-        if trigger:
-            assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")

@@ -513,19 +513,25 @@ def test_expand_nan_fixup_compiles_for_sm90(cfg):
     assert "wgmma.mma_async" in ck.asm["ptx"]
 
 
-def test_expand_prepass_compiles_for_sm90():
+@pytest.mark.parametrize("trigger", [False, True], ids=["tl-gemm", "gluon-gemm-pdl"])
+def test_expand_prepass_compiles_for_sm90(trigger):
+    """The pre-pass with 16-byte loads and stores; ahead of the Gluon GEMM it lets it start
+    (griddepcontrol.launch_dependents before any load), ahead of the `tl` GEMM it does not."""
     from fp4ref.kernels._sm90 import compile_for_sm90
 
     sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "a8w_ptr": "*i32", "M": "i32", "G": "i32", "stride_am": "i32",
            "stride_ag": "constexpr", "stride_wm": "i32"}
     ck = compile_for_sm90(expand.sparse_expand_a_kernel, sig,
                           {"stride_ag": 1, "BLOCK_M": expand.PREP_BLOCK_M, "BLOCK_G": expand.PREP_BLOCK_G,
-                           "TRIGGER_DEPENDENTS": False},
+                           "TRIGGER_DEPENDENTS": trigger},
                           num_warps=expand.PREP_WARPS, num_stages=1,
                           divisible_by_16=["vals_ptr", "meta_ptr", "a8w_ptr", "G", "stride_am", "stride_wm"])
     assert ck.asm["cubin"]
     ptx = ck.asm["ptx"]
     assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx  # 16-byte loads of vals/meta, stores of A
+    assert ("griddepcontrol.launch_dependents" in ptx) == trigger
+    if trigger:
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")
     # the duplicate-index sum is built with integer operations: on the H200, triton 3.6's packed fp16 -> E4M3FN
     # conversion gave wrong bytes (0xFC) for this kernel's tiles of >= 64 groups (docs/kernels.md)
     assert "e4m3x2.f16x2" not in ptx

@@ -15,17 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from fp4ref.bounds import check, get_model
-from fp4ref.gemm import sparse_gemm_fp4_fp8 as reference
-from fp4ref.kernels import _runtime
+from fp4ref.bounds import get_model
 from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.sparse_gemm_fp4_fp8.gluon import gluon_constexprs, shared_layouts, sparse_swapab_kernel
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+from _sparse_gpu import assert_ok, b_bytes, check_any_bytes, random_operands, run_poisoned  # tests/_sparse_gpu.py
 
 GluonConfig = mod.GluonConfig
 ON_GPU = torch.cuda.is_available()
-NAN = float("nan")
 N, K = 2048, 2048
 TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
 VARIANTS = [GluonConfig(64, 8, 2, 1), GluonConfig(64, 32, 6, 3), GluonConfig(128, 16, 3, 16),
@@ -149,34 +147,6 @@ def test_gluon_config_refused_off_the_gpu():
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
 
 
-def _b_bytes(rng, n, k, nan_rate=0.0):
-    """Random finite E4M3FN bytes, optionally NaN bytes (0x7F / 0xFF) at rate nan_rate."""
-    b = rng.integers(0, 256, (n, k), dtype=np.uint8)
-    b[(b & 0x7F) == 0x7F] ^= 0x01
-    if nan_rate:
-        hit = rng.random((n, k)) < nan_rate
-        b[hit] = np.where(rng.random((n, k)) < 0.5, 0x7F, 0xFF).astype(np.uint8)[hit]
-    return b
-
-
-def _run(vals, meta, b, cfg):
-    """The Gluon path on numpy bytes into a NaN-poisoned output, with the split-K workspace NaN-poisoned."""
-    dev = torch.device("cuda")
-    _runtime.workspace(dev, _runtime.current_stream(dev), mod.WS_PARTIALS, 1, torch.float32).fill_(NAN)
-    v = torch.from_numpy(np.ascontiguousarray(vals).view(np.int8)).cuda()
-    t = torch.from_numpy(np.ascontiguousarray(meta).view(np.int8)).cuda()
-    bb = torch.from_numpy(np.ascontiguousarray(b)).cuda().view(torch.float8_e4m3fn)
-    out = torch.full((v.shape[0], bb.shape[0]), NAN, dtype=torch.bfloat16, device="cuda")
-    assert mod.sparse_gemm_fp4_fp8(v, t, bb, cfg, out=out) is out
-    return out.cpu()
-
-
-def _assert_ok(c, vals, meta, b):
-    ref = reference(vals, meta, b)
-    check(c, ref, mod.NUMERIC_CONTRACT.model, output_rounding="rne", poison=NAN).assert_ok()
-    return ref
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("cfg", [GluonConfig(128, 64, 4, 4, num_warps=8), GluonConfig(64, 32, 2, 1)], ids=repr)
@@ -185,8 +155,8 @@ def test_every_vals_byte_with_every_meta_byte(cfg):
     vals = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
     meta = np.tile(np.arange(256, dtype=np.uint8)[:, None], (1, 256))
     rng = np.random.default_rng(1)
-    b = _b_bytes(rng, 200, 1024)
-    _assert_ok(_run(vals, meta, b, cfg), vals, meta, b)
+    b = b_bytes(rng, 200, 1024)
+    assert_ok(run_poisoned(vals, meta, b, cfg), vals, meta, b)
 
 
 @pytest.mark.gpu
@@ -203,7 +173,7 @@ def test_nan_selected_vs_pruned():
     vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group (another K slice): + (1 + 4)
     meta[:, 1:] = 0x08
     for cfg in (GluonConfig(64, 8, 2, 1), GluonConfig(64, 8, 2, 2), GluonConfig(128, 8, 4, 1)):
-        c = _run(vals, meta, b, cfg).float().numpy()
+        c = run_poisoned(vals, meta, b, cfg).float().numpy()
         rest = 5.0
         assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
         assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + rest and c[3, 5] == 0.5 * 1 + 1.0 * 4 + rest
@@ -221,17 +191,7 @@ def test_nan_selected_vs_pruned():
     (256, 2048, 2048, GluonConfig(64, 64, 3, 2, num_warps=4)),
 ])
 def test_shapes_any_bytes_and_nan(M, n, k, cfg):
-    rng = np.random.default_rng(M * 7 + n)
-    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    for nan_rate in (0.0, 2e-4):
-        b = _b_bytes(rng, n, k, nan_rate)
-        c1 = _run(vals, meta, b, cfg)
-        c2 = _run(vals, meta, b, cfg)
-        assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
-        ref = _assert_ok(c1, vals, meta, b)
-        if nan_rate:
-            assert np.isnan(ref.exact).any() and not np.isnan(ref.exact).all()
+    check_any_bytes(M, n, k, cfg, 2e-4)
 
 
 @pytest.mark.gpu
@@ -239,20 +199,14 @@ def test_shapes_any_bytes_and_nan(M, n, k, cfg):
 def test_default_pick_and_fallbacks_on_the_gpu():
     """The default pick is the Gluon path at M <= 256; operands its descriptors cannot read (a strided b, an
     unaligned A view) and K % 128 != 0 take the `tl` row with the same results."""
-    rng = np.random.default_rng(3)
     M, n, k = 24, 256, 512
-    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
-    b = _b_bytes(rng, n, k)
-    v = torch.from_numpy(vals.view(np.int8)).cuda()
-    t = torch.from_numpy(meta.view(np.int8)).cuda()
-    bb = torch.from_numpy(b).cuda().view(torch.float8_e4m3fn)
+    (vals, meta, b), (v, t, bb) = random_operands(3, M, n, k)
     want = mod.sparse_gemm_fp4_fp8(v, t, bb).cpu()
-    _assert_ok(want, vals, meta, b)
+    assert_ok(want, vals, meta, b)
     wide = torch.zeros(n, 2 * k, dtype=torch.uint8, device="cuda")
     wide[:, 1::2] = bb.view(torch.uint8)  # b with stride 2 along K: not a TMA operand
     got = mod.sparse_gemm_fp4_fp8(v, t, wide[:, 1::2].view(torch.float8_e4m3fn)).cpu()
-    _assert_ok(got, vals, meta, b)
+    assert_ok(got, vals, meta, b)
     with pytest.raises(ValueError, match="gluon_eligible"):
         mod.sparse_gemm_fp4_fp8(v, t, wide[:, 1::2].view(torch.float8_e4m3fn), GluonConfig(BLOCK_M=32))
     with pytest.raises(ValueError, match="K % 128"):

@@ -15,8 +15,8 @@ over the dense E4M3FN A that expand.py's pre-pass writes.
   retired one is never copied while the other wgmma runs (ptxas would serialize every wgmma: advisory C7514).
 * programmatic dependent launch (PDL): the pre-pass triggers its dependents as it starts and this kernel is
   launched with ``launch_pdl``; its producer sends the b tiles of its first tile's first STAGES steps before
-  ``griddepcontrol.wait`` and every A tile after it, so the launch and the b prologue overlap the pre-pass. Nothing else reads what the
-  pre-pass writes, and c is written only after A has been read, so the bits are the same.
+  ``griddepcontrol.wait`` and every A tile after it, so the launch and the b prologue overlap the pre-pass.
+  Nothing else reads what the pre-pass writes, and c is written only after A has been read: the same bits.
 * epilogue: the fp32 tile rounded once to bf16 (RNE) into shared memory, stored by TMA (rows >= M and columns
   >= N clipped by the descriptor), overlapping the next tile's main loop.
 * NaN policy (package docstring): a dense MMA makes a NaN byte of b poison its whole column, read or not. A tile
