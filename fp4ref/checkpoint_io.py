@@ -386,15 +386,22 @@ class OutputLocation:
     does not replace, or any subdirectory (fp4ref writes none), are refused rather than deleted. Temporary siblings
     left by a run that was killed (its process id no longer running) are removed by :meth:`create`.
 
+    ``input_dir``: the input checkpoint's directory (a model directory or an index's), or None for a lone file: an
+    output inside it is refused (the input directory is never modified).
+
     Raises:
-        CheckpointError: target exists without force; its directory is missing; target is (or holds) the input;
-            an existing target directory holds a subdirectory, or (at publish) names the new output does not have.
+        CheckpointError: target exists without force; its directory is missing; target is (or holds) the input,
+            or lies inside ``input_dir``; an existing target directory holds a subdirectory, or (at publish) names
+            the new output does not have.
     """
 
-    def __init__(self, target, *, is_dir: bool, force: bool, inputs=()):
+    def __init__(self, target, *, is_dir: bool, force: bool, inputs=(), input_dir=None):
         self.target = Path(target)
         self.is_dir = is_dir
         parent = self.target.parent
+        if input_dir is not None and self.target.resolve().is_relative_to(Path(input_dir).resolve()):
+            raise CheckpointError(f"output path {str(self.target)!r} is inside the input directory "
+                                  f"{str(input_dir)!r}, which is never modified; choose a path outside it")
         for src in inputs:
             s = Path(src)
             if self.target.exists() and s.exists() and os.path.samefile(s, self.target):
@@ -413,7 +420,7 @@ class OutputLocation:
             raise CheckpointError(f"output {str(self.target)!r} exists; pass --force (force=True) to replace it")
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
-                                  "directories)")
+                                  "parent directories)")
         if self.target.is_dir() and not self.target.is_symlink():
             subdirs = sorted(e.name for e in os.scandir(self.target) if e.is_dir(follow_symlinks=False))
             if subdirs:

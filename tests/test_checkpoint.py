@@ -316,6 +316,31 @@ def test_existing_output_needs_force_and_nothing_partial_remains(src, tmp_path, 
     assert _listing(tmp_path) == ["o"]  # no temporary directory left
 
 
+def test_an_output_inside_the_input_directory_is_refused(src, modelopt_out, capsys):
+    """The input model directory is never modified: an output path inside it (with or without --force, quantize
+    or --dequantize) is refused and nothing appears there."""
+    root, _ = src
+    for inp, out, extra in ((root, root / "q", []), (root, root / "q", ["--force"]),
+                            (root, root / "sub" / ".." / "q2", ["--checkpoint-format", "fp4ref"]),
+                            (modelopt_out, modelopt_out / "d", ["--dequantize"])):
+        before = _listing(inp)
+        assert main([str(inp), "-o", str(out), "--quiet"] + extra) == 2, out
+        err = capsys.readouterr().err
+        assert "is inside the input directory" in err, err
+        assert _listing(inp) == before
+    before = _listing(root)
+    # a lone shard given as a file: its output may go beside it (the usual model.nvfp4.safetensors), not refused
+    assert "inside the input directory" not in str(
+        _output_error(root / SHARD1, root / "lone.nvfp4.safetensors", capsys))
+    (root / "lone.nvfp4.safetensors").unlink()
+    assert _listing(root) == before
+
+
+def _output_error(inp, out, capsys) -> str:
+    main([str(inp), "-o", str(out), "--quiet", "--checkpoint-format", "fp4ref"])
+    return capsys.readouterr().err
+
+
 def test_an_output_of_the_wrong_kind_is_named_before_force(src, tmp_path, capsys):
     """A directory where the output file goes (or a file where the output directory goes) is refused with that
     reason, not with a --force hint that would only lead to it."""
