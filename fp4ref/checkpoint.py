@@ -1101,8 +1101,9 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
         g = shard_of(layer.global_).read_array(layer.global_).astype(np.float64).reshape(-1)
         gv = g[e] if g.size > 1 else g[0]
         if not (np.isfinite(gv) and gv > 0):
-            raise QuantizeFileError(f"{layer.global_}: global scale {float(gv)!r} (expert {e}) is not a finite "
-                                    "positive number")
+            which = f" (expert {e})" if g.size > 1 else ""  # a per-expert global scale names its expert
+            raise QuantizeFileError(f"{layer.global_}: global scale {float(gv)!r}{which} is not a finite positive "
+                                    "number")
         if layer.checkpoint_format == "compressed-tensors":
             gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
         out = vals.reshape(r1 - r0, -1, block) * scale[..., None] * gv

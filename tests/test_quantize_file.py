@@ -393,3 +393,26 @@ def test_unknown_option_shows_the_subcommands_usage(command, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"usage: fp4ref {command}") and "unrecognized arguments: --bogus-flag" in err
+
+
+def test_dequantize_refuses_a_bad_global_scale_by_name(tmp_path, capsys):
+    """A global scale that is inf, NaN, 0 or negative is refused naming the tensor (no expert index for a 2-D
+    weight's single scale), nothing written."""
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    q = tmp_path / "q.safetensors"
+    assert main([str(src), "-o", str(q), "--quiet"]) == 0
+    raw = q.read_bytes()
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + hlen])
+    name = next(n for n in header if n.endswith("weight_scale_2"))
+    assert header[name]["dtype"] == "F32"
+    at = 8 + hlen + header[name]["data_offsets"][0]
+    for bad in (np.inf, np.nan, 0.0, -1.0):
+        broken = tmp_path / "broken.safetensors"
+        broken.write_bytes(raw[:at] + np.float32(bad).tobytes() + raw[at + 4:])  # the stored scale, byte for byte
+        out = tmp_path / "d.safetensors"
+        assert main([str(broken), "-o", str(out), "--dequantize"]) == 2
+        err = capsys.readouterr().err
+        assert f"{name}: global scale" in err and "not a finite positive number" in err and "expert" not in err, err
+        assert not out.exists()
