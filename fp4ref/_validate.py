@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from ._interop import to_numpy
+from ._interop import is_torch_tensor, to_numpy
 
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
@@ -45,7 +45,8 @@ def as_code_array(x, name: str, *, nbits: int, allow_int8: bool = False) -> np.n
     if arr.dtype.kind not in "ui":
         hint = ""
         if arr.dtype.kind == "V" or arr.dtype.name.startswith("float8") or arr.dtype.name.startswith("float4"):
-            hint = " (for an ml_dtypes array of raw bytes, pass arr.view(np.uint8))"
+            hint = (" (for a torch tensor's raw bytes, pass t.view(torch.uint8))" if is_torch_tensor(x) else
+                    " (for an ml_dtypes array of raw bytes, pass arr.view(np.uint8))")
         raise TypeError(f"{name} must be an integer array of {nbits}-bit codes, got dtype {arr.dtype}{hint}")
     if arr.size:
         lo, hi = arr.min(), arr.max()

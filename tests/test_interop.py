@@ -30,6 +30,11 @@ def test_fp8_and_fp4_storage_tensors_are_read_as_their_bytes():
         fp4ref.encode(f8, "e2m1")
     np.testing.assert_array_equal(fp4ref.decode(f8.view(torch.uint8), "e4m3fn"),
                                   raw.numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+    # an fp8 tensor where codes are expected: the hint is torch's view, not numpy's
+    with pytest.raises(TypeError, match=r"t\.view\(torch\.uint8\)"):
+        fp4ref.decode(f8, "e4m3fn")
+    with pytest.raises(TypeError, match=r"arr\.view\(np\.uint8\)"):
+        fp4ref.decode(raw.numpy().view(ml_dtypes.float8_e4m3fn), "e4m3fn")
 
 
 def test_ragged_sequence_names_the_argument():
