@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .blockscale import MXMode, NVFP4Recipe
 from .checkpoint import (
@@ -225,11 +226,15 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
             done = "" if args.dry_run else f"; {args.output} is complete"
             print(f"fp4ref quantize: {stop.word} while printing the report{done}", file=sys.stderr)
             return stop.status
+    if args.dry_run and args.output is not None and Path(args.output).exists() and not args.force:
+        print(f"fp4ref quantize: note: {args.output} exists; the run itself needs --force to replace it",
+              file=sys.stderr)
     if not args.dequantize and not args.dry_run and cf != "fp4ref" and open_checkpoint(args.input).config is None:
         carried = "hf_quant_config.json" if cf == "modelopt" else "a config.json holding only quantization_config"
-        print(f"fp4ref quantize: warning: {args.input} has no config.json, so the {cf} output has {carried} but "
-              "not the model's config.json, which vLLM / SGLang need to load it; quantize the model directory "
-              "(config.json + shards) instead", file=sys.stderr)
+        print(f"fp4ref quantize: warning: {args.input} is read as a lone weight file, with no config.json (one "
+              f"beside it is not read), so the {cf} output has {carried} but not the model's config.json, which "
+              "vLLM / SGLang need to load it; quantize the model directory (config.json + shards) instead",
+              file=sys.stderr)
     low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
     if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
         worst = min(low, key=lambda r: r.sqnr_db)

@@ -680,6 +680,12 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
     table = capsys.readouterr().out
     assert "nothing written" in table and "quantized nvfp4" in table and "ignored" in table
     assert _listing(tmp_path) == []
+    # with an output that exists, the plan says the run would need --force (and still writes nothing)
+    (tmp_path / "taken").mkdir()
+    for force, note in (([], True), (["--force"], False)):
+        assert main([str(root), "-o", str(tmp_path / "taken"), "--dry-run", "--quiet"] + force) == 0
+        assert ("exists; the run itself needs --force" in capsys.readouterr().err) == note
+    (tmp_path / "taken").rmdir()
     cases = [
         ([str(root), "-o", str(tmp_path / "o"), "--checkpoint-format", "compressed-tensors", "--recipe", "modelopt"],
          "cannot be stored in compressed-tensors"),
