@@ -92,7 +92,10 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
             strides; ``out`` not [M, N] or overlapping an operand; operands on different devices; an fp8 config
             with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read; an explicit
-            GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects.
+            GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects; an
+            explicit ExpandConfig(gemm="gluon") in the CPU interpreter, with K % 128 != 0, with operands
+            ``gluon_eligible`` rejects or an ``out`` its TMA store cannot write (unit column stride, 16-byte row
+            stride and base).
 
     Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
     plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels

@@ -73,6 +73,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
               M, N, num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
               num_warps: gl.constexpr):
+    """Default partition: the promoted wgmma chain of each tile of this CTA, its NaN check, its epilogue."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
