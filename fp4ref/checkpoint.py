@@ -786,8 +786,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     if not is_dir and target.checkpoint_format != "fp4ref":
         raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
                                 f"shards: give -o a directory (not {str(out)!r})")
-    loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards],
-                         input_dir=None if ckpt.kind == "file" else ckpt.root)
+    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt)
     with Workers(jobs, len(items)) as pool, Progress(progress, "quantize") as bar:
         # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
         q_items = [it for it in items if it.quantized]
@@ -1227,8 +1226,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out)
-    loc = OutputLocation(out, is_dir=is_dir, force=force, inputs=[s.path for s in ckpt.shards],
-                         input_dir=None if ckpt.kind == "file" else ckpt.root)
+    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt)
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
     with Workers(jobs, len(ckpt.weight_map)) as pool, Progress(progress, "quantize --dequantize") as bar:
         with loc.building() as tmp:

@@ -200,8 +200,8 @@ class Shard:
 
 @dataclass
 class Checkpoint:
-    """A checkpoint: its directory (None for a lone file given as such), its shards in order, the tensor -> shard
-    map, the index's own ``metadata``, ``config.json`` (or None) and the other files of the directory to carry
+    """A checkpoint: its directory (a lone file's own directory for ``kind`` "file"), its shards in order, the
+    tensor -> shard map, the index's own ``metadata``, ``config.json`` (or None) and the other files of the directory to carry
     over (tokenizer files and the like; top level only)."""
 
     root: Path
@@ -217,6 +217,12 @@ class Checkpoint:
     def shard_of(self, name: str) -> Shard:
         """The shard holding tensor ``name`` (KeyError for an unknown name)."""
         return self.shards_by_name[self.weight_map[name]]
+
+    @property
+    def input_dir(self) -> Path | None:
+        """The directory read as part of the checkpoint (config.json, carried files): ``root``, or None for a lone
+        file, whose directory is not read."""
+        return None if self.kind == "file" else self.root
 
     @property
     def shards_by_name(self) -> dict:
@@ -386,24 +392,26 @@ class OutputLocation:
     does not replace, or any subdirectory (fp4ref writes none), are refused rather than deleted. Temporary siblings
     left by a run that was killed (its process id no longer running) are removed by :meth:`create`.
 
-    ``input_dir``: the input checkpoint's directory (a model directory or an index's), or None for a lone file: an
-    output inside it is refused (the input directory is never modified).
+    ``source``: the input :class:`Checkpoint` (None: no input to protect). The output may not be one of its shards,
+    hold one, or lie inside its ``input_dir`` (a model directory or an index's is never modified; a lone file's
+    output may go beside it).
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing; target is (or holds) the input,
-            or lies inside ``input_dir``; an existing target directory holds a subdirectory, or (at publish) names
-            the new output does not have.
+        CheckpointError: target exists without force; its directory is missing; target is (or holds) an input
+            shard, or lies inside the input's directory; an existing target directory holds a subdirectory, or (at
+            publish) names the new output does not have.
     """
 
-    def __init__(self, target, *, is_dir: bool, force: bool, inputs=(), input_dir=None):
+    def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None):
         self.target = Path(target)
         self.is_dir = is_dir
         parent = self.target.parent
-        if input_dir is not None and self.target.resolve().is_relative_to(Path(input_dir).resolve()):
+        input_dir = None if source is None else source.input_dir
+        if input_dir is not None and self.target.resolve().is_relative_to(input_dir.resolve()):
             raise CheckpointError(f"output path {str(self.target)!r} is inside the input directory "
                                   f"{str(input_dir)!r}, which is never modified; choose a path outside it")
-        for src in inputs:
-            s = Path(src)
+        for shard in () if source is None else source.shards:
+            s = shard.path
             if self.target.exists() and s.exists() and os.path.samefile(s, self.target):
                 raise CheckpointError(f"output path {str(self.target)!r} is the input; choose another output path")
             if self.target.is_dir() and s.exists() and s.resolve().is_relative_to(self.target.resolve()):
