@@ -80,6 +80,12 @@ def as_float_array(x, name: str) -> np.ndarray:
     return arr
 
 
+def help_description(doc: str | None) -> str:
+    """A command's ``--help`` description from its module docstring: the first paragraph, without RST's double
+    backquotes (argparse prints it as plain text)."""
+    return (doc or "").split("\n\n")[0].replace("``", "")
+
+
 def check_writable(path: str, flag: str, *, force: bool = False) -> None:
     """Raise ValueError naming ``flag`` unless a report file can be written at ``path``, checked before a long run
     (the report is written there at its end) and without truncating an existing file: a usage error found later

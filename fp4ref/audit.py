@@ -35,12 +35,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
-from ._validate import check_writable, sigterm_as_interrupt, write_report
+from ._validate import check_writable, help_description, sigterm_as_interrupt, write_report
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
 
-_DESCRIPTION = (__doc__ or "").split("\n\n")[0].replace("``", "")  # --help: the first paragraph, plain
+_DESCRIPTION = help_description(__doc__)
 
 
 @dataclass

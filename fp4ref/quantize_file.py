@@ -47,7 +47,7 @@ from .checkpoint import (
     print_report,
     quantize_checkpoint,
 )
-from ._validate import Stop, sigterm_as_interrupt
+from ._validate import Stop, help_description, sigterm_as_interrupt
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
     "main",
 ]
 
-_DESCRIPTION = (__doc__ or "").split("\n\n")[0].replace("``", "")  # --help: the first paragraph, plain
+_DESCRIPTION = help_description(__doc__)
 
 
 def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None = None, mode: str | None = None,

@@ -416,3 +416,19 @@ def test_dequantize_refuses_a_bad_global_scale_by_name(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{name}: global scale" in err and "not a finite positive number" in err and "expert" not in err, err
         assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["quantize", "--help"], ["audit", "--help"]])
+def test_help_descriptions_are_plain_text(argv, capsys):
+    """--help prints the command module's first docstring paragraph without RST double backquotes."""
+    from fp4ref import audit, cli, quantize_file
+    from fp4ref._validate import help_description
+
+    assert help_description("A ``b`` c.\n\nMore.") == "A b c."
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    first = (audit if argv[0] == "audit" else quantize_file).__doc__.split("\n\n")[0]
+    assert "``" in first and "``" not in out  # the docstring has RST quotes; the help has none
+    assert " ".join(first.replace("``", "").split())[:60] in out
