@@ -56,6 +56,7 @@ TABLE_CAPTION = ("FIB and SOL: the FlashInfer-Bench and SOL-ExecBench checkers' 
 
 #: The files ``--repro DIR`` writes (fp4ref.repro.write_repro).
 REPRO_FILES = ("repro.py", "inputs.npz")
+_VERDICT_STYLE = {"pass": "[green]pass[/]", "FAIL": "[red]FAIL[/]", "not run": "[yellow]not run[/]"}  # Row.verdict
 
 
 def _cmd_verify(args) -> int:
@@ -167,7 +168,7 @@ def _run_verify(args, workloads, console, state) -> int:
         # names fold over lines in a narrow terminal instead of being cut short ("sp…")
         name = col in ("workload", "family")
         table.add_column(col, justify="left" if name else "right", overflow="fold" if name else "ellipsis")
-    verdict = lambda ok: "[green]pass[/]" if ok else "[red]FAIL[/]"
+    verdict = lambda ok: _VERDICT_STYLE["pass" if ok else "FAIL"]  # FIB and SOL: pass or FAIL
     num = lambda x, f: "-" if x != x else format(x, f)  # NaN: no example completed
     for r in result.rows:
         integrity = r.kind == "integrity"  # no metrics, no public-checker verdicts: fp4ref's own check
@@ -177,7 +178,7 @@ def _run_verify(args, workloads, console, state) -> int:
                       "-" if r.bitwise_equal_pct != r.bitwise_equal_pct else f"{r.bitwise_equal_pct:.2f}%",
                       num(r.sqnr_db, ".1f"), "-" if integrity else verdict(r.fib_ok),
                       "-" if integrity else verdict(r.sol_ok),
-                      "[yellow]not run[/]" if r.not_run else verdict(r.fp4ref_ok))
+                      _VERDICT_STYLE[r.verdict])
     console.print(table)
     console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
     for r in result.rows:

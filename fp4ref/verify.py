@@ -60,6 +60,11 @@ class Row:
     # not FAIL; fp4ref_ok stays False, as nothing was verified.
     not_run: bool = False
 
+    @property
+    def verdict(self) -> str:
+        """fp4ref's verdict as shown: "pass", "not run" or "FAIL"."""
+        return "pass" if self.fp4ref_ok else "not run" if self.not_run else "FAIL"
+
 
 @dataclass
 class VerifyResult:
@@ -409,8 +414,7 @@ def verify(
             for row in rows:
                 result.rows.append(row)
                 if progress is not None:
-                    word = "pass" if row.fp4ref_ok else "not run" if row.not_run else "FAIL"
-                    progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: {word} "
+                    progress(1, f"{row.workload} M={row.m} N={row.n} K={row.k} {row.family}: {row.verdict} "
                                 f"({row.seconds:.1f} s)")
     except KeyboardInterrupt as exc:
         if isinstance(exc, Interrupted):
