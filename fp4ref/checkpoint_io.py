@@ -201,8 +201,8 @@ class Shard:
 @dataclass
 class Checkpoint:
     """A checkpoint: its directory (a lone file's own directory for ``kind`` "file"), its shards in order, the
-    tensor -> shard map, the index's own ``metadata``, ``config.json`` (or None) and the other files of the directory to carry
-    over (tokenizer files and the like; top level only)."""
+    tensor -> shard map, the index's own ``metadata``, ``config.json`` (or None) and the other files of the
+    directory to carry over (tokenizer files and the like; top level only)."""
 
     root: Path
     kind: str  # "file" | "index" | "directory"

@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["Timing", "call_span_us", "idle_inside", "time_gpu", "host_us_per_call", "l2_flush_buffer", "flush_l2_cache", "time_cuda",
-           "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
+__all__ = ["Timing", "call_span_us", "idle_inside", "time_gpu", "host_us_per_call", "l2_flush_buffer",
+           "flush_l2_cache", "time_cuda", "gpu_time_graph", "print_table", "geomean", "compile_in_pool"]
 
 _FLUSH_BUFFERS: dict = {}
 

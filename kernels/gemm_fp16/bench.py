@@ -9,10 +9,10 @@
         # check and benchmark the --m sizes with it. Nothing is re-tuned at import: paste the table.
 
 Timing: every figure is fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call: the span from the call's first
-kernel start to its last kernel end, L2 flushed by a 2 x L2 write before every call, 10 warm-up + 50 timed calls, median; CUDA-event time
-beside it), gemm_fp16 and torch.matmul in the same run on the same operands (randn fp16, never zeros). Tables
-print both columns for both, the ratio torch / ours by CUPTI, % of the bytes floor and the path and config.
-Bytes floor: (M*K + N*K + M*N) * 2 bytes at 4.25 TB/s (the H200's measured device-to-device copy rate,
+kernel start to its last kernel end, L2 flushed by a 2 x L2 write before every call, 10 warm-up + 50 timed calls,
+median; CUDA-event time beside it), gemm_fp16 and torch.matmul in the same run on the same operands (randn fp16,
+never zeros). Tables print both columns for both, the ratio torch / ours by CUPTI, % of the bytes floor and the path
+and config. Bytes floor: (M*K + N*K + M*N) * 2 bytes at 4.25 TB/s (the H200's measured device-to-device copy rate,
 docs/benchmarks.md).
 
 --check, per size: output and split-K workspace poisoned with NaN, fresh randn operands, compared with a float64

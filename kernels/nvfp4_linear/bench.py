@@ -19,9 +19,10 @@ fp4ref.kernels._bench.time_gpu (CUPTI GPU time per call, the headline figure, an
 
 Every table prints CUPTI us and event us for ours and each peer, the ratio peer / ours by CUPTI, % of the floor
 (by CUPTI) and the path + config that served the call; ours also its kernel sum, and a warning names the M where
-the GPU idled inside our call (span > 1.25 x kernel sum: the host did not keep ahead, so the row measures it). ``--sweep`` times the candidate configs of
-``nvfp4_linear`` per M (CUPTI), installs the fastest checked ones and prints the table with them. ``--check``
-only checks the default configs (fp4ref bound, NaN poison, determinism, quantizer bytes) and exits 0 / 1.
+the GPU idled inside our call (span > 1.25 x kernel sum: the host did not keep ahead, so the row measures it).
+``--sweep`` times the candidate configs of ``nvfp4_linear`` per M (CUPTI), installs the fastest checked ones and
+prints the table with them. ``--check`` only checks the default configs (fp4ref bound, NaN poison, determinism,
+quantizer bytes) and exits 0 / 1.
 Weights: randn fp32 [8192, 8192] quantized with the same 'sol' recipe (by our quantizer; the tests check it equals
 fp4ref's). x: randn bf16. Nothing runs at import.
 """
@@ -578,10 +579,10 @@ def main(argv=None) -> int:
                       q_floor, 100.0 * q_floor / t_q.cupti_us])
     dev = torch.cuda.get_device_name()
     title = (f"NVFP4 linear N = K = 8192 on {dev} (us per call, medians of {args.iters}, L2 flushed; CUPTI = GPU "
-             f"span of the call, kernel sum = its kernels' CUPTI durations added, event = CUDA events; copy {bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s "
-             "measured in this run)")
-    cols = ["M", "path config", "ours CUPTI", "ours kernel sum", "ours event", "(a) torch dequant+mm CUPTI", "(a) event",
-            "(a)/ours", "(b) bf16 mm, W pre-dequant CUPTI", "(b) event", "(b)/ours", "floor", "ours % of floor"]
+             f"span of the call, kernel sum = its kernels' CUPTI durations added, event = CUDA events; copy "
+             f"{bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s measured in this run)")
+    cols = ["M", "path config", "ours CUPTI", "ours kernel sum", "ours event", "(a) torch dequant+mm CUPTI",
+            "(a) event", "(a)/ours", "(b) bf16 mm, W pre-dequant CUPTI", "(b) event", "(b)/ours", "floor", "ours % of floor"]
     print_table(title, cols, rows, markdown=args.markdown)
     print_table(f"NVFP4 quantize of x [M, 8192] on {dev} (us per call; peer: the recipe in torch ops, x dequantized)",
                 ["M", "ours CUPTI", "ours event", "torch recipe CUPTI", "torch event", "torch/ours", "floor",

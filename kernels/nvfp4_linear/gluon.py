@@ -267,7 +267,7 @@ class GluonLaunch:
     W [N, K] with ``config`` (K % 256 == 0, (K / 256) % SPLIT_K == 0: ``GluonConfig.fits``).
 
     ``pdl``: launched with programmatic dependent launch after a quantize launch that triggers its dependents
-    (``QuantizeLaunches(trigger_dependents=True)``): the kernel loads its first W steps while the quantizer runs
+    (``QuantizeLaunches(trigger_dependents=1 or 2)``): the kernel loads its first W steps while the quantizer runs
     and waits for it (griddepcontrol.wait) before it reads x and gdec. Correct after any kernel (the wait then
     returns once the previous grid has completed), but only a triggering one lets it start early.
 

@@ -14,7 +14,8 @@ Peers, timed in the same run on the same operands:
       the timed region (exact: E2M1 values and their duplicate-index sums are E4M3FN values);
   (b) naive: rebuild dense fp32 A from (vals, meta) with torch ops, then an fp32 matmul, bf16 out (timed whole).
 Timing: fp4ref.kernels._bench.time_gpu for every figure: CUPTI GPU time per call (the span from the call's first
-kernel start to its last kernel end) and CUDA-event time, L2 flushed before every call (2 x L2 write), 10 warm-up + 50 timed, medians.
+kernel start to its last kernel end) and CUDA-event time, L2 flushed before every call (2 x L2 write), 10 warm-up
++ 50 timed, medians.
 Operands: a_vals, a_meta = torch.randint(-128, 128) int8 (as the public benchmark feeds them: any byte),
 b = randn fp32 cast to E4M3FN (never zeros).
 Bytes floor: (2 * M * K/4 + N * K + 2 * M * N) bytes at 4.25 TB/s (the H200's measured device-to-device copy
