@@ -130,6 +130,9 @@ def nvfp4_quantize_kernel(
     # loads W while this kernel runs), 2 after this program's stores (it launches as this grid drains); it waits
     # for this grid's completion (griddepcontrol.wait) before it reads x or gdec. 0: no trigger.
     TRIGGER_DEPENDENTS: tl.constexpr = 0,
+    # WRITE_PACKED with the codes as one signed byte per element, 2 x E2M1 value (-12..12, exact; -0 -> 0), in
+    # q_ptr [M, K] instead of two codes per byte: the DP4A path's integer operand (dp4a.py)
+    INT8_CODES: tl.constexpr = False,
 ):
     if TRIGGER_DEPENDENTS == 1:
         tl.extra.cuda.gdc_launch_dependents()
@@ -186,13 +189,18 @@ def nvfp4_quantize_kernel(
     neg = y < 0.0
     code = mag | tl.where(neg, 8, 0)
 
-    if WRITE_PACKED:
+    if WRITE_PACKED and INT8_CODES:
+        v2 = (r * 2.0).to(tl.int32)  # 2 x the E2M1 magnitude: an integer 0..12
+        v8 = tl.where(neg, -v2, v2).to(tl.int8)
+        tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], v8.reshape(BLOCK_R, BLOCK_C), mask=mask)
+    if WRITE_PACKED and not INT8_CODES:
         code2 = code.reshape(BLOCK_R, BLOCK_C // 2, 2)
         lo, hi = tl.split(code2)
         packed = (lo | (hi << 4)).to(tl.uint8)
         pcols = pid_c * (BLOCK_C // 2) + tl.arange(0, BLOCK_C // 2)
         pmask = (rows[:, None] < M) & (pcols[None, :] < K // 2)
         tl.store(q_ptr + rows[:, None].to(tl.int64) * (K // 2) + pcols[None, :], packed, mask=pmask)
+    if WRITE_PACKED:
         bcols = pid_c * NB + tl.arange(0, NB)
         bmask = (rows[:, None] < M) & (bcols[None, :] < K // 16)
         tl.store(s_ptr + rows[:, None].to(tl.int64) * (K // 16) + bcols[None, :], sbyte.to(tl.uint8), mask=bmask)
@@ -216,7 +224,8 @@ class QuantizeLaunches:
     with one program over all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
-    ``deq`` (the linear paths); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
+    ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element,
+    2 x E2M1 value, into ``q`` [M, K] (the DP4A path); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
     256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel launched with
     programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU only:
     the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
@@ -232,7 +241,7 @@ class QuantizeLaunches:
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
     def __init__(self, M: int, K: int, config: QuantizeConfig | None, write_packed: bool, write_dequant: bool,
-                 permute_k: bool = False, trigger_dependents: int = 0):
+                 permute_k: bool = False, trigger_dependents: int = 0, int8_codes: bool = False):
         if config is None:
             tile = one_launch_tile(M, K)
             if tile is None:
@@ -255,7 +264,7 @@ class QuantizeLaunches:
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None,
-                 TRIGGER_DEPENDENTS=trigger_dependents),
+                 TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes),
             num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
 
     @property
