@@ -11,7 +11,6 @@ are exact) equal to the correctly rounded output.
 from __future__ import annotations
 
 import ml_dtypes
-import re
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import gluon
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
 from fp4ref.kernels.nvfp4_linear.tensorcore import PARTIALS_WORKSPACE
+from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
 G = nvl.GluonConfig
@@ -135,7 +135,7 @@ def test_gluon_config_checks_and_model():
     assert nvl.accumulation_model(G(BN=64, BM=8, SPLIT_K=4, STAGES=4), 8192) == "splitk(hopper_fp16_wgmma, 2048)"
     assert nvl.accumulation_model(G(BN=64, BM=64, SPLIT_K=1, STAGES=4), 8192) == "hopper_fp16_wgmma"
     x = torch.zeros(1, 256, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="Gluon path runs on CUDA"):
+    with pytest.raises(ValueError, match="Gluon and DP4A paths run on CUDA"):
         nvl.nvfp4_linear(x, torch.zeros(64, 128, dtype=torch.uint8), torch.zeros(64, 16, dtype=torch.uint8), 1.0,
                          config=G(BN=64, BM=8, SPLIT_K=1, STAGES=2))
 
@@ -230,63 +230,6 @@ def test_gluon_exact_accumulation_is_correctly_rounded(m):
 
 
 # ------------------------------------------------------------------------------ the decode's PTX, run on the CPU
-def _run_ptx(ptx: str, operands: dict) -> dict:
-    """Execute the straight-line PTX of an inline-asm decode (the instructions it uses: mov, and, or, shl, shr,
-    prmt, mul.rn.f16x2) on uint32 numpy arrays; ``operands`` maps $N to arrays (32-bit, or 16-bit for "h"
-    operands). Returns every register and $N written. A model of the PTX ISA's semantics for these instructions,
-    so that the CPU tests check the decode's text, which only the GPU executes."""
-    regs = dict(operands)
-
-    def val(tok):
-        tok = tok.strip()
-        if tok.startswith("{"):  # {$a, $b}: two 16-bit halves, low first
-            lo, hi = (regs[t.strip()] for t in tok.strip("{}").split(","))
-            return (lo.astype(np.uint32) & 0xFFFF) | (hi.astype(np.uint32) << 16)
-        if tok.startswith("0x") or tok.isdigit():
-            return np.uint32(int(tok, 0))
-        return regs[tok]
-
-    for line in ptx.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line[0] in "{}." or line.startswith(".reg"):
-            continue
-        op, args = line.split(None, 1)
-        dst, *src = [a.strip() for a in re.split(r",(?![^{]*})", args)]
-        if op == "mov.b32" and dst.startswith("{"):  # split a register into two 16-bit halves
-            lo, hi = (t.strip() for t in dst.strip("{}").split(","))
-            v = val(src[0]).astype(np.uint32)
-            regs[lo], regs[hi] = (v & 0xFFFF).astype(np.uint16), (v >> 16).astype(np.uint16)
-            continue
-        a = [val(s) for s in src]
-        if op == "mov.b32":
-            r = np.asarray(a[0], np.uint32)
-        elif op == "and.b32":
-            r = a[0] & a[1]
-        elif op == "or.b32":
-            r = a[0] | a[1]
-        elif op == "shl.b32":
-            r = (a[0].astype(np.uint64) << np.uint64(a[1])).astype(np.uint32)
-        elif op == "shr.u32":
-            r = a[0] >> a[1]
-        elif op == "prmt.b32":  # default mode: selector nibble k picks byte (nibble & 7) of {b, a}
-            src8 = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(np.broadcast_to(a[1], a[0].shape) >> (8 * i)) & 0xFF
-                                                                     for i in range(4)]
-            sel = int(a[2])
-            r = np.zeros_like(a[0])
-            for k in range(4):
-                nib = (sel >> (4 * k)) & 0xF
-                assert nib < 8, "sign-replicate mode is not modelled"
-                r |= src8[nib] << (8 * k)
-        elif op == "mul.rn.f16x2":  # IEEE fp16 multiply per half (numpy float16 rounds to nearest even)
-            h = [np.stack([(x & 0xFFFF), (x >> 16)]).astype(np.uint16).view(np.float16) for x in a]
-            p = (h[0] * h[1]).view(np.uint16).astype(np.uint32)
-            r = p[0] | (p[1] << 16)
-        else:
-            raise AssertionError(f"instruction {op} is not modelled")
-        regs[dst] = np.asarray(r, np.uint32)
-    return regs
-
-
 def test_decode_pairs_ptx_every_byte_and_scale():
     """DECODE_PAIRS_PTX on every byte value in every byte of the word and every E4M3 block scale the kernel can
     see (bytes 0x00-0x7E): output e is E2M1(code DECODE_PAIRS_ORDER[e]) * scale * 2^-8, bit for bit (exact in
