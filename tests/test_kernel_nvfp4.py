@@ -546,13 +546,14 @@ def test_gemv_model_is_registered_and_tighter():
 
 def test_pick_config_serves_each_M_by_its_path():
     """INTERPRETER_CONFIGS (the tl paths): the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass
-    above; on a GPU the Gluon path at every M where it fits N and K; the contract picks the same config and gives
+    above; on a GPU the DP4A path at M = 1-2 and the Gluon path at every other M where they fit N and K (the tl
+    paths where they do not); the contract picks the same config and gives
     each its own model (what fp4ref verify asks)."""
     paths = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=True)) for m in (1, 2, 16, 64, 256, 257, 16384)}
     assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
                      256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
-    gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 16, 64, 256, 257, 16384)}
-    assert gpu == {1: nvl.GluonConfig, 2: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
+    gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 3, 16, 64, 256, 257, 16384)}
+    assert gpu == {1: nvl.Dp4aConfig, 2: nvl.Dp4aConfig, 3: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
                    256: nvl.GluonConfig, 257: nvl.GluonConfig, 16384: nvl.GluonConfig}
     assert type(nvl.pick_config(1024, 8192, 8192 + 64, interpreter=False)) is nvl.PrepassConfig  # K % 256 != 0
     # K not a multiple of 256 (or of 256 * SPLIT_K): the tl paths serve it on a GPU too
@@ -561,7 +562,8 @@ def test_pick_config_serves_each_M_by_its_path():
     c = nvl.NUMERIC_CONTRACT
     assert c.config_for(1, 8192, 8192, True) == nvl.pick_config(1, 8192, 8192, interpreter=True)
     assert c.model_for(c.config_for(1, 8192, 8192, True), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
-    assert c.model_for(c.config_for(1, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 2048)"
+    assert c.model_for(c.config_for(1, 8192, 8192, False), 8192).name == "splitk(fp32_rn_block16, 4096)"
+    assert c.model_for(c.config_for(3, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 2048)"
     assert c.model_for(c.config_for(64, 8192, 8192, True), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(64, 8192, 8192, False), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(4096, 8192, 8192, True), 8192, interpreter=True).name == "fp32_rn"
@@ -730,14 +732,17 @@ def _compile_all():
     # stores (2, GluonConfig.EARLY_START False); the others never (0)
     jobs = [(mode, t, sa, int(mode[1] and mode[2] == "*fp16" and t[1] % 256 == 0)) for mode, t, sa in jobs]
     jobs += [(mode, t, sa, 2) for mode, t, sa, trig in jobs if trig == 1]
-    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger in jobs:
+    # the DP4A path's quantizer: int8 codes + scale bytes, triggering the GEMM at its start (as nvfp4_linear runs it)
+    jobs = [(mode, t, sa, trig, False) for mode, t, sa, trig in jobs]
+    jobs += [((True, False, "*fp16"), t, sa, 1, True) for t, sa in [(one[0], True), (defaults[0], False)]]
+    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger),
+                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -784,8 +789,8 @@ def test_every_config_compiles_for_sm90():
         qptx = ck.asm["ptx"]
         assert "div.rn.f32" in qptx and "div.rn.ftz" not in qptx and "div.full" not in qptx
         assert "div.approx" not in qptx
-    # the Gluon path's quantizer lets the GEMM launch: one launch_dependents, before any global load (start) or
-    # after every global store (after its stores)
+    # the Gluon and DP4A paths' quantizer lets the GEMM launch: one launch_dependents, before any global load
+    # (start) or after every global store (after its stores)
     triggers = [ck.asm["ptx"] for ck in qbuilds if "griddepcontrol.launch_dependents" in ck.asm["ptx"]]
     assert 0 < len(triggers) < len(qbuilds)
     starts = ends = 0
@@ -794,7 +799,8 @@ def test_every_config_compiles_for_sm90():
         before, after = qptx.split("griddepcontrol.launch_dependents")
         starts += "ld.global" not in before
         ends += "st.global" not in after and "ld.global" in before
-    assert starts + ends == len(triggers) and starts == ends
+    # (the DP4A path's quantizer triggers at its start only: its two builds are the starts beyond the pairs)
+    assert starts + ends == len(triggers) and starts == ends + 2
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

@@ -8,7 +8,8 @@ A call: quantize x (quantize.py: amax, then codes * block scales, exact; one lau
 then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
-* ``GluonConfig`` (gluon.py, GPU): W decoded in registers straight into the wgmma A operand (Gluon), every M;
+* ``Dp4aConfig`` (dp4a.py, GPU): integer dot products of the doubled E2M1 codes on the CUDA cores (Gluon), M = 1-2;
+* ``GluonConfig`` (gluon.py, GPU): W decoded in registers straight into the wgmma A operand (Gluon), every other M;
 * ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode (the CPU interpreter's M = 1 path);
 * ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;
 * ``PrepassConfig`` (prepass.py): W decoded to an fp16 workspace, then gemm_fp16's TMA GEMM (large M in the CPU
@@ -29,9 +30,10 @@ import math
 import torch
 
 from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, workspace
-from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, GemvConfig,
-                      GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model, pick_config,
-                      pick_quantize_config)
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, Dp4aConfig,
+                      GemvConfig, GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model,
+                      pick_config, pick_quantize_config)
+from .dp4a import Dp4aLaunch
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch
 from .prepass import PrepassLaunch
@@ -39,8 +41,8 @@ from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches, one_launch_tile
 from .tensorcore import TensorCoreLaunch
 
 __all__ = [
-    "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "GemvConfig", "GluonConfig",
-    "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
+    "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "Dp4aConfig", "GemvConfig",
+    "GluonConfig", "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
     "chunk_rows", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
 ]
 
@@ -48,7 +50,9 @@ _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
 _AMAX_PARTS = "nvfp4_linear.amax_parts"  # _runtime.workspace names (int32 amax partials, fp32 global scales)
 _GDEC = "nvfp4_linear.gdec"
-_DEQUANT = {torch.float16: "nvfp4_linear.x_fp16", torch.float32: "nvfp4_linear.x_fp32"}  # dequantized x
+# x as a path takes it: dequantized (fp16, fp32) or the DP4A path's int8 codes and scale bytes (uint8)
+_DEQUANT = {torch.float16: "nvfp4_linear.x_fp16", torch.float32: "nvfp4_linear.x_fp32",
+            torch.uint8: "nvfp4_linear.x_int8"}
 
 _QPLANS = PlanCache("nvfp4_quantize")
 _PLANS = PlanCache("nvfp4_linear")
@@ -137,8 +141,21 @@ class _LinearPlan:
     or, where x dequantized would exceed X_WORKSPACE_MAX_BYTES, one amax over all of x and then, per chunk of
     rows, the quantizer and the path (``chunks``: (first row, end row, QuantizeLaunches, path launch))."""
 
-    __slots__ = ("quant", "path", "chunks", "deq_name", "deq_dtype", "quant_w_gdec", "out_shape", "numel", "K",
-                 "N")
+    __slots__ = ("quant", "path", "chunks", "deq_name", "deq_dtype", "quant_w_gdec", "int8_x", "x_views", "out_shape",
+                 "numel", "K", "N")
+
+    def _x_outputs(self, buf, gdec, rows: int):
+        """The quantizer's (q, s, deq) for ``rows`` rows of x in the x workspace ``buf``: the DP4A path's int8
+        codes [rows, K] then scale bytes [rows, K / 16] (``Dp4aLaunch.x_views``), or the others' dequantized x
+        (``gdec`` fills the unused outputs)."""
+        if self.int8_x:
+            # slicing costs host time: kept while the workspace is the same tensor (until it grows)
+            held, held_rows, q, s = self.x_views or (None, 0, None, None)
+            if held is not buf or held_rows != rows:
+                q, s = Dp4aLaunch.x_views(buf, rows, self.K)
+                self.x_views = (buf, rows, q, s)
+            return q, s, gdec
+        return gdec, gdec, buf
 
     def run(self, x, weight_fp4, weight_scales, w_gdec: float, out):
         dev = x.device
@@ -151,7 +168,7 @@ class _LinearPlan:
         # gdec = [x global decode, fp32(x global decode * w_gdec)] (the pre-pass GEMM's epilogue scale)
         wq = w_gdec if self.quant_w_gdec else 1.0
         if self.chunks is None:
-            self.quant.run(st, x, parts, gdec, gdec, deq, gdec, wq)
+            self.quant.run(st, x, parts, *self._x_outputs(deq, gdec, x.numel() // self.K), gdec, wq)
             self.path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out, w_gdec)
             return out
         # the recipe's global amax is over all of x: one amax launch, then every chunk quantizes with it. Each row's
@@ -159,7 +176,7 @@ class _LinearPlan:
         self.quant.run_amax(st, x, parts)
         x2, out2 = x.view(-1, self.K), out.view(-1, self.N)
         for r0, r1, quant, path in self.chunks:
-            quant.run_quant(st, x2[r0:r1], parts, self.quant.nprog, gdec, gdec, deq, gdec, wq)
+            quant.run_quant(st, x2[r0:r1], parts, self.quant.nprog, *self._x_outputs(deq, gdec, r1 - r0), gdec, wq)
             path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out2[r0:r1], w_gdec)
         return out
 
@@ -175,7 +192,7 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
             ignored: UE4M3); contiguous, 16-byte aligned.
         weight_global_decode_scale: python float (rounded to fp32 once, RNE), finite and positive.
-        config: a GluonConfig (CUDA only, ``GluonConfig.fits(N, K)``), GemvConfig, TensorCoreConfig or
+        config: a GluonConfig or Dp4aConfig (CUDA only, ``.fits(N, K)``), GemvConfig, TensorCoreConfig or
             PrepassConfig to force (default: ``pick_config(M, N, K)``).
         out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
 
@@ -183,9 +200,10 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         y bfloat16 [..., N] = RNE_bf16(fp32(acc) * fp32(x_gdec * w_gdec)), acc = sum_k xq[m,k] * wq[n,k] with
         exact products and fp32 accumulation (``accumulation_model(config, K)``; NUMERIC_CONTRACT). Any M >= 1;
         N, K multiples of 16. Workspaces (per device and stream; ``_runtime.clear_workspaces()`` frees them): x
-        dequantized (2 M K bytes, 4 M K for the GEMV, at most X_WORKSPACE_MAX_BYTES = 16 MiB: a larger x is
-        quantized and multiplied in chunks of ``chunk_rows`` rows after one amax over all of x, same bits),
-        split-K partials of the Gluon path (4 SPLIT_K BM BN bytes per output tile, M <= 32); the PrepassConfig
+        dequantized (2 M K bytes, 4 M K for the GEMV; the DP4A path's int8 codes and scale bytes, 17/16 M K; at
+        most X_WORKSPACE_MAX_BYTES = 16 MiB: a larger x is quantized and multiplied in chunks of ``chunk_rows`` rows
+        after one amax over all of x, same bits), split-K partials of the Gluon and DP4A paths (4 SPLIT_K BM BN
+        bytes per output tile, BM at least 8 for the DP4A path); the PrepassConfig
         path (CPU interpreter at M > 256, shapes the Gluon path cannot take; never chunked) also keeps a decoded
         weight of 2 N K bytes (128 MiB at N = K = 8192) and x dequantized whole.
 
@@ -215,11 +233,11 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     N = _check_weight(x, weight_fp4, weight_scales, K)
     _check_w_gdec(w_gdec)
     cfg = pick_config(M, N, K) if config is None else config
-    if not isinstance(cfg, (GluonConfig, GemvConfig, TensorCoreConfig, PrepassConfig)):
-        raise TypeError(f"config: expected a GluonConfig, GemvConfig, TensorCoreConfig, PrepassConfig or None, got "
-                        f"{type(cfg).__name__}")
-    if isinstance(cfg, GluonConfig) and (x.device.type != "cuda" or not cfg.fits(N, K)):
-        raise ValueError(f"config={cfg}: the Gluon path runs on CUDA (sm_90) with K % 256 == 0 and "
+    if not isinstance(cfg, (GluonConfig, Dp4aConfig, GemvConfig, TensorCoreConfig, PrepassConfig)):
+        raise TypeError(f"config: expected a GluonConfig, Dp4aConfig, GemvConfig, TensorCoreConfig, PrepassConfig or "
+                        f"None, got {type(cfg).__name__}")
+    if isinstance(cfg, (GluonConfig, Dp4aConfig)) and (x.device.type != "cuda" or not cfg.fits(N, K)):
+        raise ValueError(f"config={cfg}: the Gluon and DP4A paths run on CUDA (sm_90) with K % 256 == 0 and "
                          f"(K / 256) % SPLIT_K == 0; got K={K} on {x.device}")
     out_shape = (*x.shape[:-1], N)
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -228,29 +246,34 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
 
     plan = _LinearPlan()
+    plan.x_views = None
     plan.out_shape, plan.K, plan.N = out_shape, K, N
     # the quantizer writes x dequantized (code * block scale, exact) in the dtype the path multiplies: fp32 for the
     # GEMV's FMAs, fp16 for the tensor cores
-    plan.deq_dtype = torch.float32 if isinstance(cfg, GemvConfig) else torch.float16
+    # GEMV's FMAs, fp16 for the tensor cores; the DP4A path takes int8 codes and scale bytes instead (uint8)
+    plan.int8_x = isinstance(cfg, Dp4aConfig)
+    plan.deq_dtype = torch.uint8 if plan.int8_x else torch.float32 if isinstance(cfg, GemvConfig) else torch.float16
     plan.deq_name = _DEQUANT[plan.deq_dtype]
-    # the pre-pass and Gluon paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
-    plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig))
+    # the pre-pass, Gluon and DP4A paths' epilogues read gdec[1] = fp32(x_gdec * w_gdec), written by the quantizer
+    plan.quant_w_gdec = isinstance(cfg, (PrepassConfig, GluonConfig, Dp4aConfig))
     # the Gluon path takes x in its K order, and starts under the quantize launch (programmatic dependent launch:
     # the quantizer triggers it when it starts, 1, or after its stores, 2; the GEMM waits for the quantizer's grid
     # before it reads x; gluon.py)
     gluon_path = isinstance(cfg, GluonConfig)
-    trigger = (1 if cfg.EARLY_START else 2) if gluon_path else 0
-    launch_type = {GluonConfig: functools.partial(GluonLaunch, pdl=True), GemvConfig: GemvLaunch,
-                   TensorCoreConfig: TensorCoreLaunch, PrepassConfig: PrepassLaunch}[type(cfg)]
+    trigger = (1 if cfg.EARLY_START else 2) if isinstance(cfg, (GluonConfig, Dp4aConfig)) else 0
+    launch_type = {GluonConfig: functools.partial(GluonLaunch, pdl=True), Dp4aConfig: functools.partial(Dp4aLaunch,
+                   pdl=True), GemvConfig: GemvLaunch, TensorCoreConfig: TensorCoreLaunch,
+                   PrepassConfig: PrepassLaunch}[type(cfg)]
 
     # row chunks where x dequantized would exceed the cap; not for the pre-pass path (it decodes all of W per
     # launch, which chunks would repeat)
-    rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, plan.deq_dtype.itemsize)
-    plan.numel = rows * K
+    # (DP4A: 17/16 byte per element, counted as 2)
+    rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, 2 if plan.int8_x else plan.deq_dtype.itemsize)
+    plan.numel = rows * K + (rows * K // 16 if plan.int8_x else 0)  # DP4A: the scale bytes after the codes
     # (chunked: its amax launch over all of x only, so the two-launch form)
     plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K) if rows == M else pick_quantize_config(M, K),
-                                  write_packed=False, write_dequant=True, permute_k=gluon_path,
-                                  trigger_dependents=trigger)
+                                  write_packed=plan.int8_x, write_dequant=not plan.int8_x, permute_k=gluon_path,
+                                  trigger_dependents=trigger, int8_codes=plan.int8_x)
     if rows == M:
         plan.chunks, plan.path = None, launch_type(cfg, M, N, K)
     else:
@@ -259,9 +282,10 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
         for r0 in range(0, M, rows):
             h = min(rows, M - r0)
             if h not in launches:
-                launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=False,
-                                                write_dequant=True, permute_k=gluon_path,
-                                                trigger_dependents=trigger), launch_type(cfg, h, N, K))
+                launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=plan.int8_x,
+                                                write_dequant=not plan.int8_x, permute_k=gluon_path,
+                                                trigger_dependents=trigger, int8_codes=plan.int8_x),
+                               launch_type(cfg, h, N, K))
             plan.chunks.append((r0, r0 + h, *launches[h]))
         plan.path = None
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)

@@ -138,6 +138,21 @@ def _gluon_candidates(m: int):
     return [G(bn, bm, sk, st, num_warps=nw, X_STAGES=xs) for bn, bm, sk, st, nw, xs in tiles]
 
 
+def _dp4a_candidates(m: int):
+    """Dp4aConfig candidates for m <= 8 (BN, SPLIT_K, STAGES, num_warps; BM = the next power of two >= m): 8192 /
+    BN x SPLIT_K programs, 1-2 per SM (more programs, of fewer warps, measured slower on the H200)."""
+    from fp4ref.kernels.nvfp4_linear import Dp4aConfig as D
+
+    if m > 8:
+        return []
+    bm = 1 << (m - 1).bit_length()
+    tiles = [(128, 2, 4, 8), (128, 2, 6, 8), (128, 2, 3, 8), (64, 2, 4, 8), (64, 4, 4, 8), (256, 2, 4, 8),
+             (256, 1, 4, 8), (128, 1, 4, 8), (128, 4, 4, 8), (64, 2, 6, 4), (128, 2, 4, 4)]
+    # (a thread's accumulator is 2 BM BN / (4 num_warps) fp32: 128 weight rows on 4 warps spill at BM >= 4)
+    return [D(BN=bn, BM=bm, SPLIT_K=sk, STAGES=st, num_warps=nw) for bn, sk, st, nw in tiles
+            if bm * bn // (4 * nw) <= 16]
+
+
 def _gemv_candidates(m: int):
     """GemvConfig candidates for m <= GEMV_MAX_M: BLOCK_M = min(next pow2 of m, 4) x rows per program,
     (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages). N = 8192: 8192 / BLOCK_N * SPLIT_K programs (256 to 2048, i.e.
@@ -165,7 +180,7 @@ def linear_candidates(m: int):
     from fp4ref.kernels.nvfp4_linear import PrepassConfig
 
     base = _candidates_in_kernel(m)
-    out = _gluon_candidates(m) + _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
+    out = _dp4a_candidates(m) + _gluon_candidates(m) + _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [PrepassConfig(gemm=g) for g in _gemm_candidates()]
     if m >= 512:
@@ -201,6 +216,9 @@ def _cfg_label(cfg) -> str:
                 f"{g.BLOCK_K}/S{g.SPLIT_K}/G{g.GROUP_M}/w{g.num_warps}/s{g.num_stages}/P{g.PROGRAMS_PER_SM}")
     if t == "GemvConfig":
         return f"gemv {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
+    if t == "Dp4aConfig":
+        return (f"dp4a {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
+                + ("" if cfg.EARLY_START else ",late"))
     if t == "GluonConfig":
         return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
                 + (f",xs{cfg.X_STAGES}" if cfg.X_STAGES else "") + ("" if cfg.W_SWIZZLE else ",noswz")
@@ -221,7 +239,8 @@ def _cfg_from_json(d):
 
     d = dict(d)
     cls = {"GemvConfig": nvl.GemvConfig, "TensorCoreConfig": nvl.TensorCoreConfig,
-           "PrepassConfig": nvl.PrepassConfig, "GluonConfig": nvl.GluonConfig}[d.pop("type")]
+           "PrepassConfig": nvl.PrepassConfig, "GluonConfig": nvl.GluonConfig, "Dp4aConfig": nvl.Dp4aConfig}[
+        d.pop("type")]
     if "gemm" in d:
         g = dict(d["gemm"])
         g.pop("kernel", None)

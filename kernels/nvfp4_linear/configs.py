@@ -22,7 +22,7 @@ from .._runtime import ConfigTable, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES",
+    "CONFIGS", "Dp4aConfig", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES",
     "PrepassConfig", "QUANTIZE_CONFIGS",
     "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
     "pick_quantize_config",
@@ -131,6 +131,41 @@ class GluonConfig:
         return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
 
 
+@dataclass(frozen=True)
+class Dp4aConfig:
+    """The DP4A path (``dp4a.nvfp4_dp4a_kernel``, sm_90): integer dot products of the doubled E2M1 codes of W and
+    x on the CUDA cores (dp4a), one exact fp32 term per 16-element block. BN weight rows per program (a multiple of
+    4 num_warps: each thread owns BN / (4 num_warps) rows; num_warps 4 or 8 consumer warps, plus one TMA producer
+    warp), BM rows of x per program (1, 2, 4 or 8), SPLIT_K
+    programs along K (fixed-order last-arrival sum), a TMA ring of STAGES 256-element K steps (W codes and scales,
+    x codes and scales). EARLY_START as GluonConfig's. Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0
+    (``fits``)."""
+
+    BN: int = 64
+    BM: int = 1
+    SPLIT_K: int = 4
+    STAGES: int = 4
+    num_warps: int = 4
+    EARLY_START: bool = True
+
+    def __post_init__(self):
+        _check_pow2(self, "BN", "SPLIT_K", "num_warps")
+        _check_positive(self, "STAGES")
+        if self.BM not in (1, 2, 4, 8) or isinstance(self.BM, bool):
+            raise ValueError(f"BM={self.BM!r}: expected 1, 2, 4 or 8")
+        if self.num_warps not in (4, 8) or self.BN % (4 * self.num_warps):
+            raise ValueError(f"BN={self.BN}, num_warps={self.num_warps}: expected num_warps 4 or 8 (whole warpgroups "
+                             "beside the producer warp) and BN a multiple of 4 * num_warps")
+        if self.STAGES < 2:
+            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
+        if not isinstance(self.EARLY_START, bool):
+            raise TypeError(f"EARLY_START={self.EARLY_START!r}: expected a bool")
+
+    def fits(self, N: int, K: int) -> bool:
+        """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
+        return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
+
+
 PREPASS_MODES = ("fp32", "cvt")
 
 
@@ -169,15 +204,19 @@ class QuantizeConfig:
         _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
 
 
-# On a GPU, chosen by M (rows of x). M <= 256: the Gluon path, per-bucket winners of an H200 CUPTI sweep of the
-# kernel (docs/benchmarks.md): bound by the weight bytes (36 MiB) and the decode, so every program streams W with
-# a deep TMA ring, split-K where the grid would otherwise underfill the SMs. Larger M is bound by tensor-core
+# On a GPU, chosen by M (rows of x). M = 1-2: the DP4A path (integer block dot products on the CUDA cores: no
+# decode to fp16, no wgmma chain; 128 weight rows x 2 K halves = 128 programs of 8 consumer warps). M <= 256: the
+# Gluon path, per-bucket winners of an H200 CUPTI sweep of the kernel (docs/benchmarks.md): bound by the weight
+# bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
+# otherwise underfill the SMs. Larger M is bound by tensor-core
 # throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
 # workspace. The GEMM starts under the quantizer (EARLY_START) except at M = 9..16, where that measured 11-14%
 # slower than starting after the quantizer's stores (docs/benchmarks.md). Shapes the Gluon path cannot take
 # (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 CONFIGS = ConfigTable(
     rows=(
+        (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
+        (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=6, num_warps=8)),
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
@@ -207,15 +246,15 @@ QUANTIZE_CONFIGS = ConfigTable(rows=(), larger=QuantizeConfig(BLOCK_R=4, BLOCK_C
 
 
 def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
-    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig that does not
-    fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
+    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig or Dp4aConfig
+    that does not fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
     (``interpreter`` None: ``_runtime.interpreting()``)."""
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"M={M!r}: expected an int >= 1")
     if interpreter is None:
         interpreter = interpreting()
     cfg = INTERPRETER_CONFIGS.pick(M) if interpreter else CONFIGS.pick(M)
-    if isinstance(cfg, GluonConfig) and not cfg.fits(N, K):
+    if isinstance(cfg, (GluonConfig, Dp4aConfig)) and not cfg.fits(N, K):
         cfg = INTERPRETER_CONFIGS.pick(M)
     return cfg
 
@@ -237,14 +276,15 @@ def block_k_for(K: int, block_k: int) -> int:
     return b
 
 
-_CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig, GluonConfig)
+_CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig, GluonConfig, Dp4aConfig)
 
 
 def accumulation_model(config, K: int, interpreter: bool | None = False, **launch) -> str:
     """The fp4ref.bounds model name of ``config`` at reduction length ``K`` (NUMERIC_CONTRACT).
 
     GemvConfig: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps,
-    split evenly as the kernel does), GPU and interpreter alike. GluonConfig (GPU only): ``hopper_fp16_wgmma``,
+    split evenly as the kernel does), GPU and interpreter alike. Dp4aConfig (GPU only): the same model with
+    C = K / SPLIT_K (exact integer block sums, fp32 RN over the block terms; dp4a.py). GluonConfig (GPU only): ``hopper_fp16_wgmma``,
     ``splitk(hopper_fp16_wgmma, K / SPLIT_K)`` when split (the K permutation within a step changes only the order
     of the products, which the block-FMA model does not depend on). TensorCoreConfig and PrepassConfig: the
     contract's ``model`` (``hopper_fp16_wgmma``), or ``fp32_rn`` in the interpreter (None: ``interpreting()``).
@@ -255,8 +295,8 @@ def accumulation_model(config, K: int, interpreter: bool | None = False, **launc
         ValueError: K is not a positive multiple of 16.
     """
     if not isinstance(config, _CONFIG_TYPES):
-        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig, PrepassConfig or GluonConfig, got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"config: expected a GemvConfig, TensorCoreConfig, PrepassConfig, GluonConfig or Dp4aConfig, "
+                        f"got {type(config).__name__}")
     if isinstance(K, bool) or not isinstance(K, int) or K <= 0 or K % 16:
         raise ValueError(f"K={K!r}: expected a positive multiple of 16")
     if isinstance(config, GemvConfig):
@@ -264,6 +304,8 @@ def accumulation_model(config, K: int, interpreter: bool | None = False, **launc
         steps = K // bk
         chunk = -(-steps // config.SPLIT_K) * bk
         return f"splitk(fp32_rn_block16, {chunk})"
+    if isinstance(config, Dp4aConfig):
+        return f"splitk(fp32_rn_block16, {K // config.SPLIT_K})"
     if isinstance(config, GluonConfig):
         return f"splitk(hopper_fp16_wgmma, {K // config.SPLIT_K})" if config.SPLIT_K > 1 else "hopper_fp16_wgmma"
     if interpreter is None:
@@ -297,6 +339,9 @@ NUMERIC_CONTRACT = NumericContract(
         "gemv": "GemvConfig: each 16-element block's dot product is EXACT in fp32 and only the K/16 block terms are "
                 "added in fp32 (RN), per K split, then the fixed-order split-K sum: splitk(fp32_rn_block16, C) with "
                 "C the split's length in products (GPU and interpreter alike)",
+        "dp4a": "Dp4aConfig: the doubled E2M1 codes of W and x multiplied and summed per 16-element block in "
+                "int32 (dp4a, exact), times the two block scales in fp32 (exact), the K/16 block terms added in "
+                "fp32 (RN): splitk(fp32_rn_block16, K / SPLIT_K)",
         "split_k": "partials summed in the fixed order s = 0, 1, ... by the tile's last program: bitwise "
                    "deterministic",
         "weight_global_decode_scale": "rounded to fp32 (RNE) once; the workload passes fp32 values (exact)",
