@@ -116,7 +116,7 @@ def gluon_tensordesc(dtype: str, block_shape: Sequence[int], layout: Any) -> str
 
 def sass_info(cubin: bytes) -> dict:
     """Registers, stack bytes, spill stores/loads (STL/LDL) and the counts of a few instructions (HGMMA, QGMMA,
-    UTMALDG) of an sm_90 cubin, read with the cuobjdump bundled with triton; {} where it is not available."""
+    IDP.4A, UTMALDG) of an sm_90 cubin, read with the cuobjdump bundled with triton; {} where it is not available."""
     import re
     import tempfile
 
@@ -134,7 +134,7 @@ def sass_info(cubin: bytes) -> dict:
     count = lambda op: len(re.findall(r"\b" + op + r"\b", sass))  # noqa: E731
     return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
             "spill_stores": count("STL"), "spill_loads": count("LDL"), "hgmma": count("HGMMA"),
-            "qgmma": count("QGMMA"), "utmaldg": count("UTMALDG")}
+            "qgmma": count("QGMMA"), "idp": count(r"IDP\.4A"), "utmaldg": count("UTMALDG")}
 
 
 def ptxas_advisories(ptx: str) -> list[str]:

@@ -11,21 +11,20 @@ exact-accumulation case equal to the correctly rounded output.
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import fp4ref.kernels.nvfp4_linear as nvl
-from fp4ref import bounds, gemm
 from fp4ref import decode as ref_decode
 from fp4ref.blockscale import nvfp4_quantize as ref_quantize
-from fp4ref.kernels import _runtime
-from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90, gluon_tensordesc, ptxas_advisories, sass_info
+from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import dp4a
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
-from fp4ref.kernels.nvfp4_linear.tensorcore import PARTIALS_WORKSPACE
+from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests/_nvfp4_gpu.py
+                        assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx  # tests/_ptx_model.py
+from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
 D = nvl.Dp4aConfig
 CUDA = torch.cuda.is_available()
@@ -54,7 +53,8 @@ def test_decode_int8_ptx_every_byte():
             want = (2 * ref_decode(code, "e2m1").astype(np.float64)).astype(np.int64)
             got_i = ((got >> (8 * i)) & 0xFF).astype(np.uint8).view(np.int8)
             bad = np.flatnonzero(got_i != want)
-            assert bad.size == 0, f"word {w[bad[0]]:#010x} code {4 * half + i}: got {got_i[bad[0]]}, want {want[bad[0]]}"
+            assert bad.size == 0, (f"word {w[bad[0]]:#010x} code {4 * half + i}: got {got_i[bad[0]]}, "
+                                   f"want {want[bad[0]]}")
     assert list(dp4a.E2M1_X2) == (2 * ref_decode(np.arange(8, dtype=np.uint8), "e2m1")).astype(int).tolist()
 
 
@@ -77,14 +77,8 @@ def _sweep_candidates():
 
 @pytest.mark.parametrize("cfg", TABLE + VARIANTS + _sweep_candidates(), ids=repr)
 def test_dp4a_config_builds_for_sm90(cfg):
-    ck = _build(cfg)
-    ptx = ck.asm["ptx"]
-    assert "dp4a.s32.s32" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES
-    assert ptxas_advisories(ptx) == []
-    info = sass_info(ck.asm["cubin"])
-    if info:
-        assert info["utmaldg"] > 0 and info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+    """Every tabled config, the variants the GPU tests run and every config the benchmark's sweep may pick."""
+    assert_gluon_build(_build(cfg), mma="dp4a")
 
 
 def test_dp4a_pdl_build_waits_before_x():
@@ -162,34 +156,13 @@ def weight():
     return wq, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).cuda()
 
 
-def _bf16(t):
-    return t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-
-
-def _x(m, k, seed):
-    x_np = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32).astype(ml_dtypes.bfloat16)
-    return x_np, torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("m, cfg", [(m, c) for m in (1, 2, 3, 4, 5, 8, 11) for c in TABLE + VARIANTS
                                     if m <= 2 * c.BM or c is nvl.pick_config(m, 2048, 8192, interpreter=False)])
 def test_dp4a_within_bound_and_deterministic(m, cfg, weight):
     wq, wc, ws = weight
-    x_np, x = _x(m, 8192, 40 + m)
-    nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg)  # sizes the split-K workspace
-    outs = []
-    for _ in range(2):  # output and split-K partials poisoned: an unwritten or misaddressed element shows as NaN
-        _runtime.workspace(x.device, _runtime.current_stream(x.device), PARTIALS_WORKSPACE, 1,
-                           torch.float32).fill_(float("nan"))
-        out = torch.full((m, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=out)
-        outs.append(out)
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-    ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
-    bounds.check(_bf16(outs[0]), ref, nvl.accumulation_model(cfg, 8192), output_rounding="rne",
-                 poison=float("nan")).assert_ok()
+    assert_within_bound_and_deterministic(cfg, *x_bf16(m, 8192, 40 + m), wq, wc, ws)
 
 
 @pytest.mark.gpu
@@ -200,34 +173,13 @@ def test_dp4a_ragged_n_and_one_step():
     for m, n, k, cfg in ((1, 80, 256, D(SPLIT_K=1)), (3, 1040, 512, D(BN=128, BM=2, SPLIT_K=2, num_warps=8)),
                          (6, 336, 768, D(BN=32, BM=4, SPLIT_K=1))):
         wq = ref_quantize(rng.standard_normal((n, k), dtype=np.float32), recipe="sol")
-        x_np, x = _x(m, k, n)
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvl.nvfp4_linear(x, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).cuda(),
-                         float(wq.global_decode_scale), config=cfg, out=out)
-        ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
-        bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, k), output_rounding="rne",
-                     poison=float("nan")).assert_ok()
+        assert_within_bound_and_deterministic(cfg, *x_bf16(m, k, n), wq, torch.from_numpy(wq.codes).cuda(),
+                                              torch.from_numpy(wq.scales).cuda())
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_dp4a_exact_accumulation_is_correctly_rounded(m):
-    """x blocks {0, +-0.5, +-1} with a 10.5 each (global encode 256, block scale 448: dequantized x a multiple of
-    224), W codes {0, +-0.5, +-1} with block and global scale 1: every block term is a multiple of 16, every
-    |partial sum| < 2^24 * 16, so the fp32 sums are exact and the output must be the correctly rounded value."""
-    rng = np.random.default_rng(70 + m)
-    K, N = 8192, 1024
-    codes = rng.choice(np.array([0, 1, 2, 8, 9, 10], np.uint8), size=(N, K))
-    wc = torch.from_numpy((codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)).cuda()
-    ws = torch.full((N, K // 16), 0x38, dtype=torch.uint8, device="cuda")  # E4M3 1.0
-    xv = rng.choice(np.array([0, 0.5, 1, -0.5, -1], np.float32), size=(m, K))
-    xv[:, ::16] = 10.5
-    x_np = xv.astype(ml_dtypes.bfloat16)
-    out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    cfg = D(BM=1 << (m - 1).bit_length(), SPLIT_K=4)
-    nvl.nvfp4_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda(), wc, ws, 1.0, out=out,
-                     config=cfg)
-    ref = gemm.nvfp4_linear(x_np, wc.cpu().numpy(), ws.cpu().numpy(), 1.0, recipe="sol")
-    bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"),
-                 exact_accumulation=True).assert_ok()
+    """Integer-valued block terms whose fp32 sums are exact: the output is the correctly rounded value."""
+    assert_exact_accumulation_is_correctly_rounded(m, 70 + m, D(BM=1 << (m - 1).bit_length(), SPLIT_K=4))

@@ -10,20 +10,18 @@ are exact) equal to the correctly rounded output.
 """
 from __future__ import annotations
 
-import ml_dtypes
 
 import numpy as np
 import pytest
 import torch
 
 import fp4ref.kernels.nvfp4_linear as nvl
-from fp4ref import bounds, gemm
 from fp4ref.blockscale import nvfp4_quantize as ref_quantize
-from fp4ref.kernels import _runtime
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import gluon
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
-from fp4ref.kernels.nvfp4_linear.tensorcore import PARTIALS_WORKSPACE
+from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests/_nvfp4_gpu.py
+                        assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
@@ -150,30 +148,13 @@ def weight():
     return wq, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).cuda()
 
 
-def _bf16(t):
-    return t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("m, cfg", [(m, c) for m in (1, 5, 16, 32, 64, 100, 256) for c in TABLE + VARIANTS
                                     if m <= c.BM * 2 or c is nvl.pick_config(m, 2048, 8192, interpreter=False)])
 def test_gluon_within_bound_and_deterministic(m, cfg, weight):
     wq, wc, ws = weight
-    x_np = np.random.default_rng(m).standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
-    x = torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
-    nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg)  # sizes the split-K workspace
-    outs = []
-    for _ in range(2):  # output and split-K partials poisoned: an unwritten or misaddressed element shows as NaN
-        _runtime.workspace(x.device, _runtime.current_stream(x.device), PARTIALS_WORKSPACE, 1,
-                           torch.float32).fill_(float("nan"))
-        out = torch.full((m, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=out)
-        outs.append(out)
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-    ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
-    bounds.check(_bf16(outs[0]), ref, nvl.accumulation_model(cfg, 8192), output_rounding="rne",
-                 poison=float("nan")).assert_ok()
+    assert_within_bound_and_deterministic(cfg, *x_bf16(m, 8192, m), wq, wc, ws)
 
 
 @pytest.mark.gpu
@@ -192,41 +173,20 @@ def test_gluon_ragged_tiles_and_one_step():
     for m, n, k, cfg in ((300, 1040, 512, TABLE[-1]), (129, 208, 256, TABLE[-1]), (1, 80, 256, TABLE[0]),
                          (40, 336, 768, VARIANTS[-1])):
         wq = ref_quantize(rng.standard_normal((n, k), dtype=np.float32), recipe="sol")
-        x_np = rng.standard_normal((m, k)).astype(np.float32).astype(ml_dtypes.bfloat16)
-        x = torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda()
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         cfg = cfg if cfg.fits(n, k) else G(cfg.BN, cfg.BM, 1, cfg.STAGES, num_warps=cfg.num_warps,
                                            X_STAGES=cfg.X_STAGES)
-        nvl.nvfp4_linear(x, torch.from_numpy(wq.codes).cuda(), torch.from_numpy(wq.scales).cuda(),
-                         float(wq.global_decode_scale), config=cfg, out=out)
-        ref = gemm.nvfp4_linear(x_np, wq.codes, wq.scales, float(wq.global_decode_scale), recipe="sol")
-        bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, k), output_rounding="rne",
-                     poison=float("nan")).assert_ok()
+        assert_within_bound_and_deterministic(cfg, *x_bf16(m, k, n), wq, torch.from_numpy(wq.codes).cuda(),
+                                              torch.from_numpy(wq.scales).cuda())
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 256, 512])
 def test_gluon_exact_accumulation_is_correctly_rounded(m):
-    """Every x block holds a 10.5 (tensor amax 10.5: global encode 256, a power of two; block amax 10.5: block scale
-    448, so x's codes are {0, +-0.5, 6} and dequantized x a multiple of 224), W codes {0, +-0.5, +-1} with block
-    scale 1 and global scale 1: every product is a multiple of 16 and every |partial sum| <= K * 2688 < 2^24 * 16,
-    so the fp32 accumulation (and wgmma's 25-bit alignment) is exact, the epilogue multiplies by 2^-8 exactly, and
-    the output must be the correctly rounded value."""
-    rng = np.random.default_rng(7 + m)
-    K, N = 8192, 1024
-    codes = rng.choice(np.array([0, 1, 2, 8, 9, 10], np.uint8), size=(N, K))
-    wc = torch.from_numpy((codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)).cuda()
-    ws = torch.full((N, K // 16), 0x38, dtype=torch.uint8, device="cuda")  # E4M3 1.0
-    xv = rng.choice(np.array([0, 0.5, 1, -0.5, -1], np.float32), size=(m, K))
-    xv[:, ::16] = 10.5
-    x_np = xv.astype(ml_dtypes.bfloat16)
-    out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    nvl.nvfp4_linear(torch.from_numpy(x_np.view(np.int16)).view(torch.bfloat16).cuda(), wc, ws, 1.0, out=out)
-    ref = gemm.nvfp4_linear(x_np, wc.cpu().numpy(), ws.cpu().numpy(), 1.0, recipe="sol")
-    cfg = nvl.pick_config(m, N, K, interpreter=False)
-    bounds.check(_bf16(out), ref, nvl.accumulation_model(cfg, K), output_rounding="rne", poison=float("nan"),
-                 exact_accumulation=True).assert_ok()
+    """Integer-valued products whose fp32 (and wgmma) sums are exact: the output is the correctly rounded value
+    (the Gluon config of CONFIGS' row for M, also where the DP4A path serves M)."""
+    cfg = next((c for hi, c in nvl.CONFIGS.rows if isinstance(c, G) and m <= hi), nvl.CONFIGS.larger)
+    assert_exact_accumulation_is_correctly_rounded(m, 7 + m, cfg)
 
 
 # ------------------------------------------------------------------------------ the decode's PTX, run on the CPU
