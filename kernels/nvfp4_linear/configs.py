@@ -246,8 +246,8 @@ QUANTIZE_CONFIGS = ConfigTable(rows=(), larger=QuantizeConfig(BLOCK_R=4, BLOCK_C
 
 
 def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
-    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig or Dp4aConfig
-    that does not fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
+    """The config that serves x [M, K] times W [N, K]: the CONFIGS row for M on a GPU (a GluonConfig or Dp4aConfig that
+    does not fit N and K gives way to the INTERPRETER_CONFIGS row), the INTERPRETER_CONFIGS row in the CPU interpreter
     (``interpreter`` None: ``_runtime.interpreting()``)."""
     if isinstance(M, bool) or not isinstance(M, int) or M < 1:
         raise ValueError(f"M={M!r}: expected an int >= 1")
@@ -282,13 +282,13 @@ _CONFIG_TYPES = (GemvConfig, TensorCoreConfig, PrepassConfig, GluonConfig, Dp4aC
 def accumulation_model(config, K: int, interpreter: bool | None = False, **launch) -> str:
     """The fp4ref.bounds model name of ``config`` at reduction length ``K`` (NUMERIC_CONTRACT).
 
-    GemvConfig: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps,
-    split evenly as the kernel does), GPU and interpreter alike. Dp4aConfig (GPU only): the same model with
-    C = K / SPLIT_K (exact integer block sums, fp32 RN over the block terms; dp4a.py). GluonConfig (GPU only): ``hopper_fp16_wgmma``,
-    ``splitk(hopper_fp16_wgmma, K / SPLIT_K)`` when split (the K permutation within a step changes only the order
-    of the products, which the block-FMA model does not depend on). TensorCoreConfig and PrepassConfig: the
-    contract's ``model`` (``hopper_fp16_wgmma``), or ``fp32_rn`` in the interpreter (None: ``interpreting()``).
-    ``launch`` (M, N) does not change the model.
+    GemvConfig: ``splitk(fp32_rn_block16, C)``, C = the products one program accumulates (whole BLOCK_K steps, split
+    evenly as the kernel does), GPU and interpreter alike. Dp4aConfig (GPU only): the same model with C = K / SPLIT_K
+    (exact integer block sums, fp32 RN over the block terms; dp4a.py). GluonConfig (GPU only): ``hopper_fp16_wgmma``,
+    ``splitk(hopper_fp16_wgmma, K / SPLIT_K)`` when split (the K permutation within a step changes only the order of the
+    products, which the block-FMA model does not depend on). TensorCoreConfig and PrepassConfig: the contract's
+    ``model`` (``hopper_fp16_wgmma``), or ``fp32_rn`` in the interpreter (None: ``interpreting()``). ``launch`` (M, N)
+    does not change the model.
 
     Raises:
         TypeError: config is not one of the four config types.

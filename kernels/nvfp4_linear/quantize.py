@@ -224,11 +224,11 @@ class QuantizeLaunches:
     with one program over all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
-    ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element,
-    2 x E2M1 value, into ``q`` [M, K] (the DP4A path); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C multiples of
-    256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel launched with
-    programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU only:
-    the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
+    ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element, 2 x
+    E2M1 value, into ``q`` [M, K] (the DP4A path); ``permute_k``: ``deq`` in the Gluon path's K order (K and BLOCK_C
+    multiples of 256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel
+    launched with programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU
+    only: the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
     fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
     bytes.
