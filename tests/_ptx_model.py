@@ -8,10 +8,10 @@ import numpy as np
 
 
 def run_ptx(ptx: str, operands: dict) -> dict:
-    """Execute the straight-line PTX of an inline-asm decode (the instructions the decodes use: mov, and, or,
-    shl, shr, prmt, lop3, mul.rn.f16x2) on uint32 numpy arrays; ``operands`` maps $N to arrays or ints (32-bit,
-    or 16-bit for "h" operands). Returns every register and $N written. A model of the PTX ISA's semantics for these instructions,
-    so that the CPU tests check the decode's text, which only the GPU executes."""
+    """Execute the straight-line PTX of an inline-asm decode (the instructions the decodes use: mov, and, or, shl, shr,
+    prmt, lop3, mul.rn.f16x2) on uint32 numpy arrays; ``operands`` maps $N to arrays or ints (32-bit, or 16-bit for "h"
+    operands). Returns every register and $N written. A model of the PTX ISA's semantics for these instructions, so that
+    the CPU tests check the decode's text, which only the GPU executes."""
     regs = {k: np.uint32(v & 0xFFFFFFFF) if isinstance(v, int) else v for k, v in operands.items()}
 
     def val(tok):
