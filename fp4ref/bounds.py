@@ -473,7 +473,9 @@ class Report:
         n_violations: elements with |out - exact| > bound (finite ones).
         max_err_over_bound: max |out - exact| / bound over finite elements (<= 1 passes); ``worst`` its index.
         worst_terms: dict of the bound terms and values at ``worst``.
-        max_ulps: max distance in ulps of the output format between out and the correctly rounded output.
+        max_ulps: max distance in ulps of the output format between out and the correctly rounded output, over
+            the ``finite_pairs`` elements finite in both (0 when there are none).
+        finite_pairs: elements where out and the reference are both finite (what max_ulps is measured over).
         bitwise_equal_fraction: fraction of elements equal to the correctly rounded output (NaN matching NaN; +0 == -0).
         sqnr_db: 10 log10(sum C^2 / sum (out - C)^2) over finite elements (inf when equal).
         nan_mismatch: elements NaN in exactly one of out and the reference.
@@ -507,6 +509,7 @@ class Report:
     violations: list = field(default_factory=list)
     description: dict = field(default_factory=dict)
     first_nonfinite: tuple | None = None
+    finite_pairs: int = 0
 
     def failures(self) -> list:
         """What failed, each with its count, the rule that decides first: e.g. ``["37 / 6144 elements not equal to
@@ -533,10 +536,13 @@ class Report:
         head = "OK" if self.ok else "FAILED: " + "; ".join(self.failures() or ["check failed"])
         return (
             f"{head} -- {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
-            f"max err/bound {self.max_err_over_bound:.3g}, max {self.max_ulps} ulp, "
+            f"max err/bound {self.max_err_over_bound:.3g}, {self._ulps_text()}, "
             f"{100 * self.bitwise_equal_fraction:.2f}% equal to the correctly rounded output, "
             f"SQNR {self.sqnr_db:.1f} dB"
         )
+
+    def _ulps_text(self) -> str:
+        return f"max {self.max_ulps} ulp" if self.finite_pairs else "no element finite in both to count ulps on"
 
     def message(self) -> str:
         """A multi-line failure message in numpy.testing's layout (rule, counts, first offenders, worst terms)."""
@@ -560,8 +566,8 @@ class Report:
             where = f"{self.max_err_over_bound:.6g} (no element is finite in both out and the reference)"
         else:
             where = f"{self.max_err_over_bound:.6g} at {self.worst}"
-        lines.append(f"Max err/bound: {where}; max ulps vs correctly rounded: "
-                     f"{self.max_ulps}; equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
+        lines.append(f"Max err/bound: {where}; vs correctly rounded: {self._ulps_text()}; "
+                     f"equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
             lines.append("First offenders (index: ACTUAL, DESIRED correctly rounded, exact, bound):")
             for idx, o, r, c, b in self.violations:
@@ -753,6 +759,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         violations=examples,
         description=dict(ref.description),
         first_nonfinite=first_nonfinite,
+        finite_pairs=int(finite_pair.sum()),
     )
 
 

@@ -503,7 +503,8 @@ def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> li
         row.checked_rows = nrows
         first = row.examples == 1
         row.max_err_over_bound = _worse(row.max_err_over_bound, float(report.max_err_over_bound), max, first)
-        row.max_ulps = _worse(row.max_ulps, float(report.max_ulps), max, first)
+        if report.finite_pairs:  # (no finite element: no ulp distance; the row keeps "-" unless another has one)
+            row.max_ulps = _worse(row.max_ulps, float(report.max_ulps), max, first or row.max_ulps != row.max_ulps)
         row.bitwise_equal_pct = _worse(row.bitwise_equal_pct, 100.0 * float(report.bitwise_equal_fraction), min,
                                        first)
         row.sqnr_db = _worse(row.sqnr_db, float(report.sqnr_db), min, first)

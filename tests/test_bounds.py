@@ -167,6 +167,19 @@ def test_check_correct_output_is_ok_and_equal():
     assert rep.n_violations == 0 and rep.unwritten == 0 and rep.nan_mismatch == 0
 
 
+def test_check_counts_ulps_only_over_finite_pairs():
+    """An all-NaN output has no element finite in both: the report says so instead of "max 0 ulp"; one finite
+    element 3 ulps off gives max 3 over 1 pair."""
+    A, B, ref = _fp16_case()
+    rep = bounds.check(np.full_like(ref.out, np.nan), ref, "fp32_rn")
+    assert not rep.ok and rep.finite_pairs == 0
+    assert "no element finite in both" in rep.summary() and " 0 ulp" not in rep.summary()
+    out = np.full_like(ref.out, np.nan)
+    out[1, 2] = (ref.out[1, 2:3].view(np.uint16) + 3).view(np.float16)[0]
+    rep = bounds.check(out, ref, "fp32_rn")
+    assert rep.finite_pairs == 1 and rep.max_ulps == 3 and "max 3 ulp" in rep.summary()
+
+
 def test_check_reports_one_ulp_off_under_exact_accumulation():
     A, B, ref = _fp16_case()
     out = ref.out.copy()
