@@ -727,8 +727,9 @@ class Progress:
             return
         frac = self.done / self.total
         if frac >= self._next or self.done >= self.total:
-            print(f"fp4ref {self.label}: {self._phase} {100 * frac:5.1f}% ({self.done / 2**20:.1f} / "
-                  f"{self.total / 2**20:.1f} MiB) {name}", file=self.stream, flush=True)
+            unit, scale = ("MiB", 2**20) if self.total >= 2**20 else ("KiB", 2**10)  # no "0.0 / 0.0 MiB"
+            print(f"fp4ref {self.label}: {self._phase} {100 * frac:5.1f}% ({self.done / scale:.1f} / "
+                  f"{self.total / scale:.1f} {unit}) {name}", file=self.stream, flush=True)
             while self._next <= frac:
                 self._next += 0.1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -720,6 +721,8 @@ def test_plain_progress_lines_when_not_a_terminal(src, tmp_path, capsys):
     lines = cap.err.splitlines()
     assert lines and all(ln.startswith("fp4ref quantize: ") for ln in lines)
     assert any("quantize 100.0%" in ln for ln in lines)
+    # sizes in the unit of the phase's total: this small checkpoint in KiB, never "0.0 / 0.0 MiB"
+    assert all(re.search(r"\(\d+\.\d / [1-9]\d*\.\d KiB\)", ln) for ln in lines), lines
     assert "SQNR dB" in cap.out and "max |err|" in cap.out and "model.layers.0.self_attn.q_proj.weight" in cap.out
 
 
