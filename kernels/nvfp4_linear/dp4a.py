@@ -19,13 +19,16 @@ block is summed:
 * the accumulator is multiplied by 1/4 at the end (exact), then kernels/_gluon.py's epilogue: the fixed-order
   split-K sum, acc * fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16.
 
-Data movement: a TMA / mbarrier ring of STAGES 256-element K steps, each slot holding W codes [BN, 128] bytes, W
-block scales [BN, 16], x codes [BM, 256] (signed bytes) and x block scales [BM, 16] (rows of x past M are
-zero-filled: their products are 0 and never stored). A thread owns 16 contiguous W code bytes (two NVFP4
-blocks) of BN / (4 num_warps) rows per step and reads the matching 32 x bytes of every row of x, so one decoded
-W word feeds BM dp4a pairs. Under nvfp4_linear the kernel starts under the quantizer (programmatic dependent
-launch): it issues the W part of its first STAGES steps, then waits for the quantizer's grid
-(griddepcontrol.wait) before it loads x.
+Data movement, warp-specialized: a 1-warp producer fills a TMA ring of STAGES 256-element K steps ("ready"
+mbarriers), each slot holding W codes [BN, 128] bytes, W block scales [BN, 16], x codes [BM, 256] (signed bytes)
+and x block scales (rows of x past M are zero-filled: their products are 0 and never stored); the num_warps
+consumer warps read a slot into registers and hand it back ("empty" mbarriers), then compute from registers. (A
+loop in which the consumers issue the copies themselves pays a CTA barrier before every copy in Gluon 3.6.) A
+consumer thread owns 16 contiguous W code bytes (two NVFP4 blocks) of BN / (4 num_warps) rows per step and the
+matching 32 x bytes of every row of x, so one decoded W word feeds BM dp4a. Under nvfp4_linear the kernel starts
+under the quantizer (programmatic dependent launch): the producer issues the W part of its first STAGES steps,
+then waits for the quantizer's grid (griddepcontrol.wait) before it loads x; the consumers wait too before they
+read the epilogue scale.
 """
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ lop3.b32 $1, p, n, m, 0xD8;
 
 
 def _table_words(values) -> tuple[int, int]:
-    """Eight table bytes (index 0-7) as prmt's two source words, signed int32 (the asm's immediates)."""
+    """Eight table bytes (index 0-7) as prmt's two source words, signed int32."""
     b = bytes(v & 0xFF for v in values)
     return int.from_bytes(b[:4], "little", signed=True), int.from_bytes(b[4:], "little", signed=True)
 
