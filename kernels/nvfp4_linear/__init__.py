@@ -249,7 +249,6 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     plan.x_views = None
     plan.out_shape, plan.K, plan.N = out_shape, K, N
     # the quantizer writes x dequantized (code * block scale, exact) in the dtype the path multiplies: fp32 for the
-    # GEMV's FMAs, fp16 for the tensor cores
     # GEMV's FMAs, fp16 for the tensor cores; the DP4A path takes int8 codes and scale bytes instead (uint8)
     plan.int8_x = isinstance(cfg, Dp4aConfig)
     plan.deq_dtype = torch.uint8 if plan.int8_x else torch.float32 if isinstance(cfg, GemvConfig) else torch.float16

@@ -136,10 +136,13 @@ class Dp4aConfig:
     """The DP4A path (``dp4a.nvfp4_dp4a_kernel``, sm_90): integer dot products of the doubled E2M1 codes of W and
     x on the CUDA cores (dp4a), one exact fp32 term per 16-element block. BN weight rows per program (a multiple of
     4 num_warps: each thread owns BN / (4 num_warps) rows; num_warps 4 or 8 consumer warps, plus one TMA producer
-    warp), BM rows of x per program (1, 2, 4 or 8), SPLIT_K
-    programs along K (fixed-order last-arrival sum), a TMA ring of STAGES 256-element K steps (W codes and scales,
-    x codes and scales). EARLY_START as GluonConfig's. Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0
-    (``fits``)."""
+    warp), BM rows of x per program (1, 2, 4 or 8), SPLIT_K programs along K (fixed-order last-arrival sum), a TMA
+    ring of STAGES 256-element K steps (W codes and scales, x codes and scales). EARLY_START as GluonConfig's.
+    Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
+
+    Raises:
+        ValueError: a size that is not a power of two, BM not 1/2/4/8, num_warps not 4 or 8, BN not a multiple of
+            4 num_warps, STAGES < 2. TypeError: EARLY_START not a bool."""
 
     BN: int = 64
     BM: int = 1
