@@ -180,7 +180,8 @@ def linear_candidates(m: int):
     from fp4ref.kernels.nvfp4_linear import PrepassConfig
 
     base = _candidates_in_kernel(m)
-    out = _dp4a_candidates(m) + _gluon_candidates(m) + _gemv_candidates(m) + base + [dataclasses.replace(c, DECODE_BITS=True) for c in base]
+    out = _dp4a_candidates(m) + _gluon_candidates(m) + _gemv_candidates(m) + base
+    out += [dataclasses.replace(c, DECODE_BITS=True) for c in base]
     if m >= 128:
         out += [PrepassConfig(gemm=g) for g in _gemm_candidates()]
     if m >= 512:

@@ -45,6 +45,11 @@ def _check_positive(cfg, *names):
             raise ValueError(f"{name}={v!r}: expected an int >= 1")
 
 
+def _steps_split_evenly(K: int, split_k: int) -> bool:
+    """K is whole 256-element steps (the Gluon and DP4A paths' ring slot) and SPLIT_K divides their number."""
+    return K % 256 == 0 and (K // 256) % split_k == 0
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """The CUDA-core GEMV (``nvfp4_gemv_kernel``): BLOCK_N weight rows x BLOCK_K columns per step, BLOCK_M rows
@@ -128,7 +133,7 @@ class GluonConfig:
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
-        return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
+        return _steps_split_evenly(K, self.SPLIT_K)
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ class Dp4aConfig:
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
-        return K % 256 == 0 and (K // 256) % self.SPLIT_K == 0
+        return _steps_split_evenly(K, self.SPLIT_K)
 
 
 PREPASS_MODES = ("fp32", "cvt")
