@@ -144,6 +144,8 @@ def test_quantizer_int8_codes():
         np.testing.assert_array_equal(codes.cpu().numpy().reshape(M, K), want)
         np.testing.assert_array_equal(scales.cpu().numpy().reshape(M, K // 16), xq.scales.reshape(M, K // 16))
         assert set(np.unique(want)) <= {0, 1, 2, 3, 4, 6, 8, 12, -1, -2, -3, -4, -6, -8, -12}
+    with pytest.raises(ValueError, match="write_packed"):
+        QuantizeLaunches(1, 256, None, write_packed=False, write_dequant=True, int8_codes=True)
 
 
 # ----------------------------------------------------------------------------------------------------------- GPU

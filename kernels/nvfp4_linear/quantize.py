@@ -235,7 +235,7 @@ class QuantizeLaunches:
 
     Raises:
         ValueError: ``config`` None where x is too large for one launch; ``permute_k`` with K or BLOCK_C not a
-            multiple of 256; ``trigger_dependents`` not 0, 1 or 2.
+            multiple of 256; ``trigger_dependents`` not 0, 1 or 2; ``int8_codes`` without ``write_packed``.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
@@ -252,6 +252,8 @@ class QuantizeLaunches:
             block_r, block_c, num_warps = config.BLOCK_R, config.BLOCK_C, config.num_warps
         if trigger_dependents not in (0, 1, 2) or isinstance(trigger_dependents, bool):
             raise ValueError(f"trigger_dependents={trigger_dependents!r}: expected 0, 1 or 2")
+        if int8_codes and not write_packed:
+            raise ValueError("int8_codes=True: the int8 codes replace the packed codes; it needs write_packed=True")
         if permute_k and (K % 256 or block_c % 256):
             raise ValueError(f"K={K}, BLOCK_C={block_c}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
