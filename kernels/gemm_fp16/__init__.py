@@ -9,6 +9,8 @@ Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotunin
   side), TMA / mbarrier ring; sm_90 only.
 * ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256 in the CPU interpreter, which cannot run
   Gluon): pointer loads, one program per (C tile, K slice), deterministic last-arrival split-K reduction.
+* ``PersistentConfig`` -> ``persistent.gemm_persistent_kernel`` (large M on a GPU): Gluon, persistent and
+  warp-specialized, deterministic stream-K against wave quantization; sm_90 only.
 * ``TmaConfig`` -> ``tma.gemm_fp16_tma_kernel`` (persistent, TMA) or, with ``STREAM_K``,
   ``tma.gemm_fp16_tma_streamk_kernel`` (M > 256: 128 x 256 tiles, whole-tile mode STREAM_K=3).
 
@@ -32,15 +34,17 @@ import torch
 from .. import _runtime
 from . import configs as _configs
 from .._runtime import Desc, Launch, PlanCache
-from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, GluonConfig, SplitKConfig,
-                      TmaConfig, accumulation_model, launch_programs, pick_config, stream_k_schedule)  # fmt: skip
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, GluonConfig, PersistentConfig,
+                      SplitKConfig, TmaConfig, accumulation_model, launch_programs, pick_config,
+                      stream_k_schedule)  # fmt: skip
 from .gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
+from .persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from .splitk import gemm_fp16_splitk_kernel, splitk_constexprs
 from .tma import tma_constexprs, tma_kernel
 
 __all__ = [
     "ALIGN", "CONFIGS", "COUNTERS", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PARTIALS",
-    "SplitKConfig", "TMA_CONFIGS", "TmaConfig",
+    "PersistentConfig", "SplitKConfig", "TMA_CONFIGS", "TmaConfig",
     "accumulation_model", "gemm_fp16", "gemm_tma", "launch_programs", "pick_config", "stream_k_schedule",
 ]
 
@@ -50,15 +54,16 @@ COUNTERS = "gemm_fp16.counters"  # workspace name: int32 arrival counter per spl
 _TMA_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig | GluonConfig | None = None,
+def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
+              config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """C = A @ B.T in fp16 with fp32 accumulation and one RNE rounding to fp16 (see NUMERIC_CONTRACT).
 
     Args:
         A: torch.float16 [M, K], any M >= 0, unit stride along K, row stride a multiple of 8, 16-byte aligned.
         B: torch.float16 [N, K], N >= 1 and K >= 1 multiples of 8 (ALIGN), same layout rules; same device as A.
-        config: a SplitKConfig, TmaConfig or GluonConfig (CUDA only) overriding the table's choice (tests and
-            tuning); None picks ``pick_config(M, N, K)``.
+        config: a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig (the last two CUDA only) overriding
+            the table's choice (tests and tuning); None picks ``pick_config(M, N, K)``.
         out: optional preallocated result, torch.float16 [M, N], contiguous, 16-byte aligned, on A's device,
             sharing no memory with A or B (every element is written; tests pass a NaN-poisoned buffer). None
             allocates one.
@@ -68,11 +73,11 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
         [0, N].
 
     Raises:
-        TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig, TmaConfig or
-            GluonConfig.
+        TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig, TmaConfig,
+            GluonConfig or PersistentConfig.
         ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
             ``out`` of the wrong shape/device, not contiguous or overlapping A or B; a GluonConfig for CPU tensors
-            or M > 256.
+            or M > 256; a PersistentConfig for CPU tensors.
 
     Concurrency: split-K and stream-K configs use workspaces per (device, stream); calls on one stream are safe,
     as are calls on different streams.
@@ -82,8 +87,8 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor, config: SplitKConfig | TmaConfig
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         bad = "A" if not isinstance(A, torch.Tensor) else "B"
         raise TypeError(f"{bad}: expected a torch.Tensor, got {type(A if bad == 'A' else B).__name__}")
-    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig)):
-        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig or None, got "
+    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig or None, got "
                         f"{type(config).__name__}")
     key = (A.dtype, B.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config)
     plan = _PLANS.get(key)
@@ -191,8 +196,9 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
 # pointers' 16-byte alignment is checked on every call), so the kept kernel is valid for it (kernels/_runtime.py).
 # ---------------------------------------------------------------------------------------------------------------
 class _Plan:
-    """One launch of one key: the path ("splitk", "tma" or "gluon"), the Launch, sizes, row strides, the TMA
-    descriptor blocks ("tma") or the operands' shared layouts ("gluon"), and scratch sizes."""
+    """One launch of one key: the path ("splitk", "tma", "gluon" or "persistent"), the Launch, sizes, row
+    strides, the TMA descriptor blocks ("tma") or the operands' shared layouts ("gluon", "persistent"), and
+    scratch sizes."""
 
     __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters")
 
@@ -225,6 +231,16 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
                         n_desc=2)  # num_warps is one of the kernel's constexprs
         return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config),
                      tiles * splits * BM * BN if splits > 1 else 0, tiles if splits > 1 else 0)
+    if isinstance(config, PersistentConfig):
+        if A.device.type != "cuda":
+            raise ValueError(f"config={config}: the persistent Gluon path runs on CUDA (sm_90), got {A.device}")
+        nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
+        if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
+            sch = stream_k_schedule(config, M, N, K, nprog)
+            S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
+        launch = Launch(gemm_persistent_kernel, (nprog,), persistent_constexprs(config), n_desc=3)
+        return _Plan("persistent", launch, M, N, K, sa, sb, persistent_layouts(config), S * split_tiles * BM * BN,
+                     split_tiles)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     if isinstance(config, SplitKConfig):  # (gemm_tma takes TmaConfigs only: no scale here)
         launch = Launch(gemm_fp16_splitk_kernel, (num_tiles, S), splitk_constexprs(config, K), **opts)
@@ -254,6 +270,14 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
         plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout),
                            Desc(A, (M, K), (sa, 1), (ce["BLOCK_M"], ce["BLOCK_K"]), a_layout), C, ws, cnt, M, N,
                            -(-K // ce["BLOCK_K"]), N)
+        return
+    if plan.path == "persistent":
+        ce = plan.launch.constexprs
+        a_layout, b_layout, c_layout = plan.blocks
+        BM, BN, BK = ce["BLOCK_M"], ce["BLOCK_N"], ce["BLOCK_K"]
+        plan.launch.launch(stream, Desc(A, (M, K), (sa, 1), (BM, BK), a_layout),
+                           Desc(B, (N, K), (sb, 1), (BN, BK), b_layout), Desc(C, (M, N), (N, 1), (BM, BN), c_layout),
+                           ws, cnt, M, N, K)
         return
     if plan.path == "splitk":
         plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K, sa, sb, N)

@@ -145,9 +145,12 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
 
 def cfg_name(cfg) -> str:
     """Path and config in one short name: ``splitk:16x32x128/S4/w4/s4``, ``tma:128x256x64/S1/w8/s4/g4/e2/sk3``,
-    ``gluon:n64xm8xk128/S1/w4/st10``."""
-    from . import GluonConfig, TmaConfig
+    ``gluon:n64xm8xk128/S1/w4/st10``, ``persistent:128x256x64/st3/sk2``."""
+    from . import GluonConfig, PersistentConfig, TmaConfig
 
+    if isinstance(cfg, PersistentConfig):
+        return (f"persistent:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/st{cfg.STAGES}"
+                + (f"/g{cfg.GROUP_M}" if cfg.GROUP_M != 8 else "") + f"/sk{cfg.STREAM_K}")
     if isinstance(cfg, GluonConfig):
         return (f"gluon:n{cfg.BLOCK_N}xm{cfg.BLOCK_M}xk{cfg.BLOCK_K}/S{cfg.SPLIT_K}/w{cfg.num_warps}/st{cfg.STAGES}"
                 + ("/ws" if cfg.WARP_SPEC else ""))
@@ -268,8 +271,10 @@ def tune_buckets():
       3-5 stages, 128x128x128, 64x256x64, and for M = 972 (8 x 12 = 96 tiles of 128x256 fill only 96 of 132 SMs)
       128x128 tiles (192), 64x256 tiles (192), split-K 2 (192/384 units, the deterministic last-arrival sum) and
       PROGRAMS_PER_SM 4 (grid = all units: the hardware scheduler balances the tail).
+    * M >= 972, the Gluon persistent kernel (``PersistentConfig``: warp-specialized, TMA-store epilogue) with the
+      same stream-K schedules (0: whole tiles, 1: all tiles, 2: the last partial wave), 128x256 and 128x128.
     """
-    from . import SplitKConfig as S, TmaConfig as T
+    from . import PersistentConfig as P, SplitKConfig as S, TmaConfig as T
 
     def ptr(bm, combos):
         return [S(bm, bn, bk, SPLIT_K=s, num_warps=w, num_stages=st) for bn, bk, s, w, st in combos]
@@ -322,6 +327,9 @@ def tune_buckets():
                                             # 3: data-parallel only, the loop flattened over (tile, K)
                                             (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
+    persistent = [P(bm, bn, 64, st, 8, sk) for bm, bn, st, sk in ((128, 256, 3, 0), (128, 256, 3, 1), (128, 256, 3, 2),
+                                                                (128, 128, 5, 0), (128, 128, 5, 2))]
+    stream_k += persistent
     return [
         (16, (1, 16), ptr(16, small) + tma_small),
         (32, (32,), ptr(32, small) + tma_small),
@@ -468,6 +476,9 @@ def _config_source(c) -> str:
     import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
+    if not hasattr(c, "num_stages"):  # the Gluon configs: keywords only
+        args = [f"{k}={getattr(c, k)!r}" for k in defaults if getattr(c, k) != defaults[k]]
+        return f"{type(c).__name__}({', '.join(args)})"
     args = [str(c.BLOCK_M), str(c.BLOCK_N), str(c.BLOCK_K), f"SPLIT_K={c.SPLIT_K}"]
     args += [f"{k}={getattr(c, k)!r}" for k in ("num_warps", "num_stages")]
     args += [f"{k}={getattr(c, k)!r}" for k in defaults if k not in ("SPLIT_K", "num_warps", "num_stages")
@@ -487,10 +498,11 @@ def _compile_worker(job_json: str) -> str:
     """Compile one (config, M) by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.gemm_fp16 import GluonConfig, SplitKConfig, TmaConfig, gemm_fp16
+    from fp4ref.kernels.gemm_fp16 import GluonConfig, PersistentConfig, SplitKConfig, TmaConfig, gemm_fp16
 
     job = json.loads(job_json)
-    cfg = {"SplitKConfig": SplitKConfig, "TmaConfig": TmaConfig, "GluonConfig": GluonConfig}[job["type"]](**job["cfg"])
+    types = {c.__name__: c for c in (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)}
+    cfg = types[job["type"]](**job["cfg"])
     A = torch.randn(job["M"], job["K"], device=DEVICE, dtype=torch.float16)
     B = torch.randn(job["N"], job["K"], device=DEVICE, dtype=torch.float16)
     try:

@@ -6,6 +6,8 @@ One frozen dataclass per path; the type says which kernel serves a call:
 * ``TmaConfig``: ``tma.gemm_fp16_tma_kernel`` (persistent, TMA descriptors) when ``STREAM_K == 0``, else
   ``tma.gemm_fp16_tma_streamk_kernel`` (deterministic stream-K on a grid of PROGRAMS_PER_SM x SMs).
 * ``GluonConfig``: ``gluon.gemm_swapab_kernel`` (Gluon, sm_90 only: swap-AB wgmma, TMA / mbarrier ring; M <= 256).
+* ``PersistentConfig``: ``persistent.gemm_persistent_kernel`` (Gluon, sm_90 only: persistent, warp-specialized
+  wgmma with a deterministic stream-K schedule; large M).
 
 On a GPU ``CONFIGS`` serves every M; the Triton CPU interpreter (which cannot run Gluon) uses
 ``INTERPRETER_CONFIGS``, the ``tl`` paths.
@@ -18,12 +20,14 @@ model of one config at one K, and ``NUMERIC_CONTRACT`` is what ``fp4ref verify``
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from .. import _runtime
 from .._runtime import ConfigTable
 
 __all__ = [
-    "SplitKConfig", "TmaConfig", "GluonConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS", "NUMERIC_CONTRACT",
+    "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS",
+    "NUMERIC_CONTRACT",
     "pick_config", "accumulation_model", "launch_programs", "stream_k_schedule",
 ]
 
@@ -166,6 +170,67 @@ class GluonConfig:
         return _runtime.k_split(-(-K // self.BLOCK_K), self.SPLIT_K)
 
 
+@dataclasses.dataclass(frozen=True)
+class PersistentConfig:
+    """A launch of the Gluon persistent kernel (``persistent.gemm_persistent_kernel``; sm_90 only, large M).
+
+    BLOCK_M: rows of A and C per tile, 64 per consumer warpgroup (64 or 128; ``num_warps`` = BLOCK_M // 16).
+    BLOCK_N: rows of B (= columns of C) per tile, the wgmma N width (64, 128 or 256).
+    BLOCK_K: K per ring step (32, 64 or 128).
+    STAGES: depth of the TMA / mbarrier ring (>= 2).
+    GROUP_M: row tiles per group of the grouped tile order (a power of two).
+    STREAM_K: 0 = whole tiles only; 1 = deterministic stream-K over every tile; 2 = stream-K over the last
+        partial wave's tiles, the full waves as whole tiles (``stream_k_schedule``; split tiles summed in K
+        order by exactly one CTA).
+    The grid is one CTA per SM (``launch_programs``; ``SPLIT_K`` and ``PROGRAMS_PER_SM`` are fixed at 1).
+
+    Raises:
+        TypeError: a field that is not an int. ValueError: a value the kernel cannot take, or shared memory over
+            the sm_90 limit (``shared_bytes``).
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 256
+    BLOCK_K: int = 64
+    STAGES: int = 3
+    GROUP_M: int = 8
+    STREAM_K: int = 2
+
+    SPLIT_K: ClassVar[int] = 1
+    PROGRAMS_PER_SM: ClassVar[int] = 1
+
+    def __post_init__(self):
+        _runtime.check_int_fields(self, "BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "GROUP_M", "STREAM_K")
+        if self.BLOCK_M not in (64, 128):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected 64 or 128 (one or two warpgroups)")
+        if self.BLOCK_N not in (64, 128, 256):
+            raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 (the wgmma N width)")
+        if self.BLOCK_K not in (32, 64, 128):
+            raise ValueError(f"BLOCK_K={self.BLOCK_K}: expected 32, 64 or 128")
+        if self.STAGES < 2:
+            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
+        if self.GROUP_M < 1 or self.GROUP_M & (self.GROUP_M - 1):
+            raise ValueError(f"GROUP_M={self.GROUP_M}: expected a power of two >= 1")
+        if self.STREAM_K not in (0, 1, 2):
+            raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, 1 or 2")
+        from .._sm90 import SM90_MAX_SHARED_BYTES
+
+        if self.shared_bytes > SM90_MAX_SHARED_BYTES:
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (sm_90 limit "
+                             f"{SM90_MAX_SHARED_BYTES})")
+
+    @property
+    def num_warps(self) -> int:
+        """Warps of the consumer partition: one warpgroup per 64 rows of BLOCK_M."""
+        return self.BLOCK_M // 16
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory of the TMA ring, the C staging tile and the barriers."""
+        return (self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K + self.BLOCK_M * self.BLOCK_N) * 2 + \
+            16 * self.STAGES
+
+
 # gemm_fp16's table on a GPU, keyed on M, for N = 3072, K = 2048 on the H200; used for any N, K (correct
 # everywhere, tuned only there). M <= 256: the Gluon swap-AB kernel (per-bucket winners of a CUPTI sweep; every
 # winner has SPLIT_K = 1: the split-K reduction's serial tail cost ~1 us more than the extra SMs gained; 48 CTAs of
@@ -231,17 +296,18 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> Spli
 # ---------------------------------------------------------------------------------------------------------------
 # Grid and stream-K schedule (host mirrors of the kernels' integer arithmetic)
 # ---------------------------------------------------------------------------------------------------------------
-def launch_programs(config: TmaConfig, M: int, N: int, K: int, num_sms: int) -> int:
-    """Grid size of a TMA launch: min(work units, PROGRAMS_PER_SM x num_sms); work units are (tile, K slice)
-    pairs, or for STREAM_K 1/2 (tile, K-iteration) pairs (so every program gets >= 1 iteration); STREAM_K 3:
-    tiles."""
+def launch_programs(config: TmaConfig | PersistentConfig, M: int, N: int, K: int, num_sms: int) -> int:
+    """Grid size of a TMA or persistent Gluon launch: min(work units, PROGRAMS_PER_SM x num_sms); work units are
+    (tile, K slice) pairs, or for STREAM_K 1/2 (tile, K-iteration) pairs (so every program gets >= 1 iteration);
+    TmaConfig STREAM_K 3 and PersistentConfig STREAM_K 0: tiles."""
     tiles = -(-M // config.BLOCK_M) * -(-N // config.BLOCK_N)
     units = tiles * (-(-K // config.BLOCK_K) if config.STREAM_K in (1, 2) else config.SPLIT_K)
     return min(units, num_sms * config.PROGRAMS_PER_SM)
 
 
-def stream_k_schedule(config: TmaConfig, M: int, N: int, K: int, num_programs: int) -> dict:
-    """Host mirror of gemm_fp16_tma_streamk_kernel's split points (same integer arithmetic).
+def stream_k_schedule(config: TmaConfig | PersistentConfig, M: int, N: int, K: int, num_programs: int) -> dict:
+    """Host mirror of the split points of gemm_fp16_tma_streamk_kernel and gemm_persistent_kernel (the same
+    integer arithmetic).
 
     Returns dict(sk_tiles=tiles in the stream-K phase, dp_tiles=whole tiles of the data-parallel phase,
     max_pieces=most pieces of any one tile, max_piece_len=most products (K elements) in one piece of a split tile
@@ -249,9 +315,9 @@ def stream_k_schedule(config: TmaConfig, M: int, N: int, K: int, num_programs: i
     all of K, pieces={tile: [(program, kt0, kt1), ...] in K order}) for the stream-K tiles.
 
     Raises:
-        ValueError: ``config`` is not a stream-K TmaConfig; a size < 1.
+        ValueError: ``config`` is not a stream-K TmaConfig or PersistentConfig; a size < 1.
     """
-    if not isinstance(config, TmaConfig) or not config.STREAM_K:
+    if not isinstance(config, (TmaConfig, PersistentConfig)) or not config.STREAM_K:
         raise ValueError(f"config={config}: not a stream-K config")
     if min(M, N, K, num_programs) < 1:
         raise ValueError(f"M={M}, N={N}, K={K}, num_programs={num_programs}: expected all >= 1")
@@ -310,7 +376,8 @@ def _grid_sms(interpreter: bool) -> int | None:
     return _runtime.num_sms(torch.device("cuda", torch.cuda.current_device()))
 
 
-def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, interpreter: bool = False, *,
+def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig, K: int,
+                       interpreter: bool = False, *,
                        inputs="float16", M: int | None = None, N: int | None = None,
                        num_programs: int | None = None) -> str:  # fmt: skip
     """The fp4ref.bounds accumulation model (a name for ``fp4ref.bounds.get_model``) of one config at this K.
@@ -325,6 +392,8 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, i
       any summation order; Higham 2002 §3.1).
 
     GluonConfig (GPU only): ``hopper_fp16_wgmma`` per slice of ``k_split(K)`` K tiles (all wgmma).
+    PersistentConfig (GPU only; ``interpreter`` is ignored): ``hopper_fp16_wgmma`` per piece, with the stream-K
+    rule below.
 
     SPLIT_K > 1 wraps it as ``splitk(<model>, L)``: the partial sums are added in fp32 with RNE in the fixed order
     s = 0, 1, ..., SPLIT_K - 1 (fp4ref.bounds adds gamma_{ceil(K/L)-1}(2^-24)).
@@ -342,10 +411,11 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, i
 
     Raises:
         ValueError: ``inputs`` not float16/bfloat16; K < 1.
-        TypeError: ``config`` is not a SplitKConfig, TmaConfig or GluonConfig.
+        TypeError: ``config`` is not a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig.
     """
-    if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig)):
-        raise TypeError(f"config: expected a SplitKConfig, TmaConfig or GluonConfig, got {type(config).__name__}")
+    if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig, got "
+                        f"{type(config).__name__}")
     inputs = str(inputs).replace("torch.", "")
     if inputs not in ("float16", "bfloat16"):
         raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
@@ -354,7 +424,9 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, i
     if isinstance(config, GluonConfig):  # wgmma in every slice; the slices are [s C, (s + 1) C) exactly
         per, slices = config.k_split(K)
         return "hopper_fp16_wgmma" if slices == 1 else f"splitk(hopper_fp16_wgmma, {min(K, per * config.BLOCK_K)})"
-    if interpreter:
+    if isinstance(config, PersistentConfig):  # Gluon: wgmma on the GPU, never interpreted
+        inner, interpreter = "hopper_fp16_wgmma", False
+    elif interpreter:
         inner = "fp32_rn"
     elif config.uses_wgmma:
         inner = "hopper_bf16_wgmma" if inputs == "bfloat16" else "hopper_fp16_wgmma"
@@ -375,6 +447,8 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig, K: int, i
         sch = stream_k_schedule(config, M, N, K, num_programs)
         return _dominating_model(inner, K, config.BLOCK_K, sch["max_piece_len"], sch["max_pieces"],
                                  sch["whole_tiles"] > 0, fallback)  # fmt: skip
+    if isinstance(config, PersistentConfig):  # STREAM_K 0: one chain over all of K per tile
+        return inner
     k_tiles = -(-K // config.BLOCK_K)
     L = min(K, -(-k_tiles // config.SPLIT_K) * config.BLOCK_K)
     return f"splitk({inner}, {L})" if L < K else inner

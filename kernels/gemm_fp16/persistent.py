@@ -1,0 +1,268 @@
+"""Gluon path of gemm_fp16 for large M (``PersistentConfig``): persistent, warp-specialized wgmma with a
+deterministic stream-K schedule, on sm_90.
+
+    C[M, N] (fp16) = A[M, K] @ B[N, K]^T, fp32 accumulation on wgmma, one RNE rounding
+
+At large M the GEMM is compute-bound and the loss is wave quantization: 128 x 256 tiles of the gemm_n3072_k2048
+workload make 96 / 204 / 228 tiles at M = 972 / 2053 / 2379 for 132 SMs, so the last wave leaves up to 27% of the
+SMs idle. This kernel keeps every SM busy to the end:
+
+* persistent: one CTA per SM (``num_programs``), each walking its own work in grouped tile order (GROUP_M row
+  tiles share B's column tiles in L2).
+* stream-K (``STREAM_K`` 1 or 2, the schedule of ``tma.gemm_fp16_tma_streamk_kernel``, mirrored on the host by
+  ``configs.stream_k_schedule``): the (tile, K-iteration) pairs of the stream-K tiles, linearised as
+  tile * k_tiles + kt, are cut into ``num_programs`` contiguous ranges of equal length (+-1). 1: every tile; 2
+  (hybrid): only the num_tiles % num_programs tiles of the last partial wave, the full waves after them as whole
+  tiles. 0: whole tiles only. A range's first piece is the tail of a tile (K-iterations up to the end) and its last
+  piece the head of another (K-iterations from 0).
+* split tiles, bitwise deterministic without any wait: a tail piece writes its fp32 partial (from the wgmma
+  registers) to workspace slot (piece, tile) and bumps the tile's counter (acq_rel). The head, last in time,
+  first reads the counter (acquire): with every tail in, it adds slots 1, 2, ... to its registers in K order;
+  otherwise it writes slot 0 and bumps like a tail, and the last arrival sums slots 0, 1, ... in K order. Either
+  way the pieces are summed in the order 0, 1, ..., P - 1 in fp32 (RN) by exactly one CTA, which rounds once,
+  stores and resets the counter for the next launch.
+* warp specialization: a 1-warp producer partition TMA-loads A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K]
+  into a STAGES-deep ring ("ready" barriers carry the bytes, "empty" barriers hand a slot back) and runs ahead
+  across pieces and tiles, so the next piece's loads overlap this piece's fix-up or store. The default partition
+  (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one group in flight, and stores.
+* epilogue: a whole tile is rounded once to fp16 (RNE) into shared memory and stored by TMA (rows >= M and
+  columns >= N clipped), overlapping the next piece's main loop; a split tile's finisher stores the same way.
+
+Numerics: each piece is one ``hopper_fp16_wgmma`` chain over its K-iterations; a split tile's pieces are summed
+in K order in fp32 RN (``configs.accumulation_model`` bounds both with the schedule of the launch). There is no
+CPU interpreter for Gluon: the CPU tests build every config for sm_90 (kernels/_sm90.py), the GPU tests run it.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .._gluon import grouped_tile, release_slot, tma_store_tile
+
+__all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layouts"]
+
+
+def persistent_layouts(config):
+    """The NVMMA shared-memory layouts of the A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K] fp16 tiles (the TMA
+    destinations and wgmma operands) and of the C tile [BLOCK_M, BLOCK_N] (the TMA store's source)."""
+    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_K], gl.float16),
+            gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16),
+            gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_N], gl.float16))
+
+
+def persistent_constexprs(config) -> dict:
+    """``gemm_persistent_kernel``'s constexpr arguments for ``config``, in parameter order."""
+    return dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
+                GROUP_M=config.GROUP_M, STREAM_K=config.STREAM_K, num_warps=config.num_warps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The schedule: both partitions walk the same pieces
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              STREAM_K: gl.constexpr):
+    """(num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile) of this CTA: the stream-K
+    tiles are 0..sk_tiles-1, its range of their (tile, K-iteration) pairs is [it, it_end) (configs.
+    stream_k_schedule), and that range touches tiles first_tile..end_tile-1 (none when it is empty)."""
+    G = gl.num_programs(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    if STREAM_K == 1:
+        sk_tiles = num_tiles
+    elif STREAM_K == 2:  # the last partial wave; all tiles when there is at most one wave
+        sk_tiles = num_tiles % G + (num_tiles <= G).to(gl.int32) * (num_tiles - num_tiles % G)
+    else:
+        sk_tiles = num_tiles * 0
+    total = sk_tiles * k_tiles
+    base = total // G
+    extra = total % G
+    pid = gl.program_id(0)
+    it = pid * base + gl.minimum(pid, extra)
+    it_end = it + base + (pid < extra).to(gl.int32)
+    first_tile = it // k_tiles
+    end_tile = first_tile + (it < it_end).to(gl.int32) * ((it_end + k_tiles - 1) // k_tiles - first_tile)
+    return num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile
+
+
+@gluon.jit
+def _owner(i, base, extra):
+    """The CTA whose stream-K range holds linear K-iteration ``i``: CTAs 0..extra-1 own base + 1 iterations, the
+    others base (the ranges are contiguous, in CTA order)."""
+    big = extra * (base + 1)
+    return gl.where(i < big, i // (base + 1), extra + (i - big) // gl.maximum(base, 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Producer partition (1 warp)
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, kt0, kt1, step,
+                BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    """TMA K-iterations kt0..kt1-1 of one tile into the ring from ring step ``step``; returns the next step."""
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for kk in range(kt0, kt1):
+        s = step % STAGES
+        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh barriers: parity 1 counts as complete
+        bar = ready.index(s)
+        mbarrier.expect(bar, nbytes)
+        tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
+        step += 1
+    return step
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              STREAM_K: gl.constexpr):
+    num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile = _schedule(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STREAM_K)
+    step = 0
+    for tile in range(first_tile, end_tile):  # the stream-K pieces of this range
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        kt0 = gl.maximum(it - tile * k_tiles, 0)
+        kt1 = gl.minimum(it_end - tile * k_tiles, k_tiles)
+        step = _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m * BLOCK_M, pid_n * BLOCK_N, kt0,
+                           kt1, step, BLOCK_K, STAGES)
+    for tile in range(sk_tiles + gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):  # whole tiles
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        step = _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
+                           k_tiles, step, BLOCK_K, STAGES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Consumer (default) partition
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _mma_piece(a_bufs, b_bufs, ready, empty, step, nk, acc_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """One fp32 wgmma chain over the ``nk`` >= 1 ring steps from ``step``: one wgmma group in flight, a slot
+    handed back as soon as the group that read it retired."""
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    for i in range(nk):
+        s = (step + i) % STAGES
+        mbarrier.wait(ready.index(s), ((step + i) // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if i > 0:
+            release_slot(empty, step + i - 1, STAGES, num_warps)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    release_slot(empty, step + nk - 1, STAGES, num_warps)
+    return acc
+
+
+@gluon.jit
+def _store_tile(acc, c_smem, c_desc, off_m, off_n):
+    """Round once to fp16 and TMA-store, after the previous store from ``c_smem`` has read it."""
+    tma.store_wait(pendings=0)
+    gl.thread_barrier()
+    tma_store_tile(acc, c_smem, c_desc, off_m, off_n)
+
+
+@gluon.jit
+def _finish_split(acc, ws_tile, slot_stride, offs, n_pieces, cnt, c_smem, c_desc, off_m, off_n,
+                  FROM_SLOT0: gl.constexpr):
+    """The one CTA that completes a split tile: piece 0 (``acc``, or slot 0 when FROM_SLOT0) + slot 1 + ... +
+    slot n_pieces - 1 in that order (fp32 RN), the counter reset for the next launch, one rounding, the store."""
+    if FROM_SLOT0:
+        acc = gl.load(ws_tile + offs, cache_modifier=".cg")
+    for s in range(1, n_pieces):
+        acc = acc + gl.load(ws_tile + s * slot_stride + offs, cache_modifier=".cg")
+    gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    _store_tile(acc, c_smem, c_desc, off_m, off_n)
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, N, K,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+    num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile = _schedule(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STREAM_K)
+    G = gl.num_programs(0)
+    step = 0
+    if STREAM_K != 0:
+        TILE: gl.constexpr = BLOCK_M * BLOCK_N
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        offs = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)  # partials in the wgmma layout
+        slot_stride = sk_tiles.to(gl.int64) * TILE
+        base = sk_tiles * k_tiles // G
+        extra = sk_tiles * k_tiles % G
+        for tile in range(first_tile, end_tile):
+            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            t0 = tile * k_tiles
+            kt0 = gl.maximum(it - t0, 0)
+            kt1 = gl.minimum(it_end - t0, k_tiles)
+            acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, kt1 - kt0, acc_layout, BLOCK_M, BLOCK_N, STAGES,
+                             num_warps)
+            step += kt1 - kt0
+            if (kt0 == 0) & (kt1 == k_tiles):  # a whole tile
+                _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+            else:
+                first = _owner(t0, base, extra)  # the CTA holding the tile's K-iteration 0 (its head)
+                n_pieces = _owner(t0 + k_tiles - 1, base, extra) - first + 1
+                piece = gl.program_id(0) - first  # position in K order
+                ws_tile = ws_ptr + tile.to(gl.int64) * TILE
+                cnt = cnt_ptr + tile
+                tails_in = 0
+                if piece == 0:  # the head: have all the tails arrived?
+                    tails_in = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
+                if tails_in == n_pieces - 1:
+                    _finish_split(acc, ws_tile, slot_stride, offs, n_pieces, cnt, c_smem, c_desc, pid_m * BLOCK_M,
+                                  pid_n * BLOCK_N, False)
+                else:
+                    gl.store(ws_tile + piece * slot_stride + offs, acc, cache_modifier=".cg")
+                    gl.thread_barrier()  # every thread's partial stores precede the release below
+                    arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                    if arrived == n_pieces - 1:
+                        _finish_split(acc, ws_tile, slot_stride, offs, n_pieces, cnt, c_smem, c_desc,
+                                      pid_m * BLOCK_M, pid_n * BLOCK_N, True)
+    for tile in range(sk_tiles + gl.program_id(0), num_pid_m * num_pid_n, G):  # whole tiles
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, k_tiles, acc_layout, BLOCK_M, BLOCK_N, STAGES,
+                         num_warps)
+        step += k_tiles
+        _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+    tma.store_wait(pendings=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------------------
+@gluon.jit(do_not_specialize=["M"])  # one build for every M of a config
+def gemm_persistent_kernel(
+    # TMA descriptors: A [M, K] fp16 (block [BLOCK_M, BLOCK_K]), B [N, K] fp16 (block [BLOCK_N, BLOCK_K]), C [M, N]
+    # fp16 (block [BLOCK_M, BLOCK_N])
+    a_desc, b_desc, c_desc,
+    # stream-K scratch: fp32 partial tiles [max pieces, stream-K tiles, BLOCK_M * BLOCK_N] and int32 arrival
+    # counters [stream-K tiles], 0 between launches (never read without a split tile)
+    ws_ptr, cnt_ptr,
+    M, N, K,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
+):
+    a_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    c_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_N], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, N, K, BLOCK_M, BLOCK_N,
+                      BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps)),
+         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
+                      GROUP_M, STREAM_K))],
+        [1], [40])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))

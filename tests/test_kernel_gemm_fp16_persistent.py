@@ -1,0 +1,162 @@
+"""gemm_fp16's persistent Gluon path (PersistentConfig, kernels/gemm_fp16/persistent.py): warp-specialized wgmma
+with the deterministic stream-K schedule of the `tl` stream-K kernel.
+
+CPU: configs built for sm_90 with triton's compiler (there is no Gluon interpreter): wgmma, TMA loads and the TMA
+store, a producer partition (setmaxnreg), gpu-scope atomics only where tiles can be split, no spills, shared
+memory within the sm_90 limit; config checks; the accumulation model is the `tl` stream-K kernel's for the same
+tiles and grid; the bench's names and table source.
+GPU (``-m gpu``): NaN-poisoned output within the bound of the launch's own model against fp4ref's exact
+reference, bitwise equal run to run and to the `tl` stream-K kernel with the same tiles and schedule (the same
+pieces summed in the same order), every arrival counter back to 0; tiles split up to many ways, a K tail, ragged M
+and N, M below one tile; exact-accumulation inputs correctly rounded.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fp4ref.kernels.gemm_fp16 as mod
+from fp4ref.bounds import check
+from fp4ref.gemm import gemm_fp16 as reference
+from fp4ref.kernels import _runtime
+from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
+from fp4ref.kernels.gemm_fp16.bench import _config_source, cfg_name
+from fp4ref.kernels.gemm_fp16.persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
+from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+
+P = mod.PersistentConfig
+T = mod.TmaConfig
+ON_GPU = torch.cuda.is_available()
+NAN = float("nan")
+BUILDS = [P(128, 256, 64, 3, 8, 0), P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1), P(64, 256, 32, 6, 4, 2)]
+
+
+def _build(cfg):
+    la, lb, lc = persistent_layouts(cfg)
+    sig = {"a_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_K], la),
+           "b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], lb),
+           "c_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_N], lc),
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    return compile_for_sm90(gemm_persistent_kernel, sig, persistent_constexprs(cfg), num_warps=cfg.num_warps,
+                            divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"])
+
+
+@pytest.mark.parametrize("cfg", BUILDS, ids=repr)
+def test_config_builds_for_sm90(cfg):
+    ck = _build(cfg)
+    assert_gluon_build(ck)
+    ptx = ck.asm["ptx"]
+    assert "setmaxnreg" in ptx  # the producer partition hands its registers to the consumer warpgroups
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx  # the TMA store of C
+    assert ck.metadata.shared <= cfg.shared_bytes + 1024
+    # split tiles: the acq_rel arrival and the head's acquire read; whole tiles only: no atomics at all
+    assert ("atom.global.gpu.acq_rel.add" in ptx) == bool(cfg.STREAM_K), cfg
+    assert ("ld.global.gpu.acquire" in ptx) == bool(cfg.STREAM_K), cfg
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(BLOCK_M=256), ValueError, "BLOCK_M=256"), (dict(BLOCK_N=32), ValueError, "BLOCK_N=32"),
+    (dict(BLOCK_K=16), ValueError, "BLOCK_K=16"), (dict(STAGES=1), ValueError, "STAGES=1"),
+    (dict(GROUP_M=3), ValueError, "GROUP_M=3"), (dict(STREAM_K=3), ValueError, "STREAM_K=3"),
+    (dict(BLOCK_K=128, STAGES=3), ValueError, "shared memory"), (dict(STAGES=3.0), TypeError, "STAGES"),
+])
+def test_bad_configs_raise(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        P(**kw)
+
+
+def test_model_and_schedule_are_the_tl_stream_k_kernels():
+    """Same tiles, same grid: the same pieces, so the same declared model; whole tiles only: one chain per tile."""
+    for M in (1, 100, 972, 2053, 2379, 8192):
+        for sk, tl_sk in ((1, 1), (2, 2)):
+            p = P(128, 256, 64, 3, 8, sk)
+            t = T(128, 256, 64, num_warps=8, num_stages=3, STREAM_K=tl_sk)
+            G = mod.launch_programs(p, M, 3072, 2048, 132)
+            assert G == mod.launch_programs(t, M, 3072, 2048, 132)
+            assert mod.stream_k_schedule(p, M, 3072, 2048, G) == mod.stream_k_schedule(t, M, 3072, 2048, G)
+            assert (mod.accumulation_model(p, 2048, M=M, N=3072, num_programs=G)
+                    == mod.accumulation_model(t, 2048, M=M, N=3072, num_programs=G))
+    assert mod.accumulation_model(P(STREAM_K=1), 2048, M=972, N=3072, num_programs=132) == \
+        "splitk(hopper_fp16_wgmma, 1600)"
+    assert mod.accumulation_model(P(STREAM_K=0), 2048) == "hopper_fp16_wgmma"
+    assert mod.accumulation_model(P(STREAM_K=2), 2048, interpreter=True) == "tc_fp32_universal"  # no M, N
+    assert mod.launch_programs(P(STREAM_K=0), 972, 3072, 2048, 132) == 96  # whole tiles: one CTA per tile
+
+
+def test_persistent_config_on_cpu_tensors_is_refused():
+    A = torch.ones(4, 64, dtype=torch.float16)
+    B = torch.ones(16, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="persistent Gluon path runs on CUDA"):
+        mod.gemm_fp16(A, B, config=P())
+
+
+def test_bench_names_and_table_source():
+    cfg = P(128, 128, 64, 5, 4, 1)
+    assert cfg_name(cfg) == "persistent:128x128x64/st5/g4/sk1"
+    assert eval(_config_source(cfg), {"PersistentConfig": P}) == cfg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
+
+# (config, M, N, K): the workload's wave-quantized sizes; a K tail (1000 = 15 x 64 + 40); more CTAs than tiles (each
+# tile split many ways); M below one tile; the whole-tile mode with a ragged M and N
+CASES = [
+    (P(128, 256, 64, 3, 8, 2), 972, 3072, 2048),
+    (P(128, 256, 64, 3, 8, 2), 2379, 3072, 2048),
+    (P(128, 256, 64, 3, 8, 1), 2053, 3072, 2048),
+    (P(128, 128, 64, 5, 8, 1), 300, 520, 1000),
+    (P(128, 128, 64, 4, 4, 2), 129, 1032, 4096),
+    (P(64, 256, 32, 6, 4, 1), 5, 256, 512),
+    (P(128, 256, 64, 3, 8, 0), 700, 1000, 640),
+]
+_TL_MODE = {0: 3, 1: 1, 2: 2}  # PersistentConfig.STREAM_K -> the tl kernel's mode with the same schedule
+
+
+def _run(A, B, cfg):
+    C = torch.full((A.shape[0], B.shape[0]), NAN, dtype=torch.float16, device="cuda")
+    assert mod.gemm_fp16(A, B, config=cfg, out=C) is C
+    return C
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_within_bound_deterministic_and_equal_to_the_tl_stream_k_kernel(case):
+    cfg, M, N, K = case
+    rng = np.random.default_rng(M + N + K)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((N, K)).astype(np.float16)
+    A, B = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    c1 = _run(A, B, cfg)
+    c2 = _run(A, B, cfg)
+    assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
+    tl_cfg = T(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=3, GROUP_M=cfg.GROUP_M,
+               STREAM_K=_TL_MODE[cfg.STREAM_K])
+    assert torch.equal(c1.view(torch.int16), _run(A, B, tl_cfg).view(torch.int16))
+    device = A.device
+    cnt = _runtime.workspace(device, _runtime.current_stream(device), mod.COUNTERS, 1, torch.int32, zeroed=True)
+    assert not cnt.any()  # every split tile's counter reset by its finisher
+    sch = mod.stream_k_schedule(cfg, M, N, K, mod.launch_programs(cfg, M, N, K, _runtime.num_sms(device))) \
+        if cfg.STREAM_K else None
+    if sch is not None:
+        assert sch["split_tiles"] > 0 and sch["max_pieces"] >= 2  # the case really splits tiles
+    if M * N * K <= 2 ** 32:  # the exact reference at the smaller sizes (the larger ones equal the tl kernel's)
+        model = mod.accumulation_model(cfg, K, M=M, N=N)
+        check(c1.cpu(), reference(a, b), model, output_rounding="rne", poison=NAN).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cfg", [P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1)], ids=repr)
+def test_exact_accumulation_is_correctly_rounded(cfg):
+    M, N, K = 260, 3072, 2048
+    rng = np.random.default_rng(5)
+    a = rng.integers(-4, 5, (M, K)).astype(np.float16)  # |partial sums| <= 16 * 2048 < 2^24: exact in fp32
+    b = rng.integers(-4, 5, (N, K)).astype(np.float16)
+    c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
+    check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, K, M=M, N=N), output_rounding="rne", poison=NAN,
+          exact_accumulation=True).assert_ok()
