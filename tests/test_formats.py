@@ -110,6 +110,13 @@ def test_get_format_unknown_lists_known_names():
     assert "e3m4" in msg
     for name in NAMES:
         assert name in msg.lower()
+    assert "OCP" not in msg  # the hint is only for the MX element name
+
+
+def test_get_format_mx_element_name_e4m3_points_to_e4m3fn():
+    """mx_quantize takes the OCP MX element name "e4m3"; the codec registry does not, and says which name it is."""
+    with pytest.raises(ValueError, match=r"'e4m3fn' is OCP E4M3"):
+        get_format("E4M3")
 
 
 # ------------------------------------------------------------------------------------------------ decode

@@ -368,6 +368,11 @@ def test_linear_rejects():
     w_off = torch.zeros(32 * 32 + 1, dtype=torch.uint8, device=DEVICE)[1:].view(32, 32)  # base 1 byte off
     with pytest.raises(ValueError, match="weight_fp4.data_ptr"):
         nvl.nvfp4_linear(x, w_off, s, 1.0)
+    with pytest.raises(ValueError, match="weight_scales is not contiguous"):
+        nvl.nvfp4_linear(x, w, torch.zeros(4, 32, dtype=torch.uint8, device=DEVICE).t(), 1.0)
+    # a wrong shape is named before the layout: a transposed [K/2, N] weight is a shape error, not a stride one
+    with pytest.raises(ValueError, match="weight_fp4.shape"):
+        nvl.nvfp4_linear(x, torch.zeros(16, 32, dtype=torch.uint8, device=DEVICE).t(), s, 1.0)
 
 
 def test_linear_validates_new_keys_after_a_cached_call():

@@ -322,8 +322,6 @@ def _check_weight(x, weight_fp4, weight_scales, K: int) -> int:
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"{name}.shape={tuple(t.shape)}: expected 2 dimensions")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} is not contiguous (strides {t.stride()})")
         if t.device != x.device:
             raise ValueError(f"{name}.device={t.device}: expected x's device {x.device}")
     if weight_fp4.dtype not in _FP4_DTYPES:
@@ -337,7 +335,9 @@ def _check_weight(x, weight_fp4, weight_scales, K: int) -> int:
         raise ValueError(f"weight_fp4.shape={tuple(weight_fp4.shape)}: expected (N, K/2)=({N}, {K // 2}) for x K={K}")
     if tuple(weight_scales.shape) != (N, K // 16):
         raise ValueError(f"weight_scales.shape={tuple(weight_scales.shape)}: expected (N, K/16)=({N}, {K // 16})")
-    for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):
+    for name, t in (("weight_fp4", weight_fp4), ("weight_scales", weight_scales)):  # layout after shape
+        if not t.is_contiguous():
+            raise ValueError(f"{name} is not contiguous (strides {t.stride()})")
         if t.data_ptr() % 16:
             raise ValueError(f"{name}.data_ptr() % 16 = {t.data_ptr() % 16}: expected a 16-byte aligned base (the "
                              "kernels read it in 4-16-byte words; .clone() aligns it)")
