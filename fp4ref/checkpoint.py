@@ -807,7 +807,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
                 group_amax[it.group] = max(group_amax.get(it.group, np.float32(0)), amaxes[it.name][0][0])
         with loc.building() as tmp:
             tasks = _write_shards(ckpt, items, target, tmp, amaxes, group_amax)
-            results = pool.run(tasks, bar, "quantize")
+            results = pool.run(tasks, bar, "write")  # quantized and copied tensors
             _write_side_files(ckpt, items, target, tmp, quantized=True)
             loc.publish(None if is_dir else ckpt.shards[0].path.name)
     stats = {t.name: r for (fn, t), r in zip(tasks, results) if fn is _quant_task}

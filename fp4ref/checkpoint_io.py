@@ -425,7 +425,8 @@ class OutputLocation:
             raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected a "
                                   f"{'directory' if is_dir else 'file'}")
         if self.target.exists() and not force:
-            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force (force=True) to replace it")
+            raise CheckpointError(f"output {str(self.target)!r} exists; pass --force to replace it (in Python: "
+                                  "force=True)")
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "parent directories)")
