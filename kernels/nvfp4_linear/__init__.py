@@ -141,19 +141,15 @@ class _LinearPlan:
     or, where x dequantized would exceed X_WORKSPACE_MAX_BYTES, one amax over all of x and then, per chunk of
     rows, the quantizer and the path (``chunks``: (first row, end row, QuantizeLaunches, path launch))."""
 
-    __slots__ = ("quant", "path", "chunks", "deq_name", "deq_dtype", "quant_w_gdec", "int8_x", "x_views", "out_shape",
-                 "numel", "K", "N")
+    __slots__ = ("quant", "path", "chunks", "deq_name", "deq_dtype", "quant_w_gdec", "int8_x", "out_shape", "numel",
+                 "K", "N")
 
-    def _x_outputs(self, buf, gdec, rows: int):
-        """The quantizer's (q, s, deq) for ``rows`` rows of x in the x workspace ``buf``: the DP4A path's int8
-        codes [rows, K] then scale bytes [rows, K / 16] (``Dp4aLaunch.x_views``), or the others' dequantized x
-        (``gdec`` fills the unused outputs)."""
+    def _x_outputs(self, buf, gdec, path):
+        """The quantizer's (q, s, deq) in the x workspace ``buf`` for the rows of ``path``: the DP4A path's int8
+        codes then scale bytes (``Dp4aLaunch.x_views``), or the others' dequantized x (``gdec`` fills the unused
+        outputs)."""
         if self.int8_x:
-            # slicing costs host time: kept while the workspace is the same tensor (until it grows)
-            held, held_rows, q, s = self.x_views or (None, 0, None, None)
-            if held is not buf or held_rows != rows:
-                q, s = Dp4aLaunch.x_views(buf, rows, self.K)
-                self.x_views = (buf, rows, q, s)
+            q, s, _ = path.x_views(buf)
             return q, s, gdec
         return gdec, gdec, buf
 
@@ -168,7 +164,7 @@ class _LinearPlan:
         # gdec = [x global decode, fp32(x global decode * w_gdec)] (the pre-pass GEMM's epilogue scale)
         wq = w_gdec if self.quant_w_gdec else 1.0
         if self.chunks is None:
-            self.quant.run(st, x, parts, *self._x_outputs(deq, gdec, x.numel() // self.K), gdec, wq)
+            self.quant.run(st, x, parts, *self._x_outputs(deq, gdec, self.path), gdec, wq)
             self.path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out, w_gdec)
             return out
         # the recipe's global amax is over all of x: one amax launch, then every chunk quantizes with it. Each row's
@@ -176,7 +172,7 @@ class _LinearPlan:
         self.quant.run_amax(st, x, parts)
         x2, out2 = x.view(-1, self.K), out.view(-1, self.N)
         for r0, r1, quant, path in self.chunks:
-            quant.run_quant(st, x2[r0:r1], parts, self.quant.nprog, *self._x_outputs(deq, gdec, r1 - r0), gdec, wq)
+            quant.run_quant(st, x2[r0:r1], parts, self.quant.nprog, *self._x_outputs(deq, gdec, path), gdec, wq)
             path.run(st, dev, weight_fp4, weight_scales, deq, gdec, out2[r0:r1], w_gdec)
         return out
 
@@ -246,7 +242,6 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                          f"got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
 
     plan = _LinearPlan()
-    plan.x_views = None
     plan.out_shape, plan.K, plan.N = out_shape, K, N
     # the quantizer writes x dequantized (code * block scale, exact) in the dtype the path multiplies: fp32 for the
     # GEMV's FMAs, fp16 for the tensor cores; the DP4A path takes int8 codes and scale bytes instead (uint8)

@@ -261,12 +261,12 @@ class Dp4aLaunch:
     W [N, K] with ``config`` (``Dp4aConfig.fits(N, K)``); ``pdl`` as ``gluon.GluonLaunch``.
 
     ``run(stream, device, weight_fp4, weight_scales, xq, gdec, out, w_gdec)``: ``xq`` uint8 [>= M K + M K / 16]:
-    x's int8 codes [M, K], then its block-scale bytes [M, K / 16] (``x_views``)."""
+    x's int8 codes [M, K], then its block-scale bytes [M, K / 16] (``x_views``: the quantizer writes them)."""
 
     __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K", "_views")
 
     def __init__(self, config: Dp4aConfig, M: int, N: int, K: int, pdl: bool = False):
-        self._views = (None, None, None)  # (workspace, its int8 codes, its scale bytes): slicing costs host time
+        self._views = (None, None, None, None)  # (workspace, codes, scale bytes, codes as int8): see x_views
         grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
         self.M, self.N, self.K, self.config = M, N, K, config
         self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts()
@@ -275,21 +275,24 @@ class Dp4aLaunch:
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES,
                  num_warps=config.num_warps, PDL=pdl), n_desc=4, launch_pdl=pdl)
 
-    @staticmethod
-    def x_views(buf, M: int, K: int):
-        """(int8 codes [M * K], scale bytes [M * K / 16]) of x in the uint8 workspace ``buf`` (codes first)."""
-        return buf[:M * K], buf[M * K:M * K + M * K // 16]
+    def x_views(self, buf):
+        """(codes [M * K], scale bytes [M * K / 16], codes viewed as int8) of x in the uint8 workspace ``buf``
+        (codes first): the quantizer's outputs and this kernel's operands. Slicing costs host time, so the views
+        are kept while ``buf`` is the same tensor (from call to call, until the workspace grows)."""
+        held, codes, scales, codes_i8 = self._views
+        if held is not buf:
+            M, K = self.M, self.K
+            codes, scales = buf[:M * K], buf[M * K:M * K + M * K // 16]
+            codes_i8 = codes.view(torch.int8)
+            self._views = (buf, codes, scales, codes_i8)
+        return codes, scales, codes_i8
 
     def run(self, stream: int, device, weight_fp4, weight_scales, xq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
         wl, sl, xl, xsl = self.layouts
         part, cnt = splitk_buffers(device, stream, self.split_k,
                                    workspace_elements(self.tiles, self.split_k, cfg.BN, EPILOGUE_M), self.tiles, out)
-        buf, codes, scales = self._views
-        if buf is not xq:  # the workspace is the same tensor from call to call until it grows
-            codes, scales = self.x_views(xq, M, K)
-            codes = codes.view(torch.int8)
-            self._views = (xq, codes, scales)
+        _, scales, codes = self.x_views(xq)
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
