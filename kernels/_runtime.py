@@ -108,10 +108,13 @@ def current_stream(device: torch.device) -> int:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) byte addresses a strided tensor can touch."""
-    if t.numel() == 0:
-        return (t.data_ptr(), t.data_ptr())
-    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
-    return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
+    p, n = t.data_ptr(), t.numel()
+    if n == 0:
+        return (p, p)
+    if t.is_contiguous():  # the usual case, on every call of a kept plan: no Python loop over the dimensions
+        return (p, p + n * t.element_size())
+    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 1)
+    return (p, p + (last + 1) * t.element_size())
 
 
 def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -> None:
@@ -400,7 +403,7 @@ class Launch:
                     self.encodings[key] = enc
             else:
                 enc = ()
-            rest = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:])
+            rest = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:]]
             g = self.grid
             try:
                 direct.fn(g[0], g[1], g[2], stream, *direct.base, *enc, *rest, *self._tail)
