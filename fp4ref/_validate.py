@@ -86,13 +86,27 @@ def help_description(doc: str | None) -> str:
     return (doc or "").split("\n\n")[0].replace("``", "")
 
 
-def check_writable(path: str, flag: str, *, force: bool = False) -> None:
+def check_writable(path: str, flag: str, *, force: bool = False, inputs=()) -> None:
     """Raise ValueError naming ``flag`` unless a report file can be written at ``path``, checked before a long run
     (the report is written there at its end) and without truncating an existing file: a usage error found later
     must leave it as it was. An existing file is refused unless ``force`` (the command's ``--force``): no output is
-    replaced without being asked."""
+    replaced without being asked. ``inputs`` (the command's input paths: files, or directories whose files it
+    reads) are never written, with ``force`` or not: ``path`` may be none of them (a link to one included) and
+    may not lie inside one."""
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path!r}: cannot write it (Is a directory)")
+    target = os.path.realpath(path)
+    for inp in inputs:
+        if inp is None or not os.path.exists(inp):
+            continue
+        where = os.path.realpath(inp)
+        # a checkpoint index's shards sit beside it: its directory is read too
+        if not os.path.isdir(where) and where.endswith(".index.json"):
+            where = os.path.dirname(where)
+        same = os.path.exists(path) and os.path.samefile(path, inp)
+        if same or target == where or (os.path.isdir(where) and target.startswith(where.rstrip(os.sep) + os.sep)):
+            raise ValueError(f"{flag} {path!r} would write {'over' if same or target == where else 'inside'} the "
+                             f"input {inp!r}, which is never modified; choose another path")
     existed = os.path.lexists(path)
     if existed and not force:
         raise ValueError(f"{flag} {path!r} already exists; pass --force to replace it")

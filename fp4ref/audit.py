@@ -23,7 +23,8 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   scale and global-scale bytes.
 
 Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint, 130 on
-Ctrl-C, 143 on SIGTERM (no partial --json report is left; an existing one is replaced only with --force).
+Ctrl-C, 143 on SIGTERM (no partial --json report is left; an existing one is replaced only with --force, and
+never an input: the checkpoint, the reference, a file in their directories or a link to one).
 """
 from __future__ import annotations
 
@@ -358,7 +359,7 @@ def run(args) -> int:
         return 2
     if args.json and args.json != "-":
         try:
-            check_writable(args.json, "--json", force=args.force)
+            check_writable(args.json, "--json", force=args.force, inputs=(args.path, args.reference))
         except ValueError as e:
             print(f"fp4ref audit: error: {e}", file=sys.stderr)
             return 2

@@ -300,6 +300,37 @@ def test_an_existing_json_report_needs_force(made, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]  # no temporary file left beside it
 
 
+def test_the_json_report_never_replaces_an_input(made, tmp_path, capsys):
+    """Not with --force either: the audited checkpoint, the --reference, a link to one, or a file inside an input
+    directory (a shard, the index)."""
+    import os
+    import shutil
+
+    ck = tmp_path / "ck"
+    shutil.copytree(made / "mo", ck)
+    ref = tmp_path / "ref"
+    shutil.copytree(made / "in", ref)
+    shard = next(ck.glob("*.safetensors"))
+    ref_shard = next(ref.glob("*.safetensors"))
+    os.link(shard, tmp_path / "hard.safetensors")
+    os.symlink(ref_shard, tmp_path / "soft.safetensors")
+    before = {p: p.read_bytes() for p in (shard, ref_shard, ck / "model.safetensors.index.json")}
+    cases = [([str(shard)], str(shard)), ([str(ck)], str(shard)),
+             ([str(ck)], str(ck / "model.safetensors.index.json")),
+             ([str(ck / "model.safetensors.index.json")], str(shard)),
+             ([str(shard)], str(tmp_path / "hard.safetensors")),
+             ([str(ck), "--reference", str(ref)], str(ref_shard)),
+             ([str(ck), "--reference", str(ref)], str(tmp_path / "soft.safetensors")),
+             ([str(ck)], str(ck / "new.json"))]
+    for argv, out in cases:
+        assert main(["audit", *argv, "--json", out, "--force", "--quiet"]) == 2, (argv, out)
+        err = capsys.readouterr().err
+        assert "which is never modified" in err and err.startswith("fp4ref audit: error: --json"), err
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (ck / "new.json").exists()
+    assert main(["audit", str(ck), "--json", str(tmp_path / "report.json"), "--quiet"]) == 0  # beside it: fine
+
+
 def test_sigterm_takes_the_ctrl_c_path_with_status_143(made, tmp_path, capsys, monkeypatch):
     import os
     import signal
