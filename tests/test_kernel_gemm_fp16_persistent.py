@@ -59,7 +59,7 @@ def test_config_builds_for_sm90(cfg):
     (dict(BLOCK_M=256), ValueError, "BLOCK_M=256"), (dict(BLOCK_N=32), ValueError, "BLOCK_N=32"),
     (dict(BLOCK_K=16), ValueError, "BLOCK_K=16"), (dict(STAGES=1), ValueError, "STAGES=1"),
     (dict(GROUP_M=3), ValueError, "GROUP_M=3"), (dict(STREAM_K=3), ValueError, "STREAM_K=3"),
-    (dict(BLOCK_K=128, STAGES=3), ValueError, "shared memory"), (dict(STAGES=3.0), TypeError, "STAGES"),
+    (dict(BLOCK_K=128, STAGES=3), ValueError, "shared memory for STAGES"), (dict(STAGES=3.0), TypeError, "STAGES"),
 ])
 def test_bad_configs_raise(kw, exc, words):
     with pytest.raises(exc, match=words):
@@ -82,6 +82,20 @@ def test_model_and_schedule_are_the_tl_stream_k_kernels():
     assert mod.accumulation_model(P(STREAM_K=0), 2048) == "hopper_fp16_wgmma"
     assert mod.accumulation_model(P(STREAM_K=2), 2048, interpreter=True) == "tc_fp32_universal"  # no M, N
     assert mod.launch_programs(P(STREAM_K=0), 972, 3072, 2048, 132) == 96  # whole tiles: one CTA per tile
+
+
+def test_schedule_and_model_arguments_are_checked():
+    for bad in (dict(M=1024.0), dict(N=True), dict(K=4096.5), dict(num_programs=132.0)):
+        args = dict(M=1024, N=1024, K=4096, num_programs=132) | bad
+        name = next(iter(bad))
+        with pytest.raises(TypeError, match=name):
+            mod.stream_k_schedule(P(), args["M"], args["N"], args["K"], args["num_programs"])
+        with pytest.raises(TypeError, match=name):
+            mod.accumulation_model(P(), args["K"], M=args["M"], N=args["N"], num_programs=args["num_programs"])
+    # a grid far larger than the work: the programs past the last K-iteration own nothing (and cost nothing)
+    big = mod.stream_k_schedule(P(STREAM_K=1), 1024, 1024, 1024, 10 ** 9)
+    small = mod.stream_k_schedule(P(STREAM_K=1), 1024, 1024, 1024, 32 * 16)
+    assert big == small and big["max_pieces"] == 16
 
 
 def test_persistent_config_on_cpu_tensors_is_refused():

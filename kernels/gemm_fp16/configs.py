@@ -216,8 +216,8 @@ class PersistentConfig:
         from .._sm90 import SM90_MAX_SHARED_BYTES
 
         if self.shared_bytes > SM90_MAX_SHARED_BYTES:
-            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (sm_90 limit "
-                             f"{SM90_MAX_SHARED_BYTES})")
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for STAGES x (BLOCK_M + BLOCK_N) x "
+                             f"BLOCK_K ring and the C tile (sm_90 limit {SM90_MAX_SHARED_BYTES})")
 
     @property
     def num_warps(self) -> int:
@@ -316,9 +316,11 @@ def stream_k_schedule(config: TmaConfig | PersistentConfig, M: int, N: int, K: i
 
     Raises:
         ValueError: ``config`` is not a stream-K TmaConfig or PersistentConfig; a size < 1.
+        TypeError: a size that is not an int.
     """
     if not isinstance(config, (TmaConfig, PersistentConfig)) or not config.STREAM_K:
         raise ValueError(f"config={config}: not a stream-K config")
+    _check_sizes(M=M, N=N, K=K, num_programs=num_programs)
     if min(M, N, K, num_programs) < 1:
         raise ValueError(f"M={M}, N={N}, K={K}, num_programs={num_programs}: expected all >= 1")
     tiles = -(-M // config.BLOCK_M) * -(-N // config.BLOCK_N)
@@ -327,7 +329,7 @@ def stream_k_schedule(config: TmaConfig | PersistentConfig, M: int, N: int, K: i
     sk_tiles = 0 if config.STREAM_K == 3 else tiles if config.STREAM_K == 1 or tiles <= G else tiles % G
     base, extra = divmod(sk_tiles * k_tiles, G)
     pieces: dict = {}
-    for p in range(G):
+    for p in range(min(G, sk_tiles * k_tiles)):  # the programs past it own empty ranges
         it = p * base + min(p, extra)
         end = it + base + (p < extra)
         while it < end:
@@ -341,6 +343,13 @@ def stream_k_schedule(config: TmaConfig | PersistentConfig, M: int, N: int, K: i
     return dict(sk_tiles=sk_tiles, dp_tiles=tiles - sk_tiles, max_pieces=max((len(ps) for ps in pieces.values()),
                 default=1), max_piece_len=max(lens, default=K), split_tiles=split,
                 whole_tiles=tiles - split, pieces=pieces)  # fmt: skip
+
+
+def _check_sizes(**sizes) -> None:
+    """TypeError naming the first size that is not an int (a bool is not; None means not given)."""
+    for name, v in sizes.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise TypeError(f"{name}={v!r}: expected an int")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -411,11 +420,13 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | Persiste
 
     Raises:
         ValueError: ``inputs`` not float16/bfloat16; K < 1.
-        TypeError: ``config`` is not a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig.
+        TypeError: ``config`` is not a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig; K, M, N or
+            num_programs not an int.
     """
     if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)):
         raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig, got "
                         f"{type(config).__name__}")
+    _check_sizes(K=K, M=M, N=N, num_programs=num_programs)
     inputs = str(inputs).replace("torch.", "")
     if inputs not in ("float16", "bfloat16"):
         raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
