@@ -220,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="verify kernels against fp4ref's exact references (GPU if present, else the Triton interpreter)",
         description="Verify the project's kernels (or --kernel) on the workloads: exact reference, K-aware bound, "
-        "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes, 1 otherwise, 2 for bad "
-        "arguments, 130 on Ctrl-C and 143 on SIGTERM (no partial --json / --repro output is left).",
+        "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes, 1 otherwise (a kernel "
+        "that cannot be imported or called counts as failed and is named in the report), 2 for bad arguments, 130 "
+        "on Ctrl-C and 143 on SIGTERM (no partial --json / --repro output is left).",
     )
     from .workloads import WORKLOADS
 

@@ -187,6 +187,7 @@ def test_m_zero_returns_empty():
         (lambda: _t((64, 4)).T, lambda: _t((16, 64)), ValueError, "unit stride"),
         (lambda: _t((4, 72))[:, :64], lambda: _t((16, 64)), ValueError, None),  # row stride 72: allowed
         (lambda: _t((4, 68))[:, :64], lambda: _t((16, 64)), ValueError, r"stride\(0\)=68"),
+        (lambda: _t((4, 12)), lambda: _t((16, 12)), ValueError, "K=12: expected a positive multiple of 8"),
         (lambda: _t((4, 72))[:, 4:68], lambda: _t((16, 64)), ValueError, "data_ptr"),
     ],
 )

@@ -301,6 +301,8 @@ def _check_operand(name: str, t, dim_name: str, dtypes=(torch.float16,)) -> None
         if s1 != 1:
             raise ValueError(f"{name}.stride()={(s0, s1)}: expected unit stride along K (call .contiguous())")
         if rows > 1 and s0 % ALIGN:
+            if s0 == cols:  # contiguous: the row length is what is off
+                raise ValueError(f"K={cols}: expected a positive multiple of {ALIGN} (16-byte rows)")
             raise ValueError(f"{name}.stride(0)={s0}: expected a multiple of {ALIGN} elements (16 bytes)")
         if t.data_ptr() % 16:
             raise ValueError(f"{name}.data_ptr()={t.data_ptr():#x}: expected 16-byte alignment")

@@ -182,7 +182,10 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     """y = NVFP4(x) @ NVFP4(W)^T, the SOL-ExecBench nvfp4_linear_layer op, for Hopper (exact decode to fp16).
 
     Args:
-        x: bfloat16 (or float16 / float32) [..., K], contiguous; quantized per call with the "sol" recipe.
+        x: bfloat16 (or float16 / float32) [..., K], contiguous, finite; quantized per call with the "sol"
+            recipe. A NaN or infinity in x is outside the contract (the recipe's global scale is undefined; fp4ref's
+            reference refuses such x): the kernels do not look for one, since that costs a pass over x, and y is
+            then unspecified.
         weight_fp4: torch.float4_e2m1fn_x2 or uint8 [N, K/2], E2M1 codes, element 2i in bits 3:0; contiguous,
             16-byte aligned.
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
