@@ -1,7 +1,8 @@
 """Gluon helpers shared by the kernels of gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear: the c^T tile's store
 layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue scale;
-the wait of a programmatic dependent launch; the grouped tile walk, TMA producer partition, slot release and
-TMA-store epilogue of a persistent, warp-specialized C = A @ B^T (sparse_gemm_fp4_fp8's expand path).
+the wait of a programmatic dependent launch; the shared memory, grouped tile walk, TMA producer partition, slot
+release and TMA-store epilogue of a persistent, warp-specialized C = A @ B^T (sparse_gemm_fp4_fp8's expand path,
+gemm_fp16's persistent path).
 
 Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
@@ -15,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 __all__ = ["grouped_tile", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
-           "wait_primary", "workspace_elements"]
+           "wait_primary", "workspace_elements", "ws_shared"]
 
 
 @gluon.jit
@@ -106,6 +107,25 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
     first_m = (tile // num_in_group) * GROUP_M
     group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
     return first_m + (tile % num_in_group) % group_size, (tile % num_in_group) // group_size
+
+
+@gluon.jit
+def ws_shared(a_desc, b_desc, c_desc, STAGES: gl.constexpr):
+    """Shared memory of a persistent, warp-specialized C = A @ B^T: STAGES-deep rings of A and B tiles (the
+    descriptors' blocks and layouts), the C staging tile, and the ring's "ready" and "empty" barriers (count 1,
+    initialized and fenced). Returns (a_bufs, b_bufs, c_smem, ready, empty)."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_shape[0], a_desc.block_shape[1]],
+                                       a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_shape[0], b_desc.block_shape[1]],
+                                       b_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [c_desc.block_shape[0], c_desc.block_shape[1]], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    return a_bufs, b_bufs, c_smem, ready, empty
 
 
 @gluon.jit

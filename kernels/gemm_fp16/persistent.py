@@ -39,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import grouped_tile, release_slot, tma_store_tile
+from .._gluon import grouped_tile, release_slot, tma_store_tile, ws_shared
 
 __all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layouts"]
 
@@ -248,15 +248,7 @@ def gemm_persistent_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
 ):
-    a_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    c_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, BLOCK_N], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    a_bufs, b_bufs, c_smem, ready, empty = ws_shared(a_desc, b_desc, c_desc, STAGES)
     gl.warp_specialize(
         [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, N, K, BLOCK_M, BLOCK_N,
                       BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps)),

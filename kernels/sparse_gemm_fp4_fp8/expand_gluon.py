@@ -33,7 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import grouped_tile, release_slot, store_layout, store_or_reduce, tma_ring_producer, tma_store_tile
+from .._gluon import (grouped_tile, release_slot, store_layout, store_or_reduce, tma_ring_producer, tma_store_tile,
+                      ws_shared)
 from .gluon import _selected_sum
 
 __all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "sparse_expanded_ws_kernel"]
@@ -137,15 +138,7 @@ def sparse_expanded_ws_kernel(
 ):
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, BK], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BK], b_desc.layout)
-    c_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    a_bufs, b_bufs, c_smem, ready, empty = ws_shared(a_desc, b_desc, c_desc, STAGES)
     gl.warp_specialize(
         [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N,
                       num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm, BLOCK_M, BLOCK_N, STAGES,
