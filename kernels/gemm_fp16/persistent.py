@@ -5,7 +5,8 @@ deterministic stream-K schedule, on sm_90.
 
 At large M the GEMM is compute-bound and the loss is wave quantization: 128 x 256 tiles of the gemm_n3072_k2048
 workload make 96 / 204 / 228 tiles at M = 972 / 2053 / 2379 for 132 SMs, so the last wave leaves up to 27% of the
-SMs idle. This kernel keeps every SM busy to the end:
+SMs idle. This kernel's stream-K schedules give every SM the same work (measured on the H200 they are not faster:
+the staggered K ranges feed the tensor cores more slowly than whole tiles do; docs/benchmarks.md):
 
 * persistent: one CTA per SM (``num_programs``), each walking its own work in grouped tile order (GROUP_M row
   tiles share B's column tiles in L2).
@@ -36,8 +37,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .._gluon import grouped_tile, release_slot, tma_store_tile, ws_shared
 
