@@ -16,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 __all__ = ["grouped_tile", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
-           "wait_primary", "workspace_elements", "ws_shared"]
+           "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
 
 
 @gluon.jit
@@ -110,6 +110,26 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """The "ready" and "empty" mbarriers of a STAGES-deep TMA ring (count 1 each), initialized and fenced."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    return ready, empty
+
+
+@gluon.jit
+def invalidate_ring(ready, empty, STAGES: gl.constexpr):
+    """Invalidate ``ring_barriers``' barriers once the partitions have joined."""
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+@gluon.jit
 def ws_shared(a_desc, b_desc, c_desc, STAGES: gl.constexpr):
     """Shared memory of a persistent, warp-specialized C = A @ B^T: STAGES-deep rings of A and B tiles (the
     descriptors' blocks and layouts), the C staging tile, and the ring's "ready" and "empty" barriers (count 1,
@@ -119,12 +139,7 @@ def ws_shared(a_desc, b_desc, c_desc, STAGES: gl.constexpr):
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_shape[0], b_desc.block_shape[1]],
                                        b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [c_desc.block_shape[0], c_desc.block_shape[1]], c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES)
     return a_bufs, b_bufs, c_smem, ready, empty
 
 

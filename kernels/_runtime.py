@@ -46,8 +46,8 @@ from triton import knobs
 
 __all__ = [
     "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_int_fields", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream", "hooks_installed",
-    "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace", "workspace_bytes",
+    "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream",
+    "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace", "workspace_bytes",
 ]
 
 # Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``
@@ -130,12 +130,16 @@ def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -
 # ---------------------------------------------------------------------------------------------------------------
 # Config tables
 # ---------------------------------------------------------------------------------------------------------------
-def check_int_fields(config, *names: str) -> None:
-    """Raise TypeError naming the field unless each of ``config``'s fields ``names`` is an int (bools are not)."""
-    for name in names:
-        v = getattr(config, name)
+def check_ints(**values) -> None:
+    """Raise TypeError naming the first of ``values`` (name=value) that is not an int (bools are not)."""
+    for name, v in values.items():
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name}={v!r}: expected an int")
+
+
+def check_int_fields(config, *names: str) -> None:
+    """Raise TypeError naming the field unless each of ``config``'s fields ``names`` is an int (bools are not)."""
+    check_ints(**{name: getattr(config, name) for name in names})
 
 
 def k_split(steps: int, split_k: int) -> tuple[int, int]:

@@ -346,10 +346,8 @@ def stream_k_schedule(config: TmaConfig | PersistentConfig, M: int, N: int, K: i
 
 
 def _check_sizes(**sizes) -> None:
-    """TypeError naming the first size that is not an int (a bool is not; None means not given)."""
-    for name, v in sizes.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise TypeError(f"{name}={v!r}: expected an int")
+    """TypeError naming the first size that is not an int (None means not given)."""
+    _runtime.check_ints(**{name: v for name, v in sizes.items() if v is not None})
 
 
 # ---------------------------------------------------------------------------------------------------------------

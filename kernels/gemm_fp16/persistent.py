@@ -39,7 +39,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .._gluon import grouped_tile, release_slot, tma_store_tile, ws_shared
+from .._gluon import grouped_tile, invalidate_ring, release_slot, tma_store_tile, ws_shared
 
 __all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layouts"]
 
@@ -255,6 +255,4 @@ def gemm_persistent_kernel(
          (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
                       GROUP_M, STREAM_K))],
         [1], [40])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    invalidate_ring(ready, empty, STAGES)

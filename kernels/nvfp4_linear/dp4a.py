@@ -36,9 +36,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .._gluon import store_layout, store_or_reduce, wait_primary, workspace_elements
+from .._gluon import (invalidate_ring, ring_barriers, store_layout, store_or_reduce, wait_primary,
+                      workspace_elements)
 from .._runtime import Desc, Launch
 from .configs import Dp4aConfig
 from .tensorcore import splitk_buffers
@@ -225,20 +226,13 @@ def nvfp4_dp4a_kernel(
     s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 16], s_desc.layout)
     x_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BM, BK], x_desc.layout)
     xs_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, 8, BK // 16], xs_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES)
     acc = gl.warp_specialize(
         [(_consumer, (w_smem, s_smem, x_smem, xs_smem, ready, empty, k_steps, BN, BM, STAGES, num_warps)),
          (_producer, (w_desc, s_desc, x_desc, xs_desc, w_smem, s_smem, x_smem, xs_smem, ready, empty, off_n, off_m,
                       k0, k_steps, BM, STAGES, PDL))],
         [1], [40])[0]
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    invalidate_ring(ready, empty, STAGES)
     if PDL:
         wait_primary()  # gdec is the quantizer's, and the wait is per thread
 

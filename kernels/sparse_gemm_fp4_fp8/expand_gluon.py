@@ -32,8 +32,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .._gluon import (grouped_tile, release_slot, store_layout, store_or_reduce, tma_ring_producer, tma_store_tile,
-                      ws_shared)
+from .._gluon import (grouped_tile, invalidate_ring, release_slot, store_layout, store_or_reduce, tma_ring_producer,
+                      tma_store_tile, ws_shared)
 from .gluon import _selected_sum
 
 __all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "sparse_expanded_ws_kernel"]
@@ -145,6 +145,4 @@ def sparse_expanded_ws_kernel(
          (tma_ring_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, num_pid_m, num_pid_n, k_steps,
                               BLOCK_M, BLOCK_N, BK, STAGES, GROUP_M, PDL))],
         [1], [40])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    invalidate_ring(ready, empty, STAGES)
