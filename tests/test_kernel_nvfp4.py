@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import ml_dtypes
@@ -165,14 +166,86 @@ def test_quantize_launch_count():
     assert quantize.one_launch_tile(1, 16) == (1, 256, 1)  # at least one 256-column chunk (PERMUTE_K)
     assert quantize.one_launch_tile(2, 1024) == (2, 1024, 8)  # 8 elements per thread
     assert quantize.one_launch_tile(3, 1504) == (4, 2048, 32) and quantize.one_launch_tile(9, 1024) is None
+    cpu = torch.device("cpu")
     for m, k, n in ((1, 8192, 1), (1, 6000, 1), (4, 2048, 1), (2, 8192, 2), (1, 8208, 2), (8192, 8192, 2)):
-        assert quantize.QuantizeLaunches(m, k, _quantize_config(m, k), True, False).launches == n, (m, k)
+        assert quantize.QuantizeLaunches(m, k, _quantize_config(m, k, cpu), True, False).launches == n, (m, k)
     assert quantize.QuantizeLaunches(1, 64, nvl.pick_quantize_config(1, 64), True, False).launches == 2
     with pytest.raises(ValueError, match="one launch"):
         quantize.QuantizeLaunches(2, 8192, None, True, False)
     for bad in (3, True, -1):
         with pytest.raises(ValueError, match="trigger_dependents"):
             quantize.QuantizeLaunches(1, 8192, None, True, False, trigger_dependents=bad)
+
+
+def test_grid_sync_config():
+    """The one-launch grid form's tile (hand-derived): 4096 elements at 4 warps, 1024 columns, doubled with the
+    warps until the grid fits ``max_programs``; None beyond 16 warps."""
+    gs = nvl.grid_sync_config
+    Q = functools.partial(nvl.QuantizeConfig, GRID_SYNC=True)
+    assert gs(2, 8192, 132) == Q(2, 1024, 4)  # BLOCK_R capped at M: 1 x 8 = 8 programs
+    assert gs(16, 8192, 132) == Q(4, 1024, 4)  # 4 x 8 = 32
+    assert gs(64, 8192, 132) == Q(4, 1024, 4)  # 16 x 8 = 128
+    assert gs(65, 8192, 132) == Q(8, 1024, 8)  # 17 x 8 = 136 > 132 at 4 warps; 9 x 8 = 72 at 8
+    assert gs(256, 8192, 132) == Q(16, 1024, 16)  # 16 x 8 = 128
+    assert gs(257, 8192, 132) is None  # 17 x 8 = 136 > 132 even at 16 warps: two launches
+    assert gs(32, 8192, 16) == Q(16, 1024, 16)  # a small GPU (or MIG slice): 2 x 8 = 16 programs
+    assert gs(33, 8192, 16) is None and gs(64, 8192, 16) is None
+    assert gs(8, 256, 132) == Q(8, 256, 4)  # K = 256: BLOCK_C 256, BLOCK_R capped at M's next power of two
+    assert gs(3, 6000, 132) == Q(4, 1024, 4)  # BLOCK_R 4 = next_power_of_2(3); 1 x 6 programs
+    with pytest.raises(ValueError, match="GRID_SYNC"):
+        nvl.QuantizeConfig(4, 1024, 4, GRID_SYNC=1)
+
+
+def test_quantize_grid_sync_refusals(monkeypatch):
+    """The grid form needs every program resident: refused under the CPU interpreter (programs run one after
+    another) and for a grid above max_programs; the default picks it only on a CUDA device, off the interpreter."""
+    from fp4ref.kernels import nvfp4_linear as pkg
+
+    cfg = nvl.grid_sync_config(16, 8192, 132)
+    monkeypatch.setattr(quantize, "interpreting", lambda: True)
+    with pytest.raises(ValueError, match="interpreter"):
+        quantize.QuantizeLaunches(16, 8192, cfg, True, False)
+    monkeypatch.setattr(quantize, "interpreting", lambda: False)
+    assert quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=32).launches == 1
+    with pytest.raises(ValueError, match="32 programs.*exceeds 31"):
+        quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=31)
+    monkeypatch.setattr(pkg, "interpreting", lambda: False)
+    monkeypatch.setattr(pkg, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda", 0)
+    assert pkg._quantize_config(1, 8192, cuda) is None  # one program
+    assert pkg._quantize_config(16, 8192, cuda) == cfg
+    assert pkg._quantize_config(300, 8192, cuda) == nvl.pick_quantize_config(300, 8192)  # two launches
+    assert pkg._quantize_config(16, 8192, torch.device("cpu")) == nvl.pick_quantize_config(16, 8192)
+    monkeypatch.setattr(pkg, "GRID_SYNC_QUANTIZE", False)
+    assert pkg._quantize_config(16, 8192, cuda) == nvl.pick_quantize_config(16, 8192)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETED, reason="needs a CUDA GPU (cooperative launch)")
+def test_quantize_grid_sync_on_gpu():
+    """The one-launch grid form on the GPU: fp4ref's bytes with the largest |x| in the first, a middle or the last
+    program's tile, calls of different grid sizes interleaved (the barrier's words are shared), and each launch
+    leaves the arrival count at 0 and advances the generation by exactly one."""
+    from fp4ref.kernels.nvfp4_linear import _AMAX_PARTS, _AMAX_WORDS
+
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(7)
+    cases = []
+    for m in (2, 5, 16, 64, 100, 256):
+        cfg = nvl.grid_sync_config(m, 8192, _runtime.num_sms(dev))
+        assert cfg is not None and cfg.GRID_SYNC
+        for where in ((0, 0), (m // 2, 4100), (m - 1, 8191)):
+            x = rng.standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
+            x[where] = -600.0
+            cases.append((x, ref_quantize(x, recipe="sol"), cfg))
+    words = _runtime.workspace(dev, _runtime.current_stream(dev), _AMAX_PARTS, _AMAX_WORDS, torch.int32,
+                               zeroed=True)
+    gen0 = int(words[quantize.AMAX_MAX_PROGRAMS + 1])
+    for x, want, cfg in cases:
+        _assert_quantize_form_equal(x, want, 8192, cfg)
+    torch.cuda.synchronize()
+    assert int(words[quantize.AMAX_MAX_PROGRAMS]) == 0
+    assert int(words[quantize.AMAX_MAX_PROGRAMS + 1]) - gen0 == len(cases)
 
 
 @pytest.mark.parametrize("where", [(0, 0), (2, 1503), (1, 700), (2, 1023)])
@@ -727,7 +800,7 @@ def _compile_all():
         built.append(compile_for_sm90(kern, {"w_ptr": wty, "ws_ptr": "*u8", "out_ptr": "*fp16", "N": "i32", "K": "i32"},
                                       dict(BLOCK_R=br, BLOCK_C=bc, **ce), num_warps=nw,
                                       divisible_by_16=["w_ptr", "ws_ptr", "out_ptr", "N", "K"]))
-    defaults = sorted({dataclasses.astuple(nvl.pick_quantize_config(m, 8192)) for m in (1, 4, 8192)})
+    defaults = sorted({dataclasses.astuple(nvl.pick_quantize_config(m, 8192))[:3] for m in (1, 4, 8192)})
     modes = ((True, False, "*fp16"), (False, True, "*fp16"), (False, True, "*fp32"))  # fp32: the GEMV's x
     jobs = [(mode, t, False) for mode in modes for t in defaults]
     jobs += [(modes[0], t, False) for t in QUANT_TILE_CANDIDATES if t not in defaults]  # what the sweep times
@@ -740,15 +813,22 @@ def _compile_all():
     # the DP4A path's quantizer: int8 codes + scale bytes, triggering the GEMM at its start (as nvfp4_linear runs it)
     jobs = [(mode, t, sa, trig, False) for mode, t, sa, trig in jobs]
     jobs += [((True, False, "*fp16"), t, sa, 1, True) for t, sa in [(one[0], True), (defaults[0], False)]]
-    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes in jobs:
+    jobs = [(*job, False) for job in jobs]
+    # the one-launch grid form (cooperative): the tiles of M = 2 .. 256 at K = 8192 on 132 SMs, as nvfp4_quantize
+    # (packed), the Gluon path (permuted fp16, trigger at the start or after the stores) and the DP4A path run it
+    grid_tiles = sorted({dataclasses.astuple(nvl.grid_sync_config(m, 8192, 132))[:3] for m in (2, 16, 65, 256)})
+    jobs += [(modes[0], t, False, 0, False, True) for t in grid_tiles]
+    jobs += [(modes[1], t, False, trig, False, True) for t in grid_tiles for trig in (1, 2)]
+    jobs += [((True, False, "*fp16"), grid_tiles[0], False, 1, True, True)]
+    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes),
-            num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False,
+                 SELF_AMAX=self_amax, GRID_SYNC=grid_sync, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes),
+            num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False, launch_cooperative_grid=grid_sync,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
     gemms = {c.gemm for c in prepass_cfgs}
@@ -804,8 +884,24 @@ def test_every_config_compiles_for_sm90():
         before, after = qptx.split("griddepcontrol.launch_dependents")
         starts += "ld.global" not in before
         ends += "st.global" not in after and "ld.global" in before
-    # (the DP4A path's quantizer triggers at its start only: its two builds are the starts beyond the pairs)
-    assert starts + ends == len(triggers) and starts == ends + 2
+    # (the DP4A path's quantizer triggers at its start only: its three builds are the starts beyond the pairs)
+    assert starts + ends == len(triggers) and starts == ends + 3
+    # the grid form: cooperative launch; the partial written to L2 before the acq_rel arrival, the last arrival
+    # resets the count then releases the generation, the others spin on an acquire read of it, and the partials
+    # are read from L2 after the barrier. The other forms have no atomics.
+    grid = [ck for ck in qbuilds if ck.metadata.launch_cooperative_grid]
+    assert len(grid) == 4 * 3 + 1  # 4 tiles x (packed, fp16 x 2 triggers), and the DP4A form
+    for ck in qbuilds:
+        qptx = ck.asm["ptx"]
+        if ck not in grid:
+            assert "atom." not in qptx and "ld.global.gpu.acquire" not in qptx
+            continue
+        store = qptx.index("st.global.cg.b32")
+        arrive = qptx.index("atom.global.gpu.acq_rel.add.u32")
+        reset = qptx.index("atom.global.gpu.relaxed.exch.b32")
+        release = qptx.index("atom.global.gpu.release.add.u32")
+        assert store < qptx.index("ld.global.gpu.acquire.b32") < arrive < reset < release
+        assert "ld.global.gpu.acquire.b32" in qptx[release:] and "ld.global.cg.b32" in qptx[release:]
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

@@ -29,15 +29,15 @@ import math
 
 import torch
 
-from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, workspace
+from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, interpreting, num_sms, workspace
 from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, Dp4aConfig,
                       GemvConfig, GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model,
-                      pick_config, pick_quantize_config)
+                      grid_sync_config, pick_config, pick_quantize_config)
 from .dp4a import Dp4aLaunch
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch
 from .prepass import PrepassLaunch
-from .quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches, one_launch_tile
+from .quantize import AMAX_MAX_PROGRAMS, BARRIER_WORDS, QuantizeLaunches, one_launch_tile
 from .tensorcore import TensorCoreLaunch
 
 __all__ = [
@@ -48,7 +48,9 @@ __all__ = [
 
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FP4_DTYPES = tuple(d for d in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
-_AMAX_PARTS = "nvfp4_linear.amax_parts"  # _runtime.workspace names (int32 amax partials, fp32 global scales)
+# _runtime.workspace names: int32 amax partials then the grid barrier's words (zeroed), fp32 global scales
+_AMAX_PARTS = "nvfp4_linear.amax_parts"
+_AMAX_WORDS = AMAX_MAX_PROGRAMS + BARRIER_WORDS
 _GDEC = "nvfp4_linear.gdec"
 # x as a path takes it: dequantized (fp16, fp32) or the DP4A path's int8 codes and scale bytes (uint8)
 _DEQUANT = {torch.float16: "nvfp4_linear.x_fp16", torch.float32: "nvfp4_linear.x_fp32",
@@ -67,9 +69,11 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     Args:
         x: torch float32 / bfloat16 / float16 tensor [..., K], contiguous, K a positive multiple of 16. Rows are
             the leading dimensions flattened: M = x.numel() // K.
-        config: the quantize tile to force (two launches: amax, then the tiles). Default: one launch of one
-            program when x padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements,
-            else ``pick_quantize_config(M, K)``'s tile. The bytes do not depend on the choice.
+        config: the quantize tile to force: two launches (amax, then the tiles), or one cooperative launch with
+            ``GRID_SYNC=True`` (CUDA only, a grid of at most the SM count). Default: one launch of one program
+            when x padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else on a
+            GPU ``grid_sync_config``'s tile where its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile
+            (two launches). The bytes do not depend on the choice.
 
     Returns:
         (x_fp4, x_scales, global_decode):
@@ -86,7 +90,8 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
 
     Raises:
         TypeError: x is not a tensor of a supported dtype; config is not a QuantizeConfig.
-        ValueError: K not a positive multiple of 16, no rows, or x not contiguous.
+        ValueError: K not a positive multiple of 16, no rows, or x not contiguous; a GRID_SYNC config off CUDA,
+            under the CPU interpreter or with more programs than the device has SMs.
     """
     try:
         key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
@@ -99,24 +104,41 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
         check_device(x, "x")
         if config is not None and not isinstance(config, QuantizeConfig):
             raise TypeError(f"config: expected a QuantizeConfig or None, got {type(config).__name__}")
-        plan = QuantizeLaunches(M, K, _quantize_config(M, K) if config is None else config, write_packed=True,
-                                write_dequant=False)
+        plan = QuantizeLaunches(M, K, _quantize_config(M, K, x.device) if config is None else config,
+                                write_packed=True, write_dequant=False, max_programs=_max_programs(x.device))
     dev = x.device
     st = current_stream(dev)
     packed = torch.empty((plan.M, plan.K // 2), dtype=torch.uint8, device=dev)
     scales = torch.empty((plan.M, plan.K // 16), dtype=torch.uint8, device=dev)
     gdec = torch.empty((2,), dtype=torch.float32, device=dev)
-    parts = workspace(dev, st, _AMAX_PARTS, AMAX_MAX_PROGRAMS, torch.int32)
+    parts = workspace(dev, st, _AMAX_PARTS, _AMAX_WORDS, torch.int32, zeroed=True)
     plan.run(st, x, parts, packed, scales, gdec, gdec, 1.0)
     if new:
         _QPLANS.put(key, plan)
     return packed, scales.view(torch.float8_e4m3fn), gdec[0]
 
 
-def _quantize_config(M: int, K: int) -> QuantizeConfig | None:
-    """The quantizer's default: None (one launch, ``quantize.one_launch_tile``) where x is small enough, else
+# The quantizer's one-launch grid form (GRID_SYNC) where its grid fits the SMs; False builds new plans with two
+# launches instead (for A/B timing; the bytes are the same)
+GRID_SYNC_QUANTIZE = True
+
+
+def _max_programs(device: torch.device) -> int | None:
+    """The largest GRID_SYNC grid on ``device``: its SM count (None off CUDA)."""
+    return num_sms(device) if device.type == "cuda" else None
+
+
+def _quantize_config(M: int, K: int, device: torch.device) -> QuantizeConfig | None:
+    """The quantizer's default: None (one launch of one program, ``quantize.one_launch_tile``) where x is small
+    enough; on a GPU, ``grid_sync_config``'s tile (one cooperative launch) where its grid fits the SMs; else
     ``pick_quantize_config``'s tile (two launches)."""
-    return None if one_launch_tile(M, K) is not None else pick_quantize_config(M, K)
+    if one_launch_tile(M, K) is not None:
+        return None
+    if GRID_SYNC_QUANTIZE and device.type == "cuda" and not interpreting():
+        cfg = grid_sync_config(M, K, num_sms(device))
+        if cfg is not None:
+            return cfg
+    return pick_quantize_config(M, K)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,7 +180,7 @@ class _LinearPlan:
         st = current_stream(dev)
         if out is None:
             out = torch.empty(self.out_shape, dtype=torch.bfloat16, device=dev)
-        parts = workspace(dev, st, _AMAX_PARTS, AMAX_MAX_PROGRAMS, torch.int32)
+        parts = workspace(dev, st, _AMAX_PARTS, _AMAX_WORDS, torch.int32, zeroed=True)
         gdec = workspace(dev, st, _GDEC, 2, torch.float32)
         deq = workspace(dev, st, self.deq_name, self.numel, self.deq_dtype)
         # gdec = [x global decode, fp32(x global decode * w_gdec)] (the pre-pass GEMM's epilogue scale)
@@ -268,8 +290,9 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, 2 if plan.int8_x else plan.deq_dtype.itemsize)
     plan.numel = rows * K + (rows * K // 16 if plan.int8_x else 0)  # DP4A: the scale bytes after the codes
     # (chunked: its amax launch over all of x only, so the two-launch form)
-    plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K) if rows == M else pick_quantize_config(M, K),
-                                  write_packed=plan.int8_x, write_dequant=not plan.int8_x, permute_k=gluon_path,
+    plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K, x.device) if rows == M else
+                                  pick_quantize_config(M, K), write_packed=plan.int8_x,
+                                  write_dequant=not plan.int8_x, permute_k=gluon_path,
                                   trigger_dependents=trigger, int8_codes=plan.int8_x)
     if rows == M:
         plan.chunks, plan.path = None, launch_type(cfg, M, N, K)

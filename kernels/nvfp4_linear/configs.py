@@ -22,9 +22,9 @@ from .._runtime import ConfigTable, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "Dp4aConfig", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PREPASS_MODES",
-    "PrepassConfig", "QUANTIZE_CONFIGS",
-    "QuantizeConfig", "RECIPE", "TensorCoreConfig", "accumulation_model", "block_k_for", "pick_config",
+    "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS",
+    "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS", "QuantizeConfig", "RECIPE",
+    "TensorCoreConfig", "accumulation_model", "block_k_for", "grid_sync_config", "pick_config",
     "pick_quantize_config",
 ]
 
@@ -202,14 +202,21 @@ class PrepassConfig:
 @dataclass(frozen=True)
 class QuantizeConfig:
     """The quantizer's tile: BLOCK_R rows x BLOCK_C columns per program, num_warps. ``pick_quantize_config``
-    caps BLOCK_C at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's."""
+    caps BLOCK_C at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's.
+
+    GRID_SYNC False: two launches (amax partials, then the tiles). True: one cooperative launch whose programs
+    meet at a grid barrier for the global amax (quantize.py); CUDA only, and the grid must not exceed the
+    device's SM count (``grid_sync_config``)."""
 
     BLOCK_R: int
     BLOCK_C: int  # multiple of 16
     num_warps: int
+    GRID_SYNC: bool = False
 
     def __post_init__(self):
         _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
+        if not isinstance(self.GRID_SYNC, bool):
+            raise ValueError(f"GRID_SYNC={self.GRID_SYNC!r}: expected a bool")
 
 
 # On a GPU, chosen by M (rows of x). M = 1-2: the DP4A path (integer block dot products on the CUDA cores: no
@@ -274,6 +281,26 @@ def pick_quantize_config(M: int, K: int) -> QuantizeConfig:
     block_c = min(triton.next_power_of_2(K), t.BLOCK_C)
     block_r = max(1, min(t.BLOCK_R * t.BLOCK_C // block_c, triton.next_power_of_2(M)))
     return QuantizeConfig(block_r, block_c, t.num_warps)
+
+
+GRID_SYNC_MAX_WARPS = 16  # the largest grid-sync tile: 16 warps x 32 elements per thread
+
+
+def grid_sync_config(M: int, K: int, max_programs: int) -> QuantizeConfig | None:
+    """The one-launch (GRID_SYNC) quantize tile for x [M, K] with at most ``max_programs`` programs (the SM count,
+    so that a cooperative launch is always possible): ``pick_quantize_config``'s tile (4 warps, 4096 elements),
+    doubled with its warps (32 elements per thread) until the grid fits, up to GRID_SYNC_MAX_WARPS warps; None
+    where even that grid is larger (then the two-launch form)."""
+    t = QUANTIZE_CONFIGS.pick(M)
+    warps = t.num_warps
+    while warps <= GRID_SYNC_MAX_WARPS:
+        elements = t.BLOCK_R * t.BLOCK_C * warps // t.num_warps
+        block_c = min(triton.next_power_of_2(K), t.BLOCK_C)
+        block_r = max(1, min(elements // block_c, triton.next_power_of_2(M)))
+        if triton.cdiv(M, block_r) * triton.cdiv(K, block_c) <= max_programs:
+            return QuantizeConfig(block_r, block_c, warps, GRID_SYNC=True)
+        warps *= 2
+    return None
 
 
 def block_k_for(K: int, block_k: int) -> int:

@@ -2,7 +2,10 @@
 
 Inputs of at most ``ONE_LAUNCH_MAX_ELEMENTS`` take one launch: ``nvfp4_quantize_kernel`` alone, one program whose
 tile is all of x, the global amax taken from the tile it has loaded (M = 1 at K = 8192, where each launch costs
-~1.5 us of GPU time against a few hundred ns of work). Larger inputs take two:
+~1.5 us of GPU time against a few hundred ns of work). Inputs whose tiles fit one wave of programs (no more than
+the SM count: M <= 256 at K = 8192 on an H200) take one cooperative launch on a GPU (``GRID_SYNC``): each program
+loads its tile, and the programs meet at a grid barrier (``_grid_max``) for the global amax before they quantize
+it. Larger inputs, and under the CPU interpreter all but the one-program ones, take two:
 
 1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
    sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
@@ -22,15 +25,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._runtime import Launch
+from .._runtime import Launch, interpreting
 from .configs import QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
-__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "ONE_LAUNCH_MAX_ELEMENTS", "QuantizeLaunches", "amax_kernel",
-           "nvfp4_quantize_kernel", "one_launch_tile"]
+__all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "BARRIER_WORDS", "ONE_LAUNCH_MAX_ELEMENTS", "QuantizeLaunches",
+           "amax_kernel", "nvfp4_quantize_kernel", "one_launch_tile"]
 
 AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
+BARRIER_WORDS = 2  # the GRID_SYNC form's barrier (arrival count, generation), after the partials
 # Largest x (next_power_of_2(M) x next_power_of_2(K) elements) quantized by one launch of one program: 8 elements
 # (one 16-byte load of bf16) per thread at 32 warps. H200, CUPTI, L2 flushed, K = 8192: M = 1 one launch 2.6-2.7 us
 # against 3.2 for two; M = 2 and 4 one launch 4.0 and 5.8 us against 3.3 and 3.9 (one SM's latency chain grows
@@ -102,6 +106,32 @@ def _e4m3_rne_byte(s):
 
 
 @triton.jit
+def _grid_max(part_ptr, bits, me, nprog, AMAX_PARTS: tl.constexpr):
+    """The max over the grid of every program's ``bits`` (int32 >= 0), by a barrier every program of the launch
+    meets. The launch must be cooperative (all programs resident at once), or the waiting programs may keep the
+    others from starting. part_ptr[me] takes this program's value; part_ptr[AMAX_PARTS] counts arrivals and
+    part_ptr[AMAX_PARTS + 1] is the barrier's generation: both start at 0 (a zeroed workspace). The last to arrive
+    sets the count back to 0 and then bumps the generation (release); the others wait for the bump (acquire), so
+    every partial is visible to every program and the words are ready for the next launch of any grid size."""
+    tl.store(part_ptr + me, bits, cache_modifier=".cg")
+    # the generation before this program arrives: the bump that releases it comes after its own arrival
+    gen = tl.atomic_add(part_ptr + AMAX_PARTS + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # the partial's store (whichever thread made it) precedes the arrival
+    arrived = tl.atomic_add(part_ptr + AMAX_PARTS, 1, sem="acq_rel", scope="gpu")
+    if arrived == nprog - 1:
+        tl.atomic_xchg(part_ptr + AMAX_PARTS, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(part_ptr + AMAX_PARTS + 1, 1, sem="release", scope="gpu")
+    else:
+        cur = tl.atomic_add(part_ptr + AMAX_PARTS + 1, 0, sem="acquire", scope="gpu")
+        while cur == gen:
+            cur = tl.atomic_add(part_ptr + AMAX_PARTS + 1, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    idx = tl.arange(0, AMAX_PARTS)
+    # L2 reads (.cg): this SM's L1 may hold an earlier launch's partials
+    return tl.max(tl.load(part_ptr + idx, mask=idx < nprog, other=0, cache_modifier=".cg"), axis=0)
+
+
+@triton.jit
 def nvfp4_quantize_kernel(
     x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
     amax_ptr,  # *i32 [n_amax] per-program max |x| (fp32 bits) from amax_kernel
@@ -126,6 +156,10 @@ def nvfp4_quantize_kernel(
     # one-launch form (small x): one program whose tile is all of x takes the global amax from that tile (no
     # amax_kernel launch; amax_ptr and n_amax unused)
     SELF_AMAX: tl.constexpr = False,
+    # one-launch form (x up to a grid of one wave): each program's tile max goes to amax_ptr[program], the programs
+    # meet at a grid barrier (a cooperative launch: all resident; the barrier's words follow the partials), then
+    # each takes the max of all partials. Not under the CPU interpreter (it runs programs one after another).
+    GRID_SYNC: tl.constexpr = False,
     # let the next kernel, launched with programmatic dependent launch (the Gluon GEMM), start: 1 first thing (it
     # loads W while this kernel runs), 2 after this program's stores (it launches as this grid drains); it waits
     # for this grid's completion (griddepcontrol.wait) before it reads x or gdec. 0: no trigger.
@@ -150,6 +184,9 @@ def nvfp4_quantize_kernel(
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
     if SELF_AMAX:  # this program's tile is all of x
         amax = tl.max(tl.max(bbits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    elif GRID_SYNC:  # every program is resident (cooperative launch): they meet at a grid barrier
+        amax = _grid_max(amax_ptr, tl.max(tl.max(bbits, axis=1), axis=0), pid_r * tl.num_programs(1) + pid_c,
+                         tl.num_programs(0) * tl.num_programs(1), AMAX_PARTS).to(tl.float32, bitcast=True)
     else:
         parts = tl.load(amax_ptr + tl.arange(0, AMAX_PARTS), mask=tl.arange(0, AMAX_PARTS) < n_amax, other=0)
         amax = tl.max(parts, axis=0).to(tl.float32, bitcast=True)  # integer max of the sign-cleared bits: exact
@@ -220,8 +257,9 @@ def nvfp4_quantize_kernel(
 
 class QuantizeLaunches:
     """The launches that quantize x [M, K] (contiguous): ``amax_kernel`` + ``nvfp4_quantize_kernel`` with
-    ``config``'s tile, or (``config`` None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone
-    with one program over all of x.
+    ``config``'s tile; ``nvfp4_quantize_kernel`` alone, one cooperative launch, where ``config.GRID_SYNC``; or
+    (``config`` None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone with one program over
+    all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element, 2 x
@@ -229,19 +267,23 @@ class QuantizeLaunches:
     multiples of 256; ValueError otherwise); ``trigger_dependents``: the quantize launch lets a following kernel
     launched with programmatic dependent launch start when each program starts (1) or after its stores (2); 0 never (GPU
     only: the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
-    [>= AMAX_MAX_PROGRAMS] amax partials (unused by one launch); ``gdec`` fp32 [2] receives [x global decode,
+    [>= AMAX_MAX_PROGRAMS + BARRIER_WORDS] amax partials and, after them, the grid barrier's words (zero before the
+    first launch; every launch leaves the count at zero); ``gdec`` fp32 [2] receives [x global decode,
     fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
     bytes.
 
     Raises:
         ValueError: ``config`` None where x is too large for one launch; ``permute_k`` with K or BLOCK_C not a
-            multiple of 256; ``trigger_dependents`` not 0, 1 or 2; ``int8_codes`` without ``write_packed``.
+            multiple of 256; ``trigger_dependents`` not 0, 1 or 2; ``int8_codes`` without ``write_packed``;
+            ``config.GRID_SYNC`` under the CPU interpreter (its programs run one after another: the barrier would
+            never open) or with a grid of more than ``max_programs`` programs.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
 
     def __init__(self, M: int, K: int, config: QuantizeConfig | None, write_packed: bool, write_dequant: bool,
-                 permute_k: bool = False, trigger_dependents: int = 0, int8_codes: bool = False):
+                 permute_k: bool = False, trigger_dependents: int = 0, int8_codes: bool = False,
+                 max_programs: int | None = None):
         if config is None:
             tile = one_launch_tile(M, K)
             if tile is None:
@@ -258,16 +300,25 @@ class QuantizeLaunches:
             raise ValueError(f"K={K}, BLOCK_C={block_c}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
         grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
+        grid_sync = config is not None and config.GRID_SYNC
+        if grid_sync and interpreting():
+            raise ValueError("GRID_SYNC=True: the CPU interpreter runs programs one after another, so a grid "
+                             "barrier never opens; use the two-launch form")
+        if grid_sync and (grid[0] * grid[1] > min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)):
+            raise ValueError(f"GRID_SYNC=True: a grid of {grid[0] * grid[1]} programs for x [{M}, {K}] exceeds "
+                             f"{min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)} (the SM count or "
+                             "AMAX_MAX_PROGRAMS): a cooperative launch needs every program resident")
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
-        self.amax = None if config is None else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK},
-                                                       num_warps=8)
+        self.amax = None if config is None or grid_sync else Launch(amax_kernel, (self.nprog,),
+                                                                    {"BLOCK": AMAX_BLOCK}, num_warps=8)
+        options = {"launch_cooperative_grid": True} if grid_sync else {}
         self.quant = Launch(
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None,
+                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None, GRID_SYNC=grid_sync,
                  TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes),
-            num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False)
+            num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False, **options)
 
     @property
     def launches(self) -> int:
