@@ -361,7 +361,7 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import pick_by_kind
 
     f, x = mod.TL_CONFIGS.pick(64), mod.pick_config(4096, 2048, 2048, False)
-    g = mod.pick_config(64, 2048, 2048, False)
+    g = mod.pick_config(16, 2048, 2048, False)
     assert isinstance(f, FusedConfig) and isinstance(x, ExpandConfig) and isinstance(g, mod.GluonConfig)
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 42.0, x)}) is f  # host-bound expand
     assert pick_by_kind(256, {"fused": (18.0, 20.5, f), "expand": (12.4, 19.0, x)}) is x

@@ -17,7 +17,7 @@ Policies (each a tested choice):
 - Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
 
 Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by
-TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 64
+TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 16
 on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
 interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
 E4M3FN A, then a persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel,

@@ -3,7 +3,7 @@
 Three paths (the config's type says which one serves a call):
 
 * ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, the K slice's A decoded into shared
-  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 64 on a GPU.
+  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 16 on a GPU.
 
 * ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
@@ -189,14 +189,13 @@ TL_CONFIGS = _runtime.ConfigTable(
     larger=ExpandConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, n_split=2),
 )
 
-# The table on a GPU: the Gluon kernel where it is the fastest path (M <= 64; per-bucket winners of the H200 CUPTI
+# The table on a GPU: the Gluon kernel where it is the fastest path (M <= 16; per-bucket winners of the H200 CUPTI
 # sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
-# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once;
-# at M = 32 and 64 two and four 16-row M tiles with the arithmetic decode beat one 32- or 64-row tile decoded
-# through the table: 7.5 vs 9.1 us and 10.3 vs 11.5 us), then the expand path with the Gluon GEMM (the least GPU
-# time per M in `--sweep --paths expand` and in a same-run comparison of the three tiles at M = 256 .. 8192:
-# 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 100 and 256 the expand path beats the swap-AB kernel,
-# whose per-N-tile decode of A grows with M). docs/benchmarks.md.
+# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once),
+# then the expand path with the Gluon GEMM (the least GPU time per M in `--sweep --paths expand` and in same-run
+# comparisons: 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 17 .. 64 it took 7.4-7.5 us against
+# 7.4-10.2 for the swap-AB kernel, whose per-N-tile decode of A grows with M, and won on event time too).
+# docs/benchmarks.md.
 def _gluon_gemm(block_m, block_n, stages, group_m=8):
     """The expand path with the Gluon GEMM (expand_gluon.py)."""
     return ExpandConfig(block_m, block_n, PROMOTION_INTERVAL, group_m=group_m, num_warps=block_m // 16,
@@ -207,7 +206,6 @@ CONFIGS = _runtime.ConfigTable(
     rows=(
         (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
         (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
-        (64, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
         (256, _gluon_gemm(64, 64, 8)),
         (512, _gluon_gemm(64, 128, 6)),
     ),
