@@ -228,7 +228,7 @@ def test_quantize_grid_sync_on_gpu():
     leaves the arrival count at 0 and advances the generation by exactly one."""
     from fp4ref.kernels.nvfp4_linear import _AMAX_PARTS, _AMAX_WORDS
 
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())  # with its index: the workspace's key
     rng = np.random.default_rng(7)
     cases = []
     for m in (2, 5, 16, 64, 100, 256):
