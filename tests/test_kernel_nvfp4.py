@@ -166,8 +166,9 @@ def test_quantize_launch_count():
     assert quantize.one_launch_tile(1, 16) == (1, 256, 1)  # at least one 256-column chunk (PERMUTE_K)
     assert quantize.one_launch_tile(2, 1024) == (2, 1024, 8)  # 8 elements per thread
     assert quantize.one_launch_tile(3, 1504) == (4, 2048, 32) and quantize.one_launch_tile(9, 1024) is None
-    cpu = torch.device("cpu")
-    for m, k, n in ((1, 8192, 1), (1, 6000, 1), (4, 2048, 1), (2, 8192, 2), (1, 8208, 2), (8192, 8192, 2)):
+    cpu = torch.device("cpu")  # (no grid barrier off CUDA: one program, read-all, or two launches)
+    for m, k, n in ((1, 8192, 1), (1, 6000, 1), (4, 2048, 1), (2, 8192, 1), (1, 8208, 1), (8, 8192, 1),
+                    (9, 8192, 2), (8192, 8192, 2)):
         assert quantize.QuantizeLaunches(m, k, _quantize_config(m, k, cpu), True, False).launches == n, (m, k)
     assert quantize.QuantizeLaunches(1, 64, nvl.pick_quantize_config(1, 64), True, False).launches == 2
     with pytest.raises(ValueError, match="one launch"):
@@ -178,10 +179,10 @@ def test_quantize_launch_count():
 
 
 def test_grid_sync_config():
-    """The one-launch grid form's tile (hand-derived): 4096 elements at 4 warps, 1024 columns, doubled with the
+    """The grid-barrier form's tile (hand-derived): 4096 elements at 4 warps, 1024 columns, doubled with the
     warps until the grid fits ``max_programs``; None beyond 16 warps."""
     gs = nvl.grid_sync_config
-    Q = functools.partial(nvl.QuantizeConfig, GRID_SYNC=True)
+    Q = functools.partial(nvl.QuantizeConfig, AMAX="grid_sync")
     assert gs(2, 8192, 132) == Q(2, 1024, 4)  # BLOCK_R capped at M: 1 x 8 = 8 programs
     assert gs(16, 8192, 132) == Q(4, 1024, 4)  # 4 x 8 = 32
     assert gs(64, 8192, 132) == Q(4, 1024, 4)  # 16 x 8 = 128
@@ -192,13 +193,30 @@ def test_grid_sync_config():
     assert gs(33, 8192, 16) is None and gs(64, 8192, 16) is None
     assert gs(8, 256, 132) == Q(8, 256, 4)  # K = 256: BLOCK_C 256, BLOCK_R capped at M's next power of two
     assert gs(3, 6000, 132) == Q(4, 1024, 4)  # BLOCK_R 4 = next_power_of_2(3); 1 x 6 programs
-    with pytest.raises(ValueError, match="GRID_SYNC"):
-        nvl.QuantizeConfig(4, 1024, 4, GRID_SYNC=1)
+    for bad in ("grid", True, None):
+        with pytest.raises(ValueError, match="AMAX"):
+            nvl.QuantizeConfig(4, 1024, 4, AMAX=bad)
 
 
-def test_quantize_grid_sync_refusals(monkeypatch):
+def test_read_all_config():
+    """The read-all form's tile (hand-derived): 1024 columns (at most K's next power of two) x the rows of x
+    (padded to a power of two) up to 8192 elements, 8 warps, while x padded to powers of two has at most 65536
+    elements."""
+    ra = nvl.read_all_config
+    Q = functools.partial(nvl.QuantizeConfig, AMAX="read_all")
+    assert nvl.configs.READ_ALL_MAX_ELEMENTS == 65536
+    assert ra(2, 8192) == Q(2, 1024, 8) and ra(8, 8192) == Q(8, 1024, 8)  # 8 programs
+    assert ra(5, 8192) == Q(8, 1024, 8)
+    assert ra(9, 8192) is None  # 16 x 8192 = 131072 padded elements
+    assert ra(3, 6000) == Q(4, 1024, 8)  # 4 x 8192 padded; 6 programs
+    assert ra(100, 256) == Q(32, 256, 8)  # 128 x 256 padded: 4 programs of 32 rows
+    assert ra(256, 256) == Q(32, 256, 8) and ra(257, 256) is None  # 512 x 256 padded
+
+
+def test_quantize_one_launch_form_refusals(monkeypatch):
     """The grid form needs every program resident: refused under the CPU interpreter (programs run one after
-    another) and for a grid above max_programs; the default picks it only on a CUDA device, off the interpreter."""
+    another) and for a grid above max_programs; the read-all form refuses an x above its size. The default takes
+    one program, then read-all (any device), then the grid form (CUDA, off the interpreter), then two launches."""
     from fp4ref.kernels import nvfp4_linear as pkg
 
     cfg = nvl.grid_sync_config(16, 8192, 132)
@@ -209,35 +227,40 @@ def test_quantize_grid_sync_refusals(monkeypatch):
     assert quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=32).launches == 1
     with pytest.raises(ValueError, match="32 programs.*exceeds 31"):
         quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=31)
+    with pytest.raises(ValueError, match="131072 elements.*READ_ALL_MAX_ELEMENTS"):
+        quantize.QuantizeLaunches(9, 8192, nvl.QuantizeConfig(16, 1024, 8, AMAX="read_all"), True, False)
     monkeypatch.setattr(pkg, "interpreting", lambda: False)
     monkeypatch.setattr(pkg, "num_sms", lambda device: 132)
-    cuda = torch.device("cuda", 0)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert pkg._quantize_config(1, 8192, cuda) is None  # one program
+    assert pkg._quantize_config(8, 8192, cuda) == pkg._quantize_config(8, 8192, cpu) == nvl.read_all_config(8, 8192)
     assert pkg._quantize_config(16, 8192, cuda) == cfg
     assert pkg._quantize_config(300, 8192, cuda) == nvl.pick_quantize_config(300, 8192)  # two launches
-    assert pkg._quantize_config(16, 8192, torch.device("cpu")) == nvl.pick_quantize_config(16, 8192)
-    monkeypatch.setattr(pkg, "GRID_SYNC_QUANTIZE", False)
+    assert pkg._quantize_config(16, 8192, cpu) == nvl.pick_quantize_config(16, 8192)
+    monkeypatch.setattr(pkg, "QUANTIZE_FORMS", ())
+    assert pkg._quantize_config(8, 8192, cuda) == nvl.pick_quantize_config(8, 8192)
     assert pkg._quantize_config(16, 8192, cuda) == nvl.pick_quantize_config(16, 8192)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or INTERPRETED, reason="needs a CUDA GPU (cooperative launch)")
-def test_quantize_grid_sync_on_gpu():
-    """The one-launch grid form on the GPU: fp4ref's bytes with the largest |x| in the first, a middle or the last
-    program's tile, calls of different grid sizes interleaved (the barrier's words are shared), and each launch
-    leaves the arrival count at 0 and advances the generation by exactly one."""
+def test_quantize_one_launch_forms_on_gpu():
+    """The read-all and grid-barrier forms on the GPU: fp4ref's bytes with the largest |x| in the first, a middle
+    or the last program's tile, calls of different forms and grid sizes interleaved (the barrier's words are
+    shared), and each grid-barrier launch leaves the arrival count at 0 and advances the generation by one."""
     from fp4ref.kernels.nvfp4_linear import _AMAX_PARTS, _AMAX_WORDS
 
     dev = torch.device("cuda", torch.cuda.current_device())  # with its index: the workspace's key
     rng = np.random.default_rng(7)
     cases = []
-    for m in (2, 5, 16, 64, 100, 256):
-        cfg = nvl.grid_sync_config(m, 8192, _runtime.num_sms(dev))
-        assert cfg is not None and cfg.GRID_SYNC
-        for where in ((0, 0), (m // 2, 4100), (m - 1, 8191)):
-            x = rng.standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
-            x[where] = -600.0
-            cases.append((x, ref_quantize(x, recipe="sol"), cfg))
+    for m in (2, 5, 8, 16, 64, 100, 256):
+        forms = [nvl.grid_sync_config(m, 8192, _runtime.num_sms(dev)), nvl.read_all_config(m, 8192)]
+        assert forms[0] is not None and forms[0].AMAX == "grid_sync" and (forms[1] is not None) == (m <= 8)
+        for cfg in filter(None, forms):
+            for where in ((0, 0), (m // 2, 4100), (m - 1, 8191)):
+                x = rng.standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
+                x[where] = -600.0
+                cases.append((x, ref_quantize(x, recipe="sol"), cfg))
     words = _runtime.workspace(dev, _runtime.current_stream(dev), _AMAX_PARTS, _AMAX_WORDS, torch.int32,
                                zeroed=True)
     gen0 = int(words[quantize.AMAX_MAX_PROGRAMS + 1])
@@ -245,7 +268,18 @@ def test_quantize_grid_sync_on_gpu():
         _assert_quantize_form_equal(x, want, 8192, cfg)
     torch.cuda.synchronize()
     assert int(words[quantize.AMAX_MAX_PROGRAMS]) == 0
-    assert int(words[quantize.AMAX_MAX_PROGRAMS + 1]) - gen0 == len(cases)
+    assert int(words[quantize.AMAX_MAX_PROGRAMS + 1]) - gen0 == sum(c.AMAX == "grid_sync" for _, _, c in cases)
+
+
+@pytest.mark.parametrize("where", [(0, 0), (4, 2047), (2, 1024), (3, 1023)])
+def test_quantize_read_all_amax_spans_all_of_x(where):
+    """The read-all form (5 x 2048: too large for one program, two programs of 8 x 1024 with padding rows masked):
+    each program's global amax is max |x| over all of x, wherever the largest |x| (negative) is."""
+    x = np.full((5, 2048), 0.5, np.float32)
+    x[where] = -1000.0
+    assert quantize.one_launch_tile(5, 2048) is None
+    assert nvl.read_all_config(5, 2048) == nvl.QuantizeConfig(8, 1024, 8, AMAX="read_all")
+    _assert_quantize_form_equal(x, ref_quantize(x, recipe="sol"), 2048, nvl.read_all_config(5, 2048))
 
 
 @pytest.mark.parametrize("where", [(0, 0), (2, 1503), (1, 700), (2, 1023)])
@@ -813,21 +847,27 @@ def _compile_all():
     # the DP4A path's quantizer: int8 codes + scale bytes, triggering the GEMM at its start (as nvfp4_linear runs it)
     jobs = [(mode, t, sa, trig, False) for mode, t, sa, trig in jobs]
     jobs += [((True, False, "*fp16"), t, sa, 1, True) for t, sa in [(one[0], True), (defaults[0], False)]]
-    jobs = [(*job, False) for job in jobs]
-    # the one-launch grid form (cooperative): the tiles of M = 2 .. 256 at K = 8192 on 132 SMs, as nvfp4_quantize
-    # (packed), the Gluon path (permuted fp16, trigger at the start or after the stores) and the DP4A path run it
-    grid_tiles = sorted({dataclasses.astuple(nvl.grid_sync_config(m, 8192, 132))[:3] for m in (2, 16, 65, 256)})
-    jobs += [(modes[0], t, False, 0, False, True) for t in grid_tiles]
-    jobs += [(modes[1], t, False, trig, False, True) for t in grid_tiles for trig in (1, 2)]
-    jobs += [((True, False, "*fp16"), grid_tiles[0], False, 1, True, True)]
-    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync in jobs:
+    jobs = [(*job, False, 0) for job in jobs]
+    # the one-launch forms: grid barrier (cooperative; the tiles of M = 2 .. 256 at K = 8192 on 132 SMs) and
+    # read-all (M = 2 and 8: x padded to 2 or 8 rows x 8192), as nvfp4_quantize (packed), the Gluon path (permuted
+    # fp16, trigger at the start or after the stores) and the DP4A path (M <= 2) run them
+    for tiles, grid_sync in (([nvl.grid_sync_config(m, 8192, 132) for m in (2, 16, 65, 256)], True),
+                             ([nvl.read_all_config(m, 8192) for m in (2, 8)], False)):
+        for i, t in enumerate(sorted({dataclasses.astuple(c)[:3] for c in tiles})):
+            read_all = 0 if grid_sync else t[0]  # the read-all form's padded rows (x's columns: 8192)
+            jobs += [(modes[0], t, False, 0, False, grid_sync, read_all)]
+            jobs += [(modes[1], t, False, trig, False, grid_sync, read_all) for trig in (1, 2)]
+            if i == 0:
+                jobs += [((True, False, "*fp16"), t, False, 1, True, grid_sync, read_all)]
+    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync, read_all in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
-                 SELF_AMAX=self_amax, GRID_SYNC=grid_sync, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes),
+                 SELF_AMAX=self_amax, GRID_SYNC=grid_sync, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes,
+                 READ_ALL_R=read_all, READ_ALL_C=8192 if read_all else 0),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False, launch_cooperative_grid=grid_sync,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -884,8 +924,8 @@ def test_every_config_compiles_for_sm90():
         before, after = qptx.split("griddepcontrol.launch_dependents")
         starts += "ld.global" not in before
         ends += "st.global" not in after and "ld.global" in before
-    # (the DP4A path's quantizer triggers at its start only: its three builds are the starts beyond the pairs)
-    assert starts + ends == len(triggers) and starts == ends + 3
+    # (the DP4A path's quantizer triggers at its start only: its four builds are the starts beyond the pairs)
+    assert starts + ends == len(triggers) and starts == ends + 4
     # the grid form: cooperative launch; the partial written to L2 before the acq_rel arrival, the last arrival
     # resets the count then releases the generation, the others spin on an acquire read of it, and the partials
     # are read from L2 after the barrier. The other forms have no atomics.
@@ -902,6 +942,12 @@ def test_every_config_compiles_for_sm90():
         release = qptx.index("atom.global.gpu.release.add.u32")
         assert store < qptx.index("ld.global.gpu.acquire.b32") < arrive < reset < release
         assert "ld.global.gpu.acquire.b32" in qptx[release:] and "ld.global.cg.b32" in qptx[release:]
+    # no quantizer build spills (the read-all form keeps all of x, up to 256 elements per thread, in registers)
+    from fp4ref.kernels._sm90 import sass_info
+
+    for ck in qbuilds:
+        info = sass_info(ck.asm["cubin"])
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (ck.metadata.num_warps, info)
 
 
 # --------------------------------------------------------------------------------------------- GPU: workload

@@ -32,7 +32,7 @@ import torch
 from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, interpreting, num_sms, workspace
 from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, Dp4aConfig,
                       GemvConfig, GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model,
-                      grid_sync_config, pick_config, pick_quantize_config)
+                      grid_sync_config, pick_config, pick_quantize_config, read_all_config)
 from .dp4a import Dp4aLaunch
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch
@@ -43,7 +43,8 @@ from .tensorcore import TensorCoreLaunch
 __all__ = [
     "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "Dp4aConfig", "GemvConfig",
     "GluonConfig", "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
-    "chunk_rows", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
+    "chunk_rows", "grid_sync_config", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
+    "read_all_config",
 ]
 
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,11 +70,13 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     Args:
         x: torch float32 / bfloat16 / float16 tensor [..., K], contiguous, K a positive multiple of 16. Rows are
             the leading dimensions flattened: M = x.numel() // K.
-        config: the quantize tile to force: two launches (amax, then the tiles), or one cooperative launch with
-            ``GRID_SYNC=True`` (CUDA only, a grid of at most the SM count). Default: one launch of one program
-            when x padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else on a
-            GPU ``grid_sync_config``'s tile where its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile
-            (two launches). The bytes do not depend on the choice.
+        config: the quantize tile and amax form to force (``QuantizeConfig.AMAX``: "launch", two launches;
+            "grid_sync", one cooperative launch, CUDA only, a grid of at most the SM count; "read_all", one launch,
+            x of at most ``READ_ALL_MAX_ELEMENTS`` padded elements). Default: one launch of one program when x
+            padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else
+            ``read_all_config``'s tile where x is small enough, else on a GPU ``grid_sync_config``'s tile where
+            its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile. The bytes do not depend on the
+            choice.
 
     Returns:
         (x_fp4, x_scales, global_decode):
@@ -90,8 +93,8 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
 
     Raises:
         TypeError: x is not a tensor of a supported dtype; config is not a QuantizeConfig.
-        ValueError: K not a positive multiple of 16, no rows, or x not contiguous; a GRID_SYNC config off CUDA,
-            under the CPU interpreter or with more programs than the device has SMs.
+        ValueError: K not a positive multiple of 16, no rows, or x not contiguous; a "grid_sync" config under the
+            CPU interpreter or with more programs than the device has SMs; a "read_all" config for a larger x.
     """
     try:
         key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
@@ -118,24 +121,30 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     return packed, scales.view(torch.float8_e4m3fn), gdec[0]
 
 
-# The quantizer's one-launch grid form (GRID_SYNC) where its grid fits the SMs; False builds new plans with two
-# launches instead (for A/B timing; the bytes are the same)
-GRID_SYNC_QUANTIZE = True
+# The one-launch forms of the quantizer that the default picks, in this order, where x fits them (docs/kernels.md);
+# () builds new plans with two launches instead (for A/B timing; the bytes are the same)
+QUANTIZE_FORMS = ("read_all", "grid_sync")
 
 
 def _max_programs(device: torch.device) -> int | None:
-    """The largest GRID_SYNC grid on ``device``: its SM count (None off CUDA)."""
+    """The largest grid-barrier grid on ``device``: its SM count (None off CUDA)."""
     return num_sms(device) if device.type == "cuda" else None
 
 
 def _quantize_config(M: int, K: int, device: torch.device) -> QuantizeConfig | None:
     """The quantizer's default: None (one launch of one program, ``quantize.one_launch_tile``) where x is small
-    enough; on a GPU, ``grid_sync_config``'s tile (one cooperative launch) where its grid fits the SMs; else
-    ``pick_quantize_config``'s tile (two launches)."""
+    enough; then the first of QUANTIZE_FORMS that takes x: ``read_all_config``'s tile (one launch), on a GPU
+    ``grid_sync_config``'s (one cooperative launch, its grid within the SMs); else ``pick_quantize_config``'s tile
+    (two launches)."""
     if one_launch_tile(M, K) is not None:
         return None
-    if GRID_SYNC_QUANTIZE and device.type == "cuda" and not interpreting():
-        cfg = grid_sync_config(M, K, num_sms(device))
+    for form in QUANTIZE_FORMS:
+        if form == "read_all":
+            cfg = read_all_config(M, K)
+        elif device.type == "cuda" and not interpreting():
+            cfg = grid_sync_config(M, K, num_sms(device))
+        else:
+            cfg = None
         if cfg is not None:
             return cfg
     return pick_quantize_config(M, K)

@@ -23,9 +23,10 @@ from ..gemm_fp16 import TmaConfig
 
 __all__ = [
     "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS",
-    "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_CONFIGS", "QuantizeConfig", "RECIPE",
+    "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_AMAX_FORMS", "QUANTIZE_CONFIGS", "QuantizeConfig",
+    "READ_ALL_MAX_ELEMENTS", "READ_ALL_TILE_C", "READ_ALL_TILE_ELEMENTS", "READ_ALL_WARPS", "RECIPE",
     "TensorCoreConfig", "accumulation_model", "block_k_for", "grid_sync_config", "pick_config",
-    "pick_quantize_config",
+    "pick_quantize_config", "read_all_config",
 ]
 
 RECIPE = "sol"  # fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") bytes, for every finite input
@@ -199,24 +200,33 @@ class PrepassConfig:
             raise ValueError(f"mode={self.mode!r}: expected one of {PREPASS_MODES}")
 
 
+QUANTIZE_AMAX_FORMS = ("launch", "grid_sync", "read_all")
+
+
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """The quantizer's tile: BLOCK_R rows x BLOCK_C columns per program, num_warps. ``pick_quantize_config``
-    caps BLOCK_C at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's.
+    """The quantizer's tile: BLOCK_R rows x BLOCK_C columns per program, num_warps, and how the programs get the
+    global amax (``AMAX``; quantize.py):
 
-    GRID_SYNC False: two launches (amax partials, then the tiles). True: one cooperative launch whose programs
-    meet at a grid barrier for the global amax (quantize.py); CUDA only, and the grid must not exceed the
-    device's SM count (``grid_sync_config``)."""
+    * "launch": two launches, ``amax_kernel``'s partials, then the tiles. ``pick_quantize_config`` caps BLOCK_C
+      at K's next power of two (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's.
+    * "grid_sync": one cooperative launch whose programs meet at a grid barrier; CUDA only (not the CPU
+      interpreter), the grid at most the device's SM count (``grid_sync_config``).
+    * "read_all": one launch; every program reads all of x (at most READ_ALL_MAX_ELEMENTS elements, padded to
+      powers of two) for the amax, then quantizes its tile (``read_all_config``).
+
+    Raises:
+        ValueError: a size that is not a power of two; AMAX not one of QUANTIZE_AMAX_FORMS."""
 
     BLOCK_R: int
     BLOCK_C: int  # multiple of 16
     num_warps: int
-    GRID_SYNC: bool = False
+    AMAX: str = "launch"
 
     def __post_init__(self):
         _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
-        if not isinstance(self.GRID_SYNC, bool):
-            raise ValueError(f"GRID_SYNC={self.GRID_SYNC!r}: expected a bool")
+        if self.AMAX not in QUANTIZE_AMAX_FORMS:
+            raise ValueError(f"AMAX={self.AMAX!r}: expected one of {QUANTIZE_AMAX_FORMS}")
 
 
 # On a GPU, chosen by M (rows of x). M = 1-2: the DP4A path (integer block dot products on the CUDA cores: no
@@ -284,13 +294,19 @@ def pick_quantize_config(M: int, K: int) -> QuantizeConfig:
 
 
 GRID_SYNC_MAX_WARPS = 16  # the largest grid-sync tile: 16 warps x 32 elements per thread
+# The read-all form's largest x (next_power_of_2(M) x next_power_of_2(K) elements; M = 8 at K = 8192) and its
+# tile: at most 1024 columns and 8192 elements, 8 warps (H200, CUPTI, nvfp4_linear at K = 8192: docs/benchmarks.md)
+READ_ALL_MAX_ELEMENTS = 65536
+READ_ALL_TILE_C = 1024
+READ_ALL_TILE_ELEMENTS = 8192
+READ_ALL_WARPS = 8
 
 
 def grid_sync_config(M: int, K: int, max_programs: int) -> QuantizeConfig | None:
-    """The one-launch (GRID_SYNC) quantize tile for x [M, K] with at most ``max_programs`` programs (the SM count,
-    so that a cooperative launch is always possible): ``pick_quantize_config``'s tile (4 warps, 4096 elements),
-    doubled with its warps (32 elements per thread) until the grid fits, up to GRID_SYNC_MAX_WARPS warps; None
-    where even that grid is larger (then the two-launch form)."""
+    """The one-launch grid-barrier (AMAX "grid_sync") quantize tile for x [M, K] with at most ``max_programs``
+    programs (the SM count, so that a cooperative launch is always possible): ``pick_quantize_config``'s tile (4
+    warps, 4096 elements), doubled with its warps (32 elements per thread) until the grid fits, up to
+    GRID_SYNC_MAX_WARPS warps; None where even that grid is larger (then the two-launch form)."""
     t = QUANTIZE_CONFIGS.pick(M)
     warps = t.num_warps
     while warps <= GRID_SYNC_MAX_WARPS:
@@ -298,9 +314,21 @@ def grid_sync_config(M: int, K: int, max_programs: int) -> QuantizeConfig | None
         block_c = min(triton.next_power_of_2(K), t.BLOCK_C)
         block_r = max(1, min(elements // block_c, triton.next_power_of_2(M)))
         if triton.cdiv(M, block_r) * triton.cdiv(K, block_c) <= max_programs:
-            return QuantizeConfig(block_r, block_c, warps, GRID_SYNC=True)
+            return QuantizeConfig(block_r, block_c, warps, AMAX="grid_sync")
         warps *= 2
     return None
+
+
+def read_all_config(M: int, K: int) -> QuantizeConfig | None:
+    """The one-launch read-all (AMAX "read_all") quantize tile for x [M, K]: READ_ALL_TILE_C columns (at most K's
+    next power of two) x as many of M's rows (padded to a power of two) as READ_ALL_TILE_ELEMENTS allows,
+    READ_ALL_WARPS warps; None where x padded to powers of two has more than READ_ALL_MAX_ELEMENTS elements (every
+    program holds all of it in registers)."""
+    rows, cols = triton.next_power_of_2(M), triton.next_power_of_2(K)
+    if rows * cols > READ_ALL_MAX_ELEMENTS:
+        return None
+    block_c = min(cols, READ_ALL_TILE_C)
+    return QuantizeConfig(min(rows, READ_ALL_TILE_ELEMENTS // block_c), block_c, READ_ALL_WARPS, AMAX="read_all")
 
 
 def block_k_for(K: int, block_k: int) -> int:

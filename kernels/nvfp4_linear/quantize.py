@@ -2,10 +2,12 @@
 
 Inputs of at most ``ONE_LAUNCH_MAX_ELEMENTS`` take one launch: ``nvfp4_quantize_kernel`` alone, one program whose
 tile is all of x, the global amax taken from the tile it has loaded (M = 1 at K = 8192, where each launch costs
-~1.5 us of GPU time against a few hundred ns of work). Inputs whose tiles fit one wave of programs (no more than
-the SM count: M <= 256 at K = 8192 on an H200) take one cooperative launch on a GPU (``GRID_SYNC``): each program
-loads its tile, and the programs meet at a grid barrier (``_grid_max``) for the global amax before they quantize
-it. Larger inputs, and under the CPU interpreter all but the one-program ones, take two:
+~1.5 us of GPU time against a few hundred ns of work). Other inputs of at most ``READ_ALL_MAX_ELEMENTS`` (M <= 8
+at K = 8192) take one launch of several programs, each of which reads all of x for the amax and quantizes its own
+tile (AMAX "read_all"). Inputs whose tiles fit one wave of programs (no more than the SM count: M <= 256 at
+K = 8192 on an H200) take one cooperative launch on a GPU (AMAX "grid_sync"): each program loads its tile, and the
+programs meet at a grid barrier (``_grid_max``) for the global amax before they quantize it. Larger inputs, and
+under the CPU interpreter those above the read-all size, take two (AMAX "launch"):
 
 1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
    sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
@@ -26,7 +28,7 @@ import triton
 import triton.language as tl
 
 from .._runtime import Launch, interpreting
-from .configs import QuantizeConfig
+from .configs import READ_ALL_MAX_ELEMENTS, QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
 __all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "BARRIER_WORDS", "ONE_LAUNCH_MAX_ELEMENTS", "QuantizeLaunches",
@@ -156,7 +158,7 @@ def nvfp4_quantize_kernel(
     # one-launch form (small x): one program whose tile is all of x takes the global amax from that tile (no
     # amax_kernel launch; amax_ptr and n_amax unused)
     SELF_AMAX: tl.constexpr = False,
-    # one-launch form (x up to a grid of one wave): each program's tile max goes to amax_ptr[program], the programs
+    # grid-barrier form (x up to a grid of one wave): each program's tile max goes to amax_ptr[program], the programs
     # meet at a grid barrier (a cooperative launch: all resident; the barrier's words follow the partials), then
     # each takes the max of all partials. Not under the CPU interpreter (it runs programs one after another).
     GRID_SYNC: tl.constexpr = False,
@@ -167,6 +169,11 @@ def nvfp4_quantize_kernel(
     # WRITE_PACKED with the codes as one signed byte per element, 2 x E2M1 value (-12..12, exact; -0 -> 0), in
     # q_ptr [M, K] instead of two codes per byte: the DP4A path's integer operand (dp4a.py)
     INT8_CODES: tl.constexpr = False,
+    # read-all form (small x): every program loads all of x, padded to READ_ALL_R x READ_ALL_C (powers of two), for
+    # the global amax, then quantizes its own tile (no barrier, no amax_kernel launch; amax_ptr and n_amax unused).
+    # 0: another form
+    READ_ALL_R: tl.constexpr = 0,
+    READ_ALL_C: tl.constexpr = 0,
 ):
     if TRIGGER_DEPENDENTS == 1:
         tl.extra.cuda.gdc_launch_dependents()
@@ -184,6 +191,13 @@ def nvfp4_quantize_kernel(
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
     if SELF_AMAX:  # this program's tile is all of x
         amax = tl.max(tl.max(bbits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    elif READ_ALL_R > 0:  # every program reads all of x (<= 128 KiB, mostly L2 hits) for the amax
+        ar = tl.arange(0, READ_ALL_R)
+        ac = tl.arange(0, READ_ALL_C)
+        xa = tl.load(x_ptr + ar[:, None].to(tl.int64) * stride_xm + ac[None, :],
+                     mask=(ar[:, None] < M) & (ac[None, :] < K), other=0.0)
+        abits = _widen_to_fp32(xa).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        amax = tl.max(tl.max(abits, axis=1), axis=0).to(tl.float32, bitcast=True)
     elif GRID_SYNC:  # every program is resident (cooperative launch): they meet at a grid barrier
         amax = _grid_max(amax_ptr, tl.max(tl.max(bbits, axis=1), axis=0), pid_r * tl.num_programs(1) + pid_c,
                          tl.num_programs(0) * tl.num_programs(1), AMAX_PARTS).to(tl.float32, bitcast=True)
@@ -256,10 +270,10 @@ def nvfp4_quantize_kernel(
 
 
 class QuantizeLaunches:
-    """The launches that quantize x [M, K] (contiguous): ``amax_kernel`` + ``nvfp4_quantize_kernel`` with
-    ``config``'s tile; ``nvfp4_quantize_kernel`` alone, one cooperative launch, where ``config.GRID_SYNC``; or
-    (``config`` None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone with one program over
-    all of x.
+    """The launches that quantize x [M, K] (contiguous), by ``config.AMAX``: "launch", ``amax_kernel`` +
+    ``nvfp4_quantize_kernel`` with ``config``'s tile; "grid_sync", ``nvfp4_quantize_kernel`` alone, one cooperative
+    launch; "read_all", ``nvfp4_quantize_kernel`` alone, every program reading all of x for the amax; or (``config``
+    None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone with one program over all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element, 2 x
@@ -275,8 +289,9 @@ class QuantizeLaunches:
     Raises:
         ValueError: ``config`` None where x is too large for one launch; ``permute_k`` with K or BLOCK_C not a
             multiple of 256; ``trigger_dependents`` not 0, 1 or 2; ``int8_codes`` without ``write_packed``;
-            ``config.GRID_SYNC`` under the CPU interpreter (its programs run one after another: the barrier would
-            never open) or with a grid of more than ``max_programs`` programs.
+            AMAX "grid_sync" under the CPU interpreter (its programs run one after another: the barrier would never
+            open) or with a grid of more than ``max_programs`` programs; AMAX "read_all" for an x of more than
+            ``READ_ALL_MAX_ELEMENTS`` elements padded to powers of two.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
@@ -300,24 +315,31 @@ class QuantizeLaunches:
             raise ValueError(f"K={K}, BLOCK_C={block_c}: the permuted K order needs both multiples of 256")
         self.M, self.K, self.numel = M, K, M * K
         grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
-        grid_sync = config is not None and config.GRID_SYNC
+        form = "one" if config is None else config.AMAX
+        grid_sync = form == "grid_sync"
         if grid_sync and interpreting():
-            raise ValueError("GRID_SYNC=True: the CPU interpreter runs programs one after another, so a grid "
-                             "barrier never opens; use the two-launch form")
-        if grid_sync and (grid[0] * grid[1] > min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)):
-            raise ValueError(f"GRID_SYNC=True: a grid of {grid[0] * grid[1]} programs for x [{M}, {K}] exceeds "
-                             f"{min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)} (the SM count or "
-                             "AMAX_MAX_PROGRAMS): a cooperative launch needs every program resident")
+            raise ValueError("AMAX='grid_sync': the CPU interpreter runs programs one after another, so a grid "
+                             "barrier never opens; use the 'launch' or 'read_all' form")
+        cap = min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)
+        if grid_sync and grid[0] * grid[1] > cap:
+            raise ValueError(f"AMAX='grid_sync': a grid of {grid[0] * grid[1]} programs for x [{M}, {K}] exceeds "
+                             f"{cap} (the SM count or AMAX_MAX_PROGRAMS): a cooperative launch needs every program "
+                             "resident")
+        read_all = (triton.next_power_of_2(M), triton.next_power_of_2(K)) if form == "read_all" else (0, 0)
+        if read_all[0] * read_all[1] > READ_ALL_MAX_ELEMENTS:
+            raise ValueError(f"AMAX='read_all': x [{M}, {K}] pads to {read_all[0] * read_all[1]} elements, more "
+                             f"than READ_ALL_MAX_ELEMENTS = {READ_ALL_MAX_ELEMENTS} (each program holds all of x)")
         self.nprog = min(triton.cdiv(self.numel, AMAX_BLOCK), AMAX_MAX_PROGRAMS)
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
-        self.amax = None if config is None or grid_sync else Launch(amax_kernel, (self.nprog,),
-                                                                    {"BLOCK": AMAX_BLOCK}, num_warps=8)
+        self.amax = None if form != "launch" else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK},
+                                                          num_warps=8)
         options = {"launch_cooperative_grid": True} if grid_sync else {}
         self.quant = Launch(
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None, GRID_SYNC=grid_sync,
-                 TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes),
+                 TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes, READ_ALL_R=read_all[0],
+                 READ_ALL_C=read_all[1]),
             num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False, **options)
 
     @property
