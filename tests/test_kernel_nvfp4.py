@@ -859,10 +859,14 @@ def _compile_all():
             jobs += [(modes[1], t, False, trig, False, grid_sync, read_all) for trig in (1, 2)]
             if i == 0:
                 jobs += [((True, False, "*fp16"), t, False, 1, True, grid_sync, read_all)]
-    for (write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync, read_all in jobs:
+    jobs = [(job, "*bf16") for job in jobs]
+    # nvfp4_quantize of an fp32 x through the largest read-all tile: all of x (256 fp32 per thread) without spills
+    jobs += [((modes[0], dataclasses.astuple(nvl.read_all_config(8, 8192))[:3], False, 0, False, False, 8), "*fp32")]
+    for ((write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync,
+         read_all), x_type in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
-            {"x_ptr": "*bf16", "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
+            {"x_ptr": x_type, "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
              "gdec_ptr": "*fp32", "w_gdec": "fp32", "M": "i32", "K": "i32", "stride_xm": "i32", "n_amax": "i32"},
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,

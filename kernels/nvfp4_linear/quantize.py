@@ -36,7 +36,7 @@ __all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "BARRIER_WORDS", "ONE_LAUNCH_MAX_E
 
 AMAX_BLOCK = 8192  # elements per program per amax step (32 per thread: 4 x 16-byte loads in flight)
 AMAX_MAX_PROGRAMS = 512  # partials (power of two; the quantize kernel reduces them all)
-BARRIER_WORDS = 2  # the GRID_SYNC form's barrier (arrival count, generation), after the partials
+BARRIER_WORDS = 2  # the grid-barrier form's words (arrival count, generation), after the partials
 # Largest x (next_power_of_2(M) x next_power_of_2(K) elements) quantized by one launch of one program: 8 elements
 # (one 16-byte load of bf16) per thread at 32 warps. H200, CUPTI, L2 flushed, K = 8192: M = 1 one launch 2.6-2.7 us
 # against 3.2 for two; M = 2 and 4 one launch 4.0 and 5.8 us against 3.3 and 3.9 (one SM's latency chain grows
@@ -191,7 +191,7 @@ def nvfp4_quantize_kernel(
     # --- global scales (the recipe, fp32, IEEE division) -------------------------------------------------------
     if SELF_AMAX:  # this program's tile is all of x
         amax = tl.max(tl.max(bbits, axis=1), axis=0).to(tl.float32, bitcast=True)
-    elif READ_ALL_R > 0:  # every program reads all of x (<= 128 KiB, mostly L2 hits) for the amax
+    elif READ_ALL_R > 0:  # every program reads all of x (small: mostly L2 hits) for the amax
         ar = tl.arange(0, READ_ALL_R)
         ac = tl.arange(0, READ_ALL_C)
         xa = tl.load(x_ptr + ar[:, None].to(tl.int64) * stride_xm + ac[None, :],
@@ -283,7 +283,7 @@ class QuantizeLaunches:
     only: the interpreter has no griddepcontrol). ``run(stream, x, parts, q, s, deq, gdec, w_gdec)``: ``parts`` int32
     [>= AMAX_MAX_PROGRAMS + BARRIER_WORDS] amax partials and, after them, the grid barrier's words (zero before the
     first launch; every launch leaves the count at zero); ``gdec`` fp32 [2] receives [x global decode,
-    fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Both forms write the same
+    fp32(x global decode * w_gdec)]; unused outputs may be any tensor (``gdec``). Every form writes the same
     bytes.
 
     Raises:
