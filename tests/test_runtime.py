@@ -173,7 +173,8 @@ def test_host_functions_are_cuda_graph_capturable():
     vals = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8, generator=g)
     meta = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8, generator=g)
     b8 = torch.randn(2048, 2048, device="cuda", generator=g).to(torch.float8_e4m3fn)
-    x = torch.randn(4, 8192, device="cuda", generator=g).bfloat16()
+    x = torch.randn(4, 8192, device="cuda", generator=g).bfloat16()  # quantizer: the read-all form
+    x16 = torch.randn(16, 8192, device="cuda", generator=g).bfloat16()  # the grid barrier (a cooperative launch)
     rng = np.random.default_rng(0)
     w = torch.from_numpy(packing.pack_fp4(rng.integers(0, 16, (8192, 8192), dtype=np.uint8))).cuda()
     ws = torch.from_numpy(rng.integers(0x20, 0x40, (8192, 512), dtype=np.uint8)).cuda()
@@ -181,6 +182,7 @@ def test_host_functions_are_cuda_graph_capturable():
         "gemm_fp16": lambda: gemm_fp16(A, B),
         "sparse_gemm_fp4_fp8": lambda: sparse_gemm_fp4_fp8(vals, meta, b8),
         "nvfp4_linear": lambda: nvfp4_linear(x, w, ws, 0.01),
+        "nvfp4_linear M=16": lambda: nvfp4_linear(x16, w, ws, 0.01),
     }
     for name, fn in calls.items():
         want = fn()
