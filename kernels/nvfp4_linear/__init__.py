@@ -4,8 +4,8 @@ Workload: SOL-ExecBench ``nvfp4_linear_layer``: y = x @ W^T with x (bf16) quanti
 fp4ref names "sol", W given as NVFP4 (E2M1 codes, E4M3FN block scales, fp32 global decode scale), bf16 out.
 docs/kernels.md, section nvfp4_linear, describes the paths and their numerics.
 
-A call: quantize x (quantize.py: amax, then codes * block scales, exact; one launch for a small x, two otherwise),
-then one path, chosen by M from
+A call: quantize x (quantize.py: amax, then codes * block scales, exact; one launch up to M = 256 at K = 8192 on a
+GPU, two above), then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
 * ``Dp4aConfig`` (dp4a.py, GPU): integer dot products of the doubled E2M1 codes on the CUDA cores (Gluon), M = 1-2;
