@@ -46,7 +46,7 @@ from triton import knobs
 
 __all__ = [
     "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream",
+    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream",
     "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace",
     "workspace_bytes",
 ]
@@ -126,6 +126,19 @@ def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -
         a, b = _span(t)
         if a < hi and lo < b and out.device == t.device:
             raise ValueError(f"{out_name} overlaps {name} in memory: give an output buffer of its own")
+
+
+def check_distinct_elements(t: torch.Tensor, name: str) -> None:
+    """ValueError naming ``t`` where two of its elements may share memory (a zero stride of a dimension longer than
+    1, or strides that interleave): the kernels write every element of an output, so such a tensor would receive
+    one element's value in place of another's. Sorted by stride, each dimension's stride must exceed the span of
+    those before it."""
+    extent = 0
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= extent:
+            raise ValueError(f"{name}: strides {tuple(t.stride())} for shape {tuple(t.shape)} make elements share "
+                             "memory; give a tensor whose elements are distinct")
+        extent += stride * (size - 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -196,6 +196,21 @@ def test_grid_sync_config():
     for bad in ("grid", True, None):
         with pytest.raises(ValueError, match="AMAX"):
             nvl.QuantizeConfig(4, 1024, 4, AMAX=bad)
+    for args, exc, word in [((4, 8, 4), ValueError, "BLOCK_C"), ((4, 1024, 64), ValueError, "num_warps"),
+                            ((np.int64(4), 1024, 4), TypeError, "BLOCK_R"), ((4, 1024.0, 4), TypeError, "BLOCK_C")]:
+        with pytest.raises(exc, match=word):
+            nvl.QuantizeConfig(*args)
+    for fn in (nvl.pick_quantize_config, nvl.read_all_config, lambda m, k: gs(m, k, 132)):
+        for (m, k), exc in [((0, 16), ValueError), ((1, 15), ValueError), ((1, 0), ValueError),
+                            ((1.5, 16), TypeError), ((None, 16), TypeError), ((np.int64(2), 16), TypeError)]:
+            with pytest.raises(exc, match="M=|K="):
+                fn(m, k)
+    with pytest.raises(TypeError, match="max_programs"):
+        gs(4, 64, 1.5)
+    with pytest.raises(ValueError, match="max_programs"):
+        gs(4, 64, 0)
+    with pytest.raises(TypeError, match="config"):
+        nvl.nvfp4_quantize(torch.ones(4, 64), config={"BLOCK_R": 4})
 
 
 def test_read_all_config():
@@ -494,9 +509,17 @@ def test_linear_validates_new_keys_after_a_cached_call():
     gw = float(wq.global_decode_scale)
     y1, y2 = nvl.nvfp4_linear(x, w, ws, gw), nvl.nvfp4_linear(x, w, ws, gw)
     assert y1.data_ptr() != y2.data_ptr() and torch.equal(y1.view(torch.int16), y2.view(torch.int16))
-    for bad in (-0.5, 0.0, float("nan"), float("inf")):
+    # (after a validated call of this key, so the per-call check is the one tested) fp32 rounding of 1e300
+    # overflows and of 1e-50 underflows: the kernels would write inf or 0
+    for bad in (-0.5, 0.0, float("nan"), float("inf"), 1e300, 1e-50, 2.0**-150, 2.0**128 - 2.0**103):
         with pytest.raises(ValueError, match="weight_global_decode_scale"):
             nvl.nvfp4_linear(x, w, ws, bad)
+    with pytest.raises(TypeError, match="weight_global_decode_scale"):
+        nvl.nvfp4_linear(x, w, ws, "0.01")
+    # the fp32 value fp4ref's NVFP4Tensor holds, and the extremes that round to finite nonzero fp32 values
+    assert torch.equal(nvl.nvfp4_linear(x, w, ws, np.float32(gw)).view(torch.int16), y1.view(torch.int16))
+    for ok in (2.0**-149, 3.4028234663852886e38):
+        assert nvl.nvfp4_linear(x, w, ws, ok).shape == y1.shape
     with pytest.raises(ValueError, match="weight_fp4.shape"):
         nvl.nvfp4_linear(x, w[:, :16].clone(), ws, gw)
     with pytest.raises(TypeError, match="config"):

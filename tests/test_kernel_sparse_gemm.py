@@ -418,6 +418,22 @@ def test_bad_config_and_out():
         mod.sparse_gemm_fp4_fp8(v, m, b, nan_check_bytes="x")
     with pytest.raises(TypeError, match="config"):
         mod.sparse_gemm_fp4_fp8(v, m, b, {"block_m": 64})
+    # an out whose rows share memory (stride 0) would come back with one row repeated
+    with pytest.raises(ValueError, match=r"out: strides \(0, 1\).*share memory"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(1, 3, dtype=torch.bfloat16).expand(2, 3))
+    got = mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(3, 2, dtype=torch.bfloat16).t())  # column-major: fine
+    assert torch.equal(got, mod.sparse_gemm_fp4_fp8(v, m, b))
+    # the interpreter decodes NaN bytes as +-480: detection from the accumulator would miss them there
+    with pytest.raises(ValueError, match="nan_check_bytes=False"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, nan_check_bytes=False)
+
+
+@pytest.mark.parametrize("sizes, exc", [((0, 8, 8), ValueError), ((4, 0, 8), ValueError), ((4, 8, 6), ValueError),
+                                        ((4, 8, 0), ValueError), ((1.5, 8, 8), TypeError), (("8", 8, 8), TypeError),
+                                        ((True, 8, 8), TypeError)])
+def test_pick_config_checks_the_sizes(sizes, exc):
+    with pytest.raises(exc, match="M=|N=|K="):
+        mod.pick_config(*sizes, interpreter=False)
 
 
 def test_contract_names_a_known_model():

@@ -25,7 +25,7 @@ import.
 from __future__ import annotations
 
 import functools
-import math
+import numbers
 
 import torch
 
@@ -72,7 +72,7 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
             the leading dimensions flattened: M = x.numel() // K.
         config: the quantize tile and amax form to force (``QuantizeConfig.AMAX``: "launch", two launches;
             "grid_sync", one cooperative launch, CUDA only, a grid of at most the SM count; "read_all", one launch,
-            x of at most ``READ_ALL_MAX_ELEMENTS`` padded elements). Default: one launch of one program when x
+            x of at most ``configs.READ_ALL_MAX_ELEMENTS`` padded elements). Default: one launch of one program when x
             padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else
             ``read_all_config``'s tile where x is small enough, else on a GPU ``grid_sync_config``'s tile where
             its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile. The bytes do not depend on the
@@ -88,8 +88,9 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     division, in this order: amax = max|x|; global_encode = min(2688 / amax, FLT_MAX), 1 if that is 0
     (amax = inf); global_decode = 1 / global_encode; block scale = E4M3FN_RNE(min((block_amax / 6) *
     global_encode, 448)); encode = min(1 / (block_scale * global_decode), FLT_MAX); code = E2M1_RNE(clamp(x *
-    encode, -6, 6)), where [-0.25, 0) -> 0x8 and -0.0 -> 0x0. Bit for bit equal to fp4ref's for every non-NaN
-    input (zeros, ties, subnormal block scales and inputs, huge amax, +-inf included).
+    encode, -6, 6)), where [-0.25, 0) -> 0x8 and -0.0 -> 0x0. Bit for bit equal to fp4ref's for every finite
+    input (zeros, ties, subnormal block scales and inputs, huge amax included). NaN and infinity in x are outside
+    the contract: fp4ref's reference refuses them, and the kernels do not look for them (a pass over x).
 
     Raises:
         TypeError: x is not a tensor of a supported dtype; config is not a QuantizeConfig.
@@ -98,7 +99,8 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     """
     try:
         key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
-    except AttributeError:
+        hash(key)
+    except (AttributeError, TypeError):  # not a tensor, or an unhashable config: refused below
         key = None
     plan = _QPLANS.get(key)
     new = plan is None
@@ -221,7 +223,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
             16-byte aligned.
         weight_scales: torch.float8_e4m3fn (or uint8 bytes) [N, K/16], plain row-major block scales (sign bit
             ignored: UE4M3); contiguous, 16-byte aligned.
-        weight_global_decode_scale: python float (rounded to fp32 once, RNE), finite and positive.
+        weight_global_decode_scale: a real number (python or numpy float or int), rounded to fp32 once (RNE);
+            that fp32 value must be finite and positive.
         config: a GluonConfig or Dp4aConfig (CUDA only, ``.fits(N, K)``), GemvConfig, TensorCoreConfig or
             PrepassConfig to force (default: ``pick_config(M, N, K)``).
         out: optional bfloat16 [..., N] contiguous tensor to write y into (tests pass a NaN-filled one).
@@ -251,13 +254,19 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                weight_scales.data_ptr() % 16 == 0, weight_scales.is_contiguous(), type(w_gdec), config,
                None if out is None else (out.shape, out.dtype, out.device, out.data_ptr() % 16 == 0,
                                          out.is_contiguous()))
-    except AttributeError:
+        hash(key)
+    except (AttributeError, TypeError):  # an argument that is no tensor, or an unhashable config: refused below
         key = None
     plan = _PLANS.get(key)
     if key is not None and out is not None:  # (key is None when an argument is no tensor: refused below)
         check_no_overlap(out, "out", x=x, weight_fp4=weight_fp4, weight_scales=weight_scales)
-    if plan is not None and 0.0 < w_gdec < math.inf:
-        return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+    if plan is not None:  # (a plan exists only for a key whose first call validated; the scale is per call)
+        try:
+            fast = _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW
+        except TypeError:  # not a number: refused below
+            fast = False
+        if fast:
+            return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 
     M, K = _check_x(x)
     N = _check_weight(x, weight_fp4, weight_scales, K)
@@ -374,9 +383,15 @@ def _check_weight(x, weight_fp4, weight_scales, K: int) -> int:
     return N
 
 
+# The reals whose fp32 rounding (RNE) is finite and positive: above half the smallest fp32 subnormal (2^-150 ties
+# to 0) and below the overflow threshold 2^128 - 2^103 (the fp32 max plus half an ulp)
+_W_GDEC_MIN = 2.0**-150
+_W_GDEC_OVERFLOW = 2.0**128 - 2.0**103
+
+
 def _check_w_gdec(w_gdec) -> None:
-    if not isinstance(w_gdec, (float, int)) or isinstance(w_gdec, bool):
-        raise TypeError(f"weight_global_decode_scale: expected a python float, got {type(w_gdec).__name__}")
-    if not (math.isfinite(w_gdec) and w_gdec > 0):
-        raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a finite positive float "
-                         "(the recipe's global decode scale, e.g. amax / (448 * 6))")
+    if isinstance(w_gdec, bool) or not isinstance(w_gdec, numbers.Real):
+        raise TypeError(f"weight_global_decode_scale: expected a real number, got {type(w_gdec).__name__}")
+    if not _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW:
+        raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a positive number that stays finite "
+                         "and nonzero in fp32 (the recipe's global decode scale, e.g. amax / (448 * 6))")

@@ -18,7 +18,7 @@ import triton
 
 from fp4ref.bounds import NumericContract
 
-from .._runtime import ConfigTable, interpreting
+from .._runtime import ConfigTable, check_ints, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
@@ -35,8 +35,17 @@ RECIPE = "sol"  # fp4ref.blockscale.nvfp4_quantize(x, recipe="sol") bytes, for e
 def _check_pow2(cfg, *names):
     for name in names:
         v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}={v!r}: expected an int (a power of two >= 1), got {type(v).__name__}")
+        if v < 1 or v & (v - 1):
             raise ValueError(f"{name}={v!r}: expected a power of two >= 1")
+
+
+def _check_sizes(M, K) -> None:
+    """x [M, K] of the quantizer: ints, M >= 1, K a positive multiple of 16 (TypeError / ValueError naming them)."""
+    check_ints(M=M, K=K)
+    if M < 1 or K < 16 or K % 16:
+        raise ValueError(f"M={M}, K={K}: expected M >= 1 and K a positive multiple of 16")
 
 
 def _check_positive(cfg, *names):
@@ -225,7 +234,10 @@ class QuantizeConfig:
 
     def __post_init__(self):
         _check_pow2(self, "BLOCK_R", "BLOCK_C", "num_warps")
-        if self.AMAX not in QUANTIZE_AMAX_FORMS:
+        if self.BLOCK_C < 16 or self.num_warps > 32:
+            raise ValueError(f"BLOCK_C={self.BLOCK_C}, num_warps={self.num_warps}: expected BLOCK_C >= 16 (whole "
+                             "16-element blocks) and at most 32 warps")
+        if not isinstance(self.AMAX, str) or self.AMAX not in QUANTIZE_AMAX_FORMS:
             raise ValueError(f"AMAX={self.AMAX!r}: expected one of {QUANTIZE_AMAX_FORMS}")
 
 
@@ -286,7 +298,10 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
 
 def pick_quantize_config(M: int, K: int) -> QuantizeConfig:
     """The quantize tile for x [M, K]: the QUANTIZE_CONFIGS row for M, BLOCK_C capped at K's next power of two
-    (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's."""
+    (BLOCK_R grows to keep the tile's element count) and BLOCK_R at M's. TypeError / ValueError unless M >= 1 and
+    K a positive multiple of 16 (ints); ``grid_sync_config`` and ``read_all_config`` check the same, and
+    ``grid_sync_config`` an int ``max_programs`` >= 1."""
+    _check_sizes(M, K)
     t = QUANTIZE_CONFIGS.pick(M)
     block_c = min(triton.next_power_of_2(K), t.BLOCK_C)
     block_r = max(1, min(t.BLOCK_R * t.BLOCK_C // block_c, triton.next_power_of_2(M)))
@@ -307,6 +322,10 @@ def grid_sync_config(M: int, K: int, max_programs: int) -> QuantizeConfig | None
     programs (the SM count, so that a cooperative launch is always possible): ``pick_quantize_config``'s tile (4
     warps, 4096 elements), doubled with its warps (32 elements per thread) until the grid fits, up to
     GRID_SYNC_MAX_WARPS warps; None where even that grid is larger (then the two-launch form)."""
+    _check_sizes(M, K)
+    check_ints(max_programs=max_programs)
+    if max_programs < 1:
+        raise ValueError(f"max_programs={max_programs}: expected >= 1")
     t = QUANTIZE_CONFIGS.pick(M)
     warps = t.num_warps
     while warps <= GRID_SYNC_MAX_WARPS:
@@ -324,6 +343,7 @@ def read_all_config(M: int, K: int) -> QuantizeConfig | None:
     next power of two) x as many of M's rows (padded to a power of two) as READ_ALL_TILE_ELEMENTS allows,
     READ_ALL_WARPS warps; None where x padded to powers of two has more than READ_ALL_MAX_ELEMENTS elements (every
     program holds all of it in registers)."""
+    _check_sizes(M, K)
     rows, cols = triton.next_power_of_2(M), triton.next_power_of_2(K)
     if rows * cols > READ_ALL_MAX_ELEMENTS:
         return None

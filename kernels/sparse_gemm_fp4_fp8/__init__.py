@@ -77,10 +77,12 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         config: a GluonConfig, FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)`` (benchmarks,
             tests). A GluonConfig needs a CUDA device, K % 128 == 0 and ``gluon_eligible`` operands; the default
             pick takes the ``TL_CONFIGS`` row where they do not hold.
-        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test); returned.
+        out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test), any strides that keep its
+            elements distinct; returned.
         nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
             Default: False on a GPU (free), True under the CPU interpreter, which decodes E4M3FN NaN bytes as
-            +-480. The Gluon path (GPU only) always checks its fp32 accumulator, which is exact there.
+            +-480 (so False is refused there). The Gluon path (GPU only) always checks its fp32 accumulator,
+            which is exact there.
 
     Returns:
         torch.bfloat16 [M, N]: one RNE rounding of the fp32 accumulator (NUMERIC_CONTRACT). A NaN byte of b at a
@@ -90,7 +92,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
             a GluonConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
-            strides; ``out`` not [M, N] or overlapping an operand; operands on different devices; an fp8 config
+            strides; ``out`` not [M, N], overlapping an operand or with elements sharing memory;
+            ``nan_check_bytes=False`` in the CPU interpreter; operands on different devices; an fp8 config
             with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read; an explicit
             GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects; an
             explicit ExpandConfig(gemm="gluon") in the CPU interpreter, with K % 128 != 0, with operands
@@ -111,6 +114,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
         raise TypeError(f"nan_check_bytes: expected None or a bool, got {type(nan_check_bytes).__name__}")
+    if nan_check_bytes is False and _runtime.interpreting():
+        raise ValueError("nan_check_bytes=False: the CPU interpreter decodes E4M3FN NaN bytes as +-480, so NaN "
+                         "detection from the accumulator would miss them there; pass None or True")
     if config is not None and not isinstance(config, (GluonConfig, FusedConfig, ExpandConfig)):
         raise TypeError(f"config: expected a GluonConfig, a FusedConfig, an ExpandConfig or None, got "
                         f"{type(config).__name__}")
@@ -310,6 +316,8 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     interp = _runtime.interpreting()
     explicit = config is not None
     gluon_ok = gluon_eligible(a_vals, a_meta, b_fp8)
+    if out is not None:
+        _runtime.check_distinct_elements(out, "out")
     c_tma_ok = _c_tma_eligible(out, n)
     if config is None:
         config = pick_config(m, n, k, interp)

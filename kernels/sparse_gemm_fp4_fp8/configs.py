@@ -222,12 +222,16 @@ INTERPRETER_CONFIG = FusedConfig(64, 64, 128, split_k=2, num_warps=4, num_stages
 def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
     """The config a call with M rows runs: ``INTERPRETER_CONFIG`` in the CPU interpreter, else ``CONFIGS.pick(M)``.
 
-    ``interpreter``: None means ``_runtime.interpreting()``. N and K do not change the pick (the table is tuned for
+    ``interpreter``: None means ``_runtime.interpreting()``. TypeError / ValueError unless M, N >= 1 and K a
+    positive multiple of 4 (ints). N and K do not change the pick (the table is tuned for
     the workload's N = K = 2048) except that a GluonConfig which does not fit K, or a Gluon-GEMM ExpandConfig at
     K % 128 != 0, gives way to the ``TL_CONFIGS`` row. The host also takes the ``TL_CONFIGS`` row where the
     operands' strides or alignment (or, for the Gluon GEMM, the output's) do not fit the Gluon kernels' TMA
     descriptors, and ``FALLBACK_CONFIG`` instead of an ExpandConfig where b_fp8 cannot feed them.
     """
+    _runtime.check_ints(M=M, N=N, K=K)
+    if M < 1 or N < 1 or K < 4 or K % 4:
+        raise ValueError(f"M={M}, N={N}, K={K}: expected M, N >= 1 and K a positive multiple of 4")
     if interpreter is None:
         interpreter = _runtime.interpreting()
     if interpreter:
