@@ -46,9 +46,9 @@ from triton import knobs
 
 __all__ = [
     "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "clear_workspaces", "current_stream",
-    "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace",
-    "workspace_bytes",
+    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans",
+    "clear_workspaces", "current_stream", "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms",
+    "raw_launcher", "workspace", "workspace_bytes",
 ]
 
 # Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``

@@ -99,10 +99,9 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     """
     try:
         key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
-        hash(key)
+        plan = _QPLANS.get(key)
     except (AttributeError, TypeError):  # not a tensor, or an unhashable config: refused below
-        key = None
-    plan = _QPLANS.get(key)
+        key = plan = None
     new = plan is None
     if new:
         M, K = _check_x(x)
@@ -254,19 +253,14 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                weight_scales.data_ptr() % 16 == 0, weight_scales.is_contiguous(), type(w_gdec), config,
                None if out is None else (out.shape, out.dtype, out.device, out.data_ptr() % 16 == 0,
                                          out.is_contiguous()))
-        hash(key)
+        plan = _PLANS.get(key)
     except (AttributeError, TypeError):  # an argument that is no tensor, or an unhashable config: refused below
-        key = None
-    plan = _PLANS.get(key)
+        key = plan = None
     if key is not None and out is not None:  # (key is None when an argument is no tensor: refused below)
         check_no_overlap(out, "out", x=x, weight_fp4=weight_fp4, weight_scales=weight_scales)
-    if plan is not None:  # (a plan exists only for a key whose first call validated; the scale is per call)
-        try:
-            fast = _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW
-        except TypeError:  # not a number: refused below
-            fast = False
-        if fast:
-            return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+    # (a plan exists only for a key whose first call validated, the scale's type included; its value is per call)
+    if plan is not None and _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW:
+        return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 
     M, K = _check_x(x)
     N = _check_weight(x, weight_fp4, weight_scales, K)

@@ -337,7 +337,7 @@ class QuantizeLaunches:
         self.quant = Launch(
             nvfp4_quantize_kernel, grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
-                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=config is None, GRID_SYNC=grid_sync,
+                 AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=form == "one", GRID_SYNC=grid_sync,
                  TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes, READ_ALL_R=read_all[0],
                  READ_ALL_C=read_all[1]),
             num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False, **options)

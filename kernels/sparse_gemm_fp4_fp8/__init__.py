@@ -114,9 +114,6 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
         raise TypeError(f"nan_check_bytes: expected None or a bool, got {type(nan_check_bytes).__name__}")
-    if nan_check_bytes is False and _runtime.interpreting():
-        raise ValueError("nan_check_bytes=False: the CPU interpreter decodes E4M3FN NaN bytes as +-480, so NaN "
-                         "detection from the accumulator would miss them there; pass None or True")
     if config is not None and not isinstance(config, (GluonConfig, FusedConfig, ExpandConfig)):
         raise TypeError(f"config: expected a GluonConfig, a FusedConfig, an ExpandConfig or None, got "
                         f"{type(config).__name__}")
@@ -316,6 +313,9 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     interp = _runtime.interpreting()
     explicit = config is not None
     gluon_ok = gluon_eligible(a_vals, a_meta, b_fp8)
+    if nan_check_bytes is False and _runtime.interpreting():
+        raise ValueError("nan_check_bytes=False: the CPU interpreter decodes E4M3FN NaN bytes as +-480, so NaN "
+                         "detection from the accumulator would miss them there; pass None or True")
     if out is not None:
         _runtime.check_distinct_elements(out, "out")
     c_tma_ok = _c_tma_eligible(out, n)
