@@ -42,18 +42,15 @@ VARIANTS = [XG(64, 64, 2), XG(128, 64, 3), XG(64, 128, 4), XG(128, 128, 6)]
 # CPU: builds, configs, picks, errors
 # ---------------------------------------------------------------------------------------------------------------
 def _build(cfg, pdl=False):
-    fp8, c, raw = expand_gluon_layouts(cfg)
+    fp8, c = expand_gluon_layouts(cfg)
     sig = {"a_desc": gluon_tensordesc("fp8e4nv", [cfg.block_m, 128], fp8),
            "b_desc": gluon_tensordesc("fp8e4nv", [cfg.block_n, 128], fp8),
            "c_desc": gluon_tensordesc("bf16", [cfg.block_m, cfg.block_n], c),
-           "v_desc": gluon_tensordesc("i8", [cfg.block_m, 32], raw), "t_desc": gluon_tensordesc("i8", [cfg.block_m, 32], raw),
-           "b_ptr": "*fp8e4nv", "vals_ptr": "*i8", "meta_ptr": "*i8", "c_ptr": "*bf16", "a8w_ptr": "*i32",
-           "flag_ptr": "*i32", "lut_ptr": "*i32", "M": "i32", "N": "i32", "k_steps": "i32", "stride_bn": "i32",
-           "stride_am": "i32", "stride_cm": "i32"}
+           "b_ptr": "*fp8e4nv", "vals_ptr": "*i8", "meta_ptr": "*i8", "c_ptr": "*bf16", "M": "i32", "N": "i32",
+           "k_steps": "i32", "stride_bn": "i32", "stride_am": "i32", "stride_cm": "i32"}
     return compile_for_sm90(sparse_expanded_ws_kernel, sig, expand_gluon_constexprs(cfg, pdl), num_warps=cfg.num_warps,
-                            divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "a8w_ptr", "flag_ptr", "lut_ptr",
-                                             "N", "stride_bn", "stride_am", "stride_cm"],
-                            **({"launch_cooperative_grid": True} if cfg.decode_warps else {}))
+                            divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "N", "stride_bn", "stride_am",
+                                             "stride_cm"])
 
 
 def test_the_table_serves_m_above_16_with_the_gluon_gemm():

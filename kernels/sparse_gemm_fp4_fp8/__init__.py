@@ -34,13 +34,13 @@ from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, N
                       TL_CONFIGS, ExpandConfig, FusedConfig, GluonConfig, accumulation_model, pick_config)
 from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
                      sparse_nan_fixup_kernel)
-from .expand_gluon import expand_gluon_constexprs, expand_gluon_layouts, flag_words, sparse_expanded_ws_kernel
+from .expand_gluon import expand_gluon_constexprs, expand_gluon_layouts, sparse_expanded_ws_kernel
 from .fused import sparse_gemm_fp4_fp8_kernel
 from .gluon import STEP_K, decode_table, gluon_constexprs, shared_layouts, sparse_swapab_kernel
 
 __all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "GluonConfig", "INTERPRETER_CONFIG",
            "NUMERIC_CONTRACT", "PLANS", "PROMOTION_INTERVAL", "TL_CONFIGS", "WS_COUNTERS", "WS_DENSE_A",
-           "WS_DECODE_FLAGS", "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gluon_eligible", "pick_config",
+           "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gluon_eligible", "pick_config",
            "sparse_gemm_fp4_fp8", "tma_eligible"]
 
 # Workspaces (_runtime.workspace, per device and stream): split-K fp32 partials and int32 arrival counters (zero
@@ -49,7 +49,6 @@ WS_PARTIALS = "sparse_gemm_fp4_fp8.splitk_partials"
 WS_COUNTERS = "sparse_gemm_fp4_fp8.splitk_counters"
 WS_DENSE_A = "sparse_gemm_fp4_fp8.dense_a"
 WS_NAN_FLAGS = "sparse_gemm_fp4_fp8.nan_flags"
-WS_DECODE_FLAGS = "sparse_gemm_fp4_fp8.decode_flags"
 
 # The expand path with the Gluon GEMM launches the GEMM with programmatic dependent launch after the pre-pass
 # (expand_gluon.py); False launches them one after the other (an A/B switch for benchmarks; plans built after a
@@ -227,14 +226,14 @@ class _ExpandPlan:
     ``_a8`` keeps the last dense-A workspace with its int32 view and TMA descriptor (rebuilt when the workspace
     is another tensor: another stream, or grown)."""
 
-    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "n_flags", "b_block", "layouts", "_a8")
+    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "b_block", "layouts", "_a8")
 
-    def __init__(self, config, prep, main, fix, a8_elems, n_tiles, n_flags=0):
+    def __init__(self, config, prep, main, fix, a8_elems, n_tiles):
         self.config, self.prep, self.main, self.fix = config, prep, main, fix
-        self.a8_elems, self.n_tiles, self.n_flags = a8_elems, n_tiles, n_flags
+        self.a8_elems, self.n_tiles = a8_elems, n_tiles
         self.b_block = [config.block_n // config.n_split, config.block_k]
         # the Gluon GEMM's shared layouts (fp8 operand tiles, bf16 c tile); None for the `tl` GEMM
-        self.layouts = expand_gluon_layouts(config) if config.gemm == "gluon" else (None, None, None)
+        self.layouts = expand_gluon_layouts(config) if config.gemm == "gluon" else (None, None)
         self._a8 = (None, None, None)
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
@@ -246,27 +245,18 @@ class _ExpandPlan:
         scm, scn = out.stride()
         a8 = _runtime.workspace(device, stream, WS_DENSE_A, self.a8_elems, torch.float8_e4m3fn)
         cached, a8w, a_desc = self._a8
-        fp8, c_layout, raw = self.layouts
+        fp8, c_layout = self.layouts
         if a8 is not cached:
             a8w = a8.view(torch.int32)
             a_desc = _runtime.Desc(a8, [m, k], [k, 1], [self.config.block_m, self.config.block_k], fp8)
             self._a8 = (a8, a8w, a_desc)
-        decode = self.config.decode_warps
-        if not decode:
-            self.prep.launch(stream, a_vals, a_meta, a8w, m, g, sam, sag, g)
+        self.prep.launch(stream, a_vals, a_meta, a8w, m, g, sam, sag, g)
         b_desc = _runtime.Desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], self.b_block, fp8)
         if self.config.gemm == "gluon":
             c_desc = _runtime.Desc(out, [m, n], [scm if m > 1 else n, 1], [self.config.block_m, self.config.block_n],
                                    c_layout)
-            v_desc = _runtime.Desc(a_vals, (m, g), (sam if m > 1 else g, 1), (self.config.block_m, 32), raw)
-            t_desc = _runtime.Desc(a_meta, (m, g), (sam if m > 1 else g, 1), (self.config.block_m, 32), raw)
-            if decode:
-                flags = _runtime.workspace(device, stream, WS_DECODE_FLAGS, self.n_flags, torch.int32, zeroed=True)
-                lut = decode_table(device)
-            else:
-                flags = lut = a8w  # not read
-            self.main.launch(stream, a_desc, b_desc, c_desc, v_desc, t_desc, b_fp8, a_vals, a_meta, out, a8w, flags,
-                             lut, m, n, k // self.config.block_k, sbn, sam, scm)
+            self.main.launch(stream, a_desc, b_desc, c_desc, b_fp8, a_vals, a_meta, out, m, n,
+                             k // self.config.block_k, sbn, sam, scm)
             return
         fix = self.fix
         flags = out  # unused with the inline fix-up
@@ -379,12 +369,8 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                                num_warps=PREP_WARPS, num_stages=1)
         a8_elems = -(-(m * k) // 16) * 16  # int32-viewable
         if config.gemm == "gluon":
-            if config.decode_warps:  # one cooperative launch: the decode partitions' units are waited for
-                main = _runtime.Launch(sparse_expanded_ws_kernel, (nprog,), expand_gluon_constexprs(config),
-                                       n_desc=5, launch_cooperative_grid=True)
-                return _ExpandPlan(config, None, main, None, a8_elems, tiles, flag_words(config, m, k))
             main = _runtime.Launch(sparse_expanded_ws_kernel, (nprog,), expand_gluon_constexprs(config, pdl),
-                                   n_desc=5, launch_pdl=pdl)
+                                   n_desc=3, launch_pdl=pdl)
             return _ExpandPlan(config, prep, main, None, a8_elems, tiles)
         main = _runtime.Launch(sparse_gemm_expanded_kernel, (nprog,),
                                dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

@@ -63,10 +63,6 @@ class ExpandConfig:
     (a TMA producer warp, one or two consumer warpgroups: num_warps = block_m / 16), the promotion overlapping the
     next wgmma, a TMA-store epilogue; num_stages is its ring depth, block_k 128, n_split 1, programs_per_sm 1 and
     nan_fixup "inline" (it recomputes a NaN tile itself).
-    ``decode_warps`` ("gluon" only): 0 decodes A in a pre-pass launch (expand.py) before the GEMM; 1 or 2 gives
-    the GEMM a decode partition of that many warps instead: the CTAs decode A's units (one M tile x one 128-K
-    step) into the same workspace while the consumers run, and the producer loads an A tile once its unit is
-    flagged written (one cooperative launch; expand_gluon.py).
     ``programs_per_sm``: persistent programs per SM. ``n_split``: the C tile as n_split column blocks of
     block_n / n_split, each its own wgmma chain and fp32 accumulator (the promotion's fresh accumulator is then
     [block_m, block_n / n_split]: fewer registers). ``nan_fixup``: where a tile whose accumulator holds a NaN is
@@ -76,9 +72,7 @@ class ExpandConfig:
 
     Raises:
         ValueError: ``n_split`` not 1 or 2; ``nan_fixup`` not "inline" or "launch"; ``gemm`` not "tl" or "gluon";
-            ``decode_warps`` not 0, 1 or 2 (only 0 with "tl"); a "gluon" config outside the values above
-            (block_m 64 or 128, block_n 64 or 128).
-        TypeError: ``decode_warps`` (or, with "gluon", a size field) not an int.
+            a "gluon" config outside the values above (block_m 64 or 128, block_n 64 or 128).
     """
 
     block_m: int
@@ -91,7 +85,6 @@ class ExpandConfig:
     n_split: int = 1
     nan_fixup: str = "launch"
     gemm: str = "tl"
-    decode_warps: int = 0
 
     def __post_init__(self):
         if self.nan_fixup not in ("inline", "launch"):
@@ -100,9 +93,6 @@ class ExpandConfig:
             raise ValueError(f"n_split={self.n_split}: expected 1 or 2")
         if self.gemm not in ("tl", "gluon"):
             raise ValueError(f"gemm={self.gemm!r}: expected 'tl' or 'gluon'")
-        _runtime.check_int_fields(self, "decode_warps")
-        if self.decode_warps not in ((0, 1, 2) if self.gemm == "gluon" else (0,)):
-            raise ValueError(f"decode_warps={self.decode_warps}: expected 0, or 1 or 2 with gemm='gluon'")
         if self.gemm == "gluon":
             _runtime.check_int_fields(self, "block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
             want = dict(block_k=PROMOTION_INTERVAL, n_split=1, programs_per_sm=1, nan_fixup="inline",
@@ -206,10 +196,10 @@ TL_CONFIGS = _runtime.ConfigTable(
 # comparisons: 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 17 .. 64 it took 7.4-7.5 us against
 # 7.4-10.2 for the swap-AB kernel, whose per-N-tile decode of A grows with M, and won on event time too).
 # docs/benchmarks.md.
-def _gluon_gemm(block_m, block_n, stages, group_m=8, decode_warps=0):
+def _gluon_gemm(block_m, block_n, stages, group_m=8):
     """The expand path with the Gluon GEMM (expand_gluon.py)."""
     return ExpandConfig(block_m, block_n, PROMOTION_INTERVAL, group_m=group_m, num_warps=block_m // 16,
-                        num_stages=stages, nan_fixup="inline", gemm="gluon", decode_warps=decode_warps)
+                        num_stages=stages, nan_fixup="inline", gemm="gluon")
 
 
 CONFIGS = _runtime.ConfigTable(
