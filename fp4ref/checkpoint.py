@@ -762,7 +762,8 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         include, ignore: see :func:`plan_quantize`.
         jobs: worker processes (>= 1); the output bytes do not depend on it.
         force: replace an existing output (only after the new one is complete).
-        progress: show progress on stderr. dry_run: plan only, write nothing.
+        progress: show progress on stderr. dry_run: plan only, write nothing; with ``out_path`` the output is
+            checked as the run would check it with ``force`` (an existing one is not an error here).
         pad: zero-pad K to a multiple of the block instead of copying such tensors (fp4ref's layout only).
 
     Returns:
@@ -780,14 +781,18 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
                                 "export and loaders need K to be a multiple of the block")
     ckpt = open_checkpoint(in_path)
     items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
-    if dry_run:
+    if dry_run and out_path is None:
         return [_report(it, target) for it in items]
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out)
     if not is_dir and target.checkpoint_format != "fp4ref":
         raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
                                 f"shards: give -o a directory (not {str(out)!r})")
-    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt)
+    # checked before any work (a dry run too, as if forced: the caller says whether the output exists)
+    loc = OutputLocation(out, is_dir=is_dir, force=force or dry_run, source=ckpt,
+                         names=_output_names(ckpt, target, quantized=True) if is_dir else None)
+    if dry_run:
+        return [_report(it, target) for it in items]
     with Workers(jobs, len(items)) as pool, Progress(progress, "quantize") as bar:
         # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
         q_items = [it for it in items if it.quantized]
@@ -917,6 +922,20 @@ def _write_json(path: Path, data) -> None:
     with open(path, "x") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
+
+
+def _output_names(ckpt: Checkpoint, target: Target | None, *, quantized: bool) -> set:
+    """The file names an output directory of ``ckpt`` holds (``_write_shards`` / the dequantizer's shards and
+    ``_write_side_files``): its shards, the index, config.json, hf_quant_config.json and the copied files."""
+    names = {s.path.name for s in ckpt.shards} | {f.name for f in ckpt.extra_files}
+    if ckpt.has_index:
+        names.add(INDEX_NAME)
+    serving = quantized and target.checkpoint_format != "fp4ref"
+    if ckpt.config is not None or (serving and target.checkpoint_format == "compressed-tensors"):
+        names.add("config.json")
+    if serving and target.checkpoint_format == "modelopt":
+        names.add("hf_quant_config.json")
+    return names
 
 
 def _write_side_files(ckpt: Checkpoint, items: list, target: Target | None, tmp: Path, *, quantized: bool,
@@ -1227,7 +1246,8 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out)
-    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt)
+    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt,
+                         names=_output_names(ckpt, None, quantized=False) if is_dir else None)
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
     with Workers(jobs, len(ckpt.weight_map)) as pool, Progress(progress, "quantize --dequantize") as bar:
         with loc.building() as tmp:

@@ -394,7 +394,9 @@ class OutputLocation:
 
     ``source``: the input :class:`Checkpoint` (None: no input to protect). The output may not be one of its shards,
     hold one, or lie inside its ``input_dir`` (a model directory or an index's is never modified; a lone file's
-    output may go beside it).
+    output may go beside it). ``names``: the file names the new output directory will hold, when known ahead:
+    an existing target directory holding other names is then refused here, before any work, rather than at
+    publish.
 
     Raises:
         CheckpointError: target exists without force; its directory is missing; target is (or holds) an input
@@ -402,7 +404,8 @@ class OutputLocation:
             publish) names the new output does not have.
     """
 
-    def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None):
+    def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None,
+                 names: set | None = None):
         self.target = Path(target)
         self.is_dir = is_dir
         parent = self.target.parent
@@ -436,7 +439,17 @@ class OutputLocation:
                 raise CheckpointError(f"output directory {str(self.target)!r} holds subdirectories ({_names(subdirs)}) "
                                       "that an fp4ref output never has; --force replaces a previous output only: "
                                       "remove them or choose another output path")
+            if names is not None:
+                self._refuse_extra(set(names))
         self.tmp = None
+
+    def _refuse_extra(self, names: set) -> None:
+        """Refuse an existing target directory that holds a name the new output (``names``) does not replace."""
+        extra = sorted(set(os.listdir(self.target)) - names)
+        if extra:
+            raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
+                                  "output does not replace; --force replaces a previous output of the same "
+                                  "checkpoint only: remove them or choose another output path")
 
     def create(self) -> Path:
         """Create the temporary directory (or file path's directory) and return it."""
@@ -455,11 +468,7 @@ class OutputLocation:
         or the new one, never neither."""
         src = self.tmp if self.is_dir else self.tmp / file_name
         if self.is_dir and self.target.is_dir() and not self.target.is_symlink():
-            extra = sorted(set(os.listdir(self.target)) - set(os.listdir(src)))
-            if extra:
-                raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
-                                      "output does not replace; --force replaces a previous output of the same "
-                                      "checkpoint only: remove them or choose another output path")
+            self._refuse_extra(set(os.listdir(src)))  # what was written (the names given ahead, if any, agree)
         block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
         if block:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -373,6 +373,51 @@ def test_force_never_deletes_files_the_output_does_not_replace(src, tmp_path, ca
     assert _listing(out) == ["sub", "thesis.txt"] and _listing(tmp_path) == ["o"]
 
 
+class _NoWork:
+    """Stands in for checkpoint.Workers: any pass that starts fails the test."""
+
+    def __init__(self, *args):
+        raise AssertionError("the quantizer started work")
+
+
+def test_files_the_output_would_not_replace_are_refused_before_any_work(src, modelopt_out, tmp_path, capsys,
+                                                                       monkeypatch):
+    """The output's file names are known from the plan, so a directory holding others is refused before the amax
+    pass (and reported by --dry-run, which the real run would hit with or without --force)."""
+    root, _ = src
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "thesis.txt").write_text("mine")
+    monkeypatch.setattr(C, "Workers", _NoWork)
+    for fmt in C.CHECKPOINT_FORMATS:
+        with pytest.raises(C.CheckpointError, match=r"'thesis.txt'.*does not replace"):
+            C.quantize_checkpoint(root, out, checkpoint_format=fmt, force=True)
+        for force in ([], ["--force"]):
+            assert main([str(root), "-o", str(out), "--checkpoint-format", fmt, "--dry-run"] + force) == 2
+            err = capsys.readouterr().err
+            assert "'thesis.txt'" in err and "does not replace" in err, err
+    with pytest.raises(C.CheckpointError, match=r"'thesis.txt'.*does not replace"):
+        C.dequantize_checkpoint(modelopt_out, out, force=True)
+    assert _listing(out) == ["thesis.txt"] and (out / "thesis.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("fmt", C.CHECKPOINT_FORMATS)
+def test_the_names_checked_ahead_are_the_names_written(src, tmp_path, fmt):
+    """``_output_names`` (the early check) lists exactly what quantize and dequantize write, for a model directory
+    and for a lone shard (no config.json), so a previous output is always replaceable with --force."""
+    root, _ = src
+    for inp in (root, root / SHARD1):
+        out = tmp_path / f"q-{inp.stem}"
+        C.quantize_checkpoint(inp, out, checkpoint_format=fmt)
+        ckpt = C.open_checkpoint(inp)
+        assert set(_listing(out)) == C._output_names(ckpt, C.resolve_target(fmt), quantized=True), (fmt, inp)
+        C.quantize_checkpoint(inp, out, checkpoint_format=fmt, force=True)  # replaceable
+        back = tmp_path / f"d-{inp.stem}"
+        C.dequantize_checkpoint(out, back)
+        assert set(_listing(back)) == C._output_names(C.open_checkpoint(out), None, quantized=False), (fmt, inp)
+        C.dequantize_checkpoint(out, back, force=True)
+
+
 def test_jobs_are_capped_by_cpus_and_tensors(src, tmp_path):
     with C.Workers(10_000, 3) as pool:
         assert pool.jobs == min(3, os.cpu_count() or 1)
@@ -498,12 +543,17 @@ def test_ctrl_c_leaves_no_partial_output(src, tmp_path, capsys, monkeypatch):
     assert err[-1] == "fp4ref quantize: interrupted; no partial output left"
     assert [e for e in err if not e.startswith(("fp4ref quantize: amax ", "fp4ref quantize: write "))] == [err[-1]]
     assert _listing(tmp_path) == []
-    # with --force over an existing output: the old output stays as it was
-    out.mkdir()
-    (out / "old.txt").write_text("x")
+    # with --force over a previous output: the old output stays as it was
+    monkeypatch.setattr(C, "_quant_task", real)
+    assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "config.json").write_text("{}\n")  # marks the old output
+    monkeypatch.setattr(C, "_quant_task", interrupted)
     calls.clear()
     assert main([str(root), "-o", str(out), "--checkpoint-format", "modelopt", "--force", "--quiet"]) == 130
-    assert _listing(tmp_path) == ["o"] and _listing(out) == ["old.txt"]
+    assert _listing(tmp_path) == ["o"] and sorted(before) == _listing(out)
+    assert (out / "config.json").read_text() == "{}\n"
+    assert all((out / n).read_bytes() == b for n, b in before.items() if n != "config.json")
 
 
 def test_ctrl_c_while_the_report_prints_keeps_the_complete_output(src, tmp_path, capsys, monkeypatch):
