@@ -1338,8 +1338,8 @@ def _fmt_db(v: float) -> str:
 
 
 def print_report(reports: list, *, title: str, file=None) -> None:
-    """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or the skip
-    reason, SQNR dB, max |err|, zero blocks, ms."""
+    """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or why the tensor
+    is copied as is, SQNR dB, max |err|, zero blocks, ms."""
     from rich.console import Console
     from rich.table import Table
 
@@ -1349,7 +1349,7 @@ def print_report(reports: list, *, title: str, file=None) -> None:
         table.add_column(col, justify=just)
     for r in reports:
         if r.action == "copied":
-            table.add_row(r.name, str(list(r.shape)), r.dtype, f"skipped: {r.reason}", "", "", "", "")
+            table.add_row(r.name, str(list(r.shape)), r.dtype, f"copied as is: {r.reason}", "", "", "", "")
         else:
             err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
             zb = "-" if r.action != "quantized" or r.seconds == 0 else str(r.zero_blocks)
