@@ -268,7 +268,10 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
         raise C.QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
     target = C.resolve_target(cf, fmt, recipe or (option if fmt == "nvfp4" else None),
                               mode or (option if fmt != "nvfp4" else None))
-    ref = open_checkpoint(reference)
+    try:
+        ref = open_checkpoint(reference)
+    except CheckpointError as e:  # its messages say "input": name the option
+        raise CheckpointError(f"--reference: {e}") from None
     done = C._already_quantized(ref)
     if done:
         raise C.QuantizeFileError(f"--reference {str(reference)!r} is already quantized ({done}): pass the original "

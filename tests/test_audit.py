@@ -189,6 +189,13 @@ def test_a_quantized_reference_is_a_usage_error(made, capsys):
     assert "already quantized" in capsys.readouterr().err
 
 
+def test_a_missing_reference_names_the_option(made, tmp_path, capsys):
+    missing = tmp_path / "nope.safetensors"
+    assert main(["audit", str(made / "mo"), "--reference", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fp4ref audit: error: --reference: ") and repr(str(missing)) in err, err
+
+
 def test_dequantize_refuses_a_nan_mx_scale(made, tmp_path, capsys):
     bad = copy(made, "mx8", tmp_path)
     scale = C.output_names("modelopt", "mxfp8", QKV[0])["scale"]
