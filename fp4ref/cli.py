@@ -179,6 +179,8 @@ def _run_verify(args, workloads, console, state) -> int:
                       num(r.sqnr_db, ".1f"), "-" if integrity else verdict(r.fib_ok),
                       "-" if integrity else verdict(r.sol_ok),
                       _VERDICT_STYLE[r.verdict])
+    if not console.is_terminal:  # piped or logged: as wide as the table needs, so that no name folds
+        console.width = max(console.width, console.measure(table, options=console.options.update_width(10_000)).maximum)
     console.print(table)
     console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
     for r in result.rows:

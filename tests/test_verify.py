@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -177,17 +178,33 @@ def test_table_keeps_whole_workload_and_family_names_on_a_narrow_terminal(monkey
         def __init__(self, *a, **kw):
             super().__init__(*a, **{**kw, "width": 80})
 
-    names = [("sparse_gemm_fp4_fp8_n2048_k2048", "public"),
-             ("nvfp4_linear_n8192_k8192", "integrity:fresh_inputs_same_buffers")]
-    rows = [V.Row(workload=w, m=1, family=f, n=128, k=2048, examples=1) for w, f in names]
-    res = V.VerifyResult(rows=rows, settings={"gpu": None, "device": "cpu", "examples": 1, "seed": 0})
+        is_terminal = property(lambda self: True)
+
     monkeypatch.setattr(rich.console, "Console", Narrow)
+    cells = _table_cells(monkeypatch, capsys)
+    assert len(cells) > 2 and max(len("│".join(c)) for c in cells) <= 80
+    assert "".join(c[1].strip() for c in cells) == "".join(w for w, _ in _LONG_NAMES)
+    assert "".join(c[5].strip() for c in cells) == "".join(f for _, f in _LONG_NAMES)
+
+
+_LONG_NAMES = [("sparse_gemm_fp4_fp8_n2048_k2048", "public"),
+               ("nvfp4_linear_n8192_k8192", "integrity:fresh_inputs_same_buffers")]
+
+
+def _table_cells(monkeypatch, capsys) -> list:
+    """The verify table's data lines, split at the column rules, for rows with _LONG_NAMES."""
+    rows = [V.Row(workload=w, m=1, family=f, n=128, k=2048, examples=1) for w, f in _LONG_NAMES]
+    res = V.VerifyResult(rows=rows, settings={"gpu": None, "device": "cpu", "examples": 1, "seed": 0})
     monkeypatch.setattr(V, "verify", lambda *a, **kw: res)
     assert main([*GEMM, "--device", "cpu", "--sizes", "1"]) == 0
-    cells = [ln.split("│") for ln in capsys.readouterr().out.splitlines() if ln.count("│") == 15]
-    assert cells and max(len("│".join(c)) for c in cells) <= 80
-    assert "".join(c[1].strip() for c in cells) == "".join(w for w, _ in names)
-    assert "".join(c[5].strip() for c in cells) == "".join(f for _, f in names)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # a terminal's colours
+    return [ln.split("│") for ln in out.splitlines() if ln.count("│") == 15]
+
+
+def test_table_piped_to_a_file_keeps_each_row_on_one_line(monkeypatch, capsys):
+    # not a terminal (captured): the table is as wide as it needs, every name whole in one cell of one line
+    cells = _table_cells(monkeypatch, capsys)
+    assert [(c[1].strip(), c[5].strip()) for c in cells] == _LONG_NAMES
 
 
 def test_failing_row_note_leads_with_the_failed_count(tmp_path):
