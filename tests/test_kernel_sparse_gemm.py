@@ -416,6 +416,8 @@ def test_bad_config_and_out():
         mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(3, 2, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="nan_check_bytes"):
         mod.sparse_gemm_fp4_fp8(v, m, b, nan_check_bytes="x")
+    with pytest.raises(TypeError, match=r"nan_check_bytes: .*got numpy\.bool.*pass bool"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, nan_check_bytes=np.bool_(True))
     with pytest.raises(TypeError, match="config"):
         mod.sparse_gemm_fp4_fp8(v, m, b, {"block_m": 64})
     # an out whose rows share memory (stride 0) would come back with one row repeated
