@@ -113,8 +113,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16):
         raise TypeError(f"out: expected a torch.bfloat16 tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     if nan_check_bytes is not None and not isinstance(nan_check_bytes, bool):
-        raise TypeError(f"nan_check_bytes: expected None or a Python bool, got {type(nan_check_bytes).__module__}."
-                        f"{type(nan_check_bytes).__qualname__} (pass bool(...))")
+        kind = type(nan_check_bytes)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise TypeError(f"nan_check_bytes: expected None or a Python bool, got {name} (pass bool(...))")
     if config is not None and not isinstance(config, (GluonConfig, FusedConfig, ExpandConfig)):
         raise TypeError(f"config: expected a GluonConfig, a FusedConfig, an ExpandConfig or None, got "
                         f"{type(config).__name__}")
