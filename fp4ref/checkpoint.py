@@ -63,6 +63,7 @@ from .checkpoint_io import (
     Shard,
     ShardWriter,
     open_checkpoint,
+    path_arg,
     write_at,
 )
 from .packing import pack_fp4
@@ -273,6 +274,24 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
     return Target(checkpoint_format, fmt, block, elem, rec, md)
 
 
+def _check_patterns(include, ignore) -> None:
+    """Type checks of plan_quantize's ``include`` (a str or None) and ``ignore`` (a list or tuple of str, or
+    None): a bare str for ``ignore`` would otherwise be read one character per pattern."""
+    if include is not None and not isinstance(include, str):
+        raise TypeError(f"include={include!r}: expected a regular expression (str) or None, got "
+                        f"{type(include).__name__}")
+    if ignore is not None and (not isinstance(ignore, (list, tuple)) or not all(isinstance(p, str) for p in ignore)):
+        hint = f" (one pattern: ignore=[{ignore!r}])" if isinstance(ignore, str) else ""
+        raise TypeError(f"ignore={ignore!r}: expected a list or tuple of regular expressions (str) or None{hint}")
+
+
+def _check_flags(**flags) -> None:
+    """TypeError naming the first of ``flags`` that is not a bool (a str such as "no" would read as true)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r}: expected True or False, got {type(value).__name__}")
+
+
 def _compile(patterns, what: str):
     out = []
     for p in patterns:
@@ -308,9 +327,12 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
         list of :class:`Item`, sorted by name.
 
     Raises:
+        TypeError: ``include`` not a str, ``ignore`` not a list or tuple of str, ``pad`` not a bool.
         QuantizeFileError: bad regex, ``include`` matching nothing, nothing eligible, an output name colliding with an
         input tensor, a fused group only partly quantized (serving formats), an already-quantized checkpoint.
     """
+    _check_patterns(include, ignore)
+    _check_flags(pad=pad)
     done = _already_quantized(ckpt)
     if done:
         raise QuantizeFileError(f"{str(ckpt.root if ckpt.kind != 'file' else ckpt.shards[0].path)!r} is already "
@@ -770,11 +792,16 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         one :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is written then); a
-        non-finite weight (named). KeyboardInterrupt propagates after the partial output was removed.
+        TypeError: a path, ``include``, ``ignore`` or flag of the wrong type. QuantizeFileError / CheckpointError
+        (ValueErrors): bad arguments or input (nothing is written then); a non-finite weight (named).
+        KeyboardInterrupt propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+    _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)
+    _check_patterns(include, ignore)
+    if out_path is not None:
+        path_arg(out_path, "output")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)
     if pad and target.checkpoint_format != "fp4ref":
         raise QuantizeFileError(f"--pad applies to --checkpoint-format fp4ref only: {target.checkpoint_format}'s "
@@ -1236,11 +1263,13 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     dropped; config.json loses its ``quantization_config``; hf_quant_config.json is not written.
 
     Raises:
-        QuantizeFileError / CheckpointError: not a quantized checkpoint, dtype unknown, bad paths, a value
-        overflowing the target dtype (named).
+        TypeError: a path or flag of the wrong type. QuantizeFileError / CheckpointError: not a quantized
+        checkpoint, dtype unknown, bad paths, a value overflowing the target dtype (named).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+    _check_flags(force=force, progress=progress)
+    path_arg(out_path, "output")
     dt = parse_dtype(dtype) if dtype is not None else None
     ckpt = open_checkpoint(in_path)
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)

@@ -41,6 +41,7 @@ __all__ = [
     "Shard",
     "Checkpoint",
     "open_checkpoint",
+    "path_arg",
     "ShardWriter",
     "OutputLocation",
     "DTYPES",
@@ -245,14 +246,30 @@ def _load_json(path: Path, what: str) -> dict:
     return data
 
 
+def path_arg(value, name: str) -> Path:
+    """``value`` (a str or os.PathLike naming a file or directory) as a Path.
+
+    Raises:
+        TypeError: not a str or os.PathLike. CheckpointError: an empty path (``Path("")`` would silently mean the
+        current directory).
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}={value!r}: expected a path (str or os.PathLike), got {type(value).__name__}")
+    if not os.fspath(value):
+        raise CheckpointError(f"{name} is an empty path; give a file or directory name ('.' for the current "
+                              "directory)")
+    return Path(value)
+
+
 def open_checkpoint(path) -> Checkpoint:
     """Open a checkpoint (see the module docstring for the layouts). Only headers are read.
 
     Raises:
-        CheckpointError: missing path, an index naming missing shards or tensors a shard lacks, a directory without
-        shards, several shards without an index, a corrupt or truncated shard (named).
+        TypeError: ``path`` not a str or os.PathLike. CheckpointError: missing or empty path, an index naming
+        missing shards or tensors a shard lacks, a directory without shards, several shards without an index, a
+        corrupt or truncated shard (named).
     """
-    p = Path(path)
+    p = path_arg(path, "input")
     if not p.exists():
         raise CheckpointError(f"input {str(p)!r} does not exist")
     if p.is_dir():

@@ -83,6 +83,7 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
         One :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
+        TypeError: a path, ``include``, ``ignore`` or flag of the wrong type.
         QuantizeFileError (a ValueError): bad paths, not a safetensors file, bad ``fmt``/``recipe``/``mode``,
         ``include`` matching no tensor name, an output name collision, a non-finite weight. Nothing is written then.
     """
@@ -96,7 +97,8 @@ def dequantize_file(in_path, out_path, *, progress: bool = False, dtype=None, jo
     in its original dtype, or ``dtype``).
 
     Raises:
-        QuantizeFileError: bad paths, not a safetensors file, or a file without quantization metadata.
+        TypeError: a path or flag of the wrong type. QuantizeFileError: bad paths, not a safetensors file, or a
+        file without quantization metadata.
     """
     return dequantize_checkpoint(in_path, out_path, dtype=dtype, jobs=jobs, force=force, progress=progress)
 

@@ -764,6 +764,40 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
         C.quantize_checkpoint(tmp_path / "q", tmp_path / "q2", checkpoint_format="modelopt")
 
 
+def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_path, capsys):
+    root, _ = src
+    out = tmp_path / "o"
+    cases = [
+        (dict(ignore="lm_head"), TypeError, r"ignore='lm_head'.*one pattern: ignore=\['lm_head'\]"),
+        (dict(ignore=[re.compile("x")]), TypeError, "ignore=.*list or tuple of regular expressions"),
+        (dict(include=["q_proj"]), TypeError, r"include=\['q_proj'\]: expected a regular expression"),
+        (dict(force="no"), TypeError, "force='no': expected True or False"),
+        (dict(dry_run=1), TypeError, "dry_run=1: expected True or False"),
+        (dict(pad=None), TypeError, "pad=None"),
+        (dict(progress="yes"), TypeError, "progress='yes'"),
+    ]
+    for kwargs, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            C.quantize_checkpoint(root, out, **kwargs)
+    with pytest.raises(TypeError, match="force='yes'"):
+        C.dequantize_checkpoint(root, out, force="yes")
+    with pytest.raises(TypeError, match="input=3: expected a path"):
+        C.quantize_checkpoint(3, out)
+    with pytest.raises(TypeError, match="output=b'o': expected a path"):
+        C.quantize_checkpoint(root, b"o")
+    # an empty path is not the current directory
+    for args in (("", out), (root, "")):
+        with pytest.raises(C.CheckpointError, match="empty path"):
+            C.quantize_checkpoint(*args)
+    with pytest.raises(C.CheckpointError, match="output is an empty path"):
+        C.dequantize_checkpoint(root, "")
+    assert main(["", "-o", str(out)]) == 2
+    assert "input is an empty path" in capsys.readouterr().err
+    assert main([str(root), "-o", ""]) == 2
+    assert "output is an empty path" in capsys.readouterr().err
+    assert _listing(tmp_path) == []
+
+
 def test_plain_progress_lines_when_not_a_terminal(src, tmp_path, capsys):
     root, _ = src
     assert main([str(root), "-o", str(tmp_path / "o"), "--format", "mxfp8"]) == 0
