@@ -1259,8 +1259,9 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
 
     Each quantized tensor is restored under its original name and shape (padding dropped) in its original dtype
     (``fp4ref.tensors`` metadata, else config.json ``torch_dtype``), or ``dtype`` (float32 / bfloat16 / float16):
-    the exact decoded value rounded once (RNE). Other tensors are copied; ModelOpt ``input_scale`` tensors are
-    dropped; config.json loses its ``quantization_config``; hf_quant_config.json is not written.
+    the exact decoded value rounded once (RNE). Other tensors are copied byte for byte (``dtype`` does not convert
+    them); ModelOpt ``input_scale`` tensors are dropped; config.json loses its ``quantization_config`` (with
+    ``dtype``, its ``torch_dtype`` names ``dtype``); hf_quant_config.json is not written.
 
     Raises:
         TypeError: a path or flag of the wrong type. QuantizeFileError / CheckpointError: not a quantized

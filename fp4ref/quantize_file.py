@@ -162,7 +162,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
-                   help="--dequantize only: float32, bfloat16 or float16 (default: each tensor's original dtype)")
+                   help="--dequantize only: float32, bfloat16 or float16 for the dequantized tensors (default: each "
+                        "tensor's original dtype); tensors that were not quantized keep their bytes and dtype")
     p.add_argument("--quiet", action="store_true", help="no progress and no table (--dry-run still prints its plan)")
 
 
