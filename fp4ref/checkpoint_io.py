@@ -203,7 +203,8 @@ class Shard:
 class Checkpoint:
     """A checkpoint: its directory (a lone file's own directory for ``kind`` "file"), its shards in order, the
     tensor -> shard map, the index's own ``metadata``, ``config.json`` (or None) and the other files of the
-    directory to carry over (tokenizer files and the like; top level only)."""
+    directory to carry over (tokenizer files and the like; top level only), and its subdirectories (not carried:
+    ``sub_dirs``)."""
 
     root: Path
     kind: str  # "file" | "index" | "directory"
@@ -212,6 +213,7 @@ class Checkpoint:
     index_metadata: dict = field(default_factory=dict)
     config: dict | None = None
     extra_files: list = field(default_factory=list)
+    sub_dirs: list = field(default_factory=list)  # subdirectories of a model directory (never read or carried)
     json_files: dict = field(default_factory=dict)  # other top-level *.json files read (hf_quant_config.json, ...)
     has_index: bool = False
 
@@ -317,7 +319,7 @@ def open_checkpoint(path) -> Checkpoint:
                 raise CheckpointError(f"shard {str(s.path)!r} holds tensor {extra[0]!r}, which the index does not "
                                       "list (or maps to another shard)")
     config = None
-    extra, json_files = [], {}
+    extra, sub_dirs, json_files = [], [], {}
     if kind != "file":
         if (root / "config.json").is_file():
             config = _load_json(root / "config.json", "config")
@@ -329,8 +331,11 @@ def open_checkpoint(path) -> Checkpoint:
                     and f.name not in shard_names and not f.name.endswith(".safetensors") \
                     and not f.name.endswith(".safetensors.index.json"):
                 extra.append(f)
+            elif f.is_dir() and not f.name.startswith("."):
+                sub_dirs.append(f)
     return Checkpoint(root=root, kind=kind, shards=shards, weight_map=weight_map, index_metadata=index_meta,
-                      config=config, extra_files=extra, json_files=json_files, has_index=has_index)
+                      config=config, extra_files=extra, sub_dirs=sub_dirs, json_files=json_files,
+                      has_index=has_index)
 
 
 def _read_index(index: Path):

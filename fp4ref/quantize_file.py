@@ -232,12 +232,21 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
     if args.dry_run and args.output is not None and Path(args.output).exists() and not args.force:
         print(f"fp4ref quantize: note: {args.output} exists; the run itself needs --force to replace it",
               file=sys.stderr)
-    if not args.dequantize and not args.dry_run and cf != "fp4ref" and open_checkpoint(args.input).config is None:
+    ckpt = open_checkpoint(args.input)
+    if not args.dequantize and not args.dry_run and cf != "fp4ref" and ckpt.config is None:
         carried = "hf_quant_config.json" if cf == "modelopt" else "a config.json holding only quantization_config"
-        print(f"fp4ref quantize: warning: {args.input} is read as a lone weight file, with no config.json (one "
-              f"beside it is not read), so the {cf} output has {carried} but not the model's config.json, which "
-              "vLLM / SGLang need to load it; quantize the model directory (config.json + shards) instead",
-              file=sys.stderr)
+        if ckpt.kind == "file":
+            why, fix = ("is read as a lone weight file, with no config.json (one beside it is not read)",
+                        "quantize the model directory (config.json + shards) instead")
+        else:
+            why, fix = ("has no config.json", f"put the model's config.json in {args.input} and quantize again")
+        print(f"fp4ref quantize: warning: {args.input} {why}, so the {cf} output has {carried} but not the model's "
+              f"config.json, which vLLM / SGLang need to load it; {fix}", file=sys.stderr)
+    if ckpt.sub_dirs and args.output is not None:
+        names = ", ".join(d.name + "/" for d in ckpt.sub_dirs)
+        verb = "would not be" if args.dry_run else "were not"
+        print(f"fp4ref quantize: note: subdirectories of {args.input} {verb} copied (only its top-level files "
+              f"are): {names}", file=sys.stderr)
     low = [r for r in reports if r.action == "quantized" and r.sqnr_db < LOW_SQNR_DB]
     if low:  # faithful to the recipe, but likely not what the user wants: say so even with --quiet
         worst = min(low, key=lambda r: r.sqnr_db)

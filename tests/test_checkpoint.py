@@ -496,6 +496,14 @@ def test_serving_layout_without_config_json_warns(src, tmp_path, capsys):
         assert len(err) == 1 and "warning:" in err[0] and "no config.json" in err[0] and carried in err[0], err
     assert main([str(tmp_path / "m.safetensors"), "-o", str(tmp_path / "f.safetensors"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+    # a model directory without config.json: the warning says so (not "lone weight file")
+    (tmp_path / "model").mkdir()
+    shutil.copyfile(tmp_path / "m.safetensors", tmp_path / "model" / "m.safetensors")
+    assert main([str(tmp_path / "model"), "-o", str(tmp_path / "o-dir"), "--checkpoint-format", "modelopt",
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model has no config.json" in err[0] and "lone" not in err[0], err
+    assert "put the model's config.json in" in err[0], err
     assert (src[0] / "config.json").is_file()
     assert main([str(src[0]), "-o", str(tmp_path / "d"), "--checkpoint-format", "modelopt", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
@@ -767,6 +775,23 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
     C.quantize_checkpoint(root, tmp_path / "q", checkpoint_format="compressed-tensors")
     with pytest.raises(C.QuantizeFileError, match="already quantized"):
         C.quantize_checkpoint(tmp_path / "q", tmp_path / "q2", checkpoint_format="modelopt")
+
+
+def test_subdirectories_of_the_input_are_named_as_not_copied(src, tmp_path, capsys):
+    root = tmp_path / "in"
+    shutil.copytree(src[0], root)
+    (root / "original").mkdir()
+    (root / "original" / "consolidated.00.pth").write_bytes(b"x" * 10)
+    (root / ".cache").mkdir()  # hidden: not named
+    assert main([str(root), "--dry-run", "-o", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "note: subdirectories of " in err and "would not be copied" in err and "original/" in err, err
+    assert ".cache" not in err
+    assert main([str(root), "-o", str(tmp_path / "o"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "were not copied" in err and "original/" in err, err
+    assert not (tmp_path / "o" / "original").exists()
+    assert C.open_checkpoint(root).sub_dirs == [root / "original"]
 
 
 def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_path, capsys):
