@@ -460,7 +460,7 @@ class OutputLocation:
             if subdirs:
                 raise CheckpointError(f"output directory {str(self.target)!r} holds subdirectories ({_names(subdirs)}) "
                                       "that an fp4ref output never has; --force replaces a previous output only: "
-                                      "remove them or choose another output path")
+                                      f"remove {_them(subdirs)} or choose another output path")
             if names is not None:
                 self._refuse_extra(set(names))
         self.tmp = None
@@ -471,7 +471,7 @@ class OutputLocation:
         if extra:
             raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
                                   "output does not replace; --force replaces a previous output of the same "
-                                  "checkpoint only: remove them or choose another output path")
+                                  f"checkpoint only: remove {_them(extra)} or choose another output path")
 
     def create(self) -> Path:
         """Create the temporary directory (or file path's directory) and return it."""
@@ -536,6 +536,10 @@ class OutputLocation:
 def _names(names: list, most: int = 5) -> str:
     shown = ", ".join(repr(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _them(names: list) -> str:
+    return "it" if len(names) == 1 else "them"
 
 
 def _remove_stale(target: Path) -> None:

@@ -370,11 +370,18 @@ def test_force_never_deletes_files_the_output_does_not_replace(src, tmp_path, ca
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "'thesis.txt'" in err and "does not replace" in err and err.count("\n") == 1
+    assert "remove it or choose" in err  # one file: "it"
     assert _listing(out) == ["thesis.txt"] and (out / "thesis.txt").read_text() == "mine"
     assert _listing(tmp_path) == ["o"]
     (out / "sub").mkdir()
     assert main(argv) == 2  # refused before any work
     assert "subdirectories ('sub')" in capsys.readouterr().err
+    (out / "notes.txt").write_text("also mine")
+    (out / "sub").rmdir()
+    assert main(argv) == 2
+    assert "'notes.txt', 'thesis.txt'" in (err := capsys.readouterr().err) and "remove them or choose" in err
+    (out / "notes.txt").unlink()
+    (out / "sub").mkdir()
     assert _listing(out) == ["sub", "thesis.txt"] and _listing(tmp_path) == ["o"]
 
 
