@@ -73,9 +73,13 @@ def as_float_array(x, name: str) -> np.ndarray:
         if arr.dtype == object:
             raise TypeError(f"{name} must be a floating array, got dtype object")
     if arr.dtype.name not in _FLOAT_NAMES:
+        if isinstance(x, (bool, int, list, tuple)):  # Python values: no astype to suggest
+            fix = "Python ints and bools are not read as floats: write float literals (3.0) or pass a float array"
+        else:
+            fix = f"convert explicitly (e.g. {name}.astype(np.float64)) if that is what you mean"
         raise TypeError(
-            f"{name} must be float16, bfloat16 (ml_dtypes), float32 or float64, got dtype {arr.dtype}; "
-            "convert explicitly (e.g. x.astype(np.float64)) if that is what you mean"
+            f"{name} must be float16, bfloat16 (ml_dtypes), float32 or float64, got dtype {arr.dtype} "
+            f"({type(x).__name__}); {fix}"
         )
     return arr
 

@@ -767,6 +767,15 @@ def test_encode_rejects_non_float_input(bad):
         encode(bad, E4M3FN)
 
 
+def test_encode_non_float_input_message_fits_the_input():
+    with pytest.raises(TypeError, match=r"\(int\); Python ints and bools are not read as floats"):
+        encode(3, E4M3FN)
+    with pytest.raises(TypeError, match=r"\(list\); Python ints"):
+        encode([1, 2], E4M3FN)
+    with pytest.raises(TypeError, match=r"\(ndarray\); convert explicitly \(e.g. x.astype"):
+        encode(np.array([1, 2]), E4M3FN)
+
+
 @pytest.mark.parametrize("rounding", ["nearest", "rn", "", "RNEX", "up", "trunc"])
 def test_encode_unknown_rounding(rounding):
     with pytest.raises(ValueError, match="rounding"):
