@@ -421,7 +421,7 @@ class OutputLocation:
     publish.
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing; target is (or holds) an input
+        CheckpointError: target exists without force; its directory is missing or not writable; target is (or holds) an input
             shard, or lies inside the input's directory; an existing target directory holds a subdirectory, or (at
             publish) names the new output does not have.
     """
@@ -455,6 +455,10 @@ class OutputLocation:
         if not parent.is_dir():
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "parent directories)")
+        # the output is built in a sibling of target: checked here, not after a pass over the weights
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise CheckpointError(f"output directory {str(parent)!r} is not writable (the output is built beside "
+                                  f"{self.target.name!r}, then renamed onto it)")
         if self.target.is_dir() and not self.target.is_symlink():
             subdirs = sorted(e.name for e in os.scandir(self.target) if e.is_dir(follow_symlinks=False))
             if subdirs:

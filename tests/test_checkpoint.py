@@ -784,6 +784,27 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
         C.quantize_checkpoint(tmp_path / "q", tmp_path / "q2", checkpoint_format="modelopt")
 
 
+def test_an_unwritable_output_directory_is_refused_before_any_work(src, tmp_path, capsys, monkeypatch):
+    """The parent's write permission is checked up front (and by --dry-run), not when the output is built after
+    the amax pass. os.access is patched for that one directory: a root user's access() ignores the mode bits."""
+    from fp4ref import checkpoint_io
+
+    root, _ = src
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(checkpoint_io.os, "access",
+                        lambda p, mode, **kw: False if Path(p) == locked else real(p, mode, **kw))
+    monkeypatch.setattr(C, "Workers", _NoWork)
+    for extra in ([], ["--dry-run"]):
+        assert main([str(root), "-o", str(locked / "o"), "--quiet"] + extra) == 2
+        err = capsys.readouterr().err
+        assert "is not writable" in err and str(locked) in err, err
+    assert _listing(locked) == []
+    assert main([str(root), "-o", str(tmp_path / "o"), "--dry-run"]) == 0  # other directories are unaffected
+    capsys.readouterr()
+
+
 def test_subdirectories_of_the_input_are_named_as_not_copied(src, tmp_path, capsys):
     root = tmp_path / "in"
     shutil.copytree(src[0], root)
