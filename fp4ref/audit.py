@@ -403,6 +403,8 @@ def _print_table(report: AuditReport) -> None:
 
     from rich.markup import escape
 
+    from ._tables_rich import print_table
+
     # escaped: values such as "[nan]" and tensor names are text, not rich markup tags (which would vanish)
     t = Table(title=escape(f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})"))
     for col in ("tensor", "shape", "checks", "reference"):
@@ -412,8 +414,8 @@ def _print_table(report: AuditReport) -> None:
         ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference
         checks = "; ".join(f"{f.check}: {f.detail}" for f in r.findings if f.check != "reference") or "ok"
         t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(ref))
-    console = Console(width=160)
-    console.print(t)
+    console = Console()
+    print_table(console, t, whole=("shape",))
     bad = sum(not r.clean for r in report.tensors)
     console.print("clean" if report.clean else f"{bad} of {len(report.tensors)} tensor(s) FAIL")
 

@@ -1373,10 +1373,12 @@ def print_report(reports: list, *, title: str, file=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ._tables_rich import print_table
+
     table = Table(title=title)
     for col, just in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("action", "left"),
                       ("SQNR dB", "right"), ("max |err|", "right"), ("zero blocks", "right"), ("ms", "right")):
-        table.add_column(col, justify=just)
+        table.add_column(col, justify=just, overflow="fold")
     for r in reports:
         if r.action == "copied":
             table.add_row(r.name, str(list(r.shape)), r.dtype, f"copied as is: {r.reason}", "", "", "", "")
@@ -1386,4 +1388,5 @@ def print_report(reports: list, *, title: str, file=None) -> None:
             act = f"{r.action} {r.fmt}".strip()
             table.add_row(r.name, str(list(r.shape)), r.dtype, act, _fmt_db(r.sqnr_db), err, zb,
                           f"{1e3 * r.seconds:.1f}")
-    Console(file=file or sys.stdout, width=160).print(table)
+    print_table(Console(file=file or sys.stdout), table,
+                whole=("shape", "dtype", "SQNR dB", "max |err|", "zero blocks", "ms"))

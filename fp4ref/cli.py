@@ -165,7 +165,8 @@ def _run_verify(args, workloads, console, state) -> int:
     table = Table(title=title)
     for col in ("workload", "M", "N", "K", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
                 "SQNR dB", "FIB", "SOL", "fp4ref"):
-        # names fold over lines in a narrow terminal instead of being cut short ("sp…")
+        # names fold over lines in a narrow terminal instead of being cut short ("sp…"); print_table keeps the
+        # other cells whole (only their headers may be cut)
         name = col in ("workload", "family")
         table.add_column(col, justify="left" if name else "right", overflow="fold" if name else "ellipsis")
     verdict = lambda ok: _VERDICT_STYLE["pass" if ok else "FAIL"]  # FIB and SOL: pass or FAIL
@@ -179,9 +180,11 @@ def _run_verify(args, workloads, console, state) -> int:
                       num(r.sqnr_db, ".1f"), "-" if integrity else verdict(r.fib_ok),
                       "-" if integrity else verdict(r.sol_ok),
                       _VERDICT_STYLE[r.verdict])
-    if not console.is_terminal:  # piped or logged: as wide as the table needs, so that no name folds
-        console.width = max(console.width, console.measure(table, options=console.options.update_width(10_000)).maximum)
-    console.print(table)
+    # numbers stay whole in a narrow terminal; piped or logged, the table is as wide as it needs
+    from ._tables_rich import print_table
+
+    print_table(console, table, whole=("M", "N", "K", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
+                                       "SQNR dB", "FIB", "SOL", "fp4ref"))
     console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
     for r in result.rows:
         if r.note:

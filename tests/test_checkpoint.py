@@ -750,6 +750,9 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
     assert main([str(root), "--dry-run", "--checkpoint-format", "modelopt"]) == 0
     table = capsys.readouterr().out
     assert "nothing written" in table and "quantized nvfp4" in table and "ignored" in table
+    # piped: one line per tensor, the reason whole (the table is as wide as it needs)
+    assert any(DOWN72 in ln and "copied as is: K=72 is not a positive multiple of 16" in ln
+               for ln in table.splitlines()), table
     assert _listing(tmp_path) == []
     # with an output that exists, the plan says the run would need --force (and still writes nothing)
     (tmp_path / "taken").mkdir()
@@ -882,7 +885,7 @@ def _umask() -> int:
     return u
 
 
-def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_path):
+def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_path, capsys):
     root, _ = src
     alt = tmp_path / "llama4"
     shutil.copytree(root, alt)
@@ -890,4 +893,8 @@ def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_pa
     reps = {r.name: r for r in C.quantize_checkpoint(alt, tmp_path / "o", checkpoint_format="modelopt",
                                                      dry_run=True)}
     assert all(reps[n].action == "copied" and "[experts, in, out]" in reps[n].reason for n in EXPERTS_3D)
+    # the long reason stays on its tensor's line in a piped table (a 160-column table folded it)
+    assert main([str(alt), "--dry-run", "--checkpoint-format", "modelopt"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(EXPERTS_3D[0] in ln and "(ModelOpt transposes these first; fp4ref does not)" in ln for ln in lines)
     assert reps[QKV[0]].action == "quantized"

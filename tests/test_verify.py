@@ -187,6 +187,36 @@ def test_table_keeps_whole_workload_and_family_names_on_a_narrow_terminal(monkey
     assert "".join(c[5].strip() for c in cells) == "".join(f for _, f in _LONG_NAMES)
 
 
+def test_numbers_and_verdicts_are_never_cut_on_a_narrow_terminal(monkeypatch, capsys):
+    """Wide numbers on an 80-column terminal: the padding goes, no data cell is cut to "…"; at 60 columns the
+    rows run past the edge (the terminal wraps them) rather than losing a cell."""
+    import rich.console
+
+    row = V.Row(workload="sparse_gemm_fp4_fp8_n2048_k2048", m=8192, family="canonical", n=2048, k=2048,
+                examples=12, checked_rows=8192, max_err_over_bound=0.0012345, max_ulps=1500.0,
+                bitwise_equal_pct=99.99, sqnr_db=123.4, fib_ok=False, sol_ok=False, fp4ref_ok=False)
+    res = V.VerifyResult(rows=[row], settings={"gpu": None, "device": "cpu", "examples": 12, "seed": 0})
+    monkeypatch.setattr(V, "verify", lambda *a, **kw: res)
+    for width in (80, 60):
+        class Narrow(rich.console.Console):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **{**kw, "width": width})
+
+            is_terminal = property(lambda self: True)
+
+        monkeypatch.setattr(rich.console, "Console", Narrow)
+        main([*GEMM, "--device", "cpu", "--sizes", "1"])
+        out = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", capsys.readouterr().out)
+        data = [ln.split("│") for ln in out.splitlines() if ln.count("│") == 15]
+        first = [c.strip() for c in data[0]]
+        assert first[2:5] == ["8192", "2048", "2048"] and first[6:12] == ["12", "8192", "0.00123", "1.5e+03",
+                                                                          "99.99%", "123.4"], (width, first)
+        assert first[12:15] == ["FAIL", "FAIL", "FAIL"], (width, first)
+        assert not any("…" in c for ln in data for c in ln), out
+        table = [ln for ln in out.splitlines() if ln[:1] in "┏┃┡│└"]
+        assert (max(len(ln) for ln in table) <= width) == (width == 80), out
+
+
 _LONG_NAMES = [("sparse_gemm_fp4_fp8_n2048_k2048", "public"),
                ("nvfp4_linear_n8192_k8192", "integrity:fresh_inputs_same_buffers")]
 
