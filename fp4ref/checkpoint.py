@@ -797,7 +797,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         KeyboardInterrupt propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+        raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
     _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)
     _check_patterns(include, ignore)
     if out_path is not None:
@@ -1268,7 +1268,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
         checkpoint, dtype unknown, bad paths, a value overflowing the target dtype (named).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise QuantizeFileError(f"--jobs {jobs!r}: expected an integer >= 1")
+        raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
     _check_flags(force=force, progress=progress)
     path_arg(out_path, "output")
     dt = parse_dtype(dtype) if dtype is not None else None

@@ -842,6 +842,9 @@ def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_
             C.quantize_checkpoint(root, out, **kwargs)
     with pytest.raises(TypeError, match="force='yes'"):
         C.dequantize_checkpoint(root, out, force="yes")
+    for fn in (C.quantize_checkpoint, C.dequantize_checkpoint):
+        with pytest.raises(C.QuantizeFileError, match=r"jobs=0 \(--jobs\): expected an integer >= 1"):
+            fn(root, out, jobs=0)
     with pytest.raises(TypeError, match="input=3: expected a path"):
         C.quantize_checkpoint(3, out)
     with pytest.raises(TypeError, match="output=b'o': expected a path"):
