@@ -84,6 +84,16 @@ def as_float_array(x, name: str) -> np.ndarray:
     return arr
 
 
+def path_option(text: str) -> str:
+    """argparse ``type`` of a path option: an empty string (an unset shell variable, say) is an error, not "no
+    option" (which would silently skip a report) or the current directory."""
+    if not text:
+        import argparse
+
+        raise argparse.ArgumentTypeError("empty path: give a file or directory name")
+    return text
+
+
 def help_description(doc: str | None) -> str:
     """A command's ``--help`` description from its module docstring: the first paragraph, without RST's double
     backquotes (argparse prints it as plain text)."""

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
-from ._validate import check_writable, help_description, sigterm_as_interrupt, write_report
+from ._validate import check_writable, help_description, path_option, sigterm_as_interrupt, write_report
 from .checkpoint_io import CheckpointError, open_checkpoint
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
@@ -343,12 +343,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from .blockscale import MXMode, NVFP4Recipe
 
-    p.add_argument("path", metavar="PATH", help="quantized checkpoint: .safetensors file, index or directory")
-    p.add_argument("--reference", metavar="ORIGINAL", help="original checkpoint: re-quantize and compare bytes")
+    p.add_argument("path", metavar="PATH", type=path_option,
+                   help="quantized checkpoint: .safetensors file, index or directory")
+    p.add_argument("--reference", metavar="ORIGINAL", type=path_option,
+                   help="original checkpoint: re-quantize and compare bytes")
     p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], help="NVFP4 recipe for --reference "
                                                                          "(default: the recorded one)")
     p.add_argument("--mode", choices=[m.value for m in MXMode], help="MX mode for --reference (default: recorded)")
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-' for stdout; an existing FILE "
+    p.add_argument("--json", metavar="FILE", type=path_option, help="write the report as JSON to FILE ('-' for stdout; an existing FILE "
                                                   "only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json output")
     p.add_argument("--quiet", action="store_true", help="no table")
@@ -408,7 +410,7 @@ def _print_table(report: AuditReport) -> None:
     # escaped: values such as "[nan]" and tensor names are text, not rich markup tags (which would vanish)
     t = Table(title=escape(f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})"))
     for col in ("tensor", "shape", "checks", "reference"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds names over lines, never cuts them to "…"
     for r in report.tensors:
         # a failed reference check is shown once: in the reference column, with its detail
         ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._validate import path_option
 from .formats import FORMATS
 
 __all__ = ["main", "build_parser"]
@@ -185,7 +186,7 @@ def _run_verify(args, workloads, console, state) -> int:
 
     print_table(console, table, whole=("M", "N", "K", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
                                        "SQNR dB", "FIB", "SOL", "fp4ref"))
-    console.print(TABLE_CAPTION, soft_wrap=True, markup=False)
+    console.print(TABLE_CAPTION, soft_wrap=not console.is_terminal, markup=False)  # a log keeps it on one line
     for r in result.rows:
         if r.note:
             console.print(f"[yellow]{escape(f'{r.workload} M={r.m} N={r.n} K={r.k} {r.family}')}:[/] "
@@ -257,11 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-integrity", action="store_true",
                    help="skip the integrity verdicts (no mutation or aliasing, fresh inputs in the same buffers, "
                         "repeatable, mid-run output kept, plain dense output)")
-    p.add_argument("--repro", metavar="DIR",
+    p.add_argument("--repro", metavar="DIR", type=path_option,
                    help="on the first failing row, shrink the case and write DIR/inputs.npz + DIR/repro.py (exits "
                         "non-zero while the bug is there); DIR is checked before the run, and existing files there "
                         "are kept unless --force")
-    p.add_argument("--json", metavar="PATH", help="write the full report as JSON (an existing file only with --force)")
+    p.add_argument("--json", metavar="PATH", type=path_option,
+                   help="write the full report as JSON (an existing file only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json / --repro output")
     p.set_defaults(func=_cmd_verify)
 

@@ -376,3 +376,32 @@ def test_ctrl_c_prints_one_line_and_leaves_no_report(made, tmp_path, capsys, mon
     assert main(["audit", str(made / "mo"), "--json", str(report)]) == 130
     assert capsys.readouterr().err == f"fp4ref audit: interrupted; {report} is complete\n"
     assert json.loads(report.read_text())["clean"] is True
+
+
+@pytest.mark.parametrize("argv", [[""], ["X", "--json", ""], ["X", "--reference", ""]])
+def test_an_empty_path_is_an_error(argv, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["audit", *argv])
+    assert ex.value.code == 2
+    assert "empty path" in capsys.readouterr().err
+
+
+def test_tensor_names_fold_on_a_narrow_terminal(made, capsys, monkeypatch):
+    """An 80-column terminal: each tensor name folds over lines in its cell, never cut to "…" (the q, k, v and o
+    projections would all read "model.layers.0.self_attn.…")."""
+    import re
+
+    import rich.console
+
+    class Narrow(rich.console.Console):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **{**kw, "width": 80})
+
+        is_terminal = property(lambda self: True)
+
+    monkeypatch.setattr(rich.console, "Console", Narrow)
+    assert main(["audit", str(made / "mo"), "--reference", str(made / "in")]) == 0
+    out = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", capsys.readouterr().out)
+    rows = [ln.split("│") for ln in out.splitlines() if ln.startswith("│")]
+    assert rows and max(len(ln) for ln in out.splitlines()) <= 80 and "…" not in out, out
+    assert O_PROJ in "".join(r[1].strip() for r in rows)

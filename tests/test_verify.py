@@ -212,8 +212,8 @@ def test_numbers_and_verdicts_are_never_cut_on_a_narrow_terminal(monkeypatch, ca
         assert first[2:5] == ["8192", "2048", "2048"] and first[6:12] == ["12", "8192", "0.00123", "1.5e+03",
                                                                           "99.99%", "123.4"], (width, first)
         assert first[12:15] == ["FAIL", "FAIL", "FAIL"], (width, first)
-        assert not any("…" in c for ln in data for c in ln), out
         table = [ln for ln in out.splitlines() if ln[:1] in "┏┃┡│└"]
+        assert not any("…" in ln for ln in table), out  # no cell and no header cut short
         assert (max(len(ln) for ln in table) <= width) == (width == 80), out
 
 
@@ -566,3 +566,11 @@ def test_ctrl_c_says_what_was_written(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.endswith("no --json report written; no --repro reproducer written\n")
     assert [os.path.basename(c) for c in calls] == ["inputs.npz", "repro.py"]
     assert list((tmp_path / "new").iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--json", ""], ["--repro", ""]])
+def test_an_empty_report_path_is_an_error_not_no_report(argv, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main([*GEMM, "--device", "cpu", "--sizes", "1", *argv])
+    assert ex.value.code == 2
+    assert f"{argv[0]}: empty path" in capsys.readouterr().err
