@@ -800,7 +800,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
     _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)
     _check_patterns(include, ignore)
-    if out_path is not None:
+    if out_path is not None or not dry_run:  # None only for a dry run without an output to check
         path_arg(out_path, "output")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)
     if pad and target.checkpoint_format != "fp4ref":

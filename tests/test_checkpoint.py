@@ -849,6 +849,9 @@ def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_
         C.quantize_checkpoint(3, out)
     with pytest.raises(TypeError, match="output=b'o': expected a path"):
         C.quantize_checkpoint(root, b"o")
+    with pytest.raises(TypeError, match="output=None: expected a path"):
+        C.quantize_checkpoint(root, None)
+    assert C.quantize_checkpoint(root, None, dry_run=True)  # a plan without an output to check
     # an empty path is not the current directory
     for args in (("", out), (root, "")):
         with pytest.raises(C.CheckpointError, match="empty path"):
