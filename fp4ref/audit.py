@@ -350,8 +350,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], help="NVFP4 recipe for --reference "
                                                                          "(default: the recorded one)")
     p.add_argument("--mode", choices=[m.value for m in MXMode], help="MX mode for --reference (default: recorded)")
-    p.add_argument("--json", metavar="FILE", type=path_option, help="write the report as JSON to FILE ('-' for stdout; an existing FILE "
-                                                  "only with --force)")
+    p.add_argument("--json", metavar="FILE", type=path_option,
+                   help="write the report as JSON to FILE ('-' for stdout; an existing FILE only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json output")
     p.add_argument("--quiet", action="store_true", help="no table")
 

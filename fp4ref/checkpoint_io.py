@@ -421,9 +421,9 @@ class OutputLocation:
     publish.
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing or not writable; target is (or holds) an input
-            shard, or lies inside the input's directory; an existing target directory holds a subdirectory, or (at
-            publish) names the new output does not have.
+        CheckpointError: target exists without force; its directory is missing or not writable; target is (or
+            holds) an input shard, or lies inside the input's directory; an existing target directory holds a
+            subdirectory, or (at publish) names the new output does not have.
     """
 
     def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None,
