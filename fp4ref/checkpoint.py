@@ -798,8 +798,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
-    _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)
-    _check_patterns(include, ignore)
+    _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)  # pad is read below, before the plan
     if out_path is not None or not dry_run:  # None only for a dry run without an output to check
         path_arg(out_path, "output")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)

@@ -166,10 +166,9 @@ def _run_verify(args, workloads, console, state) -> int:
     table = Table(title=title)
     for col in ("workload", "M", "N", "K", "family", "ex", "rows", "max err/bound", "max ulps", "bitwise =",
                 "SQNR dB", "FIB", "SOL", "fp4ref"):
-        # names fold over lines in a narrow terminal instead of being cut short ("sp…"); print_table keeps the
-        # other cells whole (only their headers may be cut)
-        name = col in ("workload", "family")
-        table.add_column(col, justify="left" if name else "right", overflow="fold" if name else "ellipsis")
+        # names fold over lines in a narrow terminal instead of being cut short ("sp…"); print_table pins the
+        # other columns to their widest cell
+        table.add_column(col, justify="left" if col in ("workload", "family") else "right", overflow="fold")
     verdict = lambda ok: _VERDICT_STYLE["pass" if ok else "FAIL"]  # FIB and SOL: pass or FAIL
     num = lambda x, f: "-" if x != x else format(x, f)  # NaN: no example completed
     for r in result.rows:
