@@ -49,21 +49,21 @@ def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
 
 
 @gluon.jit
-def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k, scale,
+def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, m_own, tile, pid_k, scale,
                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, HAS_SCALE: gl.constexpr,
                     num_warps: gl.constexpr):
     """Write the fp32 c^T tile ``part`` [BLOCK_N, BLOCK_M] (``store_layout``) of K slice ``pid_k`` to c[off_m +
-    m, off_n + n] (rows m < M, columns n < N; row stride ``stride_cm``): directly when SPLIT_K == 1, else through
-    the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N], ``workspace_elements``) and
-    ``cnt_ptr[tile]`` (module docstring). With HAS_SCALE the full sum is multiplied by the fp32 ``scale`` before
-    the one rounding to c's dtype (``scale`` is not read otherwise). Padding columns m >= M are neither written
-    nor read."""
+    m, off_n + n] (rows m_own <= off_m + m < M, columns n < N; row stride ``stride_cm``): directly when
+    SPLIT_K == 1, else through the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N],
+    ``workspace_elements``) and ``cnt_ptr[tile]`` (module docstring). With HAS_SCALE the full sum is multiplied by
+    the fp32 ``scale`` before the one rounding to c's dtype (``scale`` is not read otherwise). Rows outside
+    [m_own, M) (padding, or rows another tile stores) are neither written nor read back."""
     st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     # 64-bit row offsets: M x N may exceed 2^31 elements (nvfp4_linear at large M)
     c_ptrs = c_ptr + gl.expand_dims(rm, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + rn, 1)
-    c_mask = gl.expand_dims(rm < M, 0) & gl.expand_dims(off_n + rn < N, 1)
+    c_mask = gl.expand_dims((rm >= m_own) & (rm < M), 0) & gl.expand_dims(off_n + rn < N, 1)
     if SPLIT_K == 1:
         if HAS_SCALE:
             part = part * scale  # fp32 RN
@@ -92,7 +92,8 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
                     total = total * scale  # fp32 RN, after the fixed-order sum
                 m_idx = off_m + m0 + r_c
                 dst = c_ptr + gl.expand_dims(m_idx, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + r_n, 1)
-                gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=gl.expand_dims(m_idx < M, 0) & n_ok)
+                m_ok = gl.expand_dims((m_idx >= m_own) & (m_idx < M), 0)
+                gl.store(dst, total.to(c_ptr.dtype.element_ty), mask=m_ok & n_ok)
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 

@@ -146,12 +146,14 @@ def test_exact_accumulation_is_correctly_rounded(M):
 @pytest.mark.gpu
 @needs_gpu
 def test_other_shapes_split_k_and_warp_specialization():
-    """N and K tails (TMA zero fill), M above BLOCK_M (several M tiles), split-K, warp specialization."""
+    """N and K tails (TMA zero fill), M above BLOCK_M (several M tiles; the last one's A box shifted back to end at
+    row M), split-K, warp specialization."""
     rng = np.random.default_rng(7)
     for M, n, k, cfg in ((5, 200, 328, GluonConfig(BLOCK_M=8, BLOCK_K=64, SPLIT_K=3)),
                          (40, 264, 520, GluonConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=64)),
                          (100, 3072, 2048, GluonConfig(BLOCK_M=32, BLOCK_K=64, STAGES=4, SPLIT_K=4)),
                          (64, 3072, 2048, GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True)),
+                         (72, 328, 520, GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=3, WARP_SPEC=True)),
                          (24, 520, 1000, GluonConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=3, SPLIT_K=2))):
         a = rng.standard_normal((M, k)).astype(np.float16)
         b = rng.standard_normal((n, k)).astype(np.float16)

@@ -6,7 +6,9 @@ B at full HBM bandwidth on every SM:
 * swap-AB: wgmma computes the C^T tile = B tile @ A tile^T. N sits on the wgmma M side (64 rows per warpgroup);
   M, padded to BLOCK_M (a power of two, 8..256), is the wgmma N width, so a tiny M is not padded to 64 rows.
 * TMA loads of B [BLOCK_N, BLOCK_K] and A [BLOCK_M, BLOCK_K] tiles through a STAGES-deep mbarrier ring; rows of A
-  beyond M are zero-filled by TMA (they add exact zeros to columns that are never stored).
+  beyond M are zero-filled by TMA (they add exact zeros to columns that are never stored). When M > BLOCK_M the
+  last M tile's A box is shifted back to end at row M (it recomputes rows of the tile before and stores only its
+  own): a box partly past A's last row streams slower (docs/benchmarks.md).
 * async ``warpgroup_mma`` with ``warpgroup_mma_wait(1)``: one wgmma group stays in flight while the next tile
   lands; the slot the retired group read is refilled at once.
 * optional split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (the LAST slice
@@ -100,7 +102,10 @@ def gemm_swapab_kernel(
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
     tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
     off_n = pid_n * BLOCK_N
-    off_m = pid_m * BLOCK_M
+    m_own = pid_m * BLOCK_M  # the first row of C this program stores
+    # the last M tile's A box ends at row M (when M > BLOCK_M it overlaps the tile before, whose rows it computes
+    # again and does not store): a box partly past A's last row streams slower (docs/benchmarks.md)
+    off_m = gl.minimum(m_own, gl.maximum(M - BLOCK_M, 0))
     kt0 = pid_k * K_PER
     nk = gl.minimum(k_tiles - kt0, K_PER)  # >= 1: the host launches no empty split
 
@@ -149,5 +154,5 @@ def gemm_swapab_kernel(
 
     # ---- epilogue: a plain store, or the fixed-order split-K reduction (kernels/_gluon.py) ---------------------
     part = gl.convert_layout(acc, store_layout(BLOCK_N, BLOCK_M, num_warps))
-    store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, tile, pid_k, 1.0,
+    store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, m_own, tile, pid_k, 1.0,
                     BLOCK_N, BLOCK_M, SPLIT_K, False, num_warps)

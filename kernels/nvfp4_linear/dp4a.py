@@ -245,7 +245,7 @@ def nvfp4_dp4a_kernel(
     if BM <= 4:
         res = _zero_pad_cols(res, BN, 4)
     res = gl.convert_layout(res, store_layout(BN, EM, num_warps))
-    store_or_reduce(res, out_ptr, part_ptr, count_ptr, gl.minimum(M, off_m + BM), N, N, off_n, off_m,
+    store_or_reduce(res, out_ptr, part_ptr, count_ptr, gl.minimum(M, off_m + BM), N, N, off_n, off_m, off_m,
                     pid_m * gl.num_programs(0) + pid_n, pid_k, gl.load(gdec_ptr + 1), BN, EM, SPLIT_K, True,
                     num_warps)
 

@@ -258,8 +258,8 @@ def nvfp4_gluon_kernel(
     # the shared epilogue (kernels/_gluon.py): 16-byte stores, or the fixed-order split-K sum; then the epilogue
     # scale fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16
     accb = gl.convert_layout(acc, store_layout(BN, BM, num_warps))
-    store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, pid_m * gl.num_programs(0) + pid_n,
-                    pid_k, gl.load(gdec_ptr + 1), BN, BM, SPLIT_K, True, num_warps)
+    store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, off_m,
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, gl.load(gdec_ptr + 1), BN, BM, SPLIT_K, True, num_warps)
 
 
 class GluonLaunch:

@@ -113,7 +113,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
             for m0 in range(off_m, gl.minimum(off_m + BLOCK_M, M), 16):
                 part = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, m0, M, N, 0,
                                      k_steps * (BK // 4), BLOCK_N, 16, st_layout)
-                store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, 0, 0, 1.0,
+                store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, m0, 0, 0, 1.0,
                                 BLOCK_N, 16, 1, False, num_warps)
         else:
             tma_store_tile(acc, c_smem, c_desc, off_m, off_n)  # one RNE rounding to bf16

@@ -267,5 +267,5 @@ def sparse_swapab_kernel(
     if has_nan != 0:
         tile_acc = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, off_m, M, N,
                                  ks0 * BG, (ks0 + nk) * BG, BLOCK_N, BLOCK_M, st_layout)
-    store_or_reduce(tile_acc, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
+    store_or_reduce(tile_acc, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, off_m,
                     pid_m * gl.num_programs(0) + pid_n, pid_k, 1.0, BLOCK_N, BLOCK_M, SPLIT_K, False, num_warps)
