@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -518,6 +519,12 @@ def test_linear_validates_new_keys_after_a_cached_call():
         nvl.nvfp4_linear(x, w, ws, "0.01")
     # the fp32 value fp4ref's NVFP4Tensor holds, and the extremes that round to finite nonzero fp32 values
     assert torch.equal(nvl.nvfp4_linear(x, w, ws, np.float32(gw)).view(torch.int16), y1.view(torch.int16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the range check casts no bound to float32 (2^128 - 2^103 would overflow)
+        nvl._check_w_gdec(np.float32(gw))
+    for bad in (np.float32(0.0), np.float32("inf"), np.float16("nan")):
+        with pytest.raises(ValueError, match="weight_global_decode_scale"):
+            nvl.nvfp4_linear(x, w, ws, bad)
     for ok in (2.0**-149, 3.4028234663852886e38):
         assert nvl.nvfp4_linear(x, w, ws, ok).shape == y1.shape
     with pytest.raises(ValueError, match="weight_fp4.shape"):

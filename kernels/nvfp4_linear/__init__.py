@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import numbers
 
+import numpy as np
 import torch
 
 from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, interpreting, num_sms, workspace
@@ -386,6 +387,9 @@ _W_GDEC_OVERFLOW = 2.0**128 - 2.0**103
 def _check_w_gdec(w_gdec) -> None:
     if isinstance(w_gdec, bool) or not isinstance(w_gdec, numbers.Real):
         raise TypeError(f"weight_global_decode_scale: expected a real number, got {type(w_gdec).__name__}")
-    if not _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW:
+    # a numpy scalar compared with these Python floats would cast them to its own dtype (NEP 50): 2^128 - 2^103
+    # overflows float32; float() of a numpy float is exact
+    value = float(w_gdec) if isinstance(w_gdec, np.floating) else w_gdec
+    if not _W_GDEC_MIN < value < _W_GDEC_OVERFLOW:
         raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a positive number that stays finite "
                          "and nonzero in fp32 (the recipe's global decode scale, e.g. amax / (448 * 6))")
