@@ -171,9 +171,8 @@ def compress_2to4(a, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
             multiple of 4, ``axis`` is out of range, or a group holds more than 2 nonzeros (the message names
             the row index and the group).
 
-    Source: docs/quantization.md, "2:4 sparse packing"; layout of the sparse_gemm_fp4_fp8 workload (FlashInfer-Bench);
-    index
-    order of CUTLASS / PTX ``mma.sp`` metadata.
+    Source: docs/quantization.md, "2:4 sparse packing"; layout of the sparse_gemm_fp4_fp8 workload
+    (FlashInfer-Bench); index order of CUTLASS / PTX ``mma.sp`` metadata.
     """
     codes = _e2m1_codes_from(a, "a")
     if codes.ndim == 0:

@@ -1,4 +1,4 @@
-"""The generated documentation matches the code that generates it."""
+"""The generated documentation matches the code that generates it; docstrings have no broken lines."""
 from pathlib import Path
 
 from fp4ref import tables
@@ -66,3 +66,21 @@ def test_each_recipe_docstring_gives_its_source_and_smallest_differing_inputs():
     for name, release in (("te", "2.18"), ("torchao", "0.18.0"), ("torchao-0.16", "0.16"), ("modelopt", "0.47.0"),
                           ("te-4over6", "2.18")):
         assert release in docs[name], name
+
+
+def test_no_docstring_line_is_a_word_broken_out_of_its_sentence():
+    """A docstring line holding one lowercase word between two lines of the same paragraph (the next one starting
+    in lowercase) is a bad line break (compress_2to4's "index" line was one)."""
+    import ast
+    import re
+
+    hits = []
+    for path in sorted((ROOT / "fp4ref").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            lines = [ln.strip() for ln in (ast.get_docstring(node) or "").splitlines()]
+            for prev, cur, nxt in zip(lines, lines[1:], lines[2:]):
+                if re.fullmatch(r"[a-z][\w-]*", cur) and prev and nxt[:1].islower():
+                    hits.append(f"{path.relative_to(ROOT)}: {getattr(node, 'name', '<module>')}: {cur!r}")
+    assert not hits, hits
