@@ -66,12 +66,19 @@ def as_float_array(x, name: str) -> np.ndarray:
     Integer, bool, complex and other dtypes raise TypeError: nothing is silently cast. A torch tensor is read
     through :func:`fp4ref._interop.to_numpy` (bf16 becomes ml_dtypes.bfloat16 bit for bit).
     """
+    want = "a floating array (float16, bfloat16 (ml_dtypes), float32 or float64) or a Python float"
+    if x is None:
+        raise TypeError(f"{name} is None; expected {want}")
     if isinstance(x, (float, np.floating)):
         arr = np.asarray(x)
     else:
         arr = _asarray(x, name)
-        if arr.dtype == object:
-            raise TypeError(f"{name} must be a floating array, got dtype object")
+        if arr.dtype == object and isinstance(x, np.ndarray):
+            raise TypeError(f"{name} is an array of dtype object; expected {want} (convert explicitly, e.g. "
+                            f"{name}.astype(np.float64), if it holds numbers)")
+        if arr.dtype == object:  # None inside a list, strings mixed with numbers, arbitrary objects
+            raise TypeError(f"{name} is not an array-like of numbers (numpy reads the {type(x).__name__} as dtype "
+                            f"object); expected {want}")
     if arr.dtype.name not in _FLOAT_NAMES:
         if isinstance(x, (bool, int, list, tuple)):  # Python values: no astype to suggest
             fix = "Python ints and bools are not read as floats: write float literals (3.0) or pass a float array"

@@ -776,6 +776,19 @@ def test_encode_non_float_input_message_fits_the_input():
         encode(np.array([1, 2]), E4M3FN)
 
 
+def test_encode_none_or_objects_name_the_argument():
+    """encode(None, ...) says ``x`` is None (not "dtype object"); a list numpy cannot read as numbers says so."""
+    want = r"expected a floating array \(float16, bfloat16 \(ml_dtypes\), float32 or float64\) or a Python float"
+    with pytest.raises(TypeError, match=rf"^x is None; {want}$"):
+        encode(None, E2M1)
+    for bad in ([1.0, None], [object()], object()):
+        with pytest.raises(TypeError, match=rf"^x is not an array-like of numbers \(numpy reads the "
+                                            rf"{type(bad).__name__} as dtype object\); {want}$"):
+            encode(bad, E2M1)
+    with pytest.raises(TypeError, match=r"^x is an array of dtype object; .*x.astype\(np.float64\)"):
+        encode(np.array([1.0], dtype=object), E2M1)
+
+
 @pytest.mark.parametrize("rounding", ["nearest", "rn", "", "RNEX", "up", "trunc"])
 def test_encode_unknown_rounding(rounding):
     with pytest.raises(ValueError, match="rounding"):
