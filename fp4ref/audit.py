@@ -37,7 +37,7 @@ import numpy as np
 
 from . import checkpoint as C
 from ._validate import check_writable, help_description, path_option, sigterm_as_interrupt, write_report
-from .checkpoint_io import CheckpointError, open_checkpoint
+from .checkpoint_io import CheckpointError, open_checkpoint, path_arg
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
 
@@ -222,9 +222,13 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         :class:`AuditReport`.
 
     Raises:
+        TypeError: ``path`` or ``reference`` not a str or os.PathLike (named), ``recipe`` / ``mode`` not a str.
         CheckpointError / QuantizeFileError (ValueErrors): unreadable or unquantized checkpoint, a bad recipe or
         mode, a reference that lacks a tensor.
     """
+    path_arg(path, "path")  # named as the arguments here, before any work (open_checkpoint says "input")
+    if reference is not None:
+        path_arg(reference, "reference")
     ckpt = open_checkpoint(path)
     cf, fmt, option, layers = C.find_quantized_layers(ckpt)
     meta_bad = _metadata_findings(ckpt, fmt)
@@ -320,7 +324,8 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
             want = np.asarray(gvals, np.float32)
             dg = int(np.count_nonzero(stored.view(np.uint32) != want.view(np.uint32)))
         if dc or ds or dg:
-            by_name[n].reference = f"differs: {dc} code byte(s), {ds} scale byte(s), {dg} global scale(s)"
+            diffs = f"{dc} code byte(s), {ds} scale byte(s)"  # MX formats have no global scale: none counted
+            by_name[n].reference = "differs: " + diffs + (f", {dg} global scale(s)" if fmt == "nvfp4" else "")
             by_name[n].findings.append(Finding("reference", dc + ds + dg, by_name[n].reference + f" (recipe/mode "
                                                                                               f"{target.option})"))
         else:

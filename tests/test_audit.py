@@ -263,6 +263,28 @@ def test_a_failed_reference_check_is_shown_once(made, tmp_path, capsys):
     assert out.splitlines()[-1] == "1 of 20 tensor(s) FAIL"
 
 
+def test_an_mx_reference_mismatch_counts_no_global_scales(made, tmp_path, capsys):
+    """MX formats have no global scale: their reference cell counts code and scale bytes only (NVFP4's keeps the
+    global-scale count, test above)."""
+    bad = copy(made, "mx8", tmp_path)
+    patch(bad, O_PROJ[: -len("weight")] + "weight_scale", lambda a: a.__setitem__(0, a[0] - 1 if a[0] else 1))
+    rep = audit_checkpoint(bad, reference=made / "in")
+    (t,) = [t for t in rep.tensors if t.reference != "equal"]
+    assert t.name == O_PROJ and t.reference == "differs: 0 code byte(s), 1 scale byte(s)", t.reference
+    assert main(["audit", str(bad), "--reference", str(made / "in")]) == 1
+    out = capsys.readouterr().out
+    reference = " ".join(ln.split("│")[4].strip() for ln in out.splitlines() if ln.count("│") == 5)
+    assert "differs: 0 code byte(s), 1 scale byte(s) (recipe/mode rceil)" in reference, out
+    assert "global" not in reference, out
+
+
+def test_path_arguments_of_the_wrong_type_are_named(made):
+    with pytest.raises(TypeError, match=r"^reference=3: expected a path \(str or os.PathLike\), got int$"):
+        audit_checkpoint(made / "mo", reference=3)
+    with pytest.raises(TypeError, match=r"^path=3: expected a path \(str or os.PathLike\), got int$"):
+        audit_checkpoint(3)
+
+
 @pytest.mark.parametrize("layout", ["mo", "fp"])
 @pytest.mark.parametrize("block", ["banana", "0", "32"])
 def test_a_wrong_block_in_the_metadata_is_a_finding(made, made_fp4ref, tmp_path, layout, block):
