@@ -1175,7 +1175,7 @@ def round_to(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
             r = x.astype(DTYPES[dtype])
         if np.any(np.isinf(r.astype(np.float64)) & finite):
             raise ValueError(f"{name}: a value ({float(np.max(np.abs(x[finite]))):.6g}) overflows {dtype}; pass a "
-                             "wider --dtype")
+                             "wider dtype (--dtype)")
         return r
     return x.astype(DTYPES[dtype])
 
@@ -1188,14 +1188,20 @@ _DTYPE_ALIASES = {"float32": "F32", "fp32": "F32", "f32": "F32", "bfloat16": "BF
                   "float16": "F16", "fp16": "F16", "f16": "F16", "half": "F16", "float": "F32"}
 
 
-def parse_dtype(text) -> str:
-    """'float32' / 'bfloat16' / 'float16' (or F32/BF16/F16) -> safetensors dtype string. ValueError otherwise."""
+def parse_dtype(text, name: str = "dtype", *, float64: bool = False) -> str:
+    """'float32' / 'bfloat16' / 'float16' (or F32/BF16/F16; with ``float64``, also 'float64' / F64) -> safetensors
+    dtype string. ValueError otherwise, naming the argument ``name`` (the CLI passes ``"--dtype"``) and listing the
+    accepted values."""
     t = str(text)
+    if float64 and t.lower() in ("float64", "f64", "fp64", "double"):
+        return "F64"
     if t.upper() in ("F32", "BF16", "F16"):
         return t.upper()
     if t.lower() in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[t.lower()]
-    raise ValueError(f"--dtype {text!r} is not one of float32, bfloat16, float16")
+    accepted = ("float64, " if float64 else "") + "float32, bfloat16, float16"
+    what = f"{name} {text!r}" if name.startswith("-") else f"{name}={text!r}"
+    raise ValueError(f"{what} is not one of {accepted}")
 
 
 @dataclass
@@ -1263,14 +1269,15 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     ``dtype``, its ``torch_dtype`` names ``dtype``); hf_quant_config.json is not written.
 
     Raises:
-        TypeError: a path or flag of the wrong type. QuantizeFileError / CheckpointError: not a quantized
-        checkpoint, dtype unknown, bad paths, a value overflowing the target dtype (named).
+        TypeError: a path or flag of the wrong type. ValueError: ``dtype`` not one of float32, bfloat16, float16
+        (or F32 / BF16 / F16). QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths, a value
+        overflowing the target dtype (named).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
     _check_flags(force=force, progress=progress)
     path_arg(out_path, "output")
-    dt = parse_dtype(dtype) if dtype is not None else None
+    dt = parse_dtype(dtype, "dtype") if dtype is not None else None
     ckpt = open_checkpoint(in_path)
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
     out = Path(out_path)
@@ -1340,9 +1347,15 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     """Read one quantized tensor of a checkpoint (any format) as its exact decoded values (float64 by default, or
     rounded once to ``dtype``), in its original shape. Reads the whole tensor: meant for checks and tests.
 
+    ``dtype`` is one of ``"float64"`` (the default, also ``"F64"``: no rounding), ``"float32"``, ``"bfloat16"`` or
+    ``"float16"`` (also the safetensors names ``"F32"``, ``"BF16"``, ``"F16"`` and the aliases ``"fp32"``,
+    ``"bf16"``, ``"fp16"``, ``"half"``), case-insensitive.
+
     Raises:
-        QuantizeFileError: not a quantized checkpoint; KeyError: ``name`` is not a quantized tensor of it.
+        ValueError: ``dtype`` not one of those, or a value overflowing it (named). QuantizeFileError: not a
+        quantized checkpoint; KeyError: ``name`` is not a quantized tensor of it.
     """
+    dt = parse_dtype(dtype, "dtype", float64=True)
     ckpt = open_checkpoint(path)
     _, _, _, layers = find_quantized_layers(ckpt)
     if name not in layers:
@@ -1354,7 +1367,7 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     shard_of = ckpt.shard_of
     parts = [_decode_rows(shard_of, L, e, 0, n) for e in range(experts)]
     out = np.concatenate(parts, axis=0).reshape(L.shape)
-    return out if dtype == "F64" else round_to(out, parse_dtype(dtype), name)
+    return out if dt == "F64" else round_to(out, dt, name)
 
 
 # ------------------------------------------------------------------------------------------------------ table

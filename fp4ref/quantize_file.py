@@ -204,7 +204,7 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
     try:
         if args.dequantize:
             if args.dtype is not None:
-                parse_dtype(args.dtype)
+                parse_dtype(args.dtype, "--dtype")
             reports = dequantize_file(args.input, args.output, progress=show, dtype=args.dtype, jobs=args.jobs,
                                       force=args.force)
             title = f"fp4ref quantize --dequantize {args.input} -> {args.output}"

@@ -904,3 +904,25 @@ def test_in_out_expert_layouts_are_not_blocked_along_the_output_axis(src, tmp_pa
     lines = capsys.readouterr().out.splitlines()
     assert any(EXPERTS_3D[0] in ln and "(ModelOpt transposes these first; fp4ref does not)" in ln for ln in lines)
     assert reps[QKV[0]].action == "quantized"
+
+
+# ------------------------------------------------------------------------------------- messages (review list)
+
+
+def test_a_bad_dtype_names_the_python_argument_and_the_values(modelopt_out, tmp_path, capsys):
+    """dequantize_checkpoint / read_dequantized name their own argument ``dtype`` (the CLI names --dtype), list the
+    accepted values, and read_dequantized's docstring lists them too."""
+    with pytest.raises(ValueError, match=r"^dtype='x' is not one of float32, bfloat16, float16$"):
+        C.dequantize_checkpoint(modelopt_out, tmp_path / "d", dtype="x")
+    with pytest.raises(ValueError, match=r"^dtype='x' is not one of float64, float32, bfloat16, float16$"):
+        C.read_dequantized(modelopt_out, QKV[0], dtype="x")
+    exact = C.read_dequantized(modelopt_out, QKV[0])
+    assert exact.dtype == np.float64
+    np.testing.assert_array_equal(C.read_dequantized(modelopt_out, QKV[0], dtype="float64"), exact)
+    assert C.read_dequantized(modelopt_out, QKV[0], dtype="bfloat16").dtype == ml_dtypes.bfloat16
+    doc = " ".join(C.read_dequantized.__doc__.split())
+    for v in ('"float64"', '"float32"', '"bfloat16"', '"float16"'):
+        assert v in doc, doc
+    assert main([str(modelopt_out), "-o", str(tmp_path / "d"), "--dequantize", "--dtype", "x", "--quiet"]) == 2
+    assert "error: --dtype 'x' is not one of float32, bfloat16, float16" in capsys.readouterr().err
+    assert _listing(tmp_path) == []
