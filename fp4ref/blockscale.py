@@ -351,15 +351,20 @@ class NVFP4Tensor:
     axis: int
 
 
-def _parse_recipe(recipe) -> NVFP4Recipe:
+def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
+    """``recipe`` (an :class:`NVFP4Recipe` or its name, any case) -> NVFP4Recipe. TypeError for a value that is
+    not a str, ValueError for an unknown name; both name the argument (and ``flag``, the CLI option, if given) and
+    list the recipe names."""
     if isinstance(recipe, NVFP4Recipe):
         return recipe
-    if isinstance(recipe, str):
-        try:
-            return NVFP4Recipe(recipe.lower())
-        except ValueError:
-            pass
-    raise ValueError(f"recipe={recipe!r} is not one of {[r.value for r in NVFP4Recipe]}")
+    names = [r.value for r in NVFP4Recipe]
+    arg = f"recipe={recipe!r}" + (f" ({flag})" if flag else "")
+    if not isinstance(recipe, str):
+        raise TypeError(f"{arg}: expected an NVFP4Recipe or one of its names {names}, got {type(recipe).__name__}")
+    try:
+        return NVFP4Recipe(recipe.lower())
+    except ValueError:
+        raise ValueError(f"{arg} is not one of {names}") from None
 
 
 def _parse_nvfp4_block(block) -> tuple:
@@ -823,10 +828,11 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         :class:`NVFP4Tensor`.
 
     Raises:
-        TypeError: ``x`` is not a floating array; ``axis`` not an int.
-        ValueError: K not a multiple of 16, bad ``recipe``/``block``/``nonfinite``, ``global_amax`` negative, NaN,
-            inf, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64 value that is not a
-            float32, or a non-finite value with ``nonfinite="raise"``.
+        TypeError: ``x`` is not a floating array; ``axis`` not an int; ``recipe`` neither a str nor an
+            :class:`NVFP4Recipe`.
+        ValueError: K not a multiple of 16, unknown ``recipe`` name, bad ``block``/``nonfinite``, ``global_amax``
+            negative, NaN, inf, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64
+            value that is not a float32, or a non-finite value with ``nonfinite="raise"``.
 
     All-zero tensors and all-zero blocks give zero codes and no NaN in every recipe (scale byte 0x00, or the
     recipe's floor: torchao 0x08 = 2^-6, modelopt 0x38 = 1.0). Source orders: see :class:`NVFP4Recipe`.
@@ -1065,15 +1071,19 @@ class MXTensor:
     axis: int
 
 
-def _parse_mode(mode) -> MXMode:
+def _parse_mode(mode, flag: str = "") -> MXMode:
+    """``mode`` (an :class:`MXMode` or its name, any case) -> MXMode; TypeError / ValueError as
+    :func:`_parse_recipe`."""
     if isinstance(mode, MXMode):
         return mode
-    if isinstance(mode, str):
-        try:
-            return MXMode(mode.lower())
-        except ValueError:
-            pass
-    raise ValueError(f"mode={mode!r} is not one of {[m.value for m in MXMode]}")
+    names = [m.value for m in MXMode]
+    arg = f"mode={mode!r}" + (f" ({flag})" if flag else "")
+    if not isinstance(mode, str):
+        raise TypeError(f"{arg}: expected an MXMode or one of its names {names}, got {type(mode).__name__}")
+    try:
+        return MXMode(mode.lower())
+    except ValueError:
+        raise ValueError(f"{arg} is not one of {names}") from None
 
 
 def _floor_log2_f32(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
-from .blockscale import _error_stats, _nvfp4_quantize_stats
+from .blockscale import _error_stats, _nvfp4_quantize_stats, _parse_mode, _parse_recipe
 from .blockscale import MXTensor, NVFP4Tensor
 from .checkpoint_io import (
     DTYPES,
@@ -246,7 +246,9 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
     """Check the format choices and fill in the defaults (:data:`LAYOUTS`).
 
     Raises:
-        QuantizeFileError: unknown names, a recipe with an MX format or a mode with nvfp4, an unsupported pair.
+        TypeError: ``recipe`` / ``mode`` neither a str nor an :class:`NVFP4Recipe` / :class:`MXMode` (the message
+        lists the names). QuantizeFileError: unknown names (listed), a recipe with an MX format or a mode with
+        nvfp4, an unsupported pair.
     """
     if checkpoint_format not in CHECKPOINT_FORMATS:
         raise QuantizeFileError(f"--checkpoint-format {checkpoint_format!r} is not one of {list(CHECKPOINT_FORMATS)}")
@@ -261,9 +263,9 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
     default = LAYOUTS[(checkpoint_format, fmt)]
     block, elem = FORMATS[fmt]
     try:
-        rec = NVFP4Recipe(str(recipe or default).lower()) if fmt == "nvfp4" else None
-        md = MXMode(str(mode or default).lower()) if fmt != "nvfp4" else None
-    except ValueError as e:
+        rec = _parse_recipe(default if recipe is None else recipe, "--recipe") if fmt == "nvfp4" else None
+        md = _parse_mode(default if mode is None else mode, "--mode") if fmt != "nvfp4" else None
+    except ValueError as e:  # an unknown name; a value that is not a str stays a TypeError
         raise QuantizeFileError(str(e)) from None
     if checkpoint_format == "compressed-tensors" and rec is not None and rec.value not in _CT_RECIPES:
         raise QuantizeFileError(
@@ -792,9 +794,10 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         one :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``include``, ``ignore`` or flag of the wrong type. QuantizeFileError / CheckpointError
-        (ValueErrors): bad arguments or input (nothing is written then); a non-finite weight (named).
-        KeyboardInterrupt propagates after the partial output was removed.
+        TypeError: a path, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of the wrong type.
+        QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is written then), e.g.
+        an unknown ``recipe`` name (the names are listed); a non-finite weight (named). KeyboardInterrupt
+        propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")

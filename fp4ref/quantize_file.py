@@ -83,7 +83,7 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
         One :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``include``, ``ignore`` or flag of the wrong type.
+        TypeError: a path, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of the wrong type.
         QuantizeFileError (a ValueError): bad paths, not a safetensors file, bad ``fmt``/``recipe``/``mode``,
         ``include`` matching no tensor name, an output name collision, a non-finite weight. Nothing is written then.
     """

@@ -423,8 +423,12 @@ def test_axis_dtypes_and_errors():
         nvfp4_quantize(np.ones((2, 24), np.float32))
     with pytest.raises(TypeError, match="x must be"):
         nvfp4_quantize(np.ones((2, 16), np.int32))
-    with pytest.raises(ValueError, match="recipe="):
+    with pytest.raises(ValueError, match=r"^recipe='cublas' is not one of \['te', 'sol', .*'te-4over6-mse-256'\]$"):
         nvfp4_quantize(x, recipe="cublas")
+    for bad in (1, None):  # not a str: a TypeError naming the argument, with the names
+        with pytest.raises(TypeError, match=rf"^recipe={bad}: expected an NVFP4Recipe or one of its names "
+                                            r"\['te', 'sol', .*\], got"):
+            nvfp4_quantize(x, recipe=bad)
     with pytest.raises(ValueError, match="block="):
         nvfp4_quantize(x, block=32)
     with pytest.raises(ValueError, match="0-d"):
@@ -583,8 +587,10 @@ def test_mx_zero_nonfinite_axis_errors():
         mx_quantize(np.ones((1, 48), np.float32), "e2m1")
     with pytest.raises(ValueError, match="elem="):
         mx_quantize(y, "e4m3fnuz")
-    with pytest.raises(ValueError, match="mode="):
+    with pytest.raises(ValueError, match=r"^mode='nearest' is not one of \['floor', 'ceil', "):
         mx_quantize(y, "e2m1", mode="nearest")
+    with pytest.raises(TypeError, match=r"^mode=1: expected an MXMode or one of its names \['floor', .*\], got int$"):
+        mx_quantize(y, "e2m1", mode=1)
     assert mx_quantize(y, "e2m1", mode=MXMode.RCEIL, axis=0).mode == "rceil"
 
 

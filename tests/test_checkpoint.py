@@ -926,3 +926,24 @@ def test_a_bad_dtype_names_the_python_argument_and_the_values(modelopt_out, tmp_
     assert main([str(modelopt_out), "-o", str(tmp_path / "d"), "--dequantize", "--dtype", "x", "--quiet"]) == 2
     assert "error: --dtype 'x' is not one of float32, bfloat16, float16" in capsys.readouterr().err
     assert _listing(tmp_path) == []
+
+
+def test_a_recipe_or_mode_of_the_wrong_type_or_name_is_named_with_the_names(src, tmp_path):
+    root, _ = src
+    names = r"\['te', 'sol', .*'te-4over6-mse-256'\]"
+    with pytest.raises(TypeError, match=rf"^recipe=1 \(--recipe\): expected an NVFP4Recipe or one of its names "
+                                        rf"{names}, got int$"):
+        C.quantize_checkpoint(root, tmp_path / "o", recipe=1)
+    with pytest.raises(C.QuantizeFileError, match=rf"^recipe='zz' \(--recipe\) is not one of {names}$"):
+        C.quantize_checkpoint(root, tmp_path / "o", recipe="zz")
+    with pytest.raises(TypeError, match=r"^mode=2 \(--mode\): expected an MXMode or one of its names \['floor', "):
+        C.quantize_checkpoint(root, tmp_path / "o", fmt="mxfp4", mode=2)
+    with pytest.raises(C.QuantizeFileError, match=r"^mode='up' \(--mode\) is not one of \['floor', "):
+        C.quantize_checkpoint(root, tmp_path / "o", fmt="mxfp4", mode="up")
+    # the enum members themselves are accepted (str() of a str-enum member is not its value)
+    from fp4ref.blockscale import MXMode, NVFP4Recipe
+
+    assert C.resolve_target("fp4ref", "nvfp4", NVFP4Recipe.SOL).recipe is NVFP4Recipe.SOL
+    assert C.resolve_target("fp4ref", "mxfp8", mode=MXMode.RCEIL).mode is MXMode.RCEIL
+    assert C.quantize_checkpoint(root, None, recipe=NVFP4Recipe.SOL, dry_run=True)
+    assert _listing(tmp_path) == []
