@@ -152,6 +152,7 @@ class TensorReport:
     Attributes: name; shape (of the original tensor); dtype (safetensors dtype string); action ("quantized",
     "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
     float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); seconds; fmt (the format).
+    A dry run's "quantized" reports are a plan: sqnr_db, max_abs_err and seconds are NaN (not measured).
     """
 
     name: str
@@ -811,7 +812,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     ckpt = open_checkpoint(in_path)
     items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
     if dry_run and out_path is None:
-        return [_report(it, target) for it in items]
+        return [_report(it, target, planned=True) for it in items]
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out)
     if not is_dir and target.checkpoint_format != "fp4ref":
@@ -821,7 +822,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     loc = OutputLocation(out, is_dir=is_dir, force=force or dry_run, source=ckpt,
                          names=_output_names(ckpt, target, quantized=True) if is_dir else None)
     if dry_run:
-        return [_report(it, target) for it in items]
+        return [_report(it, target, planned=True) for it in items]
     with Workers(jobs, len(items)) as pool, Progress(progress, "quantize") as bar:
         # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
         q_items = [it for it in items if it.quantized]
@@ -856,10 +857,10 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     return reports
 
 
-def _report(it: Item, target: Target) -> TensorReport:
-    if it.quantized:
+def _report(it: Item, target: Target, planned: bool = False) -> TensorReport:
+    if it.quantized:  # planned (a dry run): not timed, seconds NaN as the statistics
         return TensorReport(it.name, tuple(it.shape), it.dtype, "quantized", fmt=target.fmt,
-                            extra={"outputs": [o[1] for o in it.outputs]})
+                            seconds=math.nan if planned else 0.0, extra={"outputs": [o[1] for o in it.outputs]})
     return TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason=it.reason)
 
 
@@ -1384,7 +1385,7 @@ def _fmt_db(v: float) -> str:
 
 def print_report(reports: list, *, title: str, file=None) -> None:
     """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or why the tensor
-    is copied as is, SQNR dB, max |err|, zero blocks, ms."""
+    is copied as is, SQNR dB, max |err|, zero blocks, ms. A value not measured (NaN: a dry run's plan) shows "-"."""
     from rich.console import Console
     from rich.table import Table
 
@@ -1399,9 +1400,10 @@ def print_report(reports: list, *, title: str, file=None) -> None:
             table.add_row(r.name, str(list(r.shape)), r.dtype, f"copied as is: {r.reason}", "", "", "", "")
         else:
             err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
-            zb = "-" if r.action != "quantized" or r.seconds == 0 else str(r.zero_blocks)
+            planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
+            zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
+            ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
             act = f"{r.action} {r.fmt}".strip()
-            table.add_row(r.name, str(list(r.shape)), r.dtype, act, _fmt_db(r.sqnr_db), err, zb,
-                          f"{1e3 * r.seconds:.1f}")
+            table.add_row(r.name, str(list(r.shape)), r.dtype, act, _fmt_db(r.sqnr_db), err, zb, ms)
     print_table(Console(file=file or sys.stdout), table,
                 whole=("shape", "dtype", "SQNR dB", "max |err|", "zero blocks", "ms"))

@@ -947,3 +947,17 @@ def test_a_recipe_or_mode_of_the_wrong_type_or_name_is_named_with_the_names(src,
     assert C.resolve_target("fp4ref", "mxfp8", mode=MXMode.RCEIL).mode is MXMode.RCEIL
     assert C.quantize_checkpoint(root, None, recipe=NVFP4Recipe.SOL, dry_run=True)
     assert _listing(tmp_path) == []
+
+
+def test_a_dry_run_reports_no_timing(src, capsys):
+    """Planned tensors are not timed: seconds is NaN (as the statistics) and the ms cell is "-", not 0.0."""
+    root, _ = src
+    reps = C.quantize_checkpoint(root, None, dry_run=True)
+    planned = [r for r in reps if r.action == "quantized"]
+    assert planned and all(np.isnan(r.seconds) for r in planned)
+    assert main([str(root), "--dry-run"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "quantized nvfp4" in ln]
+    assert len(rows) == len(planned)
+    for ln in rows:
+        cells = [c.strip() for c in ln.split("│")[1:-1]]
+        assert cells[-4:] == ["-", "-", "-", "-"], ln  # SQNR, max |err|, zero blocks, ms
