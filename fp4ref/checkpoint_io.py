@@ -409,10 +409,11 @@ def write_at(path, offset: int, data) -> None:
 class OutputLocation:
     """Where an output goes and how it is published: built in a temporary sibling (``.NAME.fp4ref-tmp-PID-*``) and
     renamed onto ``target`` by :meth:`publish`; :meth:`discard` removes it. An existing target is refused unless
-    ``force`` (then it is replaced only at publish time, after everything was written). An existing directory is
-    replaced only by an output holding every name it holds (a previous output of the same checkpoint): files it
-    does not replace, or any subdirectory (fp4ref writes none), are refused rather than deleted. Temporary siblings
-    left by a run that was killed (its process id no longer running) are removed by :meth:`create`.
+    ``force`` (then it is replaced only at publish time, after everything was written); a file is never replaced by
+    a directory nor a directory by a file. An existing directory is replaced only by an output holding every name it
+    holds (a previous output of the same checkpoint and layout): files it does not replace, or any subdirectory
+    (fp4ref writes none), are refused rather than deleted. Temporary siblings left by a run that was killed (its
+    process id no longer running) are removed by :meth:`create`.
 
     ``source``: the input :class:`Checkpoint` (None: no input to protect). The output may not be one of its shards,
     hold one, or lie inside its ``input_dir`` (a model directory or an index's is never modified; a lone file's
@@ -447,8 +448,11 @@ class OutputLocation:
         # a file where a directory goes (or the reverse) is refused first: --force would not help
         if self.target.exists() and self.target.is_dir() != is_dir:
             kind = "directory" if self.target.is_dir() else "file"
-            raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected a "
-                                  f"{'directory' if is_dir else 'file'}")
+            want = ("a directory (the output of a model directory or an index, or of a file given an output name "
+                    "not ending in .safetensors)" if is_dir else "a file (one .safetensors file)")
+            raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected {want}. --force does not "
+                                  f"apply: it replaces an output of the same kind only, never a {kind} with a "
+                                  f"{'directory' if is_dir else 'file'}; remove it or choose another output path")
         if self.target.exists() and not force:
             raise CheckpointError(f"output {str(self.target)!r} exists; pass --force to replace it (in Python: "
                                   "force=True)")
@@ -471,11 +475,19 @@ class OutputLocation:
 
     def _refuse_extra(self, names: set) -> None:
         """Refuse an existing target directory that holds a name the new output (``names``) does not replace."""
-        extra = sorted(set(os.listdir(self.target)) - names)
+        held = set(os.listdir(self.target))
+        extra = sorted(held - names)
         if extra:
+            # a checkpoint there (shards, an index, a ModelOpt config) is another input's or another layout's output
+            ckpt = any(n.endswith((".safetensors", ".safetensors.index.json")) or n == "hf_quant_config.json"
+                       for n in held)
+            what = ": it holds the output of another checkpoint or of another layout (--checkpoint-format)"
+            what = what if ckpt else ""
             raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
-                                  "output does not replace; --force replaces a previous output of the same "
-                                  f"checkpoint only: remove {_them(extra)} or choose another output path")
+                                  f"output does not replace{what}; --force replaces a directory only with an output "
+                                  "that rewrites every file in it (a previous output of the same checkpoint and "
+                                  f"layout) and never deletes a file: remove {_them(extra)} or choose another "
+                                  "output path")
 
     def create(self) -> Path:
         """Create the temporary directory (or file path's directory) and return it."""

@@ -156,8 +156,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes (default 1; at most one per CPU and per tensor are started); the output "
                         "bytes are the same for every N")
     p.add_argument("--force", action="store_true",
-                   help="replace an existing output (a directory only by a previous output of the same checkpoint: "
-                        "one holding files the new output does not replace is refused)")
+                   help="replace an existing output (a directory only by a previous output of the same checkpoint "
+                        "and layout: one holding files the new output does not replace is refused; never a file by "
+                        "a directory or a directory by a file)")
     p.add_argument("--dry-run", action="store_true", help="list what would be quantized and write nothing")
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")

@@ -349,14 +349,19 @@ def _output_error(inp, out, capsys) -> str:
 
 def test_an_output_of_the_wrong_kind_is_named_before_force(src, tmp_path, capsys):
     """A directory where the output file goes (or a file where the output directory goes) is refused with that
-    reason, not with a --force hint that would only lead to it."""
+    reason, with or without --force: the message says what is there and why --force does not apply, never a
+    "pass --force" hint that would only lead to it."""
     root, _ = src
     (tmp_path / "o.safetensors").mkdir()
     (tmp_path / "o").write_text("a user's file")
-    for argv in ([str(root / SHARD1), "-o", str(tmp_path / "o.safetensors")], [str(root), "-o", str(tmp_path / "o")]):
-        assert main(argv + ["--quiet"]) == 2
-        err = capsys.readouterr().err
-        assert "expected a" in err and "--force" not in err, err
+    for argv, there, want in (([str(root / SHARD1), "-o", str(tmp_path / "o.safetensors")], "directory", "file"),
+                              ([str(root), "-o", str(tmp_path / "o")], "file", "directory")):
+        for force in ([], ["--force"]):
+            assert main(argv + ["--quiet"] + force) == 2
+            err = capsys.readouterr().err
+            assert f"is a {there}; expected a {want}" in err and "pass --force" not in err, err
+            assert f"--force does not apply: it replaces an output of the same kind only, never a {there} with a " \
+                   f"{want}; remove it or choose another output path" in err, err
     assert (tmp_path / "o").read_text() == "a user's file" and not any((tmp_path / "o.safetensors").iterdir())
 
 
@@ -961,3 +966,18 @@ def test_a_dry_run_reports_no_timing(src, capsys):
     for ln in rows:
         cells = [c.strip() for c in ln.split("│")[1:-1]]
         assert cells[-4:] == ["-", "-", "-", "-"], ln  # SQNR, max |err|, zero blocks, ms
+
+
+def test_force_says_why_it_does_not_replace_another_layouts_output(src, modelopt_out, tmp_path, capsys):
+    """A ModelOpt output is not replaced by a compressed-tensors one (hf_quant_config.json would be left over):
+    the message says the directory holds another layout's output, not "the same checkpoint only"."""
+    root, _ = src
+    out = tmp_path / "o"
+    shutil.copytree(modelopt_out, out)
+    before = _listing(out)
+    assert main([str(root), "-o", str(out), "--checkpoint-format", "compressed-tensors", "--force", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 'hf_quant_config.json', which the new output does not replace: it holds the output of another " \
+           "checkpoint or of another layout (--checkpoint-format)" in err, err
+    assert "same checkpoint only" not in err and "remove it or choose another output path" in err
+    assert _listing(out) == before and _listing(tmp_path) == ["o"]
