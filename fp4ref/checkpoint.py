@@ -370,8 +370,15 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
         raise QuantizeFileError(f"{_where(ckpt)!r} holds no tensors")
     if all(it.reason for it in items):
         reasons = "; ".join(f"{it.name}: {it.reason}" for it in items[:5])
+        hint = ""
+        if not pad and target.checkpoint_format == "fp4ref":  # --pad exists for fp4ref's layout only
+            padded = [it for it in items if not _eligibility(it, target, inc, ign, pad=True)
+                      and not (len(it.shape) == 3 and transposed)]
+            if padded:
+                hint = (f"; pass --pad (in Python: pad=True) to zero-pad K to a multiple of {target.block}: "
+                        f"{len(padded)} tensor(s) would be quantized then (e.g. {padded[0].name!r})")
         raise QuantizeFileError(f"no tensor of {_where(ckpt)!r} can be quantized to {target.fmt} ({reasons}"
-                                f"{'; ...' if len(items) > 5 else ''})")
+                                f"{'; ...' if len(items) > 5 else ''}){hint}")
     by_name = {it.name: it for it in items}
     for it in items:
         for role, out, *_ in it.outputs:

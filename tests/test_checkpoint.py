@@ -981,3 +981,25 @@ def test_force_says_why_it_does_not_replace_another_layouts_output(src, modelopt
            "checkpoint or of another layout (--checkpoint-format)" in err, err
     assert "same checkpoint only" not in err and "remove it or choose another output path" in err
     assert _listing(out) == before and _listing(tmp_path) == ["o"]
+
+
+def test_no_quantizable_tensor_suggests_pad_when_padding_helps(tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "k20.safetensors"
+    save_file({"w": np.ones((4, 20), np.float32), "b": np.ones(3, np.float32)}, str(f))
+    for fmt, block in (("nvfp4", 16), ("mxfp4", 32)):
+        with pytest.raises(C.QuantizeFileError, match=rf"w: K=20 is not a positive multiple of {block}\); pass --pad "
+                                                      rf"\(in Python: pad=True\) to zero-pad K to a multiple of "
+                                                      rf"{block}: 1 tensor\(s\) would be quantized then"):
+            C.quantize_checkpoint(f, None, fmt=fmt, dry_run=True)
+    assert main([str(f), "--dry-run"]) == 2
+    assert "pass --pad" in capsys.readouterr().err
+    assert [r.action for r in C.quantize_checkpoint(f, None, dry_run=True, pad=True)] == ["copied", "quantized"]
+    # no hint where --pad would not help (K = 0) or does not apply (the serving layouts)
+    save_file({"w": np.ones((4, 0), np.float32)}, str(tmp_path / "k0.safetensors"))
+    with pytest.raises(C.QuantizeFileError, match=r"K=0 is not a positive multiple of 16\)$"):
+        C.quantize_checkpoint(tmp_path / "k0.safetensors", None, dry_run=True)
+    save_file({"x.weight": np.ones((4, 20), np.float32)}, str(tmp_path / "lin.safetensors"))
+    with pytest.raises(C.QuantizeFileError, match=r"K=20 is not a positive multiple of 16\)$"):
+        C.quantize_checkpoint(tmp_path / "lin.safetensors", tmp_path / "o", checkpoint_format="modelopt")
