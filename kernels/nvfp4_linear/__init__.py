@@ -260,8 +260,10 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     if key is not None and out is not None:  # (key is None when an argument is no tensor: refused below)
         check_no_overlap(out, "out", x=x, weight_fp4=weight_fp4, weight_scales=weight_scales)
     # (a plan exists only for a key whose first call validated, the scale's type included; its value is per call)
-    if plan is not None and _W_GDEC_MIN < w_gdec < _W_GDEC_OVERFLOW:
-        return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+    if plan is not None:
+        value = float(w_gdec) if isinstance(w_gdec, np.floating) else w_gdec  # as in _check_w_gdec
+        if _W_GDEC_MIN < value < _W_GDEC_OVERFLOW:
+            return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 
     M, K = _check_x(x)
     N = _check_weight(x, weight_fp4, weight_scales, K)
