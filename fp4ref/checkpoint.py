@@ -152,7 +152,8 @@ class TensorReport:
     Attributes: name; shape (of the original tensor); dtype (safetensors dtype string); action ("quantized",
     "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
     float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); seconds; fmt (the format).
-    A dry run's "quantized" reports are a plan: sqnr_db, max_abs_err and seconds are NaN (not measured).
+    A dry run's "quantized" reports are a plan made from the headers (values not read): sqnr_db, max_abs_err and
+    seconds are NaN (not measured).
     """
 
     name: str
@@ -795,7 +796,9 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         jobs: worker processes (>= 1); the output bytes do not depend on it.
         force: replace an existing output (only after the new one is complete).
         progress: show progress on stderr. dry_run: plan only, write nothing; with ``out_path`` the output is
-            checked as the run would check it with ``force`` (an existing one is not an error here).
+            checked as the run would check it with ``force`` (an existing one is not an error here). The plan
+            reads the headers only, not the tensor values: a weight holding NaN/inf is planned as quantized, and
+            only the real run refuses it.
         pad: zero-pad K to a multiple of the block instead of copying such tensors (fp4ref's layout only).
 
     Returns:

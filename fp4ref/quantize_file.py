@@ -159,7 +159,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace an existing output (a directory only by a previous output of the same checkpoint "
                         "and layout: one holding files the new output does not replace is refused; never a file by "
                         "a directory or a directory by a file)")
-    p.add_argument("--dry-run", action="store_true", help="list what would be quantized and write nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list what would be quantized and write nothing; reads the headers only, not the tensor "
+                        "values, so a weight holding NaN/inf is listed as quantized and refused by the real run only")
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
@@ -167,6 +169,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "tensor's original dtype); tensors that were not quantized keep their bytes and dtype")
     p.add_argument("--quiet", action="store_true", help="no progress and no table (--dry-run still prints its plan)")
 
+
+#: The line under a dry run's table.
+DRY_RUN_NOTE = ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values: a weight holding "
+                "NaN/inf is listed as quantized here, and only the real run refuses it")
 
 LOW_SQNR_DB = 10.0  # NVFP4 / MXFP4 of ordinary weights: ~20 dB; below this a tensor has lost most of its signal
 
@@ -226,6 +232,8 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
     if show or args.dry_run:
         try:
             print_report(reports, title=title)
+            if args.dry_run:  # the plan is cheap because it reads no values: say what it cannot check
+                print(DRY_RUN_NOTE)
         except KeyboardInterrupt:  # the output (if any) is already complete: say so, same status
             done = "" if args.dry_run else f"; {args.output} is complete"
             print(f"fp4ref quantize: {stop.word} while printing the report{done}", file=sys.stderr)

@@ -1003,3 +1003,31 @@ def test_no_quantizable_tensor_suggests_pad_when_padding_helps(tmp_path, capsys)
     save_file({"x.weight": np.ones((4, 20), np.float32)}, str(tmp_path / "lin.safetensors"))
     with pytest.raises(C.QuantizeFileError, match=r"K=20 is not a positive multiple of 16\)$"):
         C.quantize_checkpoint(tmp_path / "lin.safetensors", tmp_path / "o", checkpoint_format="modelopt")
+
+
+def test_a_dry_run_says_it_reads_no_values(tmp_path, capsys):
+    """The plan reads headers only: a NaN/inf weight is planned as quantized (exit 0) and the plan says so in a
+    line under its table, the --help text says so too; the real run refuses the tensor."""
+    from safetensors.numpy import save_file
+
+    from fp4ref.quantize_file import DRY_RUN_NOTE
+
+    x = np.ones((2, 32), np.float32)
+    x[1, 3] = np.nan
+    f = tmp_path / "nan.safetensors"
+    save_file({"bad.weight": x}, str(f))
+    assert [r.action for r in C.quantize_checkpoint(f, None, dry_run=True)] == ["quantized"]
+    for quiet in ([], ["--quiet"]):
+        assert main([str(f), "--dry-run"] + quiet) == 0
+        out = capsys.readouterr().out
+        assert out.rstrip("\n").splitlines()[-1] == DRY_RUN_NOTE, out
+    assert DRY_RUN_NOTE == ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values: a "
+                            "weight holding NaN/inf is listed as quantized here, and only the real run refuses it")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--dry-run list what would be quantized and write nothing; reads the headers only, not the tensor " \
+           "values, so a weight holding NaN/inf is listed as quantized and refused by the real run only" in help_text
+    assert main([str(f), "-o", str(tmp_path / "o.safetensors"), "--quiet"]) == 2
+    assert "'bad.weight' holds 1 NaN/inf value(s)" in capsys.readouterr().err
+    assert _listing(tmp_path) == ["nan.safetensors"]  # nothing written
