@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import checkpoint as C
+from .blockscale import _parse_mode, _parse_recipe
 from ._validate import check_writable, help_description, path_option, sigterm_as_interrupt, write_report
 from .checkpoint_io import CheckpointError, open_checkpoint, path_arg
 
@@ -222,13 +223,23 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         :class:`AuditReport`.
 
     Raises:
-        TypeError: ``path`` or ``reference`` not a str or os.PathLike (named), ``recipe`` / ``mode`` not a str.
-        CheckpointError / QuantizeFileError (ValueErrors): unreadable or unquantized checkpoint, a bad recipe or
-        mode, a reference that lacks a tensor.
+        TypeError: ``path`` or ``reference`` not a str or os.PathLike (named), ``recipe`` / ``mode`` neither a str
+        nor an NVFP4Recipe / MXMode (named, with the names). ValueError: ``recipe`` / ``mode`` given without
+        ``reference`` (they apply with ``reference`` only). CheckpointError / QuantizeFileError (ValueErrors):
+        unreadable or unquantized checkpoint, an unknown recipe or mode name, a recipe with an MX checkpoint or a
+        mode with an NVFP4 one, a reference that lacks a tensor.
     """
     path_arg(path, "path")  # named as the arguments here, before any work (open_checkpoint says "input")
     if reference is not None:
         path_arg(reference, "reference")
+    for arg, value, parse in (("recipe", recipe, _parse_recipe), ("mode", mode, _parse_mode)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            parse(value)  # an NVFP4Recipe / MXMode passes; any other type is a TypeError naming the argument
+        if reference is None:  # the CLI refuses the same: --recipe / --mode apply with --reference only
+            raise ValueError(f"{arg}={value!r} applies with reference only (the original checkpoint, re-quantized "
+                             f"with that {arg} and compared byte for byte); pass reference=... or leave {arg} out")
     ckpt = open_checkpoint(path)
     cf, fmt, option, layers = C.find_quantized_layers(ckpt)
     meta_bad = _metadata_findings(ckpt, fmt)
@@ -270,8 +281,8 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
         raise C.QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
     if fmt != "nvfp4" and recipe is not None:
         raise C.QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
-    target = C.resolve_target(cf, fmt, recipe or (option if fmt == "nvfp4" else None),
-                              mode or (option if fmt != "nvfp4" else None))
+    target = C.resolve_target(cf, fmt, recipe if recipe is not None else option if fmt == "nvfp4" else None,
+                              mode if mode is not None else option if fmt != "nvfp4" else None)
     try:
         ref = open_checkpoint(reference)
     except CheckpointError as e:  # its messages say "input": name the option

@@ -4,6 +4,7 @@ member's, caught without a reference; any tensor's, caught with --reference)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -427,3 +428,28 @@ def test_tensor_names_fold_on_a_narrow_terminal(made, capsys, monkeypatch):
     rows = [ln.split("│") for ln in out.splitlines() if ln.startswith("│")]
     assert rows and max(len(ln) for ln in out.splitlines()) <= 80 and "…" not in out, out
     assert O_PROJ in "".join(r[1].strip() for r in rows)
+
+
+def test_python_recipe_or_mode_without_reference_is_refused_as_the_cli_refuses(made):
+    """recipe / mode without reference are a ValueError (the CLI: "--recipe / --mode apply with --reference only"),
+    not a silently clean report; a value of the wrong type is a TypeError naming the argument, with or without
+    reference."""
+    from fp4ref.blockscale import MXMode, NVFP4Recipe
+
+    for kwargs in (dict(recipe="bogus"), dict(recipe="te"), dict(recipe=NVFP4Recipe.TE), dict(mode="nonsense"),
+                   dict(mode=MXMode.FLOOR)):
+        (arg, value), = kwargs.items()
+        with pytest.raises(ValueError, match=rf"^{arg}={re.escape(repr(value))} applies with reference only "
+                                             rf"\(the original checkpoint, re-quantized with that {arg} and compared "
+                                             rf"byte for byte\); pass reference=\.\.\. or leave {arg} out$"):
+            audit_checkpoint(made / "mo", **kwargs)
+    for reference in (None, made / "in"):
+        with pytest.raises(TypeError, match=r"^recipe=123: expected an NVFP4Recipe or one of its names \['te', "):
+            audit_checkpoint(made / "mo", reference=reference, recipe=123)
+        with pytest.raises(TypeError, match=r"^mode=1\.5: expected an MXMode or one of its names \["):
+            audit_checkpoint(made / "mx8", reference=reference, mode=1.5)
+    # with reference: an unknown name is refused with the names, an empty one is not read as "the recorded one"
+    for bad in ("bogus", ""):
+        with pytest.raises(ValueError, match=rf"recipe={bad!r} \(--recipe\) is not one of \['te', "):
+            audit_checkpoint(made / "mo", reference=made / "in", recipe=bad)
+    assert audit_checkpoint(made / "mo", reference=made / "in", recipe="modelopt").clean
