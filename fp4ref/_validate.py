@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import tempfile
 import threading
 
@@ -180,6 +181,27 @@ def write_report(path: str, text: str) -> None:
         if os.path.lexists(tmp):
             os.remove(tmp)
         raise
+
+
+#: A report option's value that means standard output (``--json -``).
+STDOUT = "-"
+
+
+def check_report_path(path: str, flag: str, *, force: bool = False, inputs=()) -> None:
+    """:func:`check_writable` for a report option (``--json``) whose value :data:`STDOUT` (``-``) means standard
+    output: nothing to check then."""
+    if path != STDOUT:
+        check_writable(path, flag, force=force, inputs=inputs)
+
+
+def emit_report(path: str, text: str) -> None:
+    """Write a report where a report option (``--json``) says: to standard output (flushed) for :data:`STDOUT`
+    (``-``), else to the file ``path`` whole or not at all (:func:`write_report`)."""
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_report(path, text)
 
 
 def current_umask() -> int:

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import checkpoint as C
 from .blockscale import _parse_mode, _parse_recipe
-from ._validate import check_writable, help_description, path_option, sigterm_as_interrupt, write_report
+from ._validate import STDOUT, check_report_path, emit_report, help_description, path_option, sigterm_as_interrupt
 from .checkpoint_io import CheckpointError, open_checkpoint, path_arg
 
 __all__ = ["Finding", "TensorAudit", "AuditReport", "audit_checkpoint", "add_parser", "run", "main"]
@@ -378,13 +378,13 @@ def run(args) -> int:
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
         return 2
-    if args.json and args.json != "-":
+    if args.json:
         try:
-            check_writable(args.json, "--json", force=args.force, inputs=(args.path, args.reference))
+            check_report_path(args.json, "--json", force=args.force, inputs=(args.path, args.reference))
         except ValueError as e:
             print(f"fp4ref audit: error: {e}", file=sys.stderr)
             return 2
-    to_file = bool(args.json) and args.json != "-"
+    to_file = bool(args.json) and args.json != STDOUT
     written = False
     with sigterm_as_interrupt() as stop:  # SIGTERM takes Ctrl-C's path, exit 143
         try:
@@ -395,17 +395,14 @@ def run(args) -> int:
                 return 2
             if args.json:
                 text = json.dumps(report.to_json(), indent=2, allow_nan=False)
-                if args.json == "-":
-                    print(text)
-                else:
-                    try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
-                        write_report(args.json, text + "\n")
-                    except OSError as e:
-                        print(f"fp4ref audit: error: --json {args.json!r}: cannot write it ({e.strerror or e})",
-                              file=sys.stderr)
-                        return 2
-                    written = True
-            if not args.quiet and args.json != "-":
+                try:  # a file whole or not at all: a Ctrl-C or a full disk leaves no partial report
+                    emit_report(args.json, text + "\n")
+                except OSError as e:
+                    print(f"fp4ref audit: error: --json {args.json!r}: cannot write it ({e.strerror or e})",
+                          file=sys.stderr)
+                    return 2
+                written = to_file
+            if not args.quiet and args.json != STDOUT:  # standard output holds the JSON alone
                 _print_table(report)
         except KeyboardInterrupt:  # one line saying what is on disk, no traceback
             said = "nothing written" if not to_file else f"{args.json} is complete" if written else \

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._validate import path_option
+from ._validate import STDOUT, path_option
 from .formats import FORMATS
 
 __all__ = ["main", "build_parser"]
@@ -66,11 +66,13 @@ def _cmd_verify(args) -> int:
     from rich.console import Console
 
     from . import verify as V
-    from ._validate import check_writable, check_writable_dir, sigterm_as_interrupt
+    from ._validate import check_report_path, check_writable_dir, sigterm_as_interrupt
 
-    console = Console()
+    # --json -: standard output holds the JSON alone; the progress, the table and the notes go to stderr
+    to_stderr = args.json == STDOUT
+    console = Console(stderr=to_stderr)
     if not console.is_terminal:
-        console = Console(width=160)  # piped or logged: keep the table's columns readable
+        console = Console(stderr=to_stderr, width=160)  # piped or logged: keep the table's columns readable
     workloads = args.workload
     try:
         if args.definition:
@@ -86,7 +88,11 @@ def _cmd_verify(args) -> int:
         if args.sizes is not None:
             V.check_sizes(list(dict.fromkeys(workloads or V.WORKLOADS)), args.sizes, "--sizes")
         if args.json:
-            check_writable(args.json, "--json", force=args.force)
+            check_report_path(args.json, "--json", force=args.force)
+        if args.repro == STDOUT:  # two files: a directory, never standard output
+            raise ValueError(f"--repro {STDOUT!r}: the reproducer is two files ({' and '.join(REPRO_FILES)}), "
+                             f"written in a directory, not to standard output; give a directory (./{STDOUT} for "
+                             f"one named {STDOUT!r})")
         if args.repro:  # never overwrite an earlier reproducer unasked; a folder that cannot be written fails now
             check_writable_dir(args.repro, "--repro", REPRO_FILES, force=args.force)
         if args.max_check_rows is not None and (args.max_check_rows < 0 or 0 < args.max_check_rows < 129):
@@ -108,7 +114,8 @@ def _interrupted(args, state, result, stop) -> int:
     result = result or state["result"]
     said = []
     if args.json:
-        said.append(f"{args.json} is complete" if state["json"] else "no --json report written")
+        where = "the --json report on stdout" if args.json == STDOUT else args.json
+        said.append(f"{where} is complete" if state["json"] else "no --json report written")
     if args.repro:
         wrote = result is not None and str(result.settings.get("repro") or "").startswith("wrote ")
         said.append(f"the reproducer in {args.repro} is complete" if wrote else "no --repro reproducer written")
@@ -127,7 +134,7 @@ def _run_verify(args, workloads, console, state) -> int:
     from rich.table import Table
 
     from . import verify as V
-    from ._validate import write_report
+    from ._validate import emit_report
 
     device = args.device
     if device is None:
@@ -152,8 +159,9 @@ def _run_verify(args, workloads, console, state) -> int:
 
             def line(n, d):
                 done[0] += n
-                sys.stdout.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
-                sys.stdout.flush()
+                out = sys.stderr if args.json == STDOUT else sys.stdout  # --json -: stdout holds the JSON alone
+                out.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
+                out.flush()
 
             result = V.verify(workloads, progress=line, **kw)
     except ValueError as exc:  # argument checks inside verify() run before any kernel
@@ -195,8 +203,8 @@ def _run_verify(args, workloads, console, state) -> int:
     if s.get("repro"):
         console.print(f"--repro: {escape(s['repro'])}")
     if args.json:
-        try:  # whole or not at all: a Ctrl-C or a full disk leaves no partial report
-            write_report(args.json, json.dumps(result.to_json(), indent=2, allow_nan=False))
+        try:  # a file whole or not at all: a Ctrl-C or a full disk leaves no partial report
+            emit_report(args.json, json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
         except OSError as exc:
             return _usage_error("verify", f"--json {args.json!r}: cannot write it ({exc.strerror or exc})")
         state["json"] = True
@@ -260,9 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repro", metavar="DIR", type=path_option,
                    help="on the first failing row, shrink the case and write DIR/inputs.npz + DIR/repro.py (exits "
                         "non-zero while the bug is there); DIR is checked before the run, and existing files there "
-                        "are kept unless --force")
+                        "are kept unless --force; '-' is refused (two files go in a directory, not to stdout)")
     p.add_argument("--json", metavar="PATH", type=path_option,
-                   help="write the full report as JSON (an existing file only with --force)")
+                   help="write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: "
+                        "the progress, the table and the notes go to stderr; an existing file only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json / --repro output")
     p.set_defaults(func=_cmd_verify)
 

@@ -390,7 +390,7 @@ def test_ctrl_c_prints_one_line_and_leaves_no_report(made, tmp_path, capsys, mon
     assert main(["audit", str(made / "mo")]) == 130
     assert capsys.readouterr().err == "fp4ref audit: interrupted; nothing written\n"
     monkeypatch.undo()
-    monkeypatch.setattr(A, "write_report", lambda path, text: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(A, "emit_report", lambda path, text: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["audit", str(made / "mo"), "--json", str(report)]) == 130
     assert capsys.readouterr().err == "fp4ref audit: interrupted; no --json report written\n"
     assert list(tmp_path.iterdir()) == []

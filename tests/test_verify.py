@@ -574,3 +574,28 @@ def test_an_empty_report_path_is_an_error_not_no_report(argv, capsys):
         main([*GEMM, "--device", "cpu", "--sizes", "1", *argv])
     assert ex.value.code == 2
     assert f"{argv[0]}: empty path" in capsys.readouterr().err
+
+
+def test_json_dash_writes_the_report_to_stdout_and_repro_dash_is_refused(tmp_path, monkeypatch, capsys):
+    """--json - is standard output, as in fp4ref audit: stdout holds the JSON alone (the plain progress lines, the
+    table and the notes go to stderr) and no file named "-" appears; --repro - is a usage error (two files)."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*RIGHT, "--sizes", "1", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    rep = json.loads(out)  # nothing but the report
+    assert rep["ok"] is True and [(r["m"], r["family"]) for r in rep["rows"]] == [(1, "exact_acc")]
+    assert "[1/1 " in err and "fp4ref verify on cpu" in err and "all verdicts pass" in err, err
+    assert list(tmp_path.iterdir()) == []
+    ran = []
+    monkeypatch.setattr(V, "verify", lambda *a, **k: ran.append(1))
+    assert main([*RIGHT, "--sizes", "1", "--repro", "-"]) == 2
+    assert capsys.readouterr().err == ("fp4ref verify: error: --repro '-': the reproducer is two files (repro.py and "
+                                       "inputs.npz), written in a directory, not to standard output; give a "
+                                       "directory (./- for one named '-')\n")
+    assert ran == [] and list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: the progress, " \
+           "the table and the notes go to stderr; an existing file only with --force)" in help_text
+    assert "'-' is refused (two files go in a directory, not to stdout)" in help_text
