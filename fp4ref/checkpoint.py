@@ -770,14 +770,25 @@ class Progress:
 # ------------------------------------------------------------------------------------------------------ quantize
 
 
-def _out_is_dir(ckpt: Checkpoint, out: Path) -> bool:
+def _asks_for_dir(out_path) -> bool:
+    """Whether an output path ends in a path separator (``"out.safetensors/"``): the caller asks for a directory.
+    Only a str (or an os.PathLike whose path is one) can say so: a pathlib.Path drops the trailing separator."""
+    p = os.fspath(out_path)
+    return isinstance(p, str) and p.endswith(tuple(s for s in (os.sep, os.altsep) if s))
+
+
+def _out_is_dir(ckpt: Checkpoint, out_path) -> bool:
     """Whether the output is a directory: always for a sharded checkpoint or a model directory (an output name
-    ending in ``.safetensors`` is refused there: it would be a directory of that name); for one input file unless
-    ``out`` ends in ``.safetensors``."""
+    ending in ``.safetensors`` is refused there, as it would be a directory of that name, unless a trailing path
+    separator asks for a directory); for one input file unless ``out_path`` ends in ``.safetensors`` (not in a
+    path separator: ``out.safetensors/`` is a directory)."""
+    if _asks_for_dir(out_path):
+        return True
+    out = Path(out_path)
     if ckpt.kind != "file" and out.name.endswith(".safetensors"):
         what = "model directory" if ckpt.kind == "directory" else "sharded checkpoint"
         raise QuantizeFileError(f"the input is a {what}, so the output is a directory of shards: give the output a "
-                                f"directory name, not {str(out)!r}")
+                                f"directory name, not {str(out)!r} (or end it in {os.sep!r} to keep that name)")
     return ckpt.kind != "file" or not out.name.endswith(".safetensors")
 
 
@@ -789,7 +800,8 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     Args:
         in_path: a ``.safetensors`` file, a ``*.safetensors.index.json`` or a model directory.
         out_path: the output; a directory unless the input is one file and ``out_path`` ends in ``.safetensors``
-            (fp4ref format only: the serving formats need their config files beside the shards).
+            (fp4ref format only: the serving formats need their config files beside the shards). A str ending in
+            a path separator (``"out.safetensors/"``) is a directory whatever its name.
         fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``. checkpoint_format: one of :data:`CHECKPOINT_FORMATS`.
         recipe / mode: NVFP4 recipe / MX mode (default per :data:`LAYOUTS`).
         include, ignore: see :func:`plan_quantize`.
@@ -824,7 +836,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     if dry_run and out_path is None:
         return [_report(it, target, planned=True) for it in items]
     out = Path(out_path)
-    is_dir = _out_is_dir(ckpt, out)
+    is_dir = _out_is_dir(ckpt, out_path)
     if not is_dir and target.checkpoint_format != "fp4ref":
         raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
                                 f"shards: give -o a directory (not {str(out)!r})")
@@ -1280,7 +1292,9 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     (``fp4ref.tensors`` metadata, else config.json ``torch_dtype``), or ``dtype`` (float32 / bfloat16 / float16):
     the exact decoded value rounded once (RNE). Other tensors are copied byte for byte (``dtype`` does not convert
     them); ModelOpt ``input_scale`` tensors are dropped; config.json loses its ``quantization_config`` (with
-    ``dtype``, its ``torch_dtype`` names ``dtype``); hf_quant_config.json is not written.
+    ``dtype``, its ``torch_dtype`` names ``dtype``); hf_quant_config.json is not written. The output is a directory
+    unless the input is one file and ``out_path`` ends in ``.safetensors`` (a str ending in a path separator,
+    ``"out.safetensors/"``, is a directory whatever its name).
 
     Raises:
         TypeError: a path or flag of the wrong type. ValueError: ``dtype`` not one of float32, bfloat16, float16
@@ -1295,7 +1309,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     ckpt = open_checkpoint(in_path)
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
     out = Path(out_path)
-    is_dir = _out_is_dir(ckpt, out)
+    is_dir = _out_is_dir(ckpt, out_path)
     loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt,
                          names=_output_names(ckpt, None, quantized=False) if is_dir else None)
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}

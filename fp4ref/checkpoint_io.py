@@ -422,9 +422,9 @@ class OutputLocation:
     publish.
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing or not writable; target is (or
-            holds) an input shard, or lies inside the input's directory; an existing target directory holds a
-            subdirectory, or (at publish) names the new output does not have.
+        CheckpointError: target exists without force; its directory is missing, a file (named as such) or not
+            writable; target is (or holds) an input shard, or lies inside the input's directory; an existing target
+            directory holds a subdirectory, or (at publish) names the new output does not have.
     """
 
     def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None,
@@ -457,6 +457,13 @@ class OutputLocation:
             raise CheckpointError(f"output {str(self.target)!r} exists; pass --force to replace it (in Python: "
                                   "force=True)")
         if not parent.is_dir():
+            # the nearest path above the output that is there: a file (or other non-directory) is named as such
+            there = next((a for a in (parent, *parent.parents) if os.path.lexists(a)), None)
+            if there is not None and not there.is_dir():
+                what = "is a file, not a directory" if there.is_file() else "is not a directory"
+                where = "" if there == parent else f", so the output directory {str(parent)!r} cannot exist"
+                raise CheckpointError(f"output path {str(self.target)!r}: {str(there)!r} {what}{where}; choose "
+                                      "another output path")
             raise CheckpointError(f"output directory {str(parent)!r} does not exist (fp4ref quantize creates no "
                                   "parent directories)")
         # the output is built in a sibling of target: checked here, not after a pass over the weights

@@ -9,7 +9,8 @@ Usage::
     fp4ref quantize QUANTIZED -o OUT --dequantize [--dtype float32|bfloat16|float16] [--jobs N] [--force]
 
 IN is one ``*.safetensors`` file, a ``*.safetensors.index.json`` or a model directory; OUT is a directory (same
-sharding, rewritten index, config files) unless IN is one file and OUT ends in ``.safetensors`` (fp4ref layout only).
+sharding, rewritten index, config files) unless IN is one file and OUT ends in ``.safetensors`` (fp4ref layout only);
+an OUT ending in ``/`` is a directory whatever its name.
 The engine, the layouts and the formats' sources are in :mod:`fp4ref.checkpoint`; docs/checkpoints.md is the page.
 
 fp4ref's own layout (``--checkpoint-format fp4ref``, the default) for a quantized tensor NAME: nvfp4: NAME U8 [N, K/2]
@@ -133,8 +134,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN", help="a .safetensors file, a *.safetensors.index.json or a model directory "
                                               "(never modified)")
     p.add_argument("-o", "--output", metavar="OUT", default=None,
-                   help="output directory, or a .safetensors file when IN is one file (fp4ref layout); built under a "
-                        "temporary name and renamed on success (required unless --dry-run)")
+                   help="output directory, or a .safetensors file when IN is one file (fp4ref layout; a trailing / "
+                        "makes it a directory whatever its name); built under a temporary name and renamed on "
+                        "success (required unless --dry-run)")
     p.add_argument("--format", choices=list(FORMATS), default=None, help="target format (default nvfp4)")
     p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), default=None,
                    help="tensor names and config files: fp4ref (default), modelopt (nvidia-modelopt 0.47.0 unified "

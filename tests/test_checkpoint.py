@@ -1031,3 +1031,54 @@ def test_a_dry_run_says_it_reads_no_values(tmp_path, capsys):
     assert main([str(f), "-o", str(tmp_path / "o.safetensors"), "--quiet"]) == 2
     assert "'bad.weight' holds 1 NaN/inf value(s)" in capsys.readouterr().err
     assert _listing(tmp_path) == ["nan.safetensors"]  # nothing written
+
+
+def test_a_trailing_separator_asks_for_a_directory_output(src, tmp_path, capsys):
+    """-o NAME.safetensors/ (in Python a str ending in a path separator) is a directory output whatever its name:
+    not a file named NAME.safetensors, and not refused for a sharded input; without the separator nothing changes."""
+    root, _ = src
+    assert main([str(root / SHARD1), "-o", str(tmp_path / "new.safetensors") + "/", "--quiet"]) == 0
+    assert (tmp_path / "new.safetensors").is_dir() and _listing(tmp_path / "new.safetensors") == [SHARD1]
+    assert [r.action for r in C.quantize_checkpoint(root / SHARD1, str(tmp_path / "py.safetensors") + os.sep)]
+    assert _listing(tmp_path / "py.safetensors") == [SHARD1]
+    assert main([str(root / SHARD1), "-o", str(tmp_path / "q.safetensors"), "--quiet"]) == 0
+    assert (tmp_path / "q.safetensors").is_file()  # no separator: one file, as before
+    C.dequantize_checkpoint(tmp_path / "q.safetensors", str(tmp_path / "d.safetensors") + "/")
+    assert _listing(tmp_path / "d.safetensors") == ["q.safetensors"]
+    # a sharded checkpoint: the name is kept (a plan, then the run)
+    assert main([str(root), "-o", str(tmp_path / "m.safetensors") + "/", "--dry-run"]) == 0
+    assert "nothing written" in capsys.readouterr().out
+    assert main([str(root), "-o", str(tmp_path / "m.safetensors") + "/", "--quiet"]) == 0
+    assert SHARD1 in _listing(tmp_path / "m.safetensors") and "model.safetensors.index.json" in \
+        _listing(tmp_path / "m.safetensors")
+    # an existing file of that name is not a directory: refused as the wrong kind
+    assert main([str(root / SHARD1), "-o", str(tmp_path / "q.safetensors") + "/", "--quiet", "--force"]) == 2
+    assert "'q.safetensors' is a file; expected a directory" in capsys.readouterr().err.replace(str(tmp_path) + "/", "")
+    assert (tmp_path / "q.safetensors").is_file()
+
+
+def test_an_output_inside_a_file_names_the_file(src, tmp_path, capsys):
+    """-o model.safetensors/x.safetensors where model.safetensors is a file: the message says it is a file, not
+    "output directory ... does not exist"."""
+    root, _ = src
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"a user's file")
+    out = f / "x.safetensors"
+    assert main([str(root / SHARD1), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"fp4ref quantize: error: output path {str(out)!r}: {str(f)!r} is a file, not a directory; choose "
+                   "another output path\n"), err
+    (tmp_path / "q").mkdir()
+    C.quantize_checkpoint(root / SHARD1, tmp_path / "q" / "q.safetensors")
+    deeper = f / "sub" / "x.safetensors"
+    for fn, inp in ((C.quantize_checkpoint, root / SHARD1),
+                    (C.dequantize_checkpoint, tmp_path / "q" / "q.safetensors")):
+        with pytest.raises(C.CheckpointError, match=rf"^output path {re.escape(repr(str(deeper)))}: "
+                                                   rf"{re.escape(repr(str(f)))} is a file, not a directory, so the "
+                                                   rf"output directory {re.escape(repr(str(f / 'sub')))} cannot exist; "
+                                                   "choose another output path$"):
+            fn(inp, deeper)
+    assert _listing(tmp_path) == ["model.safetensors", "q"] and f.read_bytes() == b"a user's file"
+    # a directory that is really missing is still named as missing
+    assert main([str(root / SHARD1), "-o", str(tmp_path / "nodir" / "x.safetensors"), "--quiet"]) == 2
+    assert "output directory" in capsys.readouterr().err
