@@ -1214,19 +1214,46 @@ _DTYPE_ALIASES = {"float32": "F32", "fp32": "F32", "f32": "F32", "bfloat16": "BF
                   "float16": "F16", "fp16": "F16", "f16": "F16", "half": "F16", "float": "F32"}
 
 
+def _dtype_like_name(x) -> str | None:
+    """``np.dtype(x).name`` of a numpy dtype-like that is not a str: a np.dtype, or a scalar type
+    (``np.float16``, ``ml_dtypes.bfloat16``); None for anything else (a class numpy reads as dtype object
+    included)."""
+    if isinstance(x, np.dtype):
+        return x.name
+    if not isinstance(x, type):
+        return None
+    try:
+        dt = np.dtype(x)
+    except (TypeError, ValueError):
+        return None
+    return None if dt.kind == "O" else dt.name
+
+
 def parse_dtype(text, name: str = "dtype", *, float64: bool = False) -> str:
-    """'float32' / 'bfloat16' / 'float16' (or F32/BF16/F16; with ``float64``, also 'float64' / F64) -> safetensors
-    dtype string. ValueError otherwise, naming the argument ``name`` (the CLI passes ``"--dtype"``) and listing the
-    accepted values."""
-    t = str(text)
+    """'float32' / 'bfloat16' / 'float16' (or F32/BF16/F16; with ``float64``, also 'float64' / F64), any case, or a
+    numpy dtype-like of one of them, read by its name (``np.float16``, ``np.dtype("float32")``,
+    ``ml_dtypes.bfloat16``) -> safetensors dtype string.
+
+    Raises:
+        TypeError: ``text`` neither a str nor a numpy dtype-like, naming the argument ``name`` and listing the
+        accepted values. ValueError: another name or dtype, named the same way (the CLI passes ``"--dtype"``).
+    """
+    accepted = ("float64, " if float64 else "") + "float32, bfloat16, float16"
+    if isinstance(text, str):
+        t = text
+        what = f"{name} {text!r}" if name.startswith("-") else f"{name}={text!r}"
+    else:
+        t = _dtype_like_name(text)
+        if t is None:
+            raise TypeError(f"{name}={text!r}: expected one of {accepted}, as a str or a numpy dtype (np.float16, "
+                            f"ml_dtypes.bfloat16), got {type(text).__name__}")
+        what = f"{name}={text!r} ({t})"
     if float64 and t.lower() in ("float64", "f64", "fp64", "double"):
         return "F64"
     if t.upper() in ("F32", "BF16", "F16"):
         return t.upper()
     if t.lower() in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[t.lower()]
-    accepted = ("float64, " if float64 else "") + "float32, bfloat16, float16"
-    what = f"{name} {text!r}" if name.startswith("-") else f"{name}={text!r}"
     raise ValueError(f"{what} is not one of {accepted}")
 
 
@@ -1296,10 +1323,13 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     unless the input is one file and ``out_path`` ends in ``.safetensors`` (a str ending in a path separator,
     ``"out.safetensors/"``, is a directory whatever its name).
 
+    ``dtype`` is a name (any case; also F32 / BF16 / F16) or a numpy dtype-like of one (``np.float16``,
+    ``np.dtype("float32")``, ``ml_dtypes.bfloat16``): :func:`parse_dtype`.
+
     Raises:
-        TypeError: a path or flag of the wrong type. ValueError: ``dtype`` not one of float32, bfloat16, float16
-        (or F32 / BF16 / F16). QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths, a value
-        overflowing the target dtype (named).
+        TypeError: a path, flag or ``dtype`` of the wrong type. ValueError: ``dtype`` not one of float32, bfloat16,
+        float16. QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths, a value overflowing
+        the target dtype (named).
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
@@ -1377,12 +1407,16 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
 
     ``dtype`` is one of ``"float64"`` (the default, also ``"F64"``: no rounding), ``"float32"``, ``"bfloat16"`` or
     ``"float16"`` (also the safetensors names ``"F32"``, ``"BF16"``, ``"F16"`` and the aliases ``"fp32"``,
-    ``"bf16"``, ``"fp16"``, ``"half"``), case-insensitive.
+    ``"bf16"``, ``"fp16"``, ``"half"``), case-insensitive, or a numpy dtype-like of one (``np.float16``,
+    ``ml_dtypes.bfloat16``).
 
     Raises:
-        ValueError: ``dtype`` not one of those, or a value overflowing it (named). QuantizeFileError: not a
-        quantized checkpoint; KeyError: ``name`` is not a quantized tensor of it.
+        TypeError: ``name`` not a str, ``dtype`` neither a str nor a numpy dtype-like (named). ValueError:
+        ``dtype`` not one of those, or a value overflowing it (named). QuantizeFileError: not a quantized
+        checkpoint; KeyError: ``name`` is not a quantized tensor of it.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name={name!r}: expected the name of a quantized tensor (str), got {type(name).__name__}")
     dt = parse_dtype(dtype, "dtype", float64=True)
     ckpt = open_checkpoint(path)
     _, _, _, layers = find_quantized_layers(ckpt)

@@ -95,11 +95,11 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
 def dequantize_file(in_path, out_path, *, progress: bool = False, dtype=None, jobs: int = 1,
                     force: bool = False) -> list:
     """Reverse :func:`quantize_file`: :func:`fp4ref.checkpoint.dequantize_checkpoint` (every quantized tensor back
-    in its original dtype, or ``dtype``).
+    in its original dtype, or ``dtype``: a name or a numpy dtype, as :func:`fp4ref.checkpoint.parse_dtype` reads it).
 
     Raises:
-        TypeError: a path or flag of the wrong type. QuantizeFileError: bad paths, not a safetensors file, or a
-        file without quantization metadata.
+        TypeError: a path, flag or ``dtype`` of the wrong type. ValueError: another ``dtype``. QuantizeFileError: bad
+        paths, not a safetensors file, or a file without quantization metadata.
     """
     return dequantize_checkpoint(in_path, out_path, dtype=dtype, jobs=jobs, force=force, progress=progress)
 

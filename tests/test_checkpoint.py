@@ -1082,3 +1082,35 @@ def test_an_output_inside_a_file_names_the_file(src, tmp_path, capsys):
     # a directory that is really missing is still named as missing
     assert main([str(root / SHARD1), "-o", str(tmp_path / "nodir" / "x.safetensors"), "--quiet"]) == 2
     assert "output directory" in capsys.readouterr().err
+
+
+def test_numpy_dtypes_are_read_by_name_and_other_types_are_type_errors(modelopt_out, tmp_path):
+    """dtype=np.float16 (a numpy dtype-like) means "float16", not "dtype=<class 'numpy.float16'> is not one of ...
+    float16"; a value that is neither a str nor a numpy dtype is a TypeError naming dtype with the accepted values;
+    read_dequantized's name must be a str."""
+    assert [C.parse_dtype(x) for x in (np.float16, np.dtype("float32"), ml_dtypes.bfloat16, np.dtype("bfloat16"),
+                                       "FLOAT16", "Bf16")] == ["F16", "F32", "BF16", "BF16", "F16", "BF16"]
+    assert C.parse_dtype(np.float64, float64=True) == "F64"
+    with pytest.raises(ValueError, match=r"^dtype=<class 'numpy\.float64'> \(float64\) is not one of float32, "
+                                         r"bfloat16, float16$"):
+        C.parse_dtype(np.float64)
+    with pytest.raises(ValueError, match=r"^dtype=<class 'numpy\.int8'> \(int8\) is not one of float32, bfloat16, "
+                                         r"float16$"):
+        C.dequantize_checkpoint(modelopt_out, tmp_path / "d", dtype=np.int8)
+    for bad, got in ((16, "int"), ({}, "dict"), (object, "type"), (1.5, "float")):
+        with pytest.raises(TypeError, match=rf"^dtype={re.escape(repr(bad))}: expected one of float32, bfloat16, "
+                                            r"float16, as a str or a numpy dtype \(np\.float16, "
+                                            rf"ml_dtypes\.bfloat16\), got {got}$"):
+            C.dequantize_checkpoint(modelopt_out, tmp_path / "d", dtype=bad)
+    with pytest.raises(TypeError, match=r"^dtype=None: expected one of float64, float32, bfloat16, float16, as a"):
+        C.read_dequantized(modelopt_out, QKV[0], dtype=None)
+    assert _listing(tmp_path) == []
+    C.dequantize_checkpoint(modelopt_out, tmp_path / "d", dtype=np.float16)
+    assert {v.dtype for k, v in load_file(str(tmp_path / "d" / SHARD1)).items() if k in QKV} == {np.dtype(np.float16)}
+    got = C.read_dequantized(modelopt_out, QKV[0], dtype=ml_dtypes.bfloat16)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got, C.read_dequantized(modelopt_out, QKV[0], dtype="bf16"))
+    for name, got in ((None, "NoneType"), (0, "int"), ([QKV[0]], "list")):
+        with pytest.raises(TypeError, match=rf"^name={re.escape(repr(name))}: expected the name of a quantized "
+                                            rf"tensor \(str\), got {got}$"):
+            C.read_dequantized(modelopt_out, name)
