@@ -244,18 +244,29 @@ class Target:
         return self.recipe.value if self.recipe is not None else self.mode.value
 
 
+def _choice(value, names, arg: str, flag: str) -> str:
+    """``value`` (a str, any case) as the one of ``names`` it spells. TypeError for a value that is not a str,
+    QuantizeFileError for another name; both name the argument and its CLI option and list ``names``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{arg}={value!r} ({flag}): expected one of {list(names)} (a str, any case), got "
+                        f"{type(value).__name__}")
+    if value.lower() not in names:
+        raise QuantizeFileError(f"{arg}={value!r} ({flag}) is not one of {list(names)}")
+    return value.lower()
+
+
 def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe=None, mode=None) -> Target:
-    """Check the format choices and fill in the defaults (:data:`LAYOUTS`).
+    """Check the format choices and fill in the defaults (:data:`LAYOUTS`). ``checkpoint_format`` and ``fmt`` are
+    names of :data:`CHECKPOINT_FORMATS` and :data:`FORMATS` in any case (``"NVFP4"``, ``"ModelOpt"``), as are
+    ``recipe`` and ``mode``; the :class:`Target` holds them in lower case.
 
     Raises:
-        TypeError: ``recipe`` / ``mode`` neither a str nor an :class:`NVFP4Recipe` / :class:`MXMode` (the message
-        lists the names). QuantizeFileError: unknown names (listed), a recipe with an MX format or a mode with
-        nvfp4, an unsupported pair.
+        TypeError: ``checkpoint_format`` / ``fmt`` not a str, ``recipe`` / ``mode`` neither a str nor an
+        :class:`NVFP4Recipe` / :class:`MXMode` (the messages list the names). QuantizeFileError: unknown names
+        (listed), a recipe with an MX format or a mode with nvfp4, an unsupported pair.
     """
-    if checkpoint_format not in CHECKPOINT_FORMATS:
-        raise QuantizeFileError(f"--checkpoint-format {checkpoint_format!r} is not one of {list(CHECKPOINT_FORMATS)}")
-    if fmt not in FORMATS:
-        raise QuantizeFileError(f"format {fmt!r} (--format) is not one of {list(FORMATS)}")
+    checkpoint_format = _choice(checkpoint_format, CHECKPOINT_FORMATS, "checkpoint_format", "--checkpoint-format")
+    fmt = _choice(fmt, FORMATS, "fmt", "--format")
     if fmt == "nvfp4" and mode is not None:
         raise QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
     if fmt != "nvfp4" and recipe is not None:
@@ -802,8 +813,9 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         out_path: the output; a directory unless the input is one file and ``out_path`` ends in ``.safetensors``
             (fp4ref format only: the serving formats need their config files beside the shards). A str ending in
             a path separator (``"out.safetensors/"``) is a directory whatever its name.
-        fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``. checkpoint_format: one of :data:`CHECKPOINT_FORMATS`.
-        recipe / mode: NVFP4 recipe / MX mode (default per :data:`LAYOUTS`).
+        fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``. checkpoint_format: one of :data:`CHECKPOINT_FORMATS`. Both
+            in any case (``"NVFP4"``, ``"ModelOpt"``).
+        recipe / mode: NVFP4 recipe / MX mode (default per :data:`LAYOUTS`), names in any case.
         include, ignore: see :func:`plan_quantize`.
         jobs: worker processes (>= 1); the output bytes do not depend on it.
         force: replace an existing output (only after the new one is complete).
@@ -817,10 +829,10 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         one :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of the wrong type.
-        QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is written then), e.g.
-        an unknown ``recipe`` name (the names are listed); a non-finite weight (named). KeyboardInterrupt
-        propagates after the partial output was removed.
+        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
+        the wrong type. QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is
+        written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed); a non-finite weight
+        (named). KeyboardInterrupt propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")

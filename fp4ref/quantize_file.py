@@ -74,7 +74,7 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
 
     Args:
         in_path, out_path: paths (must differ; an existing output is replaced only with ``force``).
-        fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``.
+        fmt: ``"nvfp4"``, ``"mxfp4"`` or ``"mxfp8"``, any case (as ``checkpoint_format``).
         recipe: NVFP4 recipe (:class:`fp4ref.blockscale.NVFP4Recipe`); nvfp4 only.
         mode: MX scale mode (:class:`fp4ref.blockscale.MXMode`); mxfp4/mxfp8 only.
         include: regular expression; only tensors whose name matches (``re.search``) are quantized.
@@ -84,7 +84,8 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
         One :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of the wrong type.
+        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
+        the wrong type.
         QuantizeFileError (a ValueError): bad paths, not a safetensors file, bad ``fmt``/``recipe``/``mode``,
         ``include`` matching no tensor name, an output name collision, a non-finite weight. Nothing is written then.
     """

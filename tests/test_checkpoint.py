@@ -1114,3 +1114,35 @@ def test_numpy_dtypes_are_read_by_name_and_other_types_are_type_errors(modelopt_
         with pytest.raises(TypeError, match=rf"^name={re.escape(repr(name))}: expected the name of a quantized "
                                             rf"tensor \(str\), got {got}$"):
             C.read_dequantized(modelopt_out, name)
+
+
+def test_format_and_checkpoint_format_are_case_insensitive(src, tmp_path):
+    """fmt / checkpoint_format in any case, as encode(x, "E2M1") and the recipe names: resolved once, stored in
+    lower case (the shards' metadata, the reports); a value that is not a str is a TypeError naming it."""
+    root, _ = src
+    t = C.resolve_target("ModelOpt", "NVFP4")
+    assert (t.checkpoint_format, t.fmt, t.option) == ("modelopt", "nvfp4", "modelopt")
+    assert C.resolve_target("COMPRESSED-TENSORS", "MxFp4").fmt == "mxfp4"
+    plan = C.quantize_checkpoint(root, None, fmt="NVFP4", checkpoint_format="ModelOpt", dry_run=True)
+    same = C.quantize_checkpoint(root, None, checkpoint_format="modelopt", dry_run=True)
+    assert [(r.name, r.action, r.fmt, r.reason) for r in plan] == [(r.name, r.action, r.fmt, r.reason) for r in same]
+    assert "nvfp4" in {r.fmt for r in plan}
+    from fp4ref.quantize_file import quantize_file
+
+    reps = quantize_file(root / SHARD1, tmp_path / "q.safetensors", fmt="MXFP8", checkpoint_format="FP4REF")
+    assert {r.fmt for r in reps if r.action == "quantized"} == {"mxfp8"}
+    with safe_open(str(tmp_path / "q.safetensors"), framework="np") as h:
+        meta = h.metadata()
+    assert (meta["fp4ref.format"], meta["fp4ref.checkpoint_format"]) == ("mxfp8", "fp4ref")
+    with pytest.raises(C.QuantizeFileError, match=r"^fmt='nvfp8' \(--format\) is not one of \['nvfp4', 'mxfp4', "
+                                                  r"'mxfp8'\]$"):
+        C.quantize_checkpoint(root, None, fmt="nvfp8", dry_run=True)
+    with pytest.raises(C.QuantizeFileError, match=r"^checkpoint_format='vllm' \(--checkpoint-format\) is not one of "
+                                                  r"\['fp4ref', 'modelopt', 'compressed-tensors'\]$"):
+        C.quantize_checkpoint(root, None, checkpoint_format="vllm", dry_run=True)
+    with pytest.raises(TypeError, match=r"^fmt=4 \(--format\): expected one of \['nvfp4', 'mxfp4', 'mxfp8'\] \(a "
+                                        r"str, any case\), got int$"):
+        C.quantize_checkpoint(root, None, fmt=4, dry_run=True)
+    with pytest.raises(TypeError, match=r"^checkpoint_format=None \(--checkpoint-format\): expected one of "):
+        C.quantize_checkpoint(root, None, checkpoint_format=None, dry_run=True)
+    assert _listing(tmp_path) == ["q.safetensors"]
