@@ -624,6 +624,13 @@ def _quant_task(t: _QuantTask):
         den += st.sum_err_sq
         maxerr = max(maxerr, st.max_abs_err)
         zero_blocks += st.zero_blocks
+    if not math.isfinite(maxerr):
+        # MX modes other than floor round the block scale up: a block whose largest |x| is >= 0.875 * 2^128
+        # (MXFP4) or 0.96875 * 2^128 (MXFP8) stores code x scale = 2^128: inf in float32 (and bf16 / fp16)
+        raise QuantizeFileError(
+            f"tensor {t.name!r}: with --mode {t.option} a value near the float32 maximum quantizes to {t.fmt} code x "
+            "scale = 2^128 or more, which decodes to inf in float32; quantize it with --mode floor (the OCP rule, "
+            "whose decoded values stay below 2^128) or leave it out with --ignore")
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:
@@ -831,8 +838,9 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     Raises:
         TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
         the wrong type. QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is
-        written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed); a non-finite weight
-        (named). KeyboardInterrupt propagates after the partial output was removed.
+        written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed); a non-finite weight, or
+        one that an MX mode other than floor stores as 2^128 (inf in float32), named. KeyboardInterrupt
+        propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")

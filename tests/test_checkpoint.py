@@ -1033,6 +1033,32 @@ def test_a_dry_run_says_it_reads_no_values(tmp_path, capsys):
     assert _listing(tmp_path) == ["nan.safetensors"]  # nothing written
 
 
+def test_an_mx_value_that_would_decode_to_inf_is_refused_and_floor_keeps_it_finite(tmp_path, capsys):
+    """MX modes that round the block scale up take a block with amax 3.4e38 to scale 2^126 (E2M1) / 2^120 (E4M3),
+    where 3.4e38 rounds to code 4 / 256: 2^128 after decoding, inf in float32. The tensor is refused (named, nothing
+    written); floor (the OCP rule) gives scale 2^125 and the saturated code 6: 6 * 2^125, finite."""
+    from safetensors.numpy import save_file
+
+    x = np.full((4, 32), 0.5, np.float32)
+    x[0, 0] = 3.4e38
+    f = tmp_path / "near.safetensors"
+    save_file({"layer.weight": x}, str(f))
+    for fmt in ("mxfp4", "mxfp8"):
+        for mode in ("ceil", "even", "rceil"):
+            with pytest.raises(C.QuantizeFileError, match=rf"^tensor 'layer.weight': with --mode {mode} a value near "
+                                                          r"the float32 maximum .* decodes to inf in float32; "
+                                                          r"quantize it with --mode floor"):
+                C.quantize_checkpoint(f, tmp_path / "o.safetensors", fmt=fmt, mode=mode)
+    assert main([str(f), "-o", str(tmp_path / "mo"), "--format", "mxfp8", "--checkpoint-format", "modelopt",
+                 "--quiet"]) == 2  # ModelOpt's MXFP8 layout rounds the scale up (rceil)
+    assert "--mode rceil a value near the float32 maximum" in capsys.readouterr().err
+    assert _listing(tmp_path) == ["near.safetensors"]  # nothing written, no temporary left
+    out = tmp_path / "floor.safetensors"
+    C.quantize_checkpoint(f, out, fmt="mxfp4", mode="floor")
+    d = C.read_dequantized(out, "layer.weight")
+    assert d[0, 0] == 6 * 2.0**125 and np.all(d[1:] == 0.5)
+
+
 def test_a_trailing_separator_asks_for_a_directory_output(src, tmp_path, capsys):
     """-o NAME.safetensors/ (in Python a str ending in a path separator) is a directory output whatever its name:
     not a file named NAME.safetensors, and not refused for a sharded input; without the separator nothing changes."""
