@@ -1205,8 +1205,9 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
 def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
     """Decode an :class:`MXTensor`: value = elem(code) * 2^(scale - 127); scale byte 255 gives NaN.
 
-    The product is exact in float64; in float32 it is exact unless it overflows (E5M2 57344 * 2^127 -> inf) or
-    underflows below 2^-149.
+    The product is exact in float64; in float32 it is exact unless it overflows (E5M2 57344 * 2^127, or the
+    2^128 that a mode other than floor stores for a block amax near the float32 maximum -> inf) or underflows below
+    2^-149.
 
     Args:
         t: the tensor. dtype: ``np.float32`` (default) or ``np.float64``.
