@@ -351,20 +351,26 @@ class NVFP4Tensor:
     axis: int
 
 
-def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
-    """``recipe`` (an :class:`NVFP4Recipe` or its name, any case) -> NVFP4Recipe. TypeError for a value that is
-    not a str, ValueError for an unknown name; both name the argument (and ``flag``, the CLI option, if given) and
-    list the recipe names."""
-    if isinstance(recipe, NVFP4Recipe):
-        return recipe
-    names = [r.value for r in NVFP4Recipe]
-    arg = f"recipe={recipe!r}" + (f" ({flag})" if flag else "")
-    if not isinstance(recipe, str):
-        raise TypeError(f"{arg}: expected an NVFP4Recipe or one of its names {names}, got {type(recipe).__name__}")
+def _parse_enum(value, enum_cls, arg: str, flag: str = ""):
+    """``value`` (a member of the str enum ``enum_cls`` or its name, any case) -> the member. TypeError for a value
+    that is not a str, ValueError for an unknown name; both name the argument ``arg`` (and ``flag``, the CLI option,
+    if given) and list the names."""
+    if isinstance(value, enum_cls):
+        return value
+    names = [m.value for m in enum_cls]
+    what = f"{arg}={value!r}" + (f" ({flag})" if flag else "")
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected an {enum_cls.__name__} or one of its names {names}, got "
+                        f"{type(value).__name__}")
     try:
-        return NVFP4Recipe(recipe.lower())
+        return enum_cls(value.lower())
     except ValueError:
-        raise ValueError(f"{arg} is not one of {names}") from None
+        raise ValueError(f"{what} is not one of {names}") from None
+
+
+def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
+    """``recipe`` -> :class:`NVFP4Recipe` (:func:`_parse_enum`)."""
+    return _parse_enum(recipe, NVFP4Recipe, "recipe", flag)
 
 
 def _parse_nvfp4_block(block) -> tuple:
@@ -1072,18 +1078,8 @@ class MXTensor:
 
 
 def _parse_mode(mode, flag: str = "") -> MXMode:
-    """``mode`` (an :class:`MXMode` or its name, any case) -> MXMode; TypeError / ValueError as
-    :func:`_parse_recipe`."""
-    if isinstance(mode, MXMode):
-        return mode
-    names = [m.value for m in MXMode]
-    arg = f"mode={mode!r}" + (f" ({flag})" if flag else "")
-    if not isinstance(mode, str):
-        raise TypeError(f"{arg}: expected an MXMode or one of its names {names}, got {type(mode).__name__}")
-    try:
-        return MXMode(mode.lower())
-    except ValueError:
-        raise ValueError(f"{arg} is not one of {names}") from None
+    """``mode`` -> :class:`MXMode` (:func:`_parse_enum`)."""
+    return _parse_enum(mode, MXMode, "mode", flag)
 
 
 def _floor_log2_f32(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
