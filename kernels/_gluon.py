@@ -57,7 +57,8 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
     SPLIT_K == 1, else through the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N],
     ``workspace_elements``) and ``cnt_ptr[tile]`` (module docstring). With HAS_SCALE the full sum is multiplied by
     the fp32 ``scale`` before the one rounding to c's dtype (``scale`` is not read otherwise). Rows outside
-    [m_own, M) (padding, or rows another tile stores) are neither written nor read back."""
+    [m_own, M) (padding, or rows another tile stores) are written neither to c nor to the workspace; the
+    reduction loads their unwritten workspace rows with the rest of a chunk and drops them."""
     st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
