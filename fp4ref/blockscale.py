@@ -782,15 +782,17 @@ def _error_stats(x: np.ndarray, xhat: np.ndarray, block: int) -> _ChunkStats:
 def _nvfp4_quantize_stats(x2: np.ndarray, recipe, global_amax) -> tuple:
     """fp4ref quantize's step for one row chunk: (packed codes, scale bytes, global decode scale, _ChunkStats) of
     ``x2`` [r, K] (float16, bfloat16 or float32, finite) with 1x16 blocks and the tensor's (or fused group's)
-    ``global_amax``: the bytes of :func:`nvfp4_quantize`, and statistics against :func:`nvfp4_dequantize`'s float32
-    values. Recipes te, sol and modelopt take the fast path, which needs no second dequantizing pass."""
+    ``global_amax`` (unused by the single-level recipes): the bytes of :func:`nvfp4_quantize`, and statistics
+    against :func:`nvfp4_dequantize`'s float32 values. Recipes te, sol and modelopt take the fast path, which needs
+    no second dequantizing pass."""
     rec = _parse_recipe(recipe)
     amax = _F32(global_amax)
     if rec in _FAST_RECIPES and np.isfinite(amax) and amax > 0:  # else nvfp4_quantize checks (and may raise)
         gs = _global_scales(rec, amax)
         codes, scales, st = _nvfp4_rows_fast(rec, x2, gs, stats=True)
         return codes, scales, _F32(gs["stored"]), st
-    q = nvfp4_quantize(x2, recipe=rec, global_amax=global_amax)
+    # the single-level recipes have block scales only: no global amax is theirs to take
+    q = nvfp4_quantize(x2, recipe=rec, global_amax=None if rec in _TORCHAO_SINGLE else global_amax)
     xf = x2.astype(np.float32, copy=False)
     return q.codes, q.scales, q.global_decode_scale, _error_stats(xf, nvfp4_dequantize(q), _NVFP4_BLOCK)
 

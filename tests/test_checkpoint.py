@@ -242,6 +242,28 @@ def test_mx_layouts(src, tmp_path):
         C.quantize_checkpoint(root, tmp_path / "x", fmt="mxfp4", checkpoint_format="modelopt")
 
 
+@pytest.mark.parametrize("recipe", ["torchao-single-level", "torchao-0.16-single-level"])
+def test_single_level_recipes_quantize_a_checkpoint_as_nvfp4_quantize_does(tmp_path, recipe):
+    """The single-level recipes have block scales only: the checkpoint layer passes them no global amax (it did, and
+    nvfp4_quantize refused it), and the bytes are nvfp4_quantize's on the whole tensor; audit agrees."""
+    from safetensors.numpy import save_file
+
+    from fp4ref import nvfp4_quantize
+    from fp4ref.audit import audit_checkpoint
+
+    x = (np.random.default_rng(5).standard_normal((40, 64)) * 3).astype(np.float32)
+    f = tmp_path / "w.safetensors"
+    save_file({"layer.weight": x}, str(f))
+    out = tmp_path / "mo"
+    rep, = C.quantize_checkpoint(f, out, checkpoint_format="modelopt", recipe=recipe)
+    assert rep.action == "quantized" and rep.sqnr_db > 15
+    q, want = raw(out), nvfp4_quantize(x, recipe=recipe)
+    assert q["layer.weight"][3] == want.codes.tobytes() and q["layer.weight_scale"][3] == want.scales.tobytes()
+    assert np.frombuffer(q["layer.weight_scale_2"][3], np.float32)[0] == want.global_decode_scale == 1.0
+    assert audit_checkpoint(out, reference=f, recipe=recipe).clean
+    assert main([str(f), "-o", str(tmp_path / "fp.safetensors"), "--recipe", recipe, "--quiet"]) == 0
+
+
 # ------------------------------------------------------------------------------------------------- round trips
 
 
