@@ -530,6 +530,7 @@ class _ChunkStats(NamedTuple):
     sum_err_sq: float  # sum of (x - x_hat)^2, float64 (x - x_hat is exact in float64)
     max_abs_err: float  # max |x - x_hat|
     zero_blocks: int  # blocks whose amax is 0
+    overflows: int = 0  # x_hat past the range of x's own dtype (fp4ref quantize counts them for MX; NVFP4 has none)
 
 
 @functools.lru_cache(maxsize=None)

@@ -579,6 +579,7 @@ def quantized_chunks(t: _QuantTask):
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             x = s.read_rows(t.name, e * n + r0, e * n + r1)  # float16 / bfloat16 / float32, widened exactly below
+            src = x.dtype
             if kp != k:
                 x = np.concatenate([x.astype(np.float32), np.zeros((r1 - r0, kp - k), np.float32)], axis=1)
             if t.fmt == "nvfp4":
@@ -590,7 +591,12 @@ def quantized_chunks(t: _QuantTask):
                 q = mx_quantize(x, t.elem, mode=t.option, block=t.block)
                 codes = pack_fp4(q.codes) if t.elem == "e2m1" else q.codes
                 scales = q.scales
-                stats = _error_stats(x, mx_dequantize(q), t.block)
+                xh = mx_dequantize(q)
+                stats = _error_stats(x, xh, t.block)
+                # modes other than floor round the block scale up: near the top of x's dtype, code x scale can pass
+                # its largest finite value (2^128 for float32 / bfloat16, 2^16 for float16): counted, then refused
+                with np.errstate(over="ignore"):
+                    stats = stats._replace(overflows=int(np.count_nonzero(np.isinf(xh.astype(src)))))
             yield "rows", e * n + r0, codes, scales, stats
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
@@ -610,7 +616,7 @@ def _quant_task(t: _QuantTask):
     scols = kp // t.block
     num = den = 0.0
     maxerr = 0.0
-    zero_blocks = 0
+    zero_blocks = overflows = 0
     globals_ = []
     for part in quantized_chunks(t):
         if part[0] == "global":
@@ -624,13 +630,14 @@ def _quant_task(t: _QuantTask):
         den += st.sum_err_sq
         maxerr = max(maxerr, st.max_abs_err)
         zero_blocks += st.zero_blocks
-    if not math.isfinite(maxerr):
-        # MX modes other than floor round the block scale up: a block whose largest |x| is >= 0.875 * 2^128
-        # (MXFP4) or 0.96875 * 2^128 (MXFP8) stores code x scale = 2^128: inf in float32 (and bf16 / fp16)
+        overflows += st.overflows
+    if overflows:
+        dt = DTYPES[_shard(t.path).tensors[t.name].dtype].name  # float16, bfloat16 or float32
+        top = "2^16" if dt == "float16" else "2^128"
         raise QuantizeFileError(
-            f"tensor {t.name!r}: with --mode {t.option} a value near the float32 maximum quantizes to {t.fmt} code x "
-            "scale = 2^128 or more, which decodes to inf in float32; quantize it with --mode floor (the OCP rule, "
-            "whose decoded values stay below 2^128) or leave it out with --ignore")
+            f"tensor {t.name!r}: with --mode {t.option}, {overflows} value(s) near the {dt} maximum quantize to "
+            f"{t.fmt} code x scale >= {top}, past the {dt} range, which decodes to inf in {dt}; quantize it with "
+            "--mode floor (the OCP rule, whose decoded values stay in range) or leave it out with --ignore")
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:
@@ -839,7 +846,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
         the wrong type. QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is
         written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed); a non-finite weight, or
-        one that an MX mode other than floor stores as 2^128 (inf in float32), named. KeyboardInterrupt
+        one that an MX mode other than floor stores past its own dtype's range (inf there), named. KeyboardInterrupt
         propagates after the partial output was removed.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:

@@ -1066,19 +1066,49 @@ def test_an_mx_value_that_would_decode_to_inf_is_refused_and_floor_keeps_it_fini
     f = tmp_path / "near.safetensors"
     save_file({"layer.weight": x}, str(f))
     for fmt in ("mxfp4", "mxfp8"):
-        for mode in ("ceil", "even", "rceil"):
-            with pytest.raises(C.QuantizeFileError, match=rf"^tensor 'layer.weight': with --mode {mode} a value near "
-                                                          r"the float32 maximum .* decodes to inf in float32; "
-                                                          r"quantize it with --mode floor"):
+        for mode in ("ceil", "even", "rceil", "rceil-torchao"):
+            want = (rf"^tensor 'layer.weight': with --mode {mode}, 1 value\(s\) near the float32 maximum quantize "
+                    rf"to {fmt} code x scale >= 2\^128, past the float32 range, which decodes to inf in float32; "
+                    r"quantize it with --mode floor")
+            with pytest.raises(C.QuantizeFileError, match=want):
                 C.quantize_checkpoint(f, tmp_path / "o.safetensors", fmt=fmt, mode=mode)
     assert main([str(f), "-o", str(tmp_path / "mo"), "--format", "mxfp8", "--checkpoint-format", "modelopt",
                  "--quiet"]) == 2  # ModelOpt's MXFP8 layout rounds the scale up (rceil)
-    assert "--mode rceil a value near the float32 maximum" in capsys.readouterr().err
+    assert "with --mode rceil, 1 value(s) near the float32 maximum" in capsys.readouterr().err
     assert _listing(tmp_path) == ["near.safetensors"]  # nothing written, no temporary left
     out = tmp_path / "floor.safetensors"
     C.quantize_checkpoint(f, out, fmt="mxfp4", mode="floor")
     d = C.read_dequantized(out, "layer.weight")
     assert d[0, 0] == 6 * 2.0**125 and np.all(d[1:] == 0.5)
+
+
+@pytest.mark.parametrize("fmt,ok,bad,ok_decoded", [
+    # ceil: scale 2^14 (E2M1) / 2^8 (E4M3); 57312 / 2^14 = 3.498 -> 3, 57344 / 2^14 = 3.5 -> 4 (ties to even):
+    # 4 * 2^14 = 2^16 = inf in float16; 63456 / 2^8 = 247.875 -> 240, 63488 / 2^8 = 248 -> 256 (ties to even)
+    ("mxfp4", 57312.0, 57344.0, 3 * 2.0**14),
+    ("mxfp8", 63456.0, 63488.0, 240 * 2.0**8),
+])
+def test_the_mx_overflow_refusal_is_relative_to_the_weights_own_dtype(tmp_path, fmt, ok, bad, ok_decoded):
+    """A float16 weight whose decoded value would pass 65504 is refused as a float32 one past 2^128 is (the
+    dequantized checkpoint, in the weight's own dtype, would hold inf); the largest float16 below the threshold
+    quantizes, decoding to the hand-derived value; a bfloat16 weight at its maximum is refused too."""
+    from safetensors.numpy import save_file
+
+    for name, v in (("ok", ok), ("bad", bad)):
+        x = np.full((2, 32), 1.0, np.float16)
+        x[1, 5] = v
+        save_file({"w.weight": x}, str(tmp_path / f"{name}.safetensors"))
+    C.quantize_checkpoint(tmp_path / "ok.safetensors", tmp_path / "q.safetensors", fmt=fmt, mode="ceil")
+    assert C.read_dequantized(tmp_path / "q.safetensors", "w.weight")[1, 5] == ok_decoded
+    with pytest.raises(C.QuantizeFileError, match=r"^tensor 'w.weight': with --mode ceil, 1 value\(s\) near the "
+                                                  r"float16 maximum quantize to .* >= 2\^16, past the float16 range"):
+        C.quantize_checkpoint(tmp_path / "bad.safetensors", tmp_path / "r.safetensors", fmt=fmt, mode="ceil")
+    assert not (tmp_path / "r.safetensors").exists()
+    xb = np.full((2, 32), 1.0, ml_dtypes.bfloat16)
+    xb[0, 0] = ml_dtypes.finfo(ml_dtypes.bfloat16).max
+    save_file({"w.weight": xb}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(C.QuantizeFileError, match=r"near the bfloat16 maximum quantize to .* >= 2\^128"):
+        C.quantize_checkpoint(tmp_path / "b.safetensors", tmp_path / "rb.safetensors", fmt=fmt, mode="rceil")
 
 
 def test_a_trailing_separator_asks_for_a_directory_output(src, tmp_path, capsys):
