@@ -81,7 +81,11 @@ def as_float_array(x, name: str) -> np.ndarray:
             raise TypeError(f"{name} is not an array-like of numbers (numpy reads the {type(x).__name__} as dtype "
                             f"object); expected {want}")
     if arr.dtype.name not in _FLOAT_NAMES:
-        if isinstance(x, (bool, int, list, tuple)):  # Python values: no astype to suggest
+        if arr.dtype.kind in "US":  # "1.0", b"1.0", or a list holding one: numpy reads text, not numbers
+            fix = "strings (and bytes) are not numbers: parse them into floats first (e.g. float('1.0'))"
+        elif arr.dtype.kind == "c":
+            fix = "complex numbers are not supported: pass real floats"
+        elif isinstance(x, (bool, int, list, tuple)):  # Python values: no astype to suggest
             fix = "Python ints and bools are not read as floats: write float literals (3.0) or pass a float array"
         else:
             fix = f"convert explicitly (e.g. {name}.astype(np.float64)) if that is what you mean"

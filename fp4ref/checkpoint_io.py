@@ -450,6 +450,9 @@ class OutputLocation:
             kind = "directory" if self.target.is_dir() else "file"
             want = ("a directory (the output of a model directory or an index, or of a file given an output name "
                     "not ending in .safetensors)" if is_dir else "a file (one .safetensors file)")
+            if is_dir and _asked_for_dir(target, self.target):
+                want = (f"a directory: the output path ends in a path separator ({os.sep!r}), which asks for a "
+                        "directory whatever its name")
             raise CheckpointError(f"output path {str(self.target)!r} is a {kind}; expected {want}. --force does not "
                                   f"apply: it replaces an output of the same kind only, never a {kind} with a "
                                   f"{'directory' if is_dir else 'file'}; remove it or choose another output path")
@@ -554,6 +557,16 @@ class OutputLocation:
         except BaseException:
             self.discard()
             raise
+
+
+def _asked_for_dir(given, target: Path) -> bool:
+    """Whether a directory output was asked for by a trailing path separator (``-o out.safetensors/``): ``given``
+    (the target as passed) is a str ending in one, or, as a pathlib.Path drops it, ``target`` is named
+    ``*.safetensors``: such a name is a directory output only when a separator asks for it (a file's output is then
+    one file, and a sharded checkpoint or a model directory refuses the name: fp4ref.checkpoint's output rule)."""
+    p = os.fspath(given)
+    seps = tuple(s for s in (os.sep, os.altsep) if s)
+    return (isinstance(p, str) and p.endswith(seps)) or target.name.endswith(".safetensors")
 
 
 def _names(names: list, most: int = 5) -> str:

@@ -126,6 +126,7 @@ def _interrupted(args, state, result, stop) -> int:
 def _run_verify(args, workloads, console, state) -> int:
     """The run, the table and the reports of ``fp4ref verify`` after its argument checks; ``state`` records what
     is done (the result, the JSON report written) for the Ctrl-C message."""
+    import contextlib
     import json
     import time
 
@@ -145,25 +146,30 @@ def _run_verify(args, workloads, console, state) -> int:
               seed=args.seed, model=args.model, output_rounding=args.output_rounding,
               max_check_rows=args.max_check_rows or None, shapes=args.shapes, integrity=not args.no_integrity,
               repro=args.repro)
+    # --json -: while the kernels run, whatever they (or anything else) write to sys.stdout goes to stderr, so
+    # stdout holds the JSON alone; the redirect ends with the run, also on an error or a Ctrl-C
+    kernel_stdout = contextlib.redirect_stdout(sys.stderr) if args.json == STDOUT else contextlib.nullcontext()
     try:
-        total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families, shapes=args.shapes,
-                            integrity=not args.no_integrity)
-        if console.is_terminal:
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                          TimeElapsedColumn(), console=console, transient=True) as bar:
-                task = bar.add_task("verify", total=total)
-                result = V.verify(workloads, progress=lambda n, d: bar.update(task, advance=n, description=d), **kw)
-        else:  # piped or logged: one plain line per row, flushed, so a log shows where the run is
-            done = [0]
-            t0 = time.perf_counter()
+        with kernel_stdout:
+            total = V.plan_size(workloads, device=device, sizes=args.sizes, families=args.families,
+                                shapes=args.shapes, integrity=not args.no_integrity)
+            if console.is_terminal:
+                with Progress(TextColumn("{task.description}"), BarColumn(),
+                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+                              transient=True) as bar:
+                    task = bar.add_task("verify", total=total)
+                    result = V.verify(workloads, progress=lambda n, d: bar.update(task, advance=n, description=d), **kw)
+            else:  # piped or logged: one plain line per row, flushed, so a log shows where the run is
+                done = [0]
+                t0 = time.perf_counter()
 
-            def line(n, d):
-                done[0] += n
-                out = sys.stderr if args.json == STDOUT else sys.stdout  # --json -: stdout holds the JSON alone
-                out.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
-                out.flush()
+                def line(n, d):
+                    done[0] += n
+                    out = sys.stderr if args.json == STDOUT else sys.stdout  # --json -: stdout holds the JSON alone
+                    out.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
+                    out.flush()
 
-            result = V.verify(workloads, progress=line, **kw)
+                result = V.verify(workloads, progress=line, **kw)
     except ValueError as exc:  # argument checks inside verify() run before any kernel
         return _usage_error("verify", str(exc))
     except MemoryError as exc:  # the operands or the reference of one M do not fit: a usage error, not a trace
@@ -271,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "are kept unless --force; '-' is refused (two files go in a directory, not to stdout)")
     p.add_argument("--json", metavar="PATH", type=path_option,
                    help="write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: "
-                        "the progress, the table and the notes go to stderr; an existing file only with --force)")
+                        "the progress, the table, the notes and the kernels' own prints go to stderr; an existing file "
+                        "only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json / --repro output")
     p.set_defaults(func=_cmd_verify)
 

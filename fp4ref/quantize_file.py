@@ -164,7 +164,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "a directory or a directory by a file)")
     p.add_argument("--dry-run", action="store_true",
                    help="list what would be quantized and write nothing; reads the headers only, not the tensor "
-                        "values, so a weight holding NaN/inf is listed as quantized and refused by the real run only")
+                        "values, so it cannot see what the real run refuses for values (weights holding NaN/inf, MX "
+                        "weights whose decoded values would overflow): it lists them as quantized")
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
@@ -173,9 +174,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress and no table (--dry-run still prints its plan)")
 
 
-#: The line under a dry run's table.
-DRY_RUN_NOTE = ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values: a weight holding "
-                "NaN/inf is listed as quantized here, and only the real run refuses it")
+#: The line under a dry run's table: what the plan cannot check, as it reads no values.
+DRY_RUN_NOTE = ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values, so it cannot see "
+                "what the real run refuses for values: weights holding NaN/inf, and MX weights whose decoded values "
+                "would overflow; it lists them as quantized")
 
 LOW_SQNR_DB = 10.0  # NVFP4 / MXFP4 of ordinary weights: ~20 dB; below this a tensor has lost most of its signal
 
@@ -254,7 +256,7 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
             why, fix = ("has no config.json", f"put the model's config.json in {args.input} and quantize again")
         print(f"fp4ref quantize: warning: {args.input} {why}, so the {cf} output has {carried} but not the model's "
               f"config.json, which vLLM / SGLang need to load it; {fix}", file=sys.stderr)
-    if ckpt.sub_dirs and args.output is not None:
+    if ckpt.sub_dirs:  # a dry run without -o too: the plan says what the run would leave behind
         names = ", ".join(d.name + "/" for d in ckpt.sub_dirs)
         verb = "would not be" if args.dry_run else "were not"
         print(f"fp4ref quantize: note: subdirectories of {args.input} {verb} copied (only its top-level files "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -774,6 +775,26 @@ def test_encode_non_float_input_message_fits_the_input():
         encode([1, 2], E4M3FN)
     with pytest.raises(TypeError, match=r"\(ndarray\); convert explicitly \(e.g. x.astype"):
         encode(np.array([1, 2]), E4M3FN)
+
+
+def test_encode_non_float_input_message_fits_strings_and_complex():
+    """Strings and complex numbers get a reason that fits them, not the one for Python ints and bools."""
+    head = r"^x must be float16, bfloat16 \(ml_dtypes\), float32 or float64, got dtype "
+    strings = r"; strings \(and bytes\) are not numbers: parse them into floats first \(e.g. float\('1.0'\)\)$"
+    for bad, dtype in ((["1.0"], "<U3"), ("1.0", "<U3"), ([1.0, "2"], "<U32"), (b"1", "|S1"),
+                       (np.array(["1.0"]), "<U3")):
+        with pytest.raises(TypeError, match=rf"{head}{re.escape(dtype)} \({type(bad).__name__}\){strings}"):
+            encode(bad, E2M1)
+    complex_ = r"; complex numbers are not supported: pass real floats$"
+    for bad in ([1 + 2j], 1 + 2j, np.array([1j]), [1.0, 2j]):
+        with pytest.raises(TypeError, match=rf"{head}complex128 \({type(bad).__name__}\){complex_}"):
+            encode(bad, E2M1)
+    for bad in (["1.0"], [1 + 2j]):  # neither is said to be an int or a bool
+        with pytest.raises(TypeError) as ex:
+            encode(bad, E2M1)
+        assert "ints and bools" not in str(ex.value)
+    with pytest.raises(TypeError, match=r"\(list\); Python ints and bools are not read as floats"):
+        encode([1, True], E2M1)  # ints and bools keep their reason
 
 
 def test_encode_none_or_objects_name_the_argument():

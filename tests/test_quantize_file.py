@@ -432,3 +432,82 @@ def test_help_descriptions_are_plain_text(argv, capsys):
     first = (audit if argv[0] == "audit" else quantize_file).__doc__.split("\n\n")[0]
     assert "``" in first and "``" not in out  # the docstring has RST quotes; the help has none
     assert " ".join(first.replace("``", "").split())[:60] in out
+
+
+def test_dry_run_note_says_what_it_cannot_see_in_the_values(tmp_path, capsys):
+    """The plan reads no values: a NaN weight and an MX weight whose decoded values would overflow (a block max
+    near the float32 maximum, stored as 2^128 by a mode other than floor) are both planned as quantized (exit 0);
+    the note under the table and the --dry-run help say the plan cannot see them; the real run refuses each."""
+    from fp4ref.quantize_file import DRY_RUN_NOTE
+
+    assert DRY_RUN_NOTE.startswith("fp4ref quantize: note: a dry run reads the tensor headers only, not their values")
+    assert "NaN/inf" in DRY_RUN_NOTE and "MX weights whose decoded values would overflow" in DRY_RUN_NOTE
+    nan = np.ones((2, 32), np.float32)
+    nan[1, 3] = np.nan
+    big = np.ones((2, 32), np.float32)
+    big[0, 5] = 3.4e38  # MXFP4 ceil: scale 2^126 x code 6 rounds up to 2^128, inf when decoded
+    for name, w, opts in (("nan", nan, []), ("big", big, ["--format", "mxfp4", "--mode", "ceil"])):
+        f = tmp_path / f"{name}.safetensors"
+        save_file({"x.weight": w}, str(f))
+        for quiet in ([], ["--quiet"]):
+            assert main([str(f), "--dry-run", *opts, *quiet]) == 0
+            out = capsys.readouterr().out
+            assert out.rstrip("\n").splitlines()[-1] == DRY_RUN_NOTE, out
+            assert "quantized" in out
+        out_path = tmp_path / f"{name}-q.safetensors"
+        assert main([str(f), "-o", str(out_path), "--quiet", *opts]) == 2
+        err = capsys.readouterr().err
+        assert "'x.weight'" in err and ("NaN/inf" if name == "nan" else "2^128") in err, err
+        assert not out_path.exists()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--dry-run list what would be quantized and write nothing; reads the headers only, not the tensor " \
+           "values, so it cannot see what the real run refuses for values (weights holding NaN/inf, MX weights " \
+           "whose decoded values would overflow): it lists them as quantized" in help_text
+
+
+def test_dry_run_without_output_names_the_subdirectories_it_would_not_copy(tmp_path, capsys):
+    """A model directory's subdirectories are never copied: a plan says so with or without -o, the run too."""
+    root = tmp_path / "in"
+    root.mkdir()
+    _small_file(root / "model.safetensors")
+    (root / "original").mkdir()
+    (root / "original" / "consolidated.00.pth").write_bytes(b"x" * 10)
+    for argv in ([], ["-o", str(tmp_path / "o")]):
+        assert main([str(root), "--dry-run", *argv]) == 0
+        err = capsys.readouterr().err
+        assert f"note: subdirectories of {root} would not be copied (only its top-level files are): original/" \
+            in err, (argv, err)
+    assert not (tmp_path / "o").exists()
+    assert main([str(root), "-o", str(tmp_path / "o"), "--quiet"]) == 0
+    assert "were not copied" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "original").exists()
+
+
+def test_trailing_separator_onto_an_existing_file_says_it_asked_for_a_directory(tmp_path, capsys):
+    """-o NAME.safetensors/ asks for a directory: where NAME.safetensors is a file, the error says the trailing
+    separator asked for one (not "an output name not ending in .safetensors"), for a run, a forced run, a plan and
+    --dequantize; the file is left as it was."""
+    from fp4ref.checkpoint_io import CheckpointError, OutputLocation
+
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    q = tmp_path / "q.safetensors"
+    assert main([str(src), "-o", str(q), "--quiet"]) == 0  # for --dequantize
+    there = tmp_path / "there.safetensors"
+    there.write_bytes(b"a file")
+    asked = f"'{there}' is a file; expected a directory: the output path ends in a path separator ({os.sep!r}), " \
+            "which asks for a directory whatever its name. --force does not apply"
+    for argv in ([str(src)], [str(src), "--force"], [str(src), "--dry-run"], [str(q), "--dequantize"]):
+        assert main([*argv, "-o", str(there) + os.sep, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert asked in err and "not ending in .safetensors" not in err, (argv, err)
+    assert there.read_bytes() == b"a file"
+    # OutputLocation sees the separator in a str target of any name; without one, the name's rule is given
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"expected a directory: the output path ends in a path separator"):
+        OutputLocation(str(plain) + os.sep, is_dir=True, force=True)
+    with pytest.raises(CheckpointError, match=r"expected a directory \(the output of a model directory or an index"):
+        OutputLocation(plain, is_dir=True, force=True)

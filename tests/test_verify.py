@@ -568,6 +568,41 @@ def test_ctrl_c_says_what_was_written(tmp_path, monkeypatch, capsys):
     assert list((tmp_path / "new").iterdir()) == []
 
 
+def test_json_dash_sends_a_kernels_own_prints_to_stderr(tmp_path, monkeypatch, capsys):
+    """--json -: a --kernel that prints (in its module and in every call) leaves stdout to the JSON alone; its text
+    goes to stderr, and sys.stdout is restored after the run, also when the run stops with an exception."""
+    import sys
+
+    (tmp_path / "noisy_kernel.py").write_text(
+        "import torch\n"
+        "print('noisy module imported')\n"
+        "def noisy(A, B):\n"
+        "    print('noisy kernel called')\n"
+        "    return (A.double() @ B.double().T).to(torch.float16)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "noisy_kernel", raising=False)
+    argv = [*GEMM, "--kernel", "noisy_kernel:noisy", "--device", "cpu", "--sizes", "1", "--families", "exact_acc"]
+    stdout = sys.stdout
+    assert main([*argv, "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ok"] is True  # nothing but the report
+    assert "noisy module imported" in err and "noisy kernel called" in err, err
+    assert sys.stdout is stdout
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0  # a report file: the prints stay on stdout
+    assert "noisy kernel called" in capsys.readouterr().out
+
+    def interrupted(*a, **k):
+        print("printed before the Ctrl-C")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(V, "verify", interrupted)
+    assert main([*argv, "--json", "-"]) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and "printed before the Ctrl-C" in err
+    assert sys.stdout is stdout
+
+
 @pytest.mark.parametrize("argv", [["--json", ""], ["--repro", ""]])
 def test_an_empty_report_path_is_an_error_not_no_report(argv, capsys):
     with pytest.raises(SystemExit) as ex:
@@ -597,5 +632,6 @@ def test_json_dash_writes_the_report_to_stdout_and_repro_dash_is_refused(tmp_pat
         main(["verify", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: the progress, " \
-           "the table and the notes go to stderr; an existing file only with --force)" in help_text
+           "the table, the notes and the kernels' own prints go to stderr; an existing file only with --force)" \
+           in help_text
     assert "'-' is refused (two files go in a directory, not to stdout)" in help_text
