@@ -277,10 +277,7 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
 
 
 def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> None:
-    if fmt == "nvfp4" and mode is not None:
-        raise C.QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
-    if fmt != "nvfp4" and recipe is not None:
-        raise C.QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
+    # (resolve_target refuses a mode for nvfp4 and a recipe for an MX format)
     target = C.resolve_target(cf, fmt, recipe if recipe is not None else option if fmt == "nvfp4" else None,
                               mode if mode is not None else option if fmt != "nvfp4" else None)
     try:

@@ -268,9 +268,9 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
     checkpoint_format = _choice(checkpoint_format, CHECKPOINT_FORMATS, "checkpoint_format", "--checkpoint-format")
     fmt = _choice(fmt, FORMATS, "fmt", "--format")
     if fmt == "nvfp4" and mode is not None:
-        raise QuantizeFileError("--mode applies to mxfp4/mxfp8, not nvfp4")
+        raise QuantizeFileError(f"mode={mode!r} (--mode) applies to mxfp4/mxfp8, not nvfp4 (nvfp4 takes a recipe)")
     if fmt != "nvfp4" and recipe is not None:
-        raise QuantizeFileError(f"--recipe applies to nvfp4, not {fmt}")
+        raise QuantizeFileError(f"recipe={recipe!r} (--recipe) applies to nvfp4, not {fmt} ({fmt} takes a mode)")
     if (checkpoint_format, fmt) in _UNSUPPORTED:
         raise QuantizeFileError(_UNSUPPORTED[(checkpoint_format, fmt)])
     default = LAYOUTS[(checkpoint_format, fmt)]
@@ -282,7 +282,7 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
         raise QuantizeFileError(str(e)) from None
     if checkpoint_format == "compressed-tensors" and rec is not None and rec.value not in _CT_RECIPES:
         raise QuantizeFileError(
-            f"--recipe {rec.value} cannot be stored in compressed-tensors, which keeps the global ENCODE scale "
+            f"recipe={rec.value!r} (--recipe) cannot be stored in compressed-tensors, which keeps the global ENCODE scale "
             f"(2688 / amax) and decodes with its reciprocal: use one of {list(_CT_RECIPES)}, whose decode scale is "
             "exactly that reciprocal"
         )
@@ -868,7 +868,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
                                 f"shards: give -o a directory (not {str(out)!r})")
     # checked before any work (a dry run too, as if forced: the caller says whether the output exists)
-    loc = OutputLocation(out, is_dir=is_dir, force=force or dry_run, source=ckpt,
+    loc = OutputLocation(out_path, is_dir=is_dir, force=force or dry_run, source=ckpt,
                          names=_output_names(ckpt, target, quantized=True) if is_dir else None)
     if dry_run:
         return [_report(it, target, planned=True) for it in items]
@@ -1367,7 +1367,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     cf, fmt, option, layers, owned = _dequant_plan(ckpt, dt)
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out_path)
-    loc = OutputLocation(out, is_dir=is_dir, force=force, source=ckpt,
+    loc = OutputLocation(out_path, is_dir=is_dir, force=force, source=ckpt,
                          names=_output_names(ckpt, None, quantized=False) if is_dir else None)
     paths = {n: str(ckpt.shard_of(n).path) for n in ckpt.weight_map}
     with Workers(jobs, len(ckpt.weight_map)) as pool, Progress(progress, "quantize --dequantize") as bar:

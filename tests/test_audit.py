@@ -140,7 +140,7 @@ def test_bad_usage(made, tmp_path, capsys):
     assert main(["audit", str(made / "mo"), "--recipe", "te"]) == 2
     assert "--reference only" in capsys.readouterr().err
     assert main(["audit", str(made / "mo"), "--reference", str(made / "in"), "--mode", "floor"]) == 2
-    assert "--mode applies to mxfp4/mxfp8" in capsys.readouterr().err
+    assert "(--mode) applies to mxfp4/mxfp8, not nvfp4" in capsys.readouterr().err
     assert main(["audit", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -1043,13 +1043,15 @@ def test_a_dry_run_says_it_reads_no_values(tmp_path, capsys):
         assert main([str(f), "--dry-run"] + quiet) == 0
         out = capsys.readouterr().out
         assert out.rstrip("\n").splitlines()[-1] == DRY_RUN_NOTE, out
-    assert DRY_RUN_NOTE == ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values: a "
-                            "weight holding NaN/inf is listed as quantized here, and only the real run refuses it")
+    assert DRY_RUN_NOTE == ("fp4ref quantize: note: a dry run reads the tensor headers only, not their values, so it "
+                            "cannot see what the real run refuses for values: weights holding NaN/inf, and MX weights "
+                            "whose decoded values would overflow; it lists them as quantized")
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--dry-run list what would be quantized and write nothing; reads the headers only, not the tensor " \
-           "values, so a weight holding NaN/inf is listed as quantized and refused by the real run only" in help_text
+           "values, so it cannot see what the real run refuses for values (weights holding NaN/inf, MX weights " \
+           "whose decoded values would overflow): it lists them as quantized" in help_text
     assert main([str(f), "-o", str(tmp_path / "o.safetensors"), "--quiet"]) == 2
     assert "'bad.weight' holds 1 NaN/inf value(s)" in capsys.readouterr().err
     assert _listing(tmp_path) == ["nan.safetensors"]  # nothing written

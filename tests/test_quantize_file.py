@@ -316,8 +316,8 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         assert _sha256(src) == digest
     # options that do not apply, a missing output directory, nothing eligible: errors, nothing written
     misuse = [
-        ([str(src), "-o", str(out), "--format", "mxfp8", "--recipe", "sol"], "--recipe applies to nvfp4"),
-        ([str(src), "-o", str(out), "--mode", "ceil"], "--mode applies to mxfp4/mxfp8"),
+        ([str(src), "-o", str(out), "--format", "mxfp8", "--recipe", "sol"], "recipe='sol' (--recipe) applies to nvfp4"),
+        ([str(src), "-o", str(out), "--mode", "ceil"], "mode='ceil' (--mode) applies to mxfp4/mxfp8"),
         ([str(src), "-o", str(out), "--dequantize", "--format", "nvfp4"], "--format does not apply to --dequantize"),
         ([str(src), "-o", str(tmp_path / "no" / "dir" / "o.safetensors")], "does not exist"),
         ([str(src), "-o", str(out), "--include", r"^d\."], "no tensor of"),
@@ -328,7 +328,7 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err, (argv, err)
         assert _listing(tmp_path) == before
-    with pytest.raises(QuantizeFileError, match="--recipe applies to nvfp4"):
+    with pytest.raises(QuantizeFileError, match=r"recipe=.* \(--recipe\) applies to nvfp4"):
         quantize_file(src, out, fmt="mxfp8", recipe="te")  # the Python API refuses what the CLI refuses
     assert not out.exists()
     # an fp4ref-quantized file as input: quantizing packed codes again would destroy them
