@@ -301,16 +301,12 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
             continue
         a, bad = C._amax_task(C._AmaxTask(str(ref.shard_of(n).path), n, info.shape, info.nbytes))
         amax[n] = a
-    group_amax = {}
-    for n in amax:
-        key = C._fused_key(n)
-        if key is not None:
-            group_amax[key] = max(group_amax.get(key, np.float32(0)), amax[n][0])
+    group_amax = C._group_amax((C._fused_key(n), a) for n, a in amax.items())
     for n, a in amax.items():
         L = layers[n]
         key = C._fused_key(n)
         if key is not None:
-            a = [group_amax[key]]
+            a = group_amax[key]
         t = C._QuantTask(str(ref.shard_of(n).path), n, tuple(L.shape), 0, None, {}, cf, fmt, target.block,
                          target.elem, target.option, L.k_padded, [float(v) for v in a])
         dc = ds = 0

@@ -400,6 +400,16 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
                     f"(which would be copied to the output too); rename one of them, or keep {it.name!r} unquantized "
                     "with an --include / --ignore that leaves it out"
                 )
+    experts = {}  # fused group -> {expert count: a member}: the members share one global scale per expert
+    for it in items:
+        if it.quantized and it.group is not None:
+            experts.setdefault(it.group, {}).setdefault(it.shape[0] if len(it.shape) == 3 else 1, it.name)
+    for key, counts in experts.items():
+        if len(counts) > 1:
+            held = ", ".join(f"{n} ({c} expert(s))" for c, n in sorted(counts.items()))
+            raise QuantizeFileError(
+                f"fused layer {key}: its members share one global scale per expert but hold different expert "
+                f"counts ({held}); leave them out with --ignore, or store them with the same leading dimension")
     if serving:
         groups = {}
         for n in names:
@@ -415,6 +425,17 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
                     "stacks fuse these into one GEMM, so quantize all of them or none (adjust --include / --ignore)"
                 )
     return items
+
+
+def _group_amax(pairs) -> dict:
+    """(fused group or None, per-expert amax list) pairs -> group -> the per-expert max over its members (one
+    global scale per expert, shared by the group; plan_quantize has checked that the members' expert counts agree)."""
+    out = {}
+    for key, amax in pairs:
+        if key is not None:
+            prev = out.get(key)
+            out[key] = list(amax) if prev is None else [max(p, a) for p, a in zip(prev, amax)]
+    return out
 
 
 def _where(ckpt: Checkpoint) -> str:
@@ -885,10 +906,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
                     f"tensor {it.name!r} holds {bad} NaN/inf value(s); fp4ref quantize refuses non-finite weights "
                     "(leave the tensor out with --include / --ignore, or fix the checkpoint)"
                 )
-        group_amax = {}
-        for it in q_items:
-            if it.group is not None:
-                group_amax[it.group] = max(group_amax.get(it.group, np.float32(0)), amaxes[it.name][0][0])
+        group_amax = _group_amax((it.group, amaxes[it.name][0]) for it in q_items)
         with loc.building() as tmp:
             tasks = _write_shards(ckpt, items, target, tmp, amaxes, group_amax)
             results = pool.run(tasks, bar, "write")  # quantized and copied tensors
@@ -944,7 +962,7 @@ def _write_shards(ckpt: Checkpoint, items: list, target: Target, tmp: Path, amax
             if it.quantized:
                 amax = amaxes[it.name][0]
                 if it.group is not None:
-                    amax = [group_amax[it.group]]
+                    amax = group_amax[it.group]
                 tasks.append((_quant_task, _QuantTask(
                     str(shard.path), it.name, it.shape, it.nbytes, str(out_file),
                     {o[0]: w.offsets[o[1]] for o in it.outputs}, target.checkpoint_format, target.fmt, target.block,

@@ -264,6 +264,41 @@ def test_single_level_recipes_quantize_a_checkpoint_as_nvfp4_quantize_does(tmp_p
     assert main([str(f), "-o", str(tmp_path / "fp.safetensors"), "--recipe", recipe, "--quiet"]) == 0
 
 
+def test_fused_3d_expert_tensors_share_one_global_scale_per_expert(tmp_path):
+    """gate_proj / up_proj stored as 3-D [experts, N, K] tensors form a fused group: expert e of both gets the
+    global scale of max(amax(gate[e]), amax(up[e])) (each expert's own, not expert 0's for all: that crashed), so
+    each expert decodes as nvfp4_quantize with that global amax; members of different expert counts are refused."""
+    from safetensors.numpy import save_file
+
+    from fp4ref import nvfp4_dequantize, nvfp4_quantize
+    from fp4ref.audit import audit_checkpoint
+
+    rng = np.random.default_rng(9)
+    pre = "model.layers.0.mlp.experts."
+    g = (rng.standard_normal((4, 32, 64)) * np.array([1, 2, 3, 4])[:, None, None]).astype(np.float32)
+    u = (rng.standard_normal((4, 32, 64)) * np.array([4, 1, 1, 0.5])[:, None, None]).astype(np.float32)
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"architectures": ["MixtralForCausalLM"]}))
+    save_file({pre + "gate_proj.weight": g, pre + "up_proj.weight": u}, str(root / "model.safetensors"))
+    for cf, recipe in (("fp4ref", "te"), ("modelopt", "modelopt")):
+        out = tmp_path / cf
+        C.quantize_checkpoint(root, out, checkpoint_format=cf)
+        for name, x in (("gate_proj", g), ("up_proj", u)):
+            got = C.read_dequantized(out, pre + name + ".weight")
+            for e in range(4):
+                amax = float(max(np.abs(g[e]).max(), np.abs(u[e]).max()))
+                want = nvfp4_dequantize(nvfp4_quantize(x[e], recipe=recipe, global_amax=amax), dtype=np.float64)
+                np.testing.assert_array_equal(got[e], want, err_msg=f"{cf} {name} expert {e}")
+        assert audit_checkpoint(out, reference=root).clean
+    save_file({pre + "gate_proj.weight": g, pre + "up_proj.weight": u[:2]}, str(root / "model.safetensors"))
+    with pytest.raises(C.QuantizeFileError, match=r"^fused layer model\.layers\.0\.mlp\.experts\.gate_up: its "
+                                                  r"members share one global scale per expert but hold different "
+                                                  r"expert counts \(.*up_proj.weight \(2 expert\(s\)\), .*gate_proj"):
+        C.quantize_checkpoint(root, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
 # ------------------------------------------------------------------------------------------------- round trips
 
 
