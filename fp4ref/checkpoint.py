@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
-from .blockscale import _error_stats, _nvfp4_quantize_stats, _parse_mode, _parse_recipe
+from .blockscale import _error_stats, _global_scales, _nvfp4_quantize_stats, _parse_mode, _parse_recipe
 from .blockscale import MXTensor, NVFP4Tensor
 from .checkpoint_io import (
     DTYPES,
@@ -111,7 +111,9 @@ _UNSUPPORTED = {
                            "FP8 input_scale; use --checkpoint-format compressed-tensors (MXFP4A16) for MXFP4",
 }
 #: compressed-tensors stores the global ENCODE scale 2688 / amax: recipes whose decode scale is 1 / that value.
-_CT_RECIPES = ("te", "sol")
+#: the NVFP4 recipes with a global ENCODE scale whose fp32 reciprocal is their decode scale: compressed-tensors keeps
+#: the encode scale (weight_global_scale) and decodes with its reciprocal
+_CT_RECIPES = ("te", "sol", "te-4over6", "te-4over6-mse", "te-4over6-256", "te-4over6-mse-256")
 
 #: Default --ignore patterns (re.search on the tensor name) for the serving formats: layers the serving stacks keep
 #: in high precision.
@@ -282,9 +284,9 @@ def resolve_target(checkpoint_format: str = "fp4ref", fmt: str = "nvfp4", recipe
         raise QuantizeFileError(str(e)) from None
     if checkpoint_format == "compressed-tensors" and rec is not None and rec.value not in _CT_RECIPES:
         raise QuantizeFileError(
-            f"recipe={rec.value!r} (--recipe) cannot be stored in compressed-tensors, which keeps the global ENCODE scale "
-            f"(2688 / amax) and decodes with its reciprocal: use one of {list(_CT_RECIPES)}, whose decode scale is "
-            "exactly that reciprocal"
+            f"recipe={rec.value!r} (--recipe) cannot be stored in compressed-tensors, which keeps a global ENCODE "
+            "scale (weight_global_scale) and decodes with its reciprocal; this recipe has no such scale (its decode "
+            f"scale is amax / 2688, or none): use one of {list(_CT_RECIPES)} (encode scale 2688 or 1536 / amax)"
         )
     return Target(checkpoint_format, fmt, block, elem, rec, md)
 
@@ -577,12 +579,11 @@ class _QuantTask:
     amax: list  # per expert
 
 
-def _ct_encode_scale(amax: np.float32) -> np.float32:
-    """compressed-tensors' weight_global_scale for the te / sol recipes: their S_enc = min(2688 / A, FLT_MAX),
-    1 when that is 0 (NVFP4Recipe.TE), whose fp32 reciprocal is the recipes' stored decode scale."""
-    with np.errstate(divide="ignore", over="ignore"):
-        s = np.minimum(np.float32(2688.0) / np.float32(amax), np.float32(np.finfo(np.float32).max))
-    return np.float32(1.0) if s == 0 else np.float32(s)
+def _ct_encode_scale(recipe: str, amax: np.float32) -> np.float32:
+    """compressed-tensors' weight_global_scale for a recipe of :data:`_CT_RECIPES`: its S_enc = min(6 * E4M3 max
+    / A, FLT_MAX) (2688 / A; 1536 / A for the -256 recipes), 1 when that is 0 (NVFP4Recipe.TE), whose fp32
+    reciprocal is the recipe's stored decode scale."""
+    return _global_scales(_parse_recipe(recipe), np.float32(amax))["s_enc"]
 
 
 def quantized_chunks(t: _QuantTask):
@@ -621,7 +622,7 @@ def quantized_chunks(t: _QuantTask):
             yield "rows", e * n + r0, codes, scales, stats
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
-                enc = _ct_encode_scale(t.amax[e])
+                enc = _ct_encode_scale(t.option, t.amax[e])
                 if np.float32(np.float32(1.0) / enc) != g_expected:  # the recipe's decode scale is 1 / enc in fp32
                     raise AssertionError(f"{t.name}: decode scale {g_expected!r} is not 1/{enc!r}")
                 yield "global", e, enc

@@ -143,7 +143,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor names and config files: fp4ref (default), modelopt (nvidia-modelopt 0.47.0 unified "
                         "HF export) or compressed-tensors (0.20.1); see docs/checkpoints.md")
     p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default=None,
-                   help="NVFP4 recipe (nvfp4 only; default te, modelopt for --checkpoint-format modelopt)")
+                   help="NVFP4 recipe (nvfp4 only; default te, modelopt for --checkpoint-format modelopt; "
+                        "compressed-tensors takes te, sol and the te-4over6 recipes, which have a global encode scale)")
     p.add_argument("--mode", choices=[m.value for m in MXMode], default=None,
                    help="MX scale mode (mxfp4/mxfp8 only; default floor, rceil for modelopt)")
     p.add_argument("--include", metavar="REGEX", default=None,

@@ -215,6 +215,29 @@ def test_compressed_tensors_nvfp4(src, tmp_path):
         assert reports[n].sqnr_db > 18
 
 
+@pytest.mark.parametrize("recipe,e4m3_max", [("te-4over6", 448), ("te-4over6-mse", 448), ("te-4over6-256", 256),
+                                             ("te-4over6-mse-256", 256)])
+def test_compressed_tensors_stores_the_4over6_recipes_encode_scale(tmp_path, recipe, e4m3_max):
+    """The TE 4/6 recipes have a global encode scale 6 * E4M3max / amax (2688 or 1536) whose fp32 reciprocal is
+    their decode scale, so compressed-tensors (which keeps the encode scale) stores them: weight_global_scale is
+    fp32(6 * E4M3max / amax), codes and scales are nvfp4_quantize's, audit --reference agrees."""
+    from safetensors.numpy import save_file
+
+    from fp4ref import nvfp4_quantize
+    from fp4ref.audit import audit_checkpoint
+
+    x = (np.random.default_rng(3).standard_normal((32, 64)) * 5).astype(np.float32)
+    f = tmp_path / "w.safetensors"
+    save_file({"layer.weight": x}, str(f))
+    out = tmp_path / "ct"
+    C.quantize_checkpoint(f, out, checkpoint_format="compressed-tensors", recipe=recipe)
+    q, want = raw(out), nvfp4_quantize(x, recipe=recipe)
+    enc = np.frombuffer(q["layer.weight_global_scale"][3], np.float32)[0]
+    assert enc == np.float32(6 * e4m3_max) / np.abs(x).max() and np.float32(1) / enc == want.global_decode_scale
+    assert q["layer.weight_packed"][3] == want.codes.tobytes() and q["layer.weight_scale"][3] == want.scales.tobytes()
+    assert audit_checkpoint(out, reference=f, recipe=recipe).clean
+
+
 def test_mx_layouts(src, tmp_path):
     root, tensors = src
     n = "model.layers.0.self_attn.o_proj.weight"
