@@ -303,10 +303,23 @@ def _check_patterns(include, ignore) -> None:
 
 
 def _check_flags(**flags) -> None:
-    """TypeError naming the first of ``flags`` that is not a bool (a str such as "no" would read as true)."""
+    """TypeError naming the first of ``flags`` that is not a bool (a str such as "no" would read as true; a numpy
+    bool is refused too, by its full type name)."""
     for name, value in flags.items():
         if not isinstance(value, bool):
-            raise TypeError(f"{name}={value!r}: expected True or False, got {type(value).__name__}")
+            kind = type(value)
+            raise TypeError(f"{name}={value!r}: expected True or False (a Python bool), got "
+                            f"{kind.__module__ + '.' if kind.__module__ != 'builtins' else ''}{kind.__name__}")
+
+
+def _check_jobs(jobs) -> int:
+    """``jobs`` (--jobs) as an int >= 1: TypeError for a non-integer (bool, float, str), QuantizeFileError (a
+    ValueError) for an integer < 1; numpy integers are read as ints."""
+    if isinstance(jobs, (bool, np.bool_)) or not isinstance(jobs, (int, np.integer)):
+        raise TypeError(f"jobs={jobs!r} (--jobs): expected an integer >= 1, got {type(jobs).__name__}")
+    if jobs < 1:
+        raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
+    return int(jobs)
 
 
 def _compile(patterns, what: str):
@@ -865,14 +878,13 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         one :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
-        the wrong type. QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input (nothing is
-        written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed); a non-finite weight, or
-        one that an MX mode other than floor stores past its own dtype's range (inf there), named. KeyboardInterrupt
-        propagates after the partial output was removed.
+        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode``, ``jobs``
+        or flag of the wrong type. QuantizeFileError / CheckpointError (ValueErrors): bad arguments or input
+        (nothing is written then), e.g. an unknown ``fmt`` or ``recipe`` name (the names are listed), ``jobs`` < 1;
+        a non-finite weight, or one that an MX mode other than floor stores past its own dtype's range (inf there),
+        named. KeyboardInterrupt propagates after the partial output was removed.
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
+    jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)  # pad is read below, before the plan
     if out_path is not None or not dry_run:  # None only for a dry run without an output to check
         path_arg(out_path, "output")
@@ -1373,12 +1385,11 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
     ``np.dtype("float32")``, ``ml_dtypes.bfloat16``): :func:`parse_dtype`.
 
     Raises:
-        TypeError: a path, flag or ``dtype`` of the wrong type. ValueError: ``dtype`` not one of float32, bfloat16,
-        float16. QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths, a value overflowing
-        the target dtype (named).
+        TypeError: a path, flag, ``jobs`` or ``dtype`` of the wrong type. ValueError: ``dtype`` not one of
+        float32, bfloat16, float16. QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths,
+        ``jobs`` < 1, a value overflowing the target dtype (named).
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")
+    jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress)
     path_arg(out_path, "output")
     dt = parse_dtype(dtype, "dtype") if dtype is not None else None
@@ -1453,8 +1464,8 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
 
     ``dtype`` is one of ``"float64"`` (the default, also ``"F64"``: no rounding), ``"float32"``, ``"bfloat16"`` or
     ``"float16"`` (also the safetensors names ``"F32"``, ``"BF16"``, ``"F16"`` and the aliases ``"fp32"``,
-    ``"bf16"``, ``"fp16"``, ``"half"``), case-insensitive, or a numpy dtype-like of one (``np.float16``,
-    ``ml_dtypes.bfloat16``).
+    ``"bf16"``, ``"fp16"``, ``"half"``, and ``"float"`` for float32 as in torch), case-insensitive, or a numpy
+    dtype-like of one (``np.float16``, ``ml_dtypes.bfloat16``).
 
     Raises:
         TypeError: ``name`` not a str, ``dtype`` neither a str nor a numpy dtype-like (named). ValueError:
@@ -1464,6 +1475,7 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     if not isinstance(name, str):
         raise TypeError(f"name={name!r}: expected the name of a quantized tensor (str), got {type(name).__name__}")
     dt = parse_dtype(dtype, "dtype", float64=True)
+    path_arg(path, "path")  # named as the argument here (open_checkpoint says "input")
     ckpt = open_checkpoint(path)
     _, _, _, layers = find_quantized_layers(ckpt)
     if name not in layers:

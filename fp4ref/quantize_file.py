@@ -84,8 +84,8 @@ def quantize_file(in_path, out_path, *, fmt: str = "nvfp4", recipe: str | None =
         One :class:`TensorReport` per input tensor, sorted by name.
 
     Raises:
-        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode`` or flag of
-        the wrong type.
+        TypeError: a path, ``fmt``, ``checkpoint_format``, ``include``, ``ignore``, ``recipe``, ``mode``, ``jobs``
+        or flag of the wrong type.
         QuantizeFileError (a ValueError): bad paths, not a safetensors file, bad ``fmt``/``recipe``/``mode``,
         ``include`` matching no tensor name, an output name collision, a non-finite weight. Nothing is written then.
     """
@@ -99,8 +99,8 @@ def dequantize_file(in_path, out_path, *, progress: bool = False, dtype=None, jo
     in its original dtype, or ``dtype``: a name or a numpy dtype, as :func:`fp4ref.checkpoint.parse_dtype` reads it).
 
     Raises:
-        TypeError: a path, flag or ``dtype`` of the wrong type. ValueError: another ``dtype``. QuantizeFileError: bad
-        paths, not a safetensors file, or a file without quantization metadata.
+        TypeError: a path, flag, ``jobs`` or ``dtype`` of the wrong type. ValueError: another ``dtype``.
+        QuantizeFileError: bad paths, not a safetensors file, or a file without quantization metadata.
     """
     return dequantize_checkpoint(in_path, out_path, dtype=dtype, jobs=jobs, force=force, progress=progress)
 

@@ -921,6 +921,10 @@ def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_
         (dict(dry_run=1), TypeError, "dry_run=1: expected True or False"),
         (dict(pad=None), TypeError, "pad=None"),
         (dict(progress="yes"), TypeError, "progress='yes'"),
+        (dict(force=np.bool_(True)), TypeError, r"force=.*: expected True or False \(a Python bool\), got numpy\.bool"),
+        (dict(jobs=2.0), TypeError, r"jobs=2\.0 \(--jobs\): expected an integer >= 1, got float"),
+        (dict(jobs="2"), TypeError, r"jobs='2' \(--jobs\): expected an integer >= 1, got str"),
+        (dict(jobs=True), TypeError, r"jobs=True \(--jobs\): expected an integer >= 1, got bool"),
     ]
     for kwargs, exc, msg in cases:
         with pytest.raises(exc, match=msg):
@@ -930,6 +934,9 @@ def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_
     for fn in (C.quantize_checkpoint, C.dequantize_checkpoint):
         with pytest.raises(C.QuantizeFileError, match=r"jobs=0 \(--jobs\): expected an integer >= 1"):
             fn(root, out, jobs=0)
+    assert C.quantize_checkpoint(root, None, jobs=np.int64(2), dry_run=True)  # a numpy integer is an integer
+    with pytest.raises(TypeError, match="path=None: expected a path"):
+        C.read_dequantized(None, "x")
     with pytest.raises(TypeError, match="input=3: expected a path"):
         C.quantize_checkpoint(3, out)
     with pytest.raises(TypeError, match="output=b'o': expected a path"):

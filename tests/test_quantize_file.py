@@ -316,7 +316,8 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         assert _sha256(src) == digest
     # options that do not apply, a missing output directory, nothing eligible: errors, nothing written
     misuse = [
-        ([str(src), "-o", str(out), "--format", "mxfp8", "--recipe", "sol"], "recipe='sol' (--recipe) applies to nvfp4"),
+        ([str(src), "-o", str(out), "--format", "mxfp8", "--recipe", "sol"],
+         "recipe='sol' (--recipe) applies to nvfp4"),
         ([str(src), "-o", str(out), "--mode", "ceil"], "mode='ceil' (--mode) applies to mxfp4/mxfp8"),
         ([str(src), "-o", str(out), "--dequantize", "--format", "nvfp4"], "--format does not apply to --dequantize"),
         ([str(src), "-o", str(tmp_path / "no" / "dir" / "o.safetensors")], "does not exist"),
