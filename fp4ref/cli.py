@@ -277,8 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "are kept unless --force; '-' is refused (two files go in a directory, not to stdout)")
     p.add_argument("--json", metavar="PATH", type=path_option,
                    help="write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: "
-                        "the progress, the table, the notes and the kernels' own prints go to stderr; an existing file "
-                        "only with --force)")
+                        "the progress, the table, the notes and the kernels' own prints during the run go to stderr; "
+                        "an existing file only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json / --repro output")
     p.set_defaults(func=_cmd_verify)
 

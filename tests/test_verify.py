@@ -632,6 +632,7 @@ def test_json_dash_writes_the_report_to_stdout_and_repro_dash_is_refused(tmp_pat
         main(["verify", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: the progress, " \
-           "the table, the notes and the kernels' own prints go to stderr; an existing file only with --force)" \
+           "the table, the notes and the kernels' own prints during the run go to stderr; an existing file only " \
+           "with --force)" \
            in help_text
     assert "'-' is refused (two files go in a directory, not to stdout)" in help_text
