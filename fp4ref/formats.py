@@ -266,7 +266,8 @@ def _parse_nan(nan, fmt: FloatFormat) -> NanPolicy:
     except ValueError:
         raise ValueError(f"nan={nan!r} is not one of {[p.value for p in NanPolicy]}") from None
     if policy is NanPolicy.NAN and not fmt.has_nan:
-        raise ValueError(f"nan='nan' is impossible for {fmt.name.upper()}, which has no NaN; use 'raise', 'max' or 'zero'")
+        raise ValueError(f"nan='nan' is impossible for {fmt.name.upper()}, which has no NaN; use 'raise', 'max' or "
+                         "'zero'")
     return policy
 
 

@@ -165,7 +165,8 @@ def formats_markdown(names=None) -> str:
 #: bytes on them against an exact-rational model of each source (tests/_nvfp4_sim.py).
 NVFP4_CASES = (
     ("te vs sol: 272 tie", 0x430AD652, (0x42A89688,),
-     "te: a * (S_enc * fp32(1/6)) = 272.00003 -> E4M3 288; sol: (a/6) * S_enc = 272.0, the tie between 256 and 288 -> 256"),
+     "te: a * (S_enc * fp32(1/6)) = 272.00003 -> E4M3 288; sol: (a/6) * S_enc = 272.0, the tie between 256 and 288 "
+     "-> 256"),
     ("te and exact vs rest", 0x427550F8, (0x416C8E13,), "te's scale product rounds below the tie"),
     ("exact vs rest", 0x42494B57, (0x4133BA20,), "every fp32 order lands past the exact quotient's side"),
     ("modelopt vs rest", 0x403F934F, (0x3DE8A098,), "a/(6*sf2) (one division) vs (a/6)/pts (two)"),

@@ -635,7 +635,7 @@ def test_e2m1_table_path_equals_encode_exhaustive():
         np.testing.assert_array_equal(_e2m1_f32(v), encode(v, E2M1, rounding="rne", saturate=True))
 
 
-# ------------------------------------------------------------------------------------------ Hypothesis (fp4ref.strategies)
+# --------------------------------------------------------------------------------------- Hypothesis (fp4ref.strategies)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

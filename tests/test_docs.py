@@ -13,7 +13,8 @@ def test_formats_md_is_generated_output():
 
 
 def test_formats_md_shows_known_rows():
-    # Hand-checked rows (OCP OFP8 / MX v1.0 tables): E2M1 0b1001 = -0.5, 0b1000 = -0; E4M3FN max 448 at 0x7E; UE8M0 0 = 2^-127.
+    # Hand-checked rows (OCP OFP8 / MX v1.0 tables): E2M1 0b1001 = -0.5, 0b1000 = -0; E4M3FN max 448 at 0x7E;
+    # UE8M0 0 = 2^-127.
     text = (ROOT / "docs" / "formats.md").read_text()
     assert "| 0x9 | 1001 | -0.5 (= -2^-1) | subnormal |" in text
     assert "| 0x8 | 1000 | -0 | zero |" in text

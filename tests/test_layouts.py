@@ -52,7 +52,8 @@ def test_every_index(layout, rows, cols):
     np.testing.assert_array_equal(back, plain)
     np.testing.assert_array_equal(plain, plain0)
     # torch/TE keep the swizzled bytes 2-D: same C-order bytes accepted
-    np.testing.assert_array_equal(from_blocked(blocked.reshape(-1, 4) if blocked.size else blocked, rows, cols, layout), plain)
+    back = from_blocked(blocked.reshape(-1, 4) if blocked.size else blocked, rows, cols, layout)
+    np.testing.assert_array_equal(back, plain)
 
 
 def test_torchao_shape_view():
