@@ -110,19 +110,34 @@ def load_kernel(spec: str):
 
 
 def kernel_contract(module, output: str = "float16"):
-    """The kernel module's ``NUMERIC_CONTRACT`` as a :class:`fp4ref.bounds.NumericContract`, or None.
+    """The kernel module's declared numerics as a :class:`fp4ref.bounds.NumericContract`, or None (none declared).
 
-    A plain dict (the short form for user kernels) is read by :meth:`NumericContract.from_dict`; ``output`` is
-    the workload's output dtype name, used for that form.
+    ``NUMERIC_CONTRACT``: a NumericContract, or a plain dict (the short form for user kernels) read by
+    :meth:`NumericContract.from_dict`; else ``NUMERIC_MODEL = "<name>"`` (the shortest form: the accumulation
+    model alone, the other terms at their defaults). ``output`` is the workload's output dtype name, used for the
+    short forms.
+
+    Raises:
+        TypeError: ``NUMERIC_CONTRACT`` or ``NUMERIC_MODEL`` of another type. ValueError: a model name
+            :func:`fp4ref.bounds.get_model` does not know.
     """
-    from .bounds import NumericContract
+    from .bounds import NumericContract, get_model
 
+    name = getattr(module, "__name__", "the kernel module")
     contract = getattr(module, "NUMERIC_CONTRACT", None)
     if isinstance(contract, NumericContract):
         return contract
     if isinstance(contract, dict):
         return NumericContract.from_dict(contract, output=output)
-    return None
+    if contract is not None:
+        raise TypeError(f"{name}.NUMERIC_CONTRACT: expected a NumericContract or a dict, got {type(contract).__name__}")
+    model = getattr(module, "NUMERIC_MODEL", None)
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise TypeError(f"{name}.NUMERIC_MODEL={model!r}: expected a model name (str), got {type(model).__name__}")
+    get_model(model)  # an unknown name is a ValueError that lists the models
+    return NumericContract.from_dict({"accumulation_model": model}, output=output)
 
 
 # ----------------------------------------------------------------------------------------------- torch bridge

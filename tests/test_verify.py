@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fp4ref import verify as V
+from fp4ref.bounds import DEFAULT_MODEL
 from fp4ref.cli import main
 
 torch = pytest.importorskip("torch")
@@ -566,6 +567,29 @@ def test_ctrl_c_says_what_was_written(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.endswith("no --json report written; no --repro reproducer written\n")
     assert [os.path.basename(c) for c in calls] == ["inputs.npz", "repro.py"]
     assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_a_kernels_plain_numeric_model_is_the_model_its_rows_are_checked_under(tmp_path, monkeypatch):
+    """NUMERIC_MODEL = "<name>" (the short form docs/bounds.md names) sets the model, as NUMERIC_CONTRACT does; it
+    was ignored and the looser default bound applied. A declaration of the wrong type or an unknown model is an
+    error, not a silent default."""
+    kernel = ("import torch\n{decl}\n"
+              "def gemm(A, B):\n"
+              "    return (A.double() @ B.double().T).to(torch.float16)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kw = dict(device="cpu", sizes=[2], families=["public"], integrity=False)
+    for i, (decl, want) in enumerate([('NUMERIC_MODEL = "fp32_rn"', "fp32_rn"), ("", DEFAULT_MODEL),
+                                      ('NUMERIC_MODEL = "fp32_rn"\nNUMERIC_CONTRACT = {"accumulation_model": '
+                                       '"exact"}', "exact")]):
+        (tmp_path / f"plain_model_{i}.py").write_text(kernel.format(decl=decl))
+        res = V.verify(["gemm_n3072_k2048"], kernel=f"plain_model_{i}:gemm", **kw)
+        assert res.rows and {r.model for r in res.rows} == {want}, (decl, {r.model for r in res.rows})
+    for i, (decl, exc, msg) in enumerate([('NUMERIC_MODEL = 3', TypeError, r"NUMERIC_MODEL=3: expected a model name"),
+                                          ('NUMERIC_MODEL = "fp32"', ValueError, "not a known accumulation model"),
+                                          ('NUMERIC_CONTRACT = "fp32_rn"', TypeError, "NUMERIC_CONTRACT: expected")]):
+        (tmp_path / f"bad_model_{i}.py").write_text(kernel.format(decl=decl))
+        with pytest.raises(exc, match=msg):
+            V.verify(["gemm_n3072_k2048"], kernel=f"bad_model_{i}:gemm", **kw)
 
 
 def test_json_dash_sends_a_kernels_own_prints_to_stderr(tmp_path, monkeypatch, capsys):
