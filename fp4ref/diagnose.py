@@ -16,6 +16,7 @@ Pure numpy; the workloads are those of :mod:`fp4ref.workloads` (operands as thei
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -285,14 +286,34 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
     return [d for share, d in found if share == found[0][0]]
 
 
+def _check_workload_operands(workload, operands):
+    """(Workload, operands) from diagnose's arguments, or a TypeError / ValueError naming the argument."""
+    from .workloads import Workload, get_workload
+
+    if isinstance(workload, str):
+        workload = get_workload(workload)  # ValueError for an unknown name, listing the workloads
+    elif not isinstance(workload, Workload):
+        raise TypeError(f"workload={workload!r}: expected a fp4ref.workloads.Workload or its name, got "
+                        f"{type(workload).__name__}")
+    if not isinstance(operands, Mapping):
+        raise TypeError(f"operands: expected a mapping from the workload's argument names {list(workload.args)} to "
+                        f"arrays, got {type(operands).__name__}")
+    missing = [a for a in workload.args if a not in operands]
+    if missing:
+        raise ValueError(f"operands lacks {missing} of {workload.name}'s arguments {list(workload.args)}")
+    return workload, operands
+
+
 def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
     """Name the known bugs a failing output matches, with evidence (see the module docstring).
 
     Args:
         out: the kernel output (numpy or torch; the shape of ``ref.out``).
         ref: the :class:`fp4ref.gemm.Reference` it failed against.
-        workload: the :class:`fp4ref.workloads.Workload` (or None: output patterns only).
-        operands: the workload's numpy operands (the whole input, before any row subset).
+        workload: the :class:`fp4ref.workloads.Workload` or its name (``fp4ref.workloads.get_workload``), or None:
+            output patterns only.
+        operands: the workload's numpy operands, a mapping from each name in ``workload.args`` (e.g. ``"A"``,
+            ``"B"``) to its array: the whole input, before any row subset.
         rows: the output rows ``ref`` covers when it was computed on a row subset (None: all).
         output_rounding: "rne" or "faithful", as checked.
 
@@ -300,13 +321,17 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
 
     Raises:
+        TypeError: ``workload`` neither a Workload nor a name; ``operands`` not a mapping.
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
-            only one of ``workload`` and ``operands`` is given.
+            only one of ``workload`` and ``operands`` is given; an unknown workload name; ``operands`` lacking
+            one of the workload's arguments.
     """
     if output_rounding not in ("rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
     if (workload is None) != (operands is None):
         raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
+    if workload is not None:
+        workload, operands = _check_workload_operands(workload, operands)
     o = np.asarray(to_numpy(out, "out")).astype(np.float64)
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")

@@ -197,3 +197,14 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, output_rounding="rz")
     with pytest.raises(ValueError, match="operands"):
         diagnose(ref.out, ref, workload=GEMM)
+    # the workload by name is the workload; other types and operands that are no mapping of the arguments are named
+    assert diagnose(ref.out, ref, workload=GEMM.name, operands=ops) == []
+    with pytest.raises(ValueError, match=r"workload \(--workload\)='gemm' is not known"):
+        diagnose(ref.out, ref, workload="gemm", operands=ops)
+    with pytest.raises(TypeError, match=r"workload=3: expected a fp4ref\.workloads\.Workload or its name"):
+        diagnose(ref.out, ref, workload=3, operands=ops)
+    with pytest.raises(TypeError, match=r"operands: expected a mapping from the workload's argument names \['A', "
+                                        r"'B'\] to arrays, got tuple"):
+        diagnose(ref.out, ref, workload=GEMM, operands=(ops["A"], ops["B"]))
+    with pytest.raises(ValueError, match=r"operands lacks \['A'\] of gemm_n3072_k2048's arguments"):
+        diagnose(ref.out, ref, workload=GEMM, operands={"X": ops["A"], "B": ops["B"]})
