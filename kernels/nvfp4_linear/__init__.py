@@ -260,10 +260,8 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     if key is not None and out is not None:  # (key is None when an argument is no tensor: refused below)
         check_no_overlap(out, "out", x=x, weight_fp4=weight_fp4, weight_scales=weight_scales)
     # (a plan exists only for a key whose first call validated, the scale's type included; its value is per call)
-    if plan is not None:
-        value = float(w_gdec) if isinstance(w_gdec, np.floating) else w_gdec  # as in _check_w_gdec
-        if _W_GDEC_MIN < value < _W_GDEC_OVERFLOW:
-            return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
+    if plan is not None and _w_gdec_in_range(w_gdec):
+        return plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
 
     M, K = _check_x(x)
     N = _check_weight(x, weight_fp4, weight_scales, K)
@@ -386,12 +384,17 @@ _W_GDEC_MIN = 2.0**-150
 _W_GDEC_OVERFLOW = 2.0**128 - 2.0**103
 
 
+def _w_gdec_in_range(w_gdec) -> bool:
+    """Whether a real ``w_gdec`` rounds to a finite positive fp32 value. A numpy scalar compared with these Python
+    floats would cast them to its own dtype (NEP 50: 2^128 - 2^103 overflows float32), so it is compared as the
+    Python float it equals exactly."""
+    value = float(w_gdec) if isinstance(w_gdec, np.floating) else w_gdec
+    return _W_GDEC_MIN < value < _W_GDEC_OVERFLOW
+
+
 def _check_w_gdec(w_gdec) -> None:
     if isinstance(w_gdec, bool) or not isinstance(w_gdec, numbers.Real):
         raise TypeError(f"weight_global_decode_scale: expected a real number, got {type(w_gdec).__name__}")
-    # a numpy scalar compared with these Python floats would cast them to its own dtype (NEP 50): 2^128 - 2^103
-    # overflows float32; float() of a numpy float is exact
-    value = float(w_gdec) if isinstance(w_gdec, np.floating) else w_gdec
-    if not _W_GDEC_MIN < value < _W_GDEC_OVERFLOW:
+    if not _w_gdec_in_range(w_gdec):
         raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a positive number that stays finite "
                          "and nonzero in fp32 (the recipe's global decode scale, e.g. amax / (448 * 6))")
