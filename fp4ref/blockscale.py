@@ -324,6 +324,8 @@ _FOUR_OVER_SIX = {
 }
 _TORCHAO_TWO_LEVEL = (NVFP4Recipe.TORCHAO, NVFP4Recipe.TORCHAO_0_16)
 _TORCHAO_SINGLE = (NVFP4Recipe.TORCHAO_SINGLE_LEVEL, NVFP4Recipe.TORCHAO_0_16_SINGLE_LEVEL)
+#: recipes with a global ENCODE scale S_enc = 6 * E4M3max / amax whose fp32 reciprocal is their decode scale
+_S_ENC_RECIPES = (NVFP4Recipe.TE, NVFP4Recipe.SOL, *_FOUR_OVER_SIX)
 
 
 @dataclass(frozen=True)
@@ -433,7 +435,7 @@ def _check_nonfinite(xf: np.ndarray, policy: str, name: str = "x") -> np.ndarray
 def _global_scales(recipe: NVFP4Recipe, amax: np.float32) -> dict:
     """The recipe's global fp32 quantities (see NVFP4Recipe)."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if recipe in (NVFP4Recipe.TE, NVFP4Recipe.SOL) or recipe in _FOUR_OVER_SIX:
+        if recipe in _S_ENC_RECIPES:
             e4m3_max = _FOUR_OVER_SIX[recipe][0] if recipe in _FOUR_OVER_SIX else 448
             s_enc = np.minimum(_F32(6.0) * _F32(e4m3_max) / amax, _FLT_MAX)  # k / 0 = inf -> FLT_MAX
             if s_enc == 0:

@@ -52,7 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
-from .blockscale import _error_stats, _global_scales, _nvfp4_quantize_stats, _parse_mode, _parse_recipe
+from .blockscale import _S_ENC_RECIPES, _error_stats, _global_scales, _nvfp4_quantize_stats, _parse_mode
+from .blockscale import _parse_recipe
 from .blockscale import MXTensor, NVFP4Tensor
 from .checkpoint_io import (
     DTYPES,
@@ -110,10 +111,9 @@ _UNSUPPORTED = {
     ("modelopt", "mxfp4"): "ModelOpt 0.47.0 exports MXFP4 weights only as W4A8_MXFP4_FP8, which needs a calibrated "
                            "FP8 input_scale; use --checkpoint-format compressed-tensors (MXFP4A16) for MXFP4",
 }
-#: compressed-tensors stores the global ENCODE scale 2688 / amax: recipes whose decode scale is 1 / that value.
-#: the NVFP4 recipes with a global ENCODE scale whose fp32 reciprocal is their decode scale: compressed-tensors keeps
-#: the encode scale (weight_global_scale) and decodes with its reciprocal
-_CT_RECIPES = ("te", "sol", "te-4over6", "te-4over6-mse", "te-4over6-256", "te-4over6-mse-256")
+#: compressed-tensors keeps the global ENCODE scale (weight_global_scale) and decodes with its reciprocal: the NVFP4
+#: recipes that have one whose fp32 reciprocal is their decode scale (te, sol, the te-4over6 family)
+_CT_RECIPES = tuple(r.value for r in _S_ENC_RECIPES)
 
 #: Default --ignore patterns (re.search on the tensor name) for the serving formats: layers the serving stacks keep
 #: in high precision.
