@@ -631,7 +631,7 @@ def quantized_chunks(t: _QuantTask):
                 # modes other than floor round the block scale up: near the top of x's dtype, code x scale can pass
                 # its largest finite value (2^128 for float32 / bfloat16, 2^16 for float16): counted, then refused
                 with np.errstate(over="ignore"):
-                    stats = stats._replace(overflows=int(np.count_nonzero(np.isinf(xh.astype(src)))))
+                    stats = stats._replace(overflows=int(np.count_nonzero(np.isinf(xh.astype(src, copy=False)))))
             yield "rows", e * n + r0, codes, scales, stats
         if t.fmt == "nvfp4":
             if t.checkpoint_format == "compressed-tensors":
