@@ -63,6 +63,7 @@ from .checkpoint_io import (
     OutputLocation,
     Shard,
     ShardWriter,
+    ends_in_separator,
     open_checkpoint,
     path_arg,
     write_at,
@@ -830,19 +831,12 @@ class Progress:
 # ------------------------------------------------------------------------------------------------------ quantize
 
 
-def _asks_for_dir(out_path) -> bool:
-    """Whether an output path ends in a path separator (``"out.safetensors/"``): the caller asks for a directory.
-    Only a str (or an os.PathLike whose path is one) can say so: a pathlib.Path drops the trailing separator."""
-    p = os.fspath(out_path)
-    return isinstance(p, str) and p.endswith(tuple(s for s in (os.sep, os.altsep) if s))
-
-
 def _out_is_dir(ckpt: Checkpoint, out_path) -> bool:
     """Whether the output is a directory: always for a sharded checkpoint or a model directory (an output name
     ending in ``.safetensors`` is refused there, as it would be a directory of that name, unless a trailing path
     separator asks for a directory); for one input file unless ``out_path`` ends in ``.safetensors`` (not in a
     path separator: ``out.safetensors/`` is a directory)."""
-    if _asks_for_dir(out_path):
+    if ends_in_separator(out_path):  # asks for a directory
         return True
     out = Path(out_path)
     if ckpt.kind != "file" and out.name.endswith(".safetensors"):

@@ -42,6 +42,7 @@ __all__ = [
     "Checkpoint",
     "open_checkpoint",
     "path_arg",
+    "ends_in_separator",
     "ShardWriter",
     "OutputLocation",
     "DTYPES",
@@ -491,8 +492,8 @@ class OutputLocation:
             # a checkpoint there (shards, an index, a ModelOpt config) is another input's or another layout's output
             ckpt = any(n.endswith((".safetensors", ".safetensors.index.json")) or n == "hf_quant_config.json"
                        for n in held)
-            what = ": it holds the output of another checkpoint or of another layout (--checkpoint-format)"
-            what = what if ckpt else ""
+            what = (": it holds the output of another checkpoint or of another layout (--checkpoint-format)"
+                    if ckpt else "")
             raise CheckpointError(f"output directory {str(self.target)!r} holds {_names(extra)}, which the new "
                                   f"output does not replace{what}; --force replaces a directory only with an output "
                                   "that rewrites every file in it (a previous output of the same checkpoint and "
@@ -559,14 +560,19 @@ class OutputLocation:
             raise
 
 
+def ends_in_separator(path) -> bool:
+    """Whether an output path ends in a path separator (``"out.safetensors/"``): the caller asks for a directory.
+    Only a str (or an os.PathLike whose path is one) can say so: a pathlib.Path drops the trailing separator."""
+    p = os.fspath(path)
+    return isinstance(p, str) and p.endswith(tuple(s for s in (os.sep, os.altsep) if s))
+
+
 def _asked_for_dir(given, target: Path) -> bool:
     """Whether a directory output was asked for by a trailing path separator (``-o out.safetensors/``): ``given``
-    (the target as passed) is a str ending in one, or, as a pathlib.Path drops it, ``target`` is named
-    ``*.safetensors``: such a name is a directory output only when a separator asks for it (a file's output is then
-    one file, and a sharded checkpoint or a model directory refuses the name: fp4ref.checkpoint's output rule)."""
-    p = os.fspath(given)
-    seps = tuple(s for s in (os.sep, os.altsep) if s)
-    return (isinstance(p, str) and p.endswith(seps)) or target.name.endswith(".safetensors")
+    (the target as passed) ends in one, or, as a pathlib.Path drops it, ``target`` is named ``*.safetensors``:
+    such a name is a directory output only when a separator asks for it (a file's output is then one file, and a
+    sharded checkpoint or a model directory refuses the name: fp4ref.checkpoint's output rule)."""
+    return ends_in_separator(given) or target.name.endswith(".safetensors")
 
 
 def _names(names: list, most: int = 5) -> str:
