@@ -163,11 +163,10 @@ def _run_verify(args, workloads, console, state) -> int:
                 done = [0]
                 t0 = time.perf_counter()
 
-                def line(n, d):
+                def line(n, d):  # (with --json -, sys.stdout is stderr here: the redirect above)
                     done[0] += n
-                    out = sys.stderr if args.json == STDOUT else sys.stdout  # --json -: stdout holds the JSON alone
-                    out.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
-                    out.flush()
+                    sys.stdout.write(f"[{done[0]}/{total} {time.perf_counter() - t0:.0f} s] {d}\n")
+                    sys.stdout.flush()
 
                 result = V.verify(workloads, progress=line, **kw)
     except ValueError as exc:  # argument checks inside verify() run before any kernel
