@@ -446,7 +446,7 @@ def test_dry_run_note_says_what_it_cannot_see_in_the_values(tmp_path, capsys):
     nan = np.ones((2, 32), np.float32)
     nan[1, 3] = np.nan
     big = np.ones((2, 32), np.float32)
-    big[0, 5] = 3.4e38  # MXFP4 ceil: scale 2^126 x code 6 rounds up to 2^128, inf when decoded
+    big[0, 5] = 3.4e38  # MXFP4 ceil: scale 2^126, 3.4e38 / 2^126 rounds to code 4: 4 x 2^126 = 2^128, inf in float32
     for name, w, opts in (("nan", nan, []), ("big", big, ["--format", "mxfp4", "--mode", "ceil"])):
         f = tmp_path / f"{name}.safetensors"
         save_file({"x.weight": w}, str(f))
