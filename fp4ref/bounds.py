@@ -86,6 +86,15 @@ def gamma(n, u) -> float:
     return math.inf if nu >= 1 else nu / (1 - nu)
 
 
+def _check_K(K) -> int:
+    """``K`` as an int: a reduction length is a positive int (a numpy integer is one; a bool is not)."""
+    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)):
+        raise TypeError(f"K={K!r}: the reduction length must be an int, got {type(K).__name__}")
+    if K < 1:
+        raise ValueError(f"K={K!r}: the reduction length must be >= 1")
+    return int(K)
+
+
 @dataclass(frozen=True)
 class AccumulationModel:
     """How a kernel accumulates a length-K dot product, as data.
@@ -134,10 +143,13 @@ class AccumulationModel:
             raise ValueError("a splitk model needs inner (a model) and chunk >= 1")
 
     def eps(self, K: int) -> float:
-        """eps_acc(K): |computed - exact| <= eps_acc(K) * (|A||B|) for a length-K dot product (rigorous)."""
-        if K < 0:
-            raise ValueError(f"K={K} must be >= 0")
-        if K == 0 or self.kind == "exact":
+        """eps_acc(K): |computed - exact| <= eps_acc(K) * (|A||B|) for a length-K dot product (rigorous).
+
+        Raises:
+            TypeError: K is not an int (a numpy integer is one; a bool is not). ValueError: K < 1.
+        """
+        K = _check_K(K)
+        if self.kind == "exact":
             return 0.0
         if self.kind == "recursive":
             return gamma(K, self.u)
@@ -163,7 +175,9 @@ class AccumulationModel:
         return math.inf if t >= 1 else t / (1 - t)
 
     def describe(self, K: int | None = None) -> str:
-        """One line: name, parameters, and eps_acc(K) if K is given."""
+        """One line: name, parameters, and eps_acc(K) if K is given (a positive int, as for :meth:`eps`)."""
+        if K is not None:
+            K = _check_K(K)
         if self.kind == "block_fma":
             p = f"block FMA k={self.k} F={self.F} acc p={self.acc_p} {self.acc_rounding.upper()}"
             if self.promote_every:
@@ -242,14 +256,15 @@ def splitk(model, chunk: int) -> AccumulationModel:
                              source=f"{inner.name} per chunk + fp32 RN sum of the partials (Higham §3.1)")
 
 
-_PROMOTE_RE = re.compile(r"^hopper_fp8_wgmma_promote\((\d+)\)$")
-_SPLITK_RE = re.compile(r"^splitk\((.+),\s*(\d+)\)$")
+_PROMOTE_RE = re.compile(r"^hopper_fp8_wgmma_promote\((\d+)\)$", re.IGNORECASE)
+_SPLITK_RE = re.compile(r"^splitk\((.+),\s*(\d+)\)$", re.IGNORECASE)
 
 
 def get_model(model) -> AccumulationModel:
     """Look a model up by name (or pass an :class:`AccumulationModel` through).
 
-    Names: the registry (``MODELS``), ``hopper_fp8_wgmma_promote(N)`` and ``splitk(<name>, C)``.
+    Names: the registry (``MODELS``), ``hopper_fp8_wgmma_promote(N)`` and ``splitk(<name>, C)``, in any case
+    (``"FP32_RN"`` is ``fp32_rn``; ``"SPLITK(Hopper_FP16_WGMMA, 512)"`` is ``splitk(hopper_fp16_wgmma, 512)``).
 
     Raises:
         TypeError: ``model`` is neither a str nor an AccumulationModel.
@@ -262,6 +277,9 @@ def get_model(model) -> AccumulationModel:
     name = model.strip()
     if name in MODELS:
         return MODELS[name]
+    folded = {key.lower(): m for key, m in MODELS.items()}.get(name.lower())
+    if folded is not None:
+        return folded
     m = _PROMOTE_RE.match(name)
     if m:
         return hopper_fp8_wgmma_promote(int(m.group(1)))
@@ -370,10 +388,10 @@ class NumericContract:
         ``interpreter``). ``launch``: keyword facts of the launch a schedule depends on (e.g. ``M=..., N=...``).
 
         Raises:
-            ValueError: K < 1, or the config's model is unknown to :func:`get_model`.
+            TypeError: K is not an int (as for :meth:`AccumulationModel.eps`). ValueError: K < 1, or the config's
+                model is unknown to :func:`get_model`.
         """
-        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-            raise ValueError(f"K={K!r}: expected an int >= 1")
+        K = _check_K(K)
         if config is None or self.config_model is None:
             return get_model(self.model_interpreter if interpreter else self.model)
         return get_model(_model_name(self.config_model(config, int(K), interpreter, **launch), "config_model()"))
@@ -432,7 +450,7 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
                          f"[0, {MAX_EPILOGUE_MULTIPLIES}]")
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
     C = np.abs(ref.exact) + ref.exact_err
-    eps = m.eps(ref.K)
+    eps = m.eps(ref.K) if ref.K else 0.0  # K = 0: an empty sum, nothing accumulated
     with np.errstate(invalid="ignore", over="ignore"):
         # |A||B| is a float64 matmul of exact magnitudes: within gamma_K(2^-53) of the true value; inflate for it.
         e_acc = eps * (ref.absprod * (1 + (ref.K + 2) * 2.0**-52)) if eps else np.zeros_like(C)

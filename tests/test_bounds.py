@@ -67,6 +67,45 @@ def test_eps_formulas_by_hand():
             assert bounds.get_model(name).eps(K) <= bounds.get_model("tc_fp32_universal").eps(K)
 
 
+def test_model_names_are_read_in_any_case():
+    assert bounds.get_model("FP32_RN") is bounds.get_model("fp32_rn")
+    assert bounds.get_model(" Hopper_BF16_WGMMA ") is bounds.get_model("hopper_fp16_wgmma")  # an alias, any case
+    assert bounds.get_model("HOPPER_FP8_WGMMA_PROMOTE(128)") == bounds.get_model("hopper_fp8_wgmma_promote(128)")
+    s = bounds.get_model("SplitK(FP32_RN, 128)")
+    assert s == bounds.get_model("splitk(fp32_rn, 128)") and s.name == "splitk(fp32_rn, 128)"
+    with pytest.raises(ValueError, match="not a known accumulation model"):
+        bounds.get_model("SPLITK(volta, 128)")
+
+
+@pytest.mark.parametrize("name", ["exact", "fp32_rn", "hopper_fp8_wgmma_promote(128)", "splitk(fp32_rn, 128)"])
+def test_K_is_a_positive_int_for_eps_describe_and_model_for(name):
+    m = bounds.get_model(name)
+    assert m.eps(np.int64(100)) == m.eps(100) and "eps_acc(K=100)" in m.describe(np.int32(100))
+    c = bounds.NumericContract(inputs="x", output="float16", model=name)
+    for K in (2.5, np.float64(4.0), True, np.True_, "2048", None):
+        with pytest.raises(TypeError, match=r"K=.*must be an int"):
+            m.eps(K)
+        with pytest.raises(TypeError, match=r"K=.*must be an int"):
+            c.model_for(None, K)
+        if K is not None:  # describe() without K leaves eps out
+            with pytest.raises(TypeError, match=r"K=.*must be an int"):
+                m.describe(K)
+    for K in (0, -1, np.int64(0)):
+        for call in (m.eps, m.describe, lambda K: c.model_for(None, K)):
+            with pytest.raises(ValueError, match=r"K=.*must be >= 1"):
+                call(K)
+
+
+def test_bound_of_an_empty_sum_has_no_accumulation_term():
+    """K = 0 (an empty reduction) is a valid GEMM: its bound holds no accumulation error, whatever the model."""
+    ref = gemm.gemm_fp16(np.zeros((2, 0), np.float16), np.zeros((3, 0), np.float16))
+    assert ref.K == 0
+    for name in ("fp32_rn", "tc_fp32_universal", "splitk(fp32_rn, 128)"):
+        terms = bounds.bound(ref, name)
+        assert terms.eps_acc == 0 and not terms.accumulation.any()
+        assert bounds.check(np.zeros((2, 3), np.float16), ref, name).ok
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # soundness: the simulator never exceeds the model's bound
 # ---------------------------------------------------------------------------------------------------------------
