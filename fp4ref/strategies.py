@@ -2,7 +2,8 @@
 
 Each strategy is named for what it produces, takes keyword-only options (``min_``/``max_``/``allow_`` families),
 validates its arguments when it is BUILT (``InvalidArgument`` with the offending value), and accepts a value or a
-strategy for shapes. Everything is numpy (uint8 codes, float16, ml_dtypes bfloat16).
+strategy for shapes. Everything is numpy (uint8 codes, float16, ml_dtypes bfloat16). The module needs Hypothesis
+(the ``testing`` extra: ``pip install 'fp4ref[testing]'``).
 
 =================================  =============================================================================
 strategy                           draws
@@ -29,8 +30,15 @@ from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
-from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
+
+try:
+    from hypothesis import strategies as st
+    from hypothesis.errors import InvalidArgument
+except ModuleNotFoundError as exc:  # an optional dependency: say which extra brings it
+    if exc.name != "hypothesis":
+        raise
+    raise ModuleNotFoundError("fp4ref.strategies needs hypothesis, which is not installed: pip install "
+                              "'fp4ref[testing]'", name="hypothesis") from exc
 
 from .blockscale import NVFP4Tensor
 from .packing import CANONICAL_META

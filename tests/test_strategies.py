@@ -2,7 +2,9 @@
 families' guarantee (checked with the model simulator and fractions)."""
 from __future__ import annotations
 
+import importlib
 import math
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +18,15 @@ from fp4ref import strategies as fst
 from fp4ref.packing import CANONICAL_META, decompress_2to4
 
 E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def test_import_without_hypothesis_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # as if not installed (restored after the test)
+    monkeypatch.delitem(sys.modules, "fp4ref.strategies")
+    with pytest.raises(ModuleNotFoundError, match=r"^fp4ref\.strategies needs hypothesis, which is not installed: "
+                                                  r"pip install 'fp4ref\[testing\]'$") as info:
+        importlib.import_module("fp4ref.strategies")
+    assert info.value.name == "hypothesis" and isinstance(info.value.__cause__, ModuleNotFoundError)
 
 
 @given(fst.gemm_shapes(min_m=3, max_m=40, max_n=50, min_k=16, max_k=256, k_multiple_of=16, n_multiple_of=8))
