@@ -97,7 +97,9 @@ def _cmd_verify(args) -> int:
             check_writable_dir(args.repro, "--repro", REPRO_FILES, force=args.force)
         if args.max_check_rows is not None and (args.max_check_rows < 0 or 0 < args.max_check_rows < 129):
             raise ValueError(f"--max-check-rows {args.max_check_rows}: expected 0 (all rows) or >= 129")
-    except ValueError as exc:
+        # torch, triton, hypothesis: installed by the kernels extra, not by fp4ref itself
+        V.check_dependencies(workloads, kernel=args.kernel, families=args.families)
+    except (ValueError, V.MissingDependency) as exc:
         return _usage_error("verify", str(exc))
     if args.kernel:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the user's package in the current directory
@@ -139,7 +141,7 @@ def _run_verify(args, workloads, console, state) -> int:
 
     device = args.device
     if device is None:
-        import torch
+        import torch  # installed: _cmd_verify checked
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kw = dict(kernel=args.kernel, device=device, sizes=args.sizes, families=args.families, examples=args.examples,
@@ -169,7 +171,7 @@ def _run_verify(args, workloads, console, state) -> int:
                     sys.stdout.flush()
 
                 result = V.verify(workloads, progress=line, **kw)
-    except ValueError as exc:  # argument checks inside verify() run before any kernel
+    except (ValueError, V.MissingDependency) as exc:  # checks inside verify() run before any kernel
         return _usage_error("verify", str(exc))
     except MemoryError as exc:  # the operands or the reference of one M do not fit: a usage error, not a trace
         return _usage_error("verify", f"--sizes: {exc}; give a smaller M")
@@ -239,8 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify kernels against fp4ref's exact references (GPU if present, else the Triton interpreter)",
         description="Verify the project's kernels (or --kernel) on the workloads: exact reference, K-aware bound, "
         "and the public benchmarks' checkers. Exit status 0 iff every fp4ref verdict passes, 1 otherwise (a kernel "
-        "that cannot be imported or called counts as failed and is named in the report), 2 for bad arguments, 130 "
-        "on Ctrl-C and 143 on SIGTERM (no partial --json / --repro output is left).",
+        "that cannot be imported or called counts as failed and is named in the report), 2 for bad arguments or a "
+        "missing torch / triton / hypothesis (pip install 'fp4ref[kernels]'), 130 on Ctrl-C and 143 on SIGTERM (no "
+        "partial --json / --repro output is left).",
     )
     from .workloads import WORKLOADS
 

@@ -29,7 +29,7 @@ import numpy as np
 from .workloads import WORKLOADS, Workload, get_workload
 
 __all__ = ["Row", "VerifyResult", "load_kernel", "kernel_contract", "verify", "workload_from_definition", "max_m",
-           "check_sizes", "Interrupted"]
+           "check_sizes", "Interrupted", "MissingDependency"]
 
 
 @dataclass
@@ -91,6 +91,56 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, result: VerifyResult):
         super().__init__("interrupted")
         self.result = result
+
+
+class MissingDependency(ModuleNotFoundError):
+    """A module :func:`verify` needs is not installed (torch: the kernels run on torch tensors; triton: the
+    project's kernels; hypothesis: the exact-accumulation inputs). The message names it, says why it is needed and
+    how to install it (:data:`INSTALL`); ``name`` is the first missing module. ``fp4ref verify`` prints the message
+    as one line and exits 2, before any kernel runs."""
+
+
+#: The command that installs what :func:`verify` needs (pyproject's ``kernels`` extra: torch, triton, hypothesis).
+INSTALL = "pip install 'fp4ref[kernels]'"
+
+
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (triton must not be imported before TRITON_INTERPRET
+    is set). A module set to None in sys.modules counts as not installed, as the import system treats it."""
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _exact_families(workloads, families) -> list:
+    """The exact-accumulation families a run of these workloads and families builds (fp4ref.strategies' arrays,
+    which need hypothesis)."""
+    out = []
+    for name in workloads:
+        w = get_workload(name)
+        out += [f for f in (families or w.families) if f in w.exact_families and f not in out]
+    return out
+
+
+def check_dependencies(workloads=None, *, kernel: str | None = None, families=None) -> None:
+    """Raise :class:`MissingDependency` if a module the run needs is not installed: torch always (the operands go to
+    the kernel as torch tensors), triton for the project's kernels (no ``kernel``), hypothesis when the run builds an
+    exact-accumulation family. Unknown workload names are left to :func:`verify`'s own checks."""
+    missing = [m for m in (("torch", "triton") if kernel is None else ("torch",)) if not _installed(m)]
+    why = []
+    if missing:
+        why.append("runs the kernels, which need torch and triton" if kernel is None
+                   else "passes the operands to the kernel as torch tensors, so it needs torch")
+    exact = _exact_families([n for n in dict.fromkeys(workloads or WORKLOADS) if n in WORKLOADS], families)
+    alternative = ""
+    if exact and not _installed("hypothesis"):
+        missing.append("hypothesis")
+        why.append(f"builds the {' and '.join(exact)} inputs with hypothesis")
+        if missing == ["hypothesis"]:  # the run needs nothing else
+            alternative = f" (or leave {' and '.join(exact)} out of --families)"
+    if missing:
+        raise MissingDependency(f"verify {', and '.join(why)}; not installed: {', '.join(missing)}. Install with: "
+                                f"{INSTALL}{alternative}", name=missing[0])
 
 
 def load_kernel(spec: str):
@@ -331,8 +381,10 @@ def verify(
         :class:`VerifyResult`.
 
     Raises:
-        ValueError: a bad argument (before any kernel runs). MemoryError: the operands of an M do not fit in
-            memory (the message names the M and the workload). :class:`Interrupted`: Ctrl-C during the run.
+        ValueError: a bad argument (before any kernel runs). :class:`MissingDependency`: torch, triton (for the
+            project's kernels, or a ``kernel`` that imports it) or hypothesis (for the exact-accumulation families)
+            is not installed (before any kernel runs). MemoryError: the operands of an M do not fit in memory (the
+            message names the M and the workload). :class:`Interrupted`: Ctrl-C during the run.
     """
     names = list(dict.fromkeys(workloads or WORKLOADS))
     if kernel is not None and len(names) != 1:
@@ -371,6 +423,7 @@ def verify(
         except ValueError as e:
             raise ValueError(f"model (--model): {e}") from None
 
+    check_dependencies(names, kernel=kernel, families=families)
     import torch
 
     if device is None:
@@ -394,6 +447,9 @@ def verify(
         try:
             fn, module = load_kernel(spec)
         except Exception as exc:  # the project's kernel may not exist yet: say so, never skip silently
+            if isinstance(exc, ModuleNotFoundError) and exc.name in ("torch", "triton"):  # the machine, not the kernel
+                raise MissingDependency(f"the kernel {spec} imports {exc.name}; not installed: {exc.name}. Install "
+                                        f"with: {INSTALL}", name=exc.name) from None
             result.missing.append([name, f"{spec}: {type(exc).__name__}: {exc}"])
             continue
         contract = kernel_contract(module, w.output_dtype)

@@ -4,14 +4,24 @@ Each check runs in a fresh interpreter (this test session may already have impor
 tests). Submodules are enumerated with pkgutil, so a new module is covered without editing this file. Excluded:
 ``fp4ref.kernels`` (the Triton package mapped from kernels/) - and nothing else; the CLI's kernel-verification path
 imports torch only inside the ``verify`` command, so importing ``fp4ref.cli`` and ``fp4ref.verify`` must not.
+
+Without torch, triton or hypothesis (an install without the ``kernels`` extra), ``fp4ref verify`` says which is
+missing and how to install it, in one line with exit status 2 (a usage error, not a failed verification); the tests
+hide a module by setting it to None in ``sys.modules``, which the import system treats as not installed.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from fp4ref import verify as V
+from fp4ref.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("torch", "triton")
@@ -94,3 +104,79 @@ def test_the_check_can_fail():
     res = _run(forbidden=("numpy",))
     assert "fp4ref" in res["culprits"] and "numpy" in res["culprits"]["fp4ref"]
 
+
+
+# --------------------------------------------------------------------------------- verify without the kernels extra
+
+INSTALL = "Install with: pip install 'fp4ref[kernels]'"
+KERNELS = "verify runs the kernels, which need torch and triton"
+GEMM = ["verify", "--workload", "gemm_n3072_k2048", "--sizes", "1", "--no-integrity"]
+
+
+def _need(*modules):
+    """Skip unless these modules are installed (the case hides another one and must get past these)."""
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"needs {m}")
+
+
+@pytest.mark.parametrize("hidden, argv, message", [
+    (["torch", "triton"], [*GEMM, "--device", "cpu"], f"{KERNELS}; not installed: torch, triton. {INSTALL}"),
+    (["torch", "triton"], GEMM, f"{KERNELS}; not installed: torch, triton. {INSTALL}"),  # no --device: cuda or cpu?
+    (["torch", "triton", "hypothesis"], [*GEMM, "--families", "public", "exact_acc"],
+     f"{KERNELS}, and builds the exact_acc inputs with hypothesis; not installed: torch, triton, hypothesis. "
+     f"{INSTALL}"),
+    (["torch"], [*GEMM, "--kernel", "tests._verify_kernels:right", "--families", "public"],  # triton not needed
+     f"verify passes the operands to the kernel as torch tensors, so it needs torch; not installed: torch. "
+     f"{INSTALL}"),
+])
+def test_verify_without_torch_says_what_to_install(monkeypatch, capsys, hidden, argv, message):
+    for m in hidden:
+        monkeypatch.setitem(sys.modules, m, None)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fp4ref verify: error: {message}\n"
+
+
+def test_verify_without_triton_says_what_to_install(monkeypatch, capsys):
+    _need("torch")
+    monkeypatch.setitem(sys.modules, "triton", None)
+    assert main([*GEMM, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == f"fp4ref verify: error: {KERNELS}; not installed: triton. {INSTALL}\n"
+
+
+def test_verify_without_hypothesis_says_what_to_install(monkeypatch, capsys):
+    _need("torch", "triton")
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    assert main([*GEMM, "--device", "cpu", "--families", "exact_acc"]) == 2
+    assert capsys.readouterr().err == (
+        "fp4ref verify: error: verify builds the exact_acc inputs with hypothesis; not installed: hypothesis. "
+        f"{INSTALL} (or leave exact_acc out of --families)\n")
+    V.check_dependencies(["gemm_n3072_k2048"], families=["public", "extreme"])  # no exact family: no hypothesis
+    V.check_dependencies(["nvfp4_linear_n8192_k8192"])  # the NVFP4 workload has none
+
+
+def test_a_user_kernel_that_imports_triton_is_an_install_error_too(tmp_path, monkeypatch, capsys):
+    """--kernel needs no triton from fp4ref, but a kernel that imports it gets the same one line, exit 2."""
+    _need("torch")
+    (tmp_path / "triton_user_kernel.py").write_text("import triton\n\n\ndef gemm(A, B):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "triton_user_kernel", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", None)
+    assert main([*GEMM, "--device", "cpu", "--families", "public", "--kernel", "triton_user_kernel:gemm"]) == 2
+    assert capsys.readouterr().err == ("fp4ref verify: error: the kernel triton_user_kernel:gemm imports triton; not "
+                                       f"installed: triton. {INSTALL}\n")
+    with pytest.raises(V.MissingDependency) as info:  # the library call raises it, a ModuleNotFoundError
+        V.verify(["gemm_n3072_k2048"], kernel="triton_user_kernel:gemm", device="cpu", sizes=[1])
+    assert isinstance(info.value, ModuleNotFoundError) and info.value.name == "triton"
+
+
+def test_verify_without_torch_exits_2_without_a_traceback():
+    """The command as a user runs it: one line on stderr, nothing on stdout, exit status 2."""
+    hide = "import sys; sys.modules['torch'] = sys.modules['triton'] = None; import runpy; " \
+           "sys.argv = ['fp4ref', 'verify', '--device', 'cpu']; runpy.run_module('fp4ref', run_name='__main__')"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == f"fp4ref verify: error: {KERNELS}; not installed: torch, triton. {INSTALL}\n"
