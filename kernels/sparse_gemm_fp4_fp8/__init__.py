@@ -21,8 +21,10 @@ TMA, the K slice's A decoded while b streams in, promotion overlapping the next 
 on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
 interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
 E4M3FN A, then a persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel,
-launched with programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M. Host
-plumbing (plans, launches, workspaces) is kernels/_runtime.py.
+launched with programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M;
+``FusedWSConfig`` (fused_gluon.py, sm_90, opt-in: one persistent launch, A decoded per tile into shared memory by a
+decoder partition, no dense-A workspace; slower than the table's paths on the H200). Host plumbing (plans,
+launches, workspaces) is kernels/_runtime.py.
 """
 from __future__ import annotations
 
@@ -31,14 +33,17 @@ import triton
 
 from .. import _runtime
 from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, NUMERIC_CONTRACT, PROMOTION_INTERVAL,
-                      TL_CONFIGS, ExpandConfig, FusedConfig, GluonConfig, accumulation_model, pick_config)
+                      TL_CONFIGS, ExpandConfig, FusedConfig, FusedWSConfig, GluonConfig, accumulation_model,
+                      pick_config)
 from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
                      sparse_nan_fixup_kernel)
 from .expand_gluon import expand_gluon_constexprs, expand_gluon_layouts, sparse_expanded_ws_kernel
 from .fused import sparse_gemm_fp4_fp8_kernel
+from .fused_gluon import fused_ws_constexprs, fused_ws_layouts, sparse_fused_ws_kernel
 from .gluon import STEP_K, decode_table, gluon_constexprs, shared_layouts, sparse_swapab_kernel
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "GluonConfig", "INTERPRETER_CONFIG",
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GluonConfig",
+           "INTERPRETER_CONFIG",
            "NUMERIC_CONTRACT", "PLANS", "PROMOTION_INTERVAL", "TL_CONFIGS", "WS_COUNTERS", "WS_DENSE_A",
            "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gluon_eligible", "pick_config",
            "sparse_gemm_fp4_fp8", "tma_eligible"]
@@ -62,7 +67,7 @@ PLANS = _runtime.PlanCache("sparse_gemm_fp4_fp8")
 
 
 def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: GluonConfig | FusedConfig | ExpandConfig | None = None, *,
+                        config: GluonConfig | FusedWSConfig | FusedConfig | ExpandConfig | None = None, *,
                         out: torch.Tensor | None = None, nan_check_bytes: bool | None = None) -> torch.Tensor:
     """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (module docstring).
 
@@ -74,9 +79,10 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
             (an ExpandConfig also needs ``tma_eligible(b_fp8)``; the default pick falls back to FALLBACK_CONFIG
             where it does not hold).
-        config: a GluonConfig, FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)`` (benchmarks,
-            tests). A GluonConfig needs a CUDA device, K % 128 == 0 and ``gluon_eligible`` operands; the default
-            pick takes the ``TL_CONFIGS`` row where they do not hold.
+        config: a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)``
+            (benchmarks, tests, or the one-launch FusedWSConfig). A GluonConfig or FusedWSConfig needs a CUDA
+            device, K % 128 == 0 and ``gluon_eligible`` operands; the default pick takes the ``TL_CONFIGS`` row
+            where they do not hold.
         out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test), any strides that keep its
             elements distinct; returned.
         nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
@@ -90,15 +96,15 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
 
     Raises:
         TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
-            a GluonConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
+            a GluonConfig / FusedWSConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
             strides; ``out`` not [M, N], overlapping an operand or with elements sharing memory;
             ``nan_check_bytes=False`` in the CPU interpreter; operands on different devices; an fp8 config
             with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read; an explicit
             GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects; an
-            explicit ExpandConfig(gemm="gluon") in the CPU interpreter, with K % 128 != 0, with operands
-            ``gluon_eligible`` rejects or an ``out`` its TMA store cannot write (unit column stride, 16-byte row
-            stride and base).
+            explicit ExpandConfig(gemm="gluon") or FusedWSConfig in the CPU interpreter, with K % 128 != 0, with
+            operands ``gluon_eligible`` rejects or an ``out`` its TMA descriptor cannot take (unit column stride,
+            16-byte row stride and base).
 
     Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
     plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels
@@ -116,9 +122,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         kind = type(nan_check_bytes)
         name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
         raise TypeError(f"nan_check_bytes: expected None or a Python bool, got {name} (pass bool(...))")
-    if config is not None and not isinstance(config, (GluonConfig, FusedConfig, ExpandConfig)):
-        raise TypeError(f"config: expected a GluonConfig, a FusedConfig, an ExpandConfig or None, got "
-                        f"{type(config).__name__}")
+    if config is not None and not isinstance(config, (GluonConfig, FusedWSConfig, FusedConfig, ExpandConfig)):
+        raise TypeError(f"config: expected a GluonConfig, a FusedWSConfig, a FusedConfig, an ExpandConfig or None, "
+                        f"got {type(config).__name__}")
 
     # ---- the launch plan of this key (validated and built on its first call) ----
     sa, sb = a_vals.stride(), b_fp8.stride()
@@ -196,6 +202,30 @@ class _GluonPlan:
             _runtime.Desc(a_meta, (m, g), (sam, 1), (cfg.BLOCK_M, STEP_K // 4), raw),
             b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m, n, k // STEP_K, sb[0], sa[0],
             out.stride(0))
+
+
+class _FusedWSPlan:
+    """One launch of fused_gluon.sparse_fused_ws_kernel (persistent) and the shared layouts of its TMA
+    descriptors."""
+
+    __slots__ = ("config", "main", "layouts")
+
+    def __init__(self, config, main):
+        self.config, self.main = config, main
+        self.layouts = fused_ws_layouts(config)
+
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        cfg = self.config
+        m, g = a_vals.shape
+        n, k = b_fp8.shape
+        fp8, raw, c_layout = self.layouts
+        sam = sa[0] if m > 1 else g
+        self.main.launch(
+            stream, _runtime.Desc(a_vals, (m, g), (sam, 1), (cfg.block_m, STEP_K // 4), raw),
+            _runtime.Desc(a_meta, (m, g), (sam, 1), (cfg.block_m, STEP_K // 4), raw),
+            _runtime.Desc(b_fp8, (n, k), (sb[0] if n > 1 else k, 1), (cfg.block_n, STEP_K), fp8),
+            _runtime.Desc(out, (m, n), (out.stride(0) if m > 1 else n, 1), (cfg.block_m, cfg.block_n), c_layout),
+            b_fp8, a_vals, a_meta, out, m, n, k // STEP_K, sb[0], sa[0], out.stride(0))
 
 
 class _FusedPlan:
@@ -327,6 +357,8 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
             config = TL_CONFIGS.pick(m)
         if isinstance(config, ExpandConfig) and config.gemm == "gluon" and not (gluon_ok and c_tma_ok):
             config = TL_CONFIGS.pick(m)
+        if isinstance(config, FusedWSConfig) and not (gluon_ok and c_tma_ok):
+            config = TL_CONFIGS.pick(m)
     if isinstance(config, GluonConfig):
         if interp or b_fp8.device.type != "cuda":
             raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90), not in the CPU interpreter")
@@ -342,6 +374,19 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                                gluon_constexprs(config, k), n_desc=3)
         ws_elems = tiles * splits * config.BLOCK_M * config.BLOCK_N if splits > 1 else 0
         return _GluonPlan(config, main, ws_elems, tiles)
+    if isinstance(config, FusedWSConfig):
+        if interp or b_fp8.device.type != "cuda":
+            raise ValueError(f"config={config}: the fused Gluon kernel runs on CUDA (sm_90), not in the CPU "
+                             "interpreter")
+        if k % STEP_K != 0 or not (gluon_ok and c_tma_ok):
+            raise ValueError(f"config={config}: the fused Gluon kernel needs K % {STEP_K} == 0, operands its TMA "
+                             f"descriptors can read (gluon_eligible) and an output with unit column stride, "
+                             f"16-byte row stride and base; got K={k}, a_vals strides {a_vals.stride()}, b_fp8 "
+                             f"strides {b_fp8.stride()}")
+        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        main = _runtime.Launch(sparse_fused_ws_kernel, (min(tiles, _runtime.num_sms(b_fp8.device)),),
+                               fused_ws_constexprs(config), n_desc=4)
+        return _FusedWSPlan(config, main)
     expand = isinstance(config, ExpandConfig)
     if (expand or config.mma == "fp8") and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "

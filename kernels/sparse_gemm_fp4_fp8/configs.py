@@ -1,6 +1,6 @@
 """Configs of sparse_gemm_fp4_fp8: one typed config per path, the table by M, and the numeric contract.
 
-Three paths (the config's type says which one serves a call):
+Four paths (the config's type says which one serves a call):
 
 * ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, the K slice's A decoded into shared
   memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 16 on a GPU.
@@ -11,6 +11,9 @@ Three paths (the config's type says which one serves a call):
 * ``ExpandConfig`` (expand.py): large M; a decode pre-pass writes the dense E4M3FN A to a workspace, then a
   persistent TMA fp8 wgmma GEMM (split_k 1): ``gemm="gluon"`` expand_gluon.py's warp-specialized kernel (sm_90),
   ``gemm="tl"`` expand.py's, then (``nan_fixup="launch"``) a NaN fix-up launch.
+
+* ``FusedWSConfig`` (fused_gluon.py, sm_90, opt-in): one persistent warp-specialized launch; a decoder partition
+  decodes each tile's A into shared memory; no dense-A workspace. Not in the table (slower on the H200).
 
 ``CONFIGS`` picks by M (docs/kernels.md, "sparse_gemm_fp4_fp8"; the timings behind the picks are in
 docs/benchmarks.md). ``accumulation_model(config, K)`` is the fp4ref.bounds model of one config;
@@ -24,7 +27,8 @@ from fp4ref.bounds import NumericContract
 
 from .. import _runtime
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "GluonConfig", "INTERPRETER_CONFIG",
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GluonConfig",
+           "INTERPRETER_CONFIG",
            "MMA_KINDS", "NUMERIC_CONTRACT", "PROMOTION_INTERVAL", "TL_CONFIGS", "accumulation_model", "pick_config"]
 
 PROMOTION_INTERVAL = 128  # most K-elements the fp8 wgmma accumulator (~14 bits) holds before the fp32 add
@@ -115,6 +119,68 @@ class ExpandConfig:
         bf16 c tile of the TMA store and the barriers (the build adds a few hundred bytes of reduction scratch)."""
         return (self.num_stages * (self.block_m + self.block_n) * self.block_k + 2 * self.block_m * self.block_n
                 + 16 * self.num_stages)
+
+
+@dataclass(frozen=True)
+class FusedWSConfig:
+    """A launch of the fused Gluon kernel (``fused_gluon.sparse_fused_ws_kernel``; sm_90 only): persistent,
+    warp-specialized, A decoded from (vals, meta) into shared memory by a decoder partition, K steps of 128.
+
+    block_m: rows of c per tile: 64 (one wgmma M block; the decoded A tile serves every warpgroup).
+    block_n: columns of c per tile: 128 or 256, split between the num_warps / 4 warpgroups (128 each).
+    b_stages: depth of the b ring (b tile and A bytes per slot; >= 2).
+    a_stages: depth of the decoded-A ring (2 .. b_stages).
+    group_m: row tiles per group of the tile walk (b tiles shared in L2).
+    num_warps: warps of the consumer partition: block_n / 32 (one warpgroup per 128 columns).
+
+    ``tma_store``: the c tile goes out through shared memory by TMA where the rings leave room for it (else
+    straight from registers). ``shared_bytes``: the rings, the c tile if any and the barriers.
+
+    Raises:
+        TypeError: a field that is not an int. ValueError: a value the kernel cannot take (listed above), or
+            rings larger than the 227 KiB of shared memory of an sm_90 CTA.
+    """
+
+    block_m: int = 64
+    block_n: int = 256
+    b_stages: int = 4
+    a_stages: int = 3
+    group_m: int = 8
+    num_warps: int = 8
+
+    def __post_init__(self):
+        _runtime.check_int_fields(self, "block_m", "block_n", "b_stages", "a_stages", "group_m", "num_warps")
+        if self.block_m != 64:
+            raise ValueError(f"block_m={self.block_m}: expected 64 (one wgmma M block)")
+        if self.block_n not in (128, 256) or self.num_warps != self.block_n // 32:
+            raise ValueError(f"block_n={self.block_n}, num_warps={self.num_warps}: expected block_n 128 or 256 and "
+                             "num_warps = block_n / 32 (one warpgroup per 128 columns: the fp32 accumulator and two "
+                             "fresh ones stay in registers)")
+        if self.b_stages < 2 or not 2 <= self.a_stages <= self.b_stages or self.group_m < 1:
+            raise ValueError(f"b_stages={self.b_stages}, a_stages={self.a_stages}, group_m={self.group_m}: "
+                             "expected b_stages >= 2, 2 <= a_stages <= b_stages, group_m >= 1")
+        if self._ring_bytes > _SM90_SHARED:
+            raise ValueError(f"{self}: {self._ring_bytes} bytes of shared memory in the rings (> 227 KiB)")
+
+    @property
+    def _ring_bytes(self) -> int:
+        return (self.b_stages * (self.block_n * PROMOTION_INTERVAL + self.block_m * 32 * 2)
+                + self.a_stages * self.block_m * PROMOTION_INTERVAL + 40 * self.b_stages)
+
+    @property
+    def tma_store(self) -> bool:
+        """Whether the bf16 c tile [block_m, block_n] fits beside the rings (then it is stored by TMA)."""
+        return self._ring_bytes + 2 * self.block_m * self.block_n <= _SM90_SHARED - 1024
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory in bytes: the b ring (num b_stages x (block_n x 128 b + block_m x 64 A bytes)), the
+        decoded-A ring (a_stages x block_m x 128), the c tile when ``tma_store`` and the barriers (the build adds
+        a few hundred bytes of reduction scratch)."""
+        return self._ring_bytes + (2 * self.block_m * self.block_n if self.tma_store else 0)
+
+
+_SM90_SHARED = 227 * 1024  # the most shared memory one sm_90 CTA may use
 
 
 @dataclass(frozen=True)
@@ -241,6 +307,8 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None):
         cfg = TL_CONFIGS.pick(M)
     if isinstance(cfg, ExpandConfig) and cfg.gemm == "gluon" and K % cfg.block_k != 0:
         cfg = TL_CONFIGS.pick(M)
+    if isinstance(cfg, FusedWSConfig) and K % PROMOTION_INTERVAL != 0:
+        cfg = TL_CONFIGS.pick(M)
     return cfg
 
 
@@ -258,12 +326,13 @@ def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> s
     Raises:
         TypeError: ``config`` is not a GluonConfig, FusedConfig or ExpandConfig.
     """
-    if isinstance(config, GluonConfig):
+    if isinstance(config, (GluonConfig, FusedWSConfig)):
         return f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})"
     if isinstance(config, ExpandConfig):
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if not isinstance(config, FusedConfig):
-        raise TypeError(f"config: expected a GluonConfig, FusedConfig or ExpandConfig, got {type(config).__name__}")
+        raise TypeError(f"config: expected a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig, got "
+                        f"{type(config).__name__}")
     if config.mma == "fp8":
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if config.mma == "fma":
