@@ -347,13 +347,15 @@ def test_launch_plan_cache():
 
 def test_sweep_candidates_at_every_bucket():
     """The tuning sweep's candidates build as configs at every M it serves (M = 100 raised UnboundLocalError once)
-    and include the expand path's Gluon GEMM above M = 16."""
+    and include the expand path's Gluon GEMM above M = 16 and the fused Gluon kernel from M = 1024."""
     from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import sweep_candidates
 
     for M in (1, 7, 16, 24, 64, 100, 256, 1024, 8192):
         cands = sweep_candidates(M)
-        assert cands and all(isinstance(c, (FusedConfig, ExpandConfig, mod.GluonConfig)) for c, _ in cands)
+        assert cands and all(isinstance(c, (FusedConfig, ExpandConfig, mod.GluonConfig, mod.FusedWSConfig))
+                             for c, _ in cands)
         assert any(isinstance(c, ExpandConfig) and c.gemm == "gluon" for c, _ in cands) == (M > 16)
+        assert any(isinstance(c, mod.FusedWSConfig) for c, _ in cands) == (M >= 1024)
 
 
 def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
@@ -372,6 +374,9 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     assert pick_by_kind(64, {"gluon": (5.0, 9.0, g), "fused": (12.0, 19.0, f), "expand": (6.0, 8.0, x)}) is g
     assert pick_by_kind(64, {"gluon": (13.0, 19.5, g), "fused": (12.0, 19.0, f)}) is f
     assert pick_by_kind(256, {"gluon": (13.0, 19.5, g), "expand": (12.0, 15.0, x)}) is x
+    w = mod.FusedWSConfig()  # the fused Gluon kernel is a one-launch path too
+    assert pick_by_kind(4096, {"fused-ws": (50.0, 52.0, w), "expand": (36.0, 38.0, x)}) is x
+    assert pick_by_kind(4096, {"fused-ws": (30.0, 32.0, w), "expand": (36.0, 38.0, x)}) is w
     large = [c for b, c in mod.TL_CONFIGS.rows if b > 256] + [mod.TL_CONFIGS.larger]
     assert {(type(c), c.group_m) for c in large} == {(ExpandConfig, 16)}
 

@@ -133,14 +133,19 @@ def _poisoned_run(a_vals, a_meta, b, cfg=None):
 
 
 def _path(cfg) -> str:
-    from . import ExpandConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GluonConfig
 
+    if isinstance(cfg, FusedWSConfig):
+        return "fused-ws"
     return "expand" if isinstance(cfg, ExpandConfig) else "gluon" if isinstance(cfg, GluonConfig) else "fused"
 
 
 def _cfg_name(cfg) -> str:
-    from . import ExpandConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GluonConfig
 
+    if isinstance(cfg, FusedWSConfig):
+        return f"{cfg.block_m}x{cfg.block_n}x128/sb{cfg.b_stages}/sa{cfg.a_stages}" + (
+            f"/g{cfg.group_m}" if cfg.group_m != 8 else "")
     if isinstance(cfg, GluonConfig):
         return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x128/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.STAGES}"
     if isinstance(cfg, ExpandConfig):
@@ -272,7 +277,7 @@ def sweep_candidates(M: int):
     """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
     block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator). M >= 100: the expand path
     (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
-    from . import ExpandConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GluonConfig
     from . import FusedConfig as C
 
     def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
@@ -290,6 +295,8 @@ def sweep_candidates(M: int):
         out += [XG(128, 64, 6), XG(128, 128, 5), XG(128, 128, 6)]
     if M >= 1024:
         out += [XG(128, 128, 5, g=16), XG(128, 128, 6, g=4)]
+        # one launch, no dense-A workspace: A decoded in shared memory by a decoder partition
+        out += [FusedWSConfig(), FusedWSConfig(b_stages=4, a_stages=4), FusedWSConfig(b_stages=5, a_stages=3)]
     if M <= 2:
         out += [C(1, 64, 128, 8, mma="fma"), C(1, 64, 128, 16, mma="fma"), C(1, 128, 128, 8, num_warps=8, mma="fma"),
                 C(1, 32, 128, 16, num_warps=2, mma="fma"), C(2, 32, 128, 8, mma="fma"),
@@ -335,11 +342,11 @@ SMALL_M_HOST_BOUND = 256  # at M <= this, the expand path (3 launches) must also
 
 
 def pick_by_kind(M: int, kinds: dict, log=None):
-    """The sweep's pick for M from {path: (GPU us, event us, config)} ("gluon", "fused", "expand"), the fastest
-    config of each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an expand
-    pick must also have the lower event time than the best one-launch config (its three launches' host time shows
-    there); prints each."""
-    one = [kinds[p] for p in ("gluon", "fused") if p in kinds]
+    """The sweep's pick for M from {path: (GPU us, event us, config)} ("gluon", "fused", "fused-ws", "expand"), the
+    fastest config of each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an
+    expand pick must also have the lower event time than the best one-launch config (its three launches' host time
+    shows there); prints each."""
+    one = [kinds[p] for p in ("gluon", "fused", "fused-ws") if p in kinds]
     g_f, e_f, c_f = min(one, key=lambda r: r[0]) if one else (float("inf"), float("inf"), None)
     g_x, e_x, c_x = kinds.get("expand", (float("inf"), float("inf"), None))
     pick = c_x if g_x < g_f else c_f
@@ -357,11 +364,13 @@ def _compile_worker(job: str) -> str:
     """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, GluonConfig, sparse_gemm_fp4_fp8
+    from fp4ref.kernels.sparse_gemm_fp4_fp8 import (ExpandConfig, FusedConfig, FusedWSConfig, GluonConfig,
+                                                    sparse_gemm_fp4_fp8)
 
     d = json.loads(job)
     ncb = d.pop("nan_check_bytes")
-    cfg = {"expand": ExpandConfig, "gluon": GluonConfig, "fused": FusedConfig}[d.pop("path")](**d)
+    cfg = {"expand": ExpandConfig, "gluon": GluonConfig, "fused": FusedConfig,
+           "fused-ws": FusedWSConfig}[d.pop("path")](**d)
     vals, meta, b = make_operands(300, N_WORKLOAD, K_WORKLOAD, torch.Generator(device="cuda").manual_seed(0))
     try:
         sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb)
@@ -392,7 +401,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=K_WORKLOAD)
     p.add_argument("--check", action="store_true", help="check correctness on every M before timing")
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
-    p.add_argument("--paths", nargs="*", choices=("gluon", "fused", "expand"), default=None,
+    p.add_argument("--paths", nargs="*", choices=("gluon", "fused", "fused-ws", "expand"), default=None,
                    help="--sweep: only the candidates of these paths (default: all)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for the results: sparse_gemm_log.txt, sparse_gemm.json")
