@@ -74,3 +74,25 @@ def random_operands(seed, M, n, k):
     cuda = (torch.from_numpy(vals.view(np.int8)).cuda(), torch.from_numpy(meta.view(np.int8)).cuda(),
             torch.from_numpy(b).cuda().view(torch.float8_e4m3fn))
     return (vals, meta, b), cuda
+
+
+def assert_nan_selected_vs_pruned(cfgs, n):
+    """A NaN byte of b reaches c iff the metadata selects its position (also times a zero value): four hand-made
+    rows of A over b [n, 256] with one NaN byte at row 5, K-column 1, run with each config of ``cfgs`` into a
+    NaN-poisoned output; the NaN tile is recomputed from the selected positions, the other tiles stay on the fast
+    path (every other element the hand-computed value)."""
+    M, k = 200, 256
+    b = np.tile(np.array([0x38, 0x40, 0x48, 0x50], np.uint8), (n, k // 4))  # 1, 2, 4, 8
+    b[5, 1] = 0x7F  # NaN at group 0, position 1 of row n = 5
+    vals = np.zeros((M, k // 4), np.uint8)
+    meta = np.full((M, k // 4), 0x08, np.uint8)
+    vals[:4, 0] = [0x21, 0x21, 0x00, 0x21]
+    meta[:4, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
+    vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group: + (1 + 4)
+    for cfg in cfgs:
+        c = run_poisoned(vals, meta, b, cfg).float().numpy()
+        rest = 5.0
+        assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
+        assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + rest and c[3, 5] == 0.5 * 1 + 1.0 * 4 + rest
+        assert c[0, 4] == 0.5 * 2 + 1.0 * 8 + rest
+        assert np.isnan(c).sum() == 2 and (c[4:] == rest).all()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,7 +20,8 @@ from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.sparse_gemm_fp4_fp8.expand_gluon import (expand_gluon_constexprs, expand_gluon_layouts,
                                                               sparse_expanded_ws_kernel)
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
-from _sparse_gpu import assert_ok, check_any_bytes, random_operands, run_poisoned  # tests/_sparse_gpu.py
+from _sparse_gpu import (assert_nan_selected_vs_pruned, assert_ok, check_any_bytes,  # tests/_sparse_gpu.py
+                         random_operands)
 
 ExpandConfig = mod.ExpandConfig
 ON_GPU = torch.cuda.is_available()
@@ -149,23 +149,8 @@ def test_shapes_any_bytes_and_nan(M, n, k, cfg):
 @pytest.mark.gpu
 @needs_gpu
 def test_nan_selected_vs_pruned():
-    """A NaN byte of b reaches c iff the metadata selects its position (also times a zero value): the tile is
-    recomputed from the selected positions; other tiles stay on the fast path."""
-    M, n, k = 200, 192, 256
-    b = np.tile(np.array([0x38, 0x40, 0x48, 0x50], np.uint8), (n, k // 4))
-    b[5, 1] = 0x7F  # NaN at group 0, position 1 of row n = 5
-    vals = np.zeros((M, k // 4), np.uint8)
-    meta = np.full((M, k // 4), 0x08, np.uint8)
-    vals[:4, 0] = [0x21, 0x21, 0x00, 0x21]
-    meta[:4, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
-    vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group: + (1 + 4)
-    for cfg in (XG(64, 64, 2), XG(128, 128, 3)):
-        c = run_poisoned(vals, meta, b, cfg).float().numpy()
-        rest = 5.0
-        assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
-        assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + rest and c[3, 5] == 0.5 * 1 + 1.0 * 4 + rest
-        assert c[0, 4] == 0.5 * 2 + 1.0 * 8 + rest
-        assert np.isnan(c).sum() == 2 and (c[4:] == rest).all()
+    """A NaN byte of b reaches c iff the metadata selects its position (_sparse_gpu.py)."""
+    assert_nan_selected_vs_pruned((XG(64, 64, 2), XG(128, 128, 3)), n=192)
 
 
 @pytest.mark.gpu
