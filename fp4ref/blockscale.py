@@ -375,11 +375,21 @@ def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
     return _parse_enum(recipe, NVFP4Recipe, "recipe", flag)
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _parse_nvfp4_block(block) -> tuple:
-    if isinstance(block, (int, np.integer)) and not isinstance(block, (bool, np.bool_)) and block == 16:
+    """``block`` -> (1, 16) or (16, 16). TypeError: not an int or a tuple of two ints (16.0, "16", True, None,
+    a list); ValueError: an int or int tuple of another value."""
+    if not (_is_int(block) or (isinstance(block, tuple) and all(_is_int(b) for b in block))):
+        raise TypeError(f"block={block!r}: expected the int 16 or a tuple of ints (16, 16), got "
+                        f"{type(block).__name__}")
+    if _is_int(block) and block == 16:
         return (1, 16)
     if isinstance(block, tuple) and block in ((1, 16), (16, 16)):
-        return block
+        return tuple(int(b) for b in block)
     raise ValueError(
         f"block={block!r} is not an NVFP4 block; expected 16 (= (1, 16), 16 elements along axis) or (16, 16) "
         "(TransformerEngine's 2-D weight tiles)"
@@ -824,8 +834,10 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         block: 16 (1x16 blocks along ``axis``) or (16, 16): TransformerEngine's 2-D weight tiles, 16 rows (the axis
             before ``axis``, after moving ``axis`` last) x 16 elements; a ragged last tile is treated as
             zero-padded (TE pads with zeros). The scales stay per row: each tile's byte repeated on its rows.
-        global_amax: the tensor amax A used for the global scale (a calibrated value; python or numpy float,
-            finite, rounded to float32 RNE first as the sources keep it in an fp32 tensor). Default: max|x|.
+        global_amax: the tensor amax A used for the global scale (a calibrated value: a Python or numpy real
+            scalar, float or int alike, as for :func:`fp4ref.gemm.nvfp4_linear`'s global decode scale and an
+            :class:`NVFP4Tensor`'s; a bool is refused; finite, rounded to float32 RNE first as the sources keep it
+            in an fp32 tensor). Default: max|x|.
             It may be below max|x| (a calibrated amax that clips outliers): then a block whose amax a exceeds it
             gets the largest block scale (448; torchao/modelopt clamp, te/sol saturate) and its elements beyond
             6 * 448 * (global decode scale) = about A saturate to +-6 (4over6 with e4m3_max 256: 6 * 448 / 1536 * A).
@@ -839,17 +851,21 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         :class:`NVFP4Tensor`.
 
     Raises:
-        TypeError: ``x`` is not a floating array; ``axis`` not an int; ``recipe`` neither a str nor an
-            :class:`NVFP4Recipe`.
-        ValueError: K not a multiple of 16, unknown ``recipe`` name, bad ``block``/``nonfinite``, ``global_amax``
-            negative, NaN, inf, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64
-            value that is not a float32, or a non-finite value with ``nonfinite="raise"``.
+        TypeError: ``x`` is not a floating array; ``axis`` not an int; ``block`` neither an int nor a tuple of
+            ints (16.0, "16"); ``recipe`` neither a str nor an :class:`NVFP4Recipe`; ``nonfinite`` not a str;
+            ``global_amax`` neither None nor a real scalar (a str, a bool, an array).
+        ValueError: K not a multiple of 16, unknown ``recipe`` name, an int ``block`` other than 16 (or a tuple
+            other than (1, 16), (16, 16)), unknown ``nonfinite``, ``global_amax`` negative, NaN, inf, beyond
+            float32, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64 value that is
+            not a float32, or a non-finite value with ``nonfinite="raise"``.
 
     All-zero tensors and all-zero blocks give zero codes and no NaN in every recipe (scale byte 0x00, or the
     recipe's floor: torchao 0x08 = 2^-6, modelopt 0x38 = 1.0). Source orders: see :class:`NVFP4Recipe`.
     """
     rec = _parse_recipe(recipe)
     blk = _parse_nvfp4_block(block)
+    if not isinstance(nonfinite, str):
+        raise TypeError(f"nonfinite={nonfinite!r}: expected one of ['raise', 'zero'], got {type(nonfinite).__name__}")
     if nonfinite not in ("raise", "zero"):
         raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'zero']")
     xf = _as_f32_input(x, "x")
@@ -870,12 +886,15 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     else:
         numeric = (int, float, np.floating, np.integer)
         if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, numeric):
-            raise TypeError(f"global_amax must be a float, got {type(global_amax).__name__}")
+            raise TypeError(f"global_amax must be a real number (float or int), got {type(global_amax).__name__}")
         if rec in _TORCHAO_SINGLE:
             raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
                              "global scale; use recipe='torchao' for two-level scaling")
         with np.errstate(over="ignore"):  # a value beyond float32 becomes inf and is refused just below
-            amax = _F32(global_amax)
+            try:
+                amax = _F32(global_amax)
+            except OverflowError:  # a Python int beyond float64 (10**400): as far beyond float32 as inf
+                amax = _F32(math.inf if global_amax > 0 else -math.inf)
         if not np.isfinite(amax) or amax < 0:
             raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
         if amax == 0 and _max_abs(xm) != 0:
@@ -1141,8 +1160,10 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         :class:`MXTensor`.
 
     Raises:
-        TypeError / ValueError: bad dtype, ``elem``, ``mode``, ``block``, ``nonfinite``, length not a multiple of
-        ``block``, or a non-finite value with ``nonfinite="raise"``.
+        TypeError: bad dtype; ``elem``, ``mode`` or ``nonfinite`` not a str (``mode`` may be an :class:`MXMode`);
+            ``block`` or ``axis`` not an int (32.0, "32", True; a numpy integer is one).
+        ValueError: unknown ``elem``, ``mode`` or ``nonfinite``, ``block`` <= 0, length not a multiple of
+            ``block``, or a non-finite value with ``nonfinite="raise"``.
 
     Zero blocks get scale byte 0 (2^-127) and zero codes. Source: OCP Microscaling Formats (MX) v1.0 §6.3;
     torchao 0.18 mx_formats ``to_mx`` / ``ScaleCalculationMode``. Deviation from torchao, only in blocks whose
@@ -1150,14 +1171,22 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     max(2^e, 2^-126) (an fp32-normal floor), or multiplies by 1.0 in RCEIL; fp4ref divides by the 2^-127 the byte
     encodes (``"rceil-torchao"`` multiplies by 1.0 as torchao does).
     """
-    key = elem.lower() if isinstance(elem, str) else None
+    if not isinstance(elem, str):
+        raise TypeError(f"elem={elem!r}: expected one of {list(MX_ELEMENTS)} (or 'e4m3fn'), got "
+                        f"{type(elem).__name__}")
+    key = elem.lower()
     key = "e4m3" if key == "e4m3fn" else key  # the element format's registry name (fp4ref.formats) is accepted too
     if key not in MX_ELEMENTS:
         raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)} (or 'e4m3fn')")
     fmt = MX_ELEMENTS[key]
     md = _parse_mode(mode)
-    if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)) or block <= 0:
+    if not _is_int(block):
+        raise TypeError(f"block={block!r}: expected a positive int, got {type(block).__name__}")
+    if block <= 0:
         raise ValueError(f"block={block!r} must be a positive int")
+    if not isinstance(nonfinite, str):
+        raise TypeError(f"nonfinite={nonfinite!r}: expected one of ['raise', 'nan_scale'], got "
+                        f"{type(nonfinite).__name__}")
     if nonfinite not in ("raise", "nan_scale"):
         raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'nan_scale']")
     xf = _as_f32_input(x, "x")

@@ -246,6 +246,58 @@ def test_global_amax_argument_and_saturation(recipe):
         nvfp4_quantize(x, recipe=recipe, global_amax=float("inf"))
 
 
+def test_global_amax_takes_ints_as_reals_and_refuses_other_types():
+    """global_amax is a real scalar, as weight_global_decode_scale of gemm.nvfp4_linear: a Python or numpy int is
+    its value (same bytes as the float), a bool, str or array a TypeError naming it; an int beyond float64 (and so
+    beyond float32) a ValueError naming it, as inf is (it was an OverflowError from the float32 cast)."""
+    x = np.linspace(-5, 5, 32, dtype=np.float32).reshape(1, 32)
+    want = nvfp4_quantize(x, global_amax=12.0)
+    for amax in (12, np.int32(12), np.uint64(12)):
+        t = nvfp4_quantize(x, global_amax=amax)
+        np.testing.assert_array_equal(t.codes, want.codes)
+        np.testing.assert_array_equal(t.scales, want.scales)
+        assert t.global_decode_scale == want.global_decode_scale
+    for bad in (True, np.bool_(True), "12.0", np.array([12.0])):
+        with pytest.raises(TypeError, match="^global_amax must be a real number"):
+            nvfp4_quantize(x, global_amax=bad)
+    for huge in (10**400, -10**400, 10**39):
+        with pytest.raises(ValueError, match="^global_amax=.*must be finite and >= 0"):
+            nvfp4_quantize(x, global_amax=huge)
+
+
+def test_int_and_str_arguments_refuse_other_types_with_a_type_error():
+    """A value of the wrong type (32.0 for an int, 5 for a str) is a TypeError naming the argument; a value of
+    the right type that is not allowed is a ValueError; numpy integers are ints."""
+    x = np.ones((2, 64), np.float32)
+    for bad in (32.0, "32", True, None, np.float32(32)):
+        with pytest.raises(TypeError, match=r"^block="):
+            mx_quantize(x, "e2m1", block=bad)
+    for bad in (0, -32):
+        with pytest.raises(ValueError, match=r"^block="):
+            mx_quantize(x, "e2m1", block=bad)
+    assert mx_quantize(x, "e2m1", block=np.int64(32)).block == 32
+    for bad in (16.0, "16", True, None, [16, 16], (16.0, 16.0), (16, "16")):
+        with pytest.raises(TypeError, match=r"^block="):
+            nvfp4_quantize(x, block=bad)
+    for bad in (32, (1, 32), (16, 16, 16)):
+        with pytest.raises(ValueError, match=r"^block="):
+            nvfp4_quantize(x, block=bad)
+    assert nvfp4_quantize(x, block=np.int64(16)).block == (1, 16)
+    t = nvfp4_quantize(x, block=(np.int64(16), np.int64(16)))
+    assert t.block == (16, 16) and all(type(b) is int for b in t.block)
+    for fn in (lambda a: mx_quantize(x, "e2m1", axis=a), lambda a: nvfp4_quantize(x, axis=a)):
+        with pytest.raises(TypeError, match=r"^axis must be an int"):
+            fn(1.0)
+        assert fn(np.int8(1)).axis == 1
+    with pytest.raises(TypeError, match=r"^elem=4: expected one of"):
+        mx_quantize(x, 4)
+    for fn in (lambda v: mx_quantize(x, "e2m1", nonfinite=v), lambda v: nvfp4_quantize(x, nonfinite=v)):
+        with pytest.raises(TypeError, match=r"^nonfinite=None: expected one of"):
+            fn(None)
+        with pytest.raises(ValueError, match=r"^nonfinite='nan' is not one of"):
+            fn("nan")
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_two_dimensional_blocks(recipe):
     rng = np.random.default_rng(3)
