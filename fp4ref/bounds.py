@@ -95,6 +95,19 @@ def _check_K(K) -> int:
     return int(K)
 
 
+def _check_epilogue_multiplies(e, what: str = "epilogue_multiplies") -> int:
+    """``e`` as an int in [0, MAX_EPILOGUE_MULTIPLIES] (a numpy integer is one; a bool is not).
+
+    Raises:
+        TypeError: not an int (a float such as 2.0, a str, a bool, None). ValueError: out of range.
+    """
+    if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)):
+        raise TypeError(f"{what}={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}], got {type(e).__name__}")
+    if not 0 <= e <= MAX_EPILOGUE_MULTIPLIES:
+        raise ValueError(f"{what}={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}]")
+    return int(e)
+
+
 @dataclass(frozen=True)
 class AccumulationModel:
     """How a kernel accumulates a length-K dot product, as data.
@@ -329,7 +342,8 @@ class NumericContract:
 
     Raises:
         TypeError / ValueError: a model name that :func:`get_model` does not know, a rounding outside
-            ``OUTPUT_ROUNDINGS``, a negative or oversized ``epilogue_multiplies``, a non-callable hook.
+            ``OUTPUT_ROUNDINGS``, a non-callable hook; an ``epilogue_multiplies`` that is not an int (TypeError) or
+            is negative or oversized (ValueError).
     """
 
     inputs: str
@@ -352,9 +366,8 @@ class NumericContract:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {OUTPUT_ROUNDINGS}")
         if self.output not in ("float16", "bfloat16"):
             raise ValueError(f"output={self.output!r}: expected 'float16' or 'bfloat16'")
-        e = self.epilogue_multiplies
-        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e <= MAX_EPILOGUE_MULTIPLIES:
-            raise ValueError(f"epilogue_multiplies={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}]")
+        # a numpy integer is kept as the int it is
+        object.__setattr__(self, "epilogue_multiplies", _check_epilogue_multiplies(self.epilogue_multiplies))
         for name in ("config_model", "pick_config"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable or None, got {type(getattr(self, name)).__name__}")
@@ -431,7 +444,8 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
             model.epilogue_multiplies``; an override must be an int in [0, MAX_EPILOGUE_MULTIPLIES].
 
     Raises:
-        ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range or not an int.
+        TypeError: ``epilogue_multiplies`` not None or an int (a float such as 2.0, a str, a bool).
+        ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range.
 
     Returns:
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
@@ -443,11 +457,8 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     fmt: OutputFormat = ref.output_format
     u_out = fmt.u if output_rounding == "rne" else 2 * fmt.u
     eta = fmt.eta if output_rounding == "rne" else 2 * fmt.eta
-    if epilogue_multiplies is not None and (isinstance(epilogue_multiplies, (bool, np.bool_))
-                                            or not isinstance(epilogue_multiplies, (int, np.integer))
-                                            or not 0 <= epilogue_multiplies <= MAX_EPILOGUE_MULTIPLIES):
-        raise ValueError(f"epilogue_multiplies={epilogue_multiplies!r}: expected None or an int in "
-                         f"[0, {MAX_EPILOGUE_MULTIPLIES}]")
+    if epilogue_multiplies is not None:
+        epilogue_multiplies = _check_epilogue_multiplies(epilogue_multiplies)
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
     C = np.abs(ref.exact) + ref.exact_err
     eps = m.eps(ref.K) if ref.K else 0.0  # K = 0: an empty sum, nothing accumulated
@@ -504,6 +515,9 @@ class Report:
         violations: up to 10 (index, out, correctly rounded, exact, bound) tuples.
         first_nonfinite: index of the first NaN/Inf mismatch or unwritten element (these make
             ``max_err_over_bound`` inf), None when there is none.
+        worst_passes: the element at ``worst`` breaks no rule, so it is not among the offenders (e.g. a
+            correctly rounded element whose rounding error is the largest fraction of its bound, while the
+            exact-accumulation rule fails elsewhere); :meth:`message` says so next to it.
     """
 
     ok: bool
@@ -528,6 +542,7 @@ class Report:
     description: dict = field(default_factory=dict)
     first_nonfinite: tuple | None = None
     finite_pairs: int = 0
+    worst_passes: bool = False
 
     def failures(self) -> list:
         """What failed, each with its count, the rule that decides first: e.g. ``["37 / 6144 elements not equal to
@@ -584,6 +599,8 @@ class Report:
             where = f"{self.max_err_over_bound:.6g} (no element is finite in both out and the reference)"
         else:
             where = f"{self.max_err_over_bound:.6g} at {self.worst}"
+            if self.worst_passes:  # the largest ratio is not an offender: say so, the offenders follow
+                where += ", an element that passes (the offenders are listed below)"
         lines.append(f"Max err/bound: {where}; vs correctly rounded: {self._ulps_text()}; "
                      f"equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
@@ -592,6 +609,8 @@ class Report:
                 lines.append(f"  {idx}: {o!r}, {r!r}, {c!r}, {b:.6g}")
         if self.worst_terms:
             at = "worst finite element" if self.first_nonfinite is not None else "worst element"
+            if self.worst_passes:
+                at += " (it passes)"
             lines.append(f"Bound terms at the {at}: " +
                          ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in self.worst_terms.items()))
@@ -639,8 +658,8 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
 
     Raises:
         TypeError: wrong dtype of ``out`` or ``ref``, a non-numeric ``poison``, a non-bool
-        ``exact_accumulation``; ValueError: shape mismatch, unknown model or rounding, ``epilogue_multiplies``
-        not an int in [0, MAX_EPILOGUE_MULTIPLIES].
+        ``exact_accumulation``, an ``epilogue_multiplies`` that is not None or an int; ValueError: shape mismatch,
+        unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES].
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
@@ -777,6 +796,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         violations=examples,
         description=dict(ref.description),
         first_nonfinite=first_nonfinite,
+        worst_passes=worst is not None and not bool(bad[worst]),
         finite_pairs=int(finite_pair.sum()),
     )
 

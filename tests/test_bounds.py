@@ -233,6 +233,28 @@ def test_check_reports_one_ulp_off_under_exact_accumulation():
     assert rep.violations[0][0] == (2, 3)
 
 
+def test_exact_accumulation_message_says_when_the_worst_element_passes():
+    """Under exact accumulation the largest err/bound may be a correctly rounded element (1 + 2^-11 + 2^-20 rounds
+    to 1 + 2^-10, err/bound ~ 1) while the offender, the other neighbour of 1.75 + 2^-11 - 2^-20, stays within
+    its bound: the message must not present that passing element as the element at fault."""
+    A = np.array([[1.0, 2.0**-11, 2.0**-20], [1.75, 2.0**-11, -(2.0**-20)]], np.float16)
+    ref = gemm.gemm_fp16(A, np.ones((1, 3), np.float16))
+    out = ref.out.copy()
+    out.view(np.uint16)[1, 0] += 1
+    rep = bounds.check(out, ref, "exact", exact_accumulation=True)
+    assert not rep.ok and rep.not_equal_exact == 1 and rep.n_violations == 0
+    assert rep.worst == (0, 0) and rep.worst_passes and [v[0] for v in rep.violations] == [(1, 0)]
+    msg = rep.message()
+    assert f"Max err/bound: {rep.max_err_over_bound:.6g} at (0, 0), an element that passes (the offenders are " \
+           "listed below);" in msg, msg
+    assert "Bound terms at the worst element (it passes): out=1.00098, correctly_rounded=1.00098" in msg, msg
+    # an offender that is also the worst element keeps the plain wording
+    out.view(np.uint16)[1, 0] += 1
+    rep = bounds.check(out, ref, "exact", exact_accumulation=True)
+    assert rep.worst == (1, 0) and not rep.worst_passes
+    assert "at (1, 0); vs" in rep.message() and "Bound terms at the worst element: " in rep.message()
+
+
 def test_check_unwritten_and_nan_mismatch():
     A, B, ref = _fp16_case()
     out = ref.out.copy()
@@ -324,18 +346,23 @@ def test_nonfinite_outputs_do_not_read_as_perfect():
     assert _b.check(ref.out, ref, "hopper_fp16_wgmma").ok  # the correctly rounded output passes
 
 
-@pytest.mark.parametrize("bad", [10**9, -1, 1.5, True, float("nan"), "2"])
-def test_epilogue_multiplies_override_is_validated(bad):
-    """An absurd override would make every bound infinite (any output passes) or negative: refused, never used."""
+@pytest.mark.parametrize("bad, err", [(10**9, ValueError), (-1, ValueError), (np.int64(17), ValueError),
+                                      (1.5, TypeError), (2.0, TypeError), (True, TypeError),
+                                      (float("nan"), TypeError), ("2", TypeError)])
+def test_epilogue_multiplies_override_is_validated(bad, err):
+    """An absurd override would make every bound infinite (any output passes) or negative: refused, never used.
+    A non-int (2.0 included) is a TypeError, an int out of range a ValueError, each naming the argument."""
     rng = np.random.default_rng(11)
     a = rng.standard_normal((4, 32)).astype(np.float16)
     b = rng.standard_normal((8, 32)).astype(np.float16)
     ref = gemm.gemm_fp16(a, b)
     garbage = np.full(ref.out.shape, 1000.0, dtype=np.float16)
-    with pytest.raises(ValueError, match="epilogue_multiplies"):
+    with pytest.raises(err, match="^epilogue_multiplies="):
         bounds.check(garbage, ref, "fp32_rn", epilogue_multiplies=bad)
-    with pytest.raises(ValueError, match="epilogue_multiplies"):
+    with pytest.raises(err, match="^epilogue_multiplies="):
         bounds.bound(ref, "fp32_rn", epilogue_multiplies=bad)
+    np.testing.assert_array_equal(bounds.bound(ref, "fp32_rn", epilogue_multiplies=np.int8(2)).total,
+                                  bounds.bound(ref, "fp32_rn", epilogue_multiplies=2).total)
     assert not bounds.check(garbage, ref, "fp32_rn", epilogue_multiplies=bounds.MAX_EPILOGUE_MULTIPLIES).ok
 
 

@@ -1,4 +1,5 @@
 """fp4ref.bounds.NumericContract: validation, model_for per config, the dict form user kernels may declare."""
+import numpy as np
 import pytest
 
 from fp4ref import bounds
@@ -30,13 +31,21 @@ def test_model_for_uses_the_config_model_and_the_contract_model_without_a_config
     (dict(output_rounding="rz"), ValueError),
     (dict(output="float32"), ValueError),
     (dict(epilogue_multiplies=17), ValueError),
-    (dict(epilogue_multiplies=True), ValueError),
+    (dict(epilogue_multiplies=-1), ValueError),
+    (dict(epilogue_multiplies=True), TypeError),
+    (dict(epilogue_multiplies=2.0), TypeError),
+    (dict(epilogue_multiplies="2"), TypeError),
     (dict(config_model="hopper_fp16_wgmma"), TypeError),
 ])
 def test_contract_refuses_bad_fields(kw, err):
     base = dict(inputs="float16", output="float16", model="hopper_fp16_wgmma")
     with pytest.raises(err):
         NumericContract(**{**base, **kw})
+
+
+def test_contract_takes_numpy_integer_epilogue_multiplies_as_an_int():
+    c = NumericContract(inputs="x", output="bfloat16", model="fp32_rn", epilogue_multiplies=np.int64(2))
+    assert c.epilogue_multiplies == 2 and type(c.epilogue_multiplies) is int
 
 
 def test_model_for_refuses_bad_K_and_unknown_config_models():
