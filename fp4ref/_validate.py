@@ -15,9 +15,19 @@ from ._interop import is_torch_tensor, to_numpy
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
+def is_int(v) -> bool:
+    """Whether ``v`` is a Python or numpy integer and not a bool (a count, size or index; True is not one)."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_real(v) -> bool:
+    """Whether ``v`` is a Python or numpy real scalar (float or integer) and not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
 def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``."""
-    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+    if not is_int(axis):
         raise TypeError(f"{name} must be an int, got {type(axis).__name__} {axis!r}")
     if not -ndim <= axis < ndim:
         raise ValueError(f"{name}={axis} is out of range for an array with {ndim} dimension(s)")

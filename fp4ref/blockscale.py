@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_code_array, as_float_array, normalize_axis
+from ._validate import as_code_array, as_float_array, is_int, is_real, normalize_axis
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
 from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
 from .packing import pack_fp4, unpack_fp4
@@ -375,18 +375,13 @@ def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
     return _parse_enum(recipe, NVFP4Recipe, "recipe", flag)
 
 
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def _parse_nvfp4_block(block) -> tuple:
     """``block`` -> (1, 16) or (16, 16). TypeError: not an int or a tuple of two ints (16.0, "16", True, None,
     a list); ValueError: an int or int tuple of another value."""
-    if not (_is_int(block) or (isinstance(block, tuple) and all(_is_int(b) for b in block))):
+    if not (is_int(block) or (isinstance(block, tuple) and all(is_int(b) for b in block))):
         raise TypeError(f"block={block!r}: expected the int 16 or a tuple of ints (16, 16), got "
                         f"{type(block).__name__}")
-    if _is_int(block) and block == 16:
+    if is_int(block) and block == 16:
         return (1, 16)
     if isinstance(block, tuple) and block in ((1, 16), (16, 16)):
         return tuple(int(b) for b in block)
@@ -884,8 +879,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     if global_amax is None:
         amax = _max_abs(xm)
     else:
-        numeric = (int, float, np.floating, np.integer)
-        if isinstance(global_amax, (bool, np.bool_)) or not isinstance(global_amax, numeric):
+        if not is_real(global_amax):
             raise TypeError(f"global_amax must be a real number (float or int), got {type(global_amax).__name__}")
         if rec in _TORCHAO_SINGLE:
             raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
@@ -1180,7 +1174,7 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
         raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)} (or 'e4m3fn')")
     fmt = MX_ELEMENTS[key]
     md = _parse_mode(mode)
-    if not _is_int(block):
+    if not is_int(block):
         raise TypeError(f"block={block!r}: expected a positive int, got {type(block).__name__}")
     if block <= 0:
         raise ValueError(f"block={block!r} must be a positive int")

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._interop import to_numpy
+from ._validate import is_int
 from .gemm import OutputFormat, Reference
 
 __all__ = [
@@ -88,7 +89,7 @@ def gamma(n, u) -> float:
 
 def _check_K(K) -> int:
     """``K`` as an int: a reduction length is a positive int (a numpy integer is one; a bool is not)."""
-    if isinstance(K, (bool, np.bool_)) or not isinstance(K, (int, np.integer)):
+    if not is_int(K):
         raise TypeError(f"K={K!r}: the reduction length must be an int, got {type(K).__name__}")
     if K < 1:
         raise ValueError(f"K={K!r}: the reduction length must be >= 1")
@@ -101,7 +102,7 @@ def _check_epilogue_multiplies(e, what: str = "epilogue_multiplies") -> int:
     Raises:
         TypeError: not an int (a float such as 2.0, a str, a bool, None). ValueError: out of range.
     """
-    if isinstance(e, (bool, np.bool_)) or not isinstance(e, (int, np.integer)):
+    if not is_int(e):
         raise TypeError(f"{what}={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}], got {type(e).__name__}")
     if not 0 <= e <= MAX_EPILOGUE_MULTIPLIES:
         raise ValueError(f"{what}={e!r}: expected an int in [0, {MAX_EPILOGUE_MULTIPLIES}]")

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._validate import is_int
 from .blockscale import MXMode, NVFP4Recipe, mx_dequantize, mx_quantize
 from .blockscale import _S_ENC_RECIPES, _error_stats, _global_scales, _nvfp4_quantize_stats, _parse_mode
 from .blockscale import _parse_recipe
@@ -316,7 +317,7 @@ def _check_flags(**flags) -> None:
 def _check_jobs(jobs) -> int:
     """``jobs`` (--jobs) as an int >= 1: TypeError for a non-integer (bool, float, str), QuantizeFileError (a
     ValueError) for an integer < 1; numpy integers are read as ints."""
-    if isinstance(jobs, (bool, np.bool_)) or not isinstance(jobs, (int, np.integer)):
+    if not is_int(jobs):
         raise TypeError(f"jobs={jobs!r} (--jobs): expected an integer >= 1, got {type(jobs).__name__}")
     if jobs < 1:
         raise QuantizeFileError(f"jobs={jobs!r} (--jobs): expected an integer >= 1")

@@ -57,6 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
+from ._validate import is_real
 from .packing import decompress_2to4
 
 __all__ = [
@@ -812,8 +813,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
             f"got {wc.shape} and {ws.shape}"
         )
-    if isinstance(weight_global_decode_scale, (bool, np.bool_)) or not isinstance(
-            weight_global_decode_scale, (float, int, np.floating, np.integer)):
+    if not is_real(weight_global_decode_scale):
         raise TypeError(f"weight_global_decode_scale must be a float, got {type(weight_global_decode_scale).__name__}")
     if not (math.isfinite(float(weight_global_decode_scale)) and float(weight_global_decode_scale) > 0):
         raise ValueError(f"weight_global_decode_scale={float(weight_global_decode_scale)!r}: expected a finite "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_code_array
+from ._validate import as_code_array, is_int
 
 __all__ = ["LAYOUTS", "blocked_offsets", "blocked_size", "to_blocked", "from_blocked"]
 
@@ -38,7 +38,7 @@ def _check_layout(layout) -> str:
 
 
 def _check_dim(value, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < 0:
         raise ValueError(f"{name}={value} must be >= 0")
