@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from fp4ref.bounds import NumericContract
 
 from .. import _runtime
+from .._sm90 import SM90_MAX_SHARED_BYTES
 
 __all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GluonConfig",
            "INTERPRETER_CONFIG",
@@ -110,7 +111,7 @@ class ExpandConfig:
             if self.num_stages < 2 or self.group_m < 1:
                 raise ValueError(f"num_stages={self.num_stages}, group_m={self.group_m}: gemm='gluon' needs >= 2 "
                                  "and >= 1")
-            if self.shared_bytes > 227 * 1024:
+            if self.shared_bytes > SM90_MAX_SHARED_BYTES:
                 raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
 
     @property
@@ -159,7 +160,7 @@ class FusedWSConfig:
         if self.b_stages < 2 or not 2 <= self.a_stages <= self.b_stages or self.group_m < 1:
             raise ValueError(f"b_stages={self.b_stages}, a_stages={self.a_stages}, group_m={self.group_m}: "
                              "expected b_stages >= 2, 2 <= a_stages <= b_stages, group_m >= 1")
-        if self._ring_bytes > _SM90_SHARED:
+        if self._ring_bytes > SM90_MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self._ring_bytes} bytes of shared memory in the rings (> 227 KiB)")
 
     @property
@@ -170,7 +171,7 @@ class FusedWSConfig:
     @property
     def tma_store(self) -> bool:
         """Whether the bf16 c tile [block_m, block_n] fits beside the rings (then it is stored by TMA)."""
-        return self._ring_bytes + 2 * self.block_m * self.block_n <= _SM90_SHARED - 1024
+        return self._ring_bytes + 2 * self.block_m * self.block_n <= SM90_MAX_SHARED_BYTES - 1024
 
     @property
     def shared_bytes(self) -> int:
@@ -178,9 +179,6 @@ class FusedWSConfig:
         decoded-A ring (a_stages x block_m x 128), the c tile when ``tma_store`` and the barriers (the build adds
         a few hundred bytes of reduction scratch)."""
         return self._ring_bytes + (2 * self.block_m * self.block_n if self.tma_store else 0)
-
-
-_SM90_SHARED = 227 * 1024  # the most shared memory one sm_90 CTA may use
 
 
 @dataclass(frozen=True)
@@ -324,7 +322,7 @@ def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> s
     sums meet the same models. ``launch`` (M, N) is accepted and not needed.
 
     Raises:
-        TypeError: ``config`` is not a GluonConfig, FusedConfig or ExpandConfig.
+        TypeError: ``config`` is not a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig.
     """
     if isinstance(config, (GluonConfig, FusedWSConfig)):
         return f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})"

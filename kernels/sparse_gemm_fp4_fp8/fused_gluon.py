@@ -37,7 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._gluon import grouped_tile, store_layout, store_or_reduce, tma_store_tile
-from .gluon import _selected_sum
+from .expand_gluon import expand_gluon_layouts
+from .gluon import _selected_sum, shared_layouts
 
 __all__ = ["BG", "BK", "fused_ws_constexprs", "fused_ws_layouts", "sparse_fused_ws_kernel"]
 
@@ -51,9 +52,8 @@ def fused_ws_layouts(config):
     """Shared-memory layouts: the b [block_n, 128] and decoded A [block_m, 128] E4M3FN tiles (128-byte swizzle,
     the wgmma operand layout), the vals / meta byte tiles [block_m, 32] (no swizzle) and the c tile [block_m,
     block_n] bf16 (the TMA store's source)."""
-    fp8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    raw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    c = gl.NVMMASharedLayout.get_default_for([config.block_m, config.block_n], gl.bfloat16)
+    fp8, raw = shared_layouts(config)  # the swap-AB kernel's operand and byte-tile layouts
+    _, c = expand_gluon_layouts(config)  # the expand GEMM's c tile layout (block_m x block_n bf16)
     return fp8, raw, c
 
 
