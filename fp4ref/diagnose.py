@@ -10,7 +10,10 @@ returns :class:`Diagnosis` entries, each a known bug with its evidence. Two kind
   columns, the way the bug reads the operands (swapped nibbles, swapped 2:4 metadata fields, a signed shift of
   int8 bytes, missing or misplaced NVFP4 block scales, a dropped K tail) or accumulates (fp16 / bf16 partial sums,
   an unpromoted 14-bit fp8 accumulator); the bug is named when that matches the output on >= 90% of the sample
-  while the correctly rounded reference does not (the share of each is the evidence).
+  while the correctly rounded reference does not (the share of each is the evidence). fp16 / bf16 partial sums are
+  recomputed two ways, fused (``acc = round(acc + a*b)``, the exact product) and unfused
+  (``acc = round(acc + round(a*b))``, each product rounded first; skipped where every product is exact in the
+  format, as in the sparse workload); either names the bug, and the evidence says which matched.
 
 Pure numpy; the workloads are those of :mod:`fp4ref.workloads` (operands as their numpy dicts).
 """
@@ -36,8 +39,10 @@ BUGS = {
     "rounded_toward_zero": "the output is rounded toward zero (a truncating store) instead of to nearest even",
     "ties_away_from_zero": "output ties are rounded away from zero instead of to even",
     "rounded_away_from_zero": "the output is rounded away from zero instead of to nearest even",
-    "fp16_accumulation": "partial sums are kept in fp16 (low-precision accumulation)",
-    "bf16_accumulation": "partial sums are kept in bf16 (low-precision accumulation)",
+    "fp16_accumulation": "partial sums are kept in fp16 (low-precision accumulation), with the exact products "
+                         "added (fused) or each product rounded to fp16 first (unfused)",
+    "bf16_accumulation": "partial sums are kept in bf16 (low-precision accumulation), with the exact products "
+                         "added (fused) or each product rounded to bf16 first (unfused)",
     "unpromoted_fp8_accumulation": "the 14-bit fp8 tensor-core accumulator is never promoted to fp32",
     "swapped_nibbles": "the two E2M1 codes of a byte are read in the wrong order (element 0 from bits 7:4)",
     "swapped_meta_fields": "the 2:4 metadata index fields are swapped (idx0 read from bits 3:2); it computes the "
@@ -169,12 +174,25 @@ def _sequential(P, fmt_name):
     return acc
 
 
+def _accumulation_variants(P, bug, fmt_name, short):
+    """The fused form (each exact product added to the low-precision sum) and, where rounding the products to
+    ``fmt_name`` changes any of them, the unfused form (each product rounded first, then added and rounded)."""
+    out = [(bug, f"fused, exact products added to the {short} sum", lambda: _sequential(P, fmt_name))]
+    with np.errstate(all="ignore"):
+        Pr = round_float64(P, fmt_name)
+    if not np.array_equal(Pr, P, equal_nan=True):  # products exact in the format: both forms compute the same sums
+        out.append((bug, f"unfused, each product rounded to {short} before the add",
+                    lambda: _sequential(Pr, fmt_name)))
+    return out
+
+
 def _dense_variants(A, B, K):
     """(name, evidence detail, float64 values) for a dense A [m, K] x B [n, K] sample (fp16 GEMM, sparse)."""
-    out = [("dropped_k_tail", f"the last {t} ", lambda t=t: A[:, :K - t] @ B[:, :K - t].T) for t in _tails(K)]
+    out = [("dropped_k_tail", f"the last {t} K elements dropped", lambda t=t: A[:, :K - t] @ B[:, :K - t].T)
+           for t in _tails(K)]
     P = A[:, None, :] * B[None, :, :]
-    out.append(("fp16_accumulation", "", lambda: _sequential(P, "float16")))
-    out.append(("bf16_accumulation", "", lambda: _sequential(P, "bfloat16")))
+    out += _accumulation_variants(P, "fp16_accumulation", "float16", "fp16")
+    out += _accumulation_variants(P, "bf16_accumulation", "bfloat16", "bf16")
     return out
 
 
@@ -245,7 +263,8 @@ def _nvfp4_candidates(workload, ops, rows, cols):
         xx[:, K - t:] = 0
         return run(xx=xx.astype(ml_dtypes.bfloat16))
 
-    return out + [("dropped_k_tail", f"the last {t} ", lambda t=t: drop(t)) for t in _tails(K, 16)]
+    return out + [("dropped_k_tail", f"the last {t} K elements dropped", lambda t=t: drop(t))
+                  for t in _tails(K, 16)]
 
 
 def _tails(K, multiple=1):
@@ -276,14 +295,22 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
             continue
         share = _share_equal(o, x, faithful, fmt)
         if share >= _MATCH and share > base:
-            what = f"{detail}K elements dropped: " if detail else ""
-            found.append((share, Diagnosis(bug, f"{what}recomputed that way, {100 * share:.0f}% of {o.size} "
-                                                f"sampled outputs match (the correctly rounded reference: "
-                                                f"{100 * base:.0f}%)")))
-    found.sort(key=lambda t: -t[0])
+            found.append((share, bug, detail))
+    if not found:
+        return []
+    top = max(share for share, _, _ in found)
     # bugs that compute the same output are all named (swapping the two nibbles of a byte and swapping the two
-    # index fields of its meta byte put the same values in the same columns)
-    return [d for share, d in found if share == found[0][0]]
+    # index fields of its meta byte put the same values in the same columns); a bug recomputed several ways (the
+    # fused and unfused accumulation, K tails) is named once, with each way that matches best
+    best = {}
+    for share, bug, detail in found:
+        if share == top:
+            best.setdefault(bug, [])
+            if detail:
+                best[bug].append(detail)
+    return [Diagnosis(bug, f"{' or '.join(details) + ': ' if details else ''}recomputed that way, "
+                           f"{100 * top:.0f}% of {o.size} sampled outputs match (the correctly rounded reference: "
+                           f"{100 * base:.0f}%)") for bug, details in best.items()]
 
 
 def _check_workload_operands(workload, operands):

@@ -208,3 +208,31 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, workload=GEMM, operands=(ops["A"], ops["B"]))
     with pytest.raises(ValueError, match=r"operands lacks \['A'\] of gemm_n3072_k2048's arguments"):
         diagnose(ref.out, ref, workload=GEMM, operands={"X": ops["A"], "B": ops["B"]})
+
+
+def _fp16_unfused(A, B):
+    """acc = fp16(acc + fp16(a * b)), step by step in numpy float16 arithmetic (each product rounded first)."""
+    acc = np.zeros((A.shape[0], B.shape[0]), np.float16)
+    for j in range(A.shape[1]):
+        prod = A[:, j][:, None] * B[:, j][None, :]  # float16 * float16 -> float16: the product rounded
+        assert prod.dtype == np.float16
+        acc = acc + prod
+    return acc
+
+
+def test_unfused_fp16_accumulation_is_named():
+    # fp16 randn operands at K = 300, N = 16: rounding each product to fp16 before the add changes most outputs
+    # against the fused form (the exact product added to the fp16 sum); either is fp16 accumulation
+    ops = _ops(GEMM, "public", 4, 16, 300)
+    ref = GEMM.reference(**ops)
+    unfused = _fp16_unfused(ops["A"], ops["B"])
+    fused = fp16_accumulation(GEMM, ops, ref)
+    assert np.mean(unfused != fused) > 0.5
+    for out, variant in ((unfused, "unfused"), (fused, "fused")):
+        assert not bounds.check(out, ref, bounds.DEFAULT_MODEL).ok
+        found = diagnose(out, ref, workload=GEMM, operands=ops)
+        assert [d.bug for d in found] == ["fp16_accumulation"], (variant, [str(d) for d in found])
+        assert found[0].evidence.startswith(f"{variant}, "), found[0].evidence
+    # the correctly rounded output, and a correct fp32-accumulating kernel, get no diagnosis on the same operands
+    assert diagnose(ref.out, ref, workload=GEMM, operands=ops) == []
+    assert diagnose(fp32_sequential(GEMM, ops, ref), ref, workload=GEMM, operands=ops) == []
