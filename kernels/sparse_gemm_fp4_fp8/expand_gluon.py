@@ -36,7 +36,8 @@ from .._gluon import (grouped_tile, invalidate_ring, release_slot, store_layout,
                       tma_store_tile, ws_shared)
 from .gluon import _selected_sum
 
-__all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "sparse_expanded_ws_kernel"]
+__all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "promoted_chain", "sparse_expanded_ws_kernel",
+           "store_checked_tile"]
 
 BK = gl.constexpr(128)  # K per ring step = the promotion interval
 
@@ -57,15 +58,82 @@ def expand_gluon_constexprs(config, pdl: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Consumer (default) partition
+# Consumer (default) partition; its promoted chain and epilogue also serve fused_gluon.py
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _issue(a_bufs, b_bufs, ready, step, into, STAGES: gl.constexpr):
-    """Wait for ring step ``step`` and issue its wgmma into a fresh accumulator held in ``into``'s registers
-    (use_acc=False: their value is not read)."""
+def promoted_chain(issue, release, ring, step, k_steps, zero, num_warps: gl.constexpr):
+    """fp32 sum of one tile's wgmma chain over ring steps step .. step + k_steps - 1 (k_steps >= 1): each step's
+    wgmma goes into a fresh accumulator (``issue(ring, s, into)`` waits for step s and issues it into ``into``'s
+    registers, use_acc=False), is retired by ``warpgroup_mma_wait(1)`` once the next step's wgmma is issued, added
+    into the fp32 sum (``zero``'s layout) and hands its slots back (``release(ring, s, num_warps)``). Two steps
+    per iteration, their accumulators in two register sets (pa carried, pb local): a retired accumulator is never
+    copied while the other wgmma runs, which would make ptxas serialize every wgmma (advisory C7514)."""
+    acc = zero
+    pa = issue(ring, step, zero)  # step 0 of the tile (peeled)
+    for i in range(1, k_steps - 1, 2):
+        pb = issue(ring, step + i, zero)
+        ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
+        acc = acc + ra
+        release(ring, step + i - 1, num_warps)
+        pa = issue(ring, step + i + 1, ra)  # into step i - 1's registers
+        acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
+        release(ring, step + i, num_warps)
+    if k_steps % 2 == 0:  # one step left over: k_steps - 1
+        pb = issue(ring, step + k_steps - 1, zero)
+        acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
+        release(ring, step + k_steps - 2, num_warps)
+        acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
+    else:
+        acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
+    release(ring, step + k_steps - 1, num_warps)
+    return acc
+
+
+@gluon.jit
+def store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn, stride_am,
+                       stride_cm, off_m, off_n, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+    """Epilogue of the fp32 tile ``acc`` [BLOCK_M, BLOCK_N] (wgmma layout) at c[off_m, off_n]: rounded once to
+    bf16 (RNE) and stored, by TMA from ``c_smem`` (TMA_STORE: waits for the previous tile's store first; rows
+    >= M and columns >= N clipped) or from registers; a tile holding a NaN is recomputed from the selected
+    positions instead (gluon.py's ``_selected_sum``, in column chunks of 16 rows of c: few registers, a rare
+    path) and stored directly."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    has_nan = gl.max(gl.max((acc != acc).to(gl.int32), axis=1), axis=0)
+    if TMA_STORE:
+        tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
+        gl.thread_barrier()
+    if has_nan != 0:
+        st_layout: gl.constexpr = store_layout(BLOCK_N, 16, num_warps)
+        for m0 in range(off_m, gl.minimum(off_m + BLOCK_M, M), 16):
+            part = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, m0, M, N, 0,
+                                 k_steps * (BK // 4), BLOCK_N, 16, st_layout)
+            store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, m0, 0, 0, 1.0,
+                            BLOCK_N, 16, 1, False, num_warps)
+    elif TMA_STORE:
+        tma_store_tile(acc, c_smem, c_desc, off_m, off_n)  # one RNE rounding to bf16
+    else:  # one RNE rounding to bf16, from the wgmma layout (no shared memory for a TMA store)
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+        ptrs = c_ptr + gl.expand_dims(rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _issue(ring, step, into):
+    """Wait for ring step ``step`` (A and b landed) and issue its wgmma into ``into``'s registers."""
+    a_bufs, b_bufs, ready, empty, STAGES = ring
     s = step % STAGES
     mbarrier.wait(ready.index(s), (step // STAGES) & 1)
     return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), into, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _release(ring, step, num_warps: gl.constexpr):
+    """Step ``step``'s wgmma retired: hand its slot back to the producer."""
+    a_bufs, b_bufs, ready, empty, STAGES = ring
+    release_slot(empty, step, STAGES, num_warps)
 
 
 @gluon.jit
@@ -77,46 +145,15 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+    ring = (a_bufs, b_bufs, ready, empty, STAGES)
     gl.assume(k_steps >= 1)
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs ----
-        acc = zero
-        pa = _issue(a_bufs, b_bufs, ready, step, zero, STAGES)  # step 0 of the tile (peeled)
-        for i in range(1, k_steps - 1, 2):  # two steps per iteration: pa carried, pb local (C7514)
-            pb = _issue(a_bufs, b_bufs, ready, step + i, zero, STAGES)
-            ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
-            acc = acc + ra
-            release_slot(empty, step + i - 1, STAGES, num_warps)
-            pa = _issue(a_bufs, b_bufs, ready, step + i + 1, ra, STAGES)  # into step i - 1's registers
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
-            release_slot(empty, step + i, STAGES, num_warps)
-        if k_steps % 2 == 0:  # one step left over: k_steps - 1
-            pb = _issue(a_bufs, b_bufs, ready, step + k_steps - 1, zero, STAGES)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
-            release_slot(empty, step + k_steps - 2, STAGES, num_warps)
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
-        release_slot(empty, step + k_steps - 1, STAGES, num_warps)
+        acc = promoted_chain(_issue, _release, ring, step, k_steps, zero, num_warps)
         step += k_steps
-
-        # ---- epilogue: the previous tile's TMA store has read c_smem; this tile's NaN check, then its store ----
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        has_nan = gl.max(gl.max((acc != acc).to(gl.int32), axis=1), axis=0)
-        tma.store_wait(pendings=0)
-        gl.thread_barrier()
-        if has_nan != 0:  # recomputed in column chunks of 16 rows of c (few registers: a rare path)
-            st_layout: gl.constexpr = store_layout(BLOCK_N, 16, num_warps)
-            for m0 in range(off_m, gl.minimum(off_m + BLOCK_M, M), 16):
-                part = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, m0, M, N, 0,
-                                     k_steps * (BK // 4), BLOCK_N, 16, st_layout)
-                store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, m0, 0, 0, 1.0,
-                                BLOCK_N, 16, 1, False, num_warps)
-        else:
-            tma_store_tile(acc, c_smem, c_desc, off_m, off_n)  # one RNE rounding to bf16
+        store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn,
+                           stride_am, stride_cm, pid_m * BLOCK_M, pid_n * BLOCK_N, True, num_warps)
     tma.store_wait(pendings=0)
 
 

@@ -33,12 +33,11 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .._gluon import grouped_tile, store_layout, store_or_reduce, tma_store_tile
-from .expand_gluon import expand_gluon_layouts
-from .gluon import _selected_sum, shared_layouts
+from .._gluon import grouped_tile
+from .expand_gluon import expand_gluon_layouts, promoted_chain, store_checked_tile
+from .gluon import shared_layouts
 
 __all__ = ["BG", "BK", "fused_ws_constexprs", "fused_ws_layouts", "sparse_fused_ws_kernel"]
 
@@ -168,9 +167,9 @@ def _decoder(v_bufs, t_bufs, a_bufs, raw_ready, decoded, a_empty, num_pid_m, num
 
 
 @gluon.jit
-def _issue(a_bufs, b_bufs, b_ready, decoded, step, into, SB: gl.constexpr, SA: gl.constexpr):
-    """Wait for step ``step`` (b landed, A decoded) and issue its wgmma into a fresh accumulator held in
-    ``into``'s registers (use_acc=False: their value is not read)."""
+def _issue(ring, step, into):
+    """Wait for step ``step`` (b landed, A decoded) and issue its wgmma into ``into``'s registers."""
+    a_bufs, b_bufs, b_ready, decoded, empty, a_empty, SB, SA = ring
     s = step % SB
     j = step % SA
     mbarrier.wait(b_ready.index(s), (step // SB) & 1)
@@ -179,9 +178,10 @@ def _issue(a_bufs, b_bufs, b_ready, decoded, step, into, SB: gl.constexpr, SA: g
 
 
 @gluon.jit
-def _release(empty, a_empty, step, SB: gl.constexpr, SA: gl.constexpr, num_warps: gl.constexpr):
+def _release(ring, step, num_warps: gl.constexpr):
     """Step ``step``'s wgmma retired (in every consumer warpgroup): hand its b slot (with its A bytes) to the
     producer and its decoded-A slot to the decoder."""
+    a_bufs, b_bufs, b_ready, decoded, empty, a_empty, SB, SA = ring
     if num_warps > 4:
         gl.thread_barrier()
     mbarrier.arrive(empty.index(step % SB), count=1)
@@ -193,60 +193,21 @@ def _consumer(a_bufs, b_bufs, b_ready, decoded, empty, a_empty, c_smem, c_desc, 
               M, N, num_pid_m, num_pid_n, k_steps, stride_bn, stride_am, stride_cm,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SB: gl.constexpr, SA: gl.constexpr,
               GROUP_M: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition: the promoted wgmma chain of each tile of this CTA, its NaN check, its epilogue."""
+    """Default partition: the promoted wgmma chain of each tile of this CTA (expand_gluon.py's), its NaN check,
+    its epilogue."""
     WN: gl.constexpr = num_warps // 4  # warpgroups side by side along BLOCK_N
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, WN], instr_shape=[16, BLOCK_N // WN, 32])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-    rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    ring = (a_bufs, b_bufs, b_ready, decoded, empty, a_empty, SB, SA)
     gl.assume(k_steps >= 1)
     step = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs ----
-        acc = zero
-        pa = _issue(a_bufs, b_bufs, b_ready, decoded, step, zero, SB, SA)  # step 0 of the tile (peeled)
-        for i in range(1, k_steps - 1, 2):  # two steps per iteration: pa carried, pb local (C7514)
-            pb = _issue(a_bufs, b_bufs, b_ready, decoded, step + i, zero, SB, SA)
-            ra = warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
-            acc = acc + ra
-            _release(empty, a_empty, step + i - 1, SB, SA, num_warps)
-            pa = _issue(a_bufs, b_bufs, b_ready, decoded, step + i + 1, ra, SB, SA)  # into step i - 1's registers
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pb,))
-            _release(empty, a_empty, step + i, SB, SA, num_warps)
-        if k_steps % 2 == 0:  # one step left over: k_steps - 1
-            pb = _issue(a_bufs, b_bufs, b_ready, decoded, step + k_steps - 1, zero, SB, SA)
-            acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
-            _release(empty, a_empty, step + k_steps - 2, SB, SA, num_warps)
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pb,))
-        else:
-            acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
-        _release(empty, a_empty, step + k_steps - 1, SB, SA, num_warps)
+        acc = promoted_chain(_issue, _release, ring, step, k_steps, zero, num_warps)
         step += k_steps
-
-        # ---- epilogue: this tile's NaN check, then its store ----
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
-        has_nan = gl.max(gl.max((acc != acc).to(gl.int32), axis=1), axis=0)
-        if TMA_STORE:
-            tma.store_wait(pendings=0)  # the previous tile's store has read c_smem
-            gl.thread_barrier()
-        if has_nan != 0:  # recomputed in column chunks of 16 rows of c (few registers: a rare path)
-            st_layout: gl.constexpr = store_layout(BLOCK_N, 16, num_warps)
-            for m0 in range(off_m, gl.minimum(off_m + BLOCK_M, M), 16):
-                part = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, m0, M, N, 0,
-                                     k_steps * BG, BLOCK_N, 16, st_layout)
-                store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, stride_cm, off_n, m0, m0, 0, 0, 1.0,
-                                BLOCK_N, 16, 1, False, num_warps)
-        elif TMA_STORE:
-            tma_store_tile(acc, c_smem, c_desc, off_m, off_n)  # one RNE rounding to bf16
-        else:  # one RNE rounding to bf16, stored from the wgmma layout (no shared memory left for a TMA store)
-            rows = off_m + rm
-            cols = off_n + rn
-            ptrs = c_ptr + gl.expand_dims(rows.to(gl.int64) * stride_cm, 1) + gl.expand_dims(cols, 0)
-            mask = gl.expand_dims(rows < M, 1) & gl.expand_dims(cols < N, 0)
-            gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn,
+                           stride_am, stride_cm, pid_m * BLOCK_M, pid_n * BLOCK_N, TMA_STORE, num_warps)
     if TMA_STORE:
         tma.store_wait(pendings=0)
 
