@@ -963,7 +963,10 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
             f"{name} is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
             f"got {codes.shape} and {scales.shape}"
         )
-    g = float(t.global_decode_scale)
+    try:
+        g = float(t.global_decode_scale)
+    except OverflowError:  # a Python int beyond float64 (10**400): as far out as inf
+        g = math.inf if t.global_decode_scale > 0 else -math.inf
     if not (math.isfinite(g) and g > 0):
         raise ValueError(f"{name}.global_decode_scale={g!r}: expected a finite positive float")
     return codes, scales, g

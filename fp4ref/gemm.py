@@ -767,6 +767,28 @@ def nvfp4_gemm(xq, wq) -> Reference:
     })
 
 
+def _global_decode_scale(v, name: str = "weight_global_decode_scale") -> float:
+    """``v`` (a Python / numpy real scalar) rounded to float32 (RNE) once, as a Python float; a TypeError naming
+    ``name`` for another type, a ValueError naming it unless that float32 value is finite and > 0 (a value beyond
+    float32, a Python int beyond float64 such as 10**400 included, is inf there; one below half its least
+    subnormal is 0)."""
+    if not is_real(v):
+        raise TypeError(f"{name} must be a float, got {type(v).__name__}")
+    with np.errstate(over="ignore"):
+        try:
+            g = float(np.float32(v))
+        except OverflowError:  # float() of a Python int beyond float64
+            g = math.inf if v > 0 else -math.inf
+    if not (math.isfinite(g) and g > 0):
+        try:
+            shown = repr(float(v))
+        except OverflowError:  # its size, not its 401 digits
+            shown = f"({'a negative' if v < 0 else 'an'} int of {abs(v).bit_length()} bits)"
+        raise ValueError(f"{name}={shown}: expected a finite positive float (the recipe's global decode scale, "
+                         f"e.g. amax / (448 * 6)); as float32 it is {g!r}")
+    return g
+
+
 def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:
     """Reference for the NVFP4-linear workload (SOL-ExecBench nvfp4_linear_layer): y = x @ W.T, bf16 out.
 
@@ -779,15 +801,18 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
         weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
         weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
-        weight_global_decode_scale: python / numpy float, rounded to float32 (RNE) once, as a kernel holding it in
-            an fp32 register does (the workload passes the float32 value it stored, so this is exact there).
+        weight_global_decode_scale: python / numpy float (an int is its value), rounded to float32 (RNE) once, as a
+            kernel holding it in an fp32 register does (the workload passes the float32 value it stored, so this is
+            exact there); that float32 value must be finite and > 0.
         recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
 
     Returns:
         :class:`Reference`, ``out`` ml_dtypes.bfloat16 [..., N].
 
     Raises:
-        TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]).
+        TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]);
+            ``weight_global_decode_scale`` not a real scalar (TypeError), or inf, NaN or <= 0 as float32
+            (ValueError: 1e39 and an int beyond float64, 10**400, too).
 
     Source: SOL-ExecBench nvfp4_linear_layer (docs/verify.md).
     """
@@ -813,11 +838,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
             f"got {wc.shape} and {ws.shape}"
         )
-    if not is_real(weight_global_decode_scale):
-        raise TypeError(f"weight_global_decode_scale must be a float, got {type(weight_global_decode_scale).__name__}")
-    if not (math.isfinite(float(weight_global_decode_scale)) and float(weight_global_decode_scale) > 0):
-        raise ValueError(f"weight_global_decode_scale={float(weight_global_decode_scale)!r}: expected a finite "
-                         "positive float (the recipe's global decode scale, e.g. amax / (448 * 6))")
+    wg = _global_decode_scale(weight_global_decode_scale)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     bad = ~np.isfinite(x2.astype(np.float32))
@@ -827,7 +848,6 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
                          f"{int(first[1])}): the layer quantizes x with the {recipe!r} recipe, which has no NaN/inf "
                          "policy, so there is no reference output for such x")
     xq = nvfp4_quantize(x2, recipe=recipe)
-    wg = float(np.float32(weight_global_decode_scale))
     ref = _nvfp4_core(np.asarray(xq.codes, np.uint8), np.asarray(xq.scales, np.uint8), float(xq.global_decode_scale),
                       wc, ws, wg, K, {
                           "workload": "nvfp4_linear", "x_shape": tuple(x.shape), "N": N, "K": K, "recipe": str(recipe),

@@ -17,6 +17,7 @@ import pytest
 
 from fp4ref import gemm
 from fp4ref.packing import compress_2to4
+from fp4ref.workloads import get_workload
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
@@ -588,3 +589,35 @@ def test_nvfp4_gemm_reads_bytes_never_values():
             gemm.nvfp4_gemm(dataclasses.replace(xq, global_decode_scale=np.float32(g)), wq)
         with pytest.raises(ValueError, match="global_decode_scale"):
             nvfp4_dequantize(dataclasses.replace(wq, global_decode_scale=np.float32(g)))
+
+
+def test_nvfp4_linear_weight_global_decode_scale_beyond_float32_is_a_value_error():
+    """weight_global_decode_scale is rounded to float32 once: a value that is inf or 0 there is refused with a
+    ValueError naming it, an int beyond float64 (10**400) included (it was an OverflowError from the cast), and
+    1e39 (was a RuntimeWarning, then an error not naming the argument); float32's extremes are taken."""
+    x = np.ones((1, 16), np.float32)
+    codes = np.full((1, 8), 0x22, np.uint8)  # every element 1.0
+    scales = np.full((1, 1), 0x38, np.uint8)  # 1.0
+    for bad in (10**400, -10**400, 10**39, 1e39, 2.0**128, 1e-46, -1.0):
+        with pytest.raises(ValueError, match=r"^weight_global_decode_scale=.*expected a finite positive"):
+            gemm.nvfp4_linear(x, codes, scales, bad)
+    # x (16 ones) decodes to 1.0 within the float32 rounding of its own global decode scale (relative error
+    # < 2^-20), so the output is bf16(16 * g) with g the float32 value of the argument: 16 * g where bf16 holds it,
+    # 0 below bf16's least subnormal 2^-133, inf beyond bf16's max
+    f32 = np.finfo(np.float32)
+    for g, want in ((3, 48.0), (np.int64(3), 48.0), (2.0**120, 2.0**124), (float(f32.smallest_normal), 2.0**-122),
+                    (float(f32.smallest_subnormal), 0.0), (float(f32.max), math.inf)):
+        out = gemm.nvfp4_linear(x, codes, scales, g).out.astype(np.float64)
+        assert out.tolist() == [[want]], (g, out)
+    # the workload's reference on a row subset (x's amax given) checks it the same way; an NVFP4Tensor holding it
+    # is refused when decoded
+    w = get_workload("nvfp4_linear_n8192_k8192")
+    with pytest.raises(ValueError, match=r"^weight_global_decode_scale=\(an int of 1329 bits\)"):
+        w.reference(x=x, weight_fp4=codes, weight_scales=scales, weight_global_decode_scale=10**400,
+                    x_global_amax=1.0)
+    assert w.reference(x=x, weight_fp4=codes, weight_scales=scales, weight_global_decode_scale=3,
+                       x_global_amax=1.0).out.astype(np.float64).tolist() == [[48.0]]
+    wq = NVFP4Tensor(codes=codes, scales=scales, global_decode_scale=10**400, shape=(1, 16), recipe="sol",
+                     block=(1, 16), axis=1)
+    with pytest.raises(ValueError, match=r"^t\.global_decode_scale=inf: expected a finite positive float"):
+        nvfp4_dequantize(wq)
