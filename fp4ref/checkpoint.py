@@ -879,6 +879,15 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
         a non-finite weight, or one that an MX mode other than floor stores past its own dtype's range (inf there),
         named. KeyboardInterrupt propagates after the partial output was removed.
     """
+    return _quantize_checkpoint(in_path, out_path, fmt=fmt, checkpoint_format=checkpoint_format, recipe=recipe,
+                                mode=mode, include=include, ignore=ignore, jobs=jobs, force=force, progress=progress,
+                                dry_run=dry_run, pad=pad)[0]
+
+
+def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, mode, include, ignore, jobs, force,
+                         progress, dry_run, pad) -> tuple:
+    """:func:`quantize_checkpoint`'s work: (its reports, the input :class:`Checkpoint` it opened, whose config and
+    subdirectories the CLI's notes read without opening the input again)."""
     jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)  # pad is read below, before the plan
     if out_path is not None or not dry_run:  # None only for a dry run without an output to check
@@ -890,7 +899,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     ckpt = open_checkpoint(in_path)
     items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
     if dry_run and out_path is None:
-        return [_report(it, target, planned=True) for it in items]
+        return [_report(it, target, planned=True) for it in items], ckpt
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out_path)
     if not is_dir and target.checkpoint_format != "fp4ref":
@@ -900,7 +909,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
     loc = OutputLocation(out_path, is_dir=is_dir, force=force or dry_run, source=ckpt,
                          names=_output_names(ckpt, target, quantized=True) if is_dir else None)
     if dry_run:
-        return [_report(it, target, planned=True) for it in items]
+        return [_report(it, target, planned=True) for it in items], ckpt
     with Workers(jobs, len(items)) as pool, Progress(progress, "quantize") as bar:
         # pass 1: amax of every quantized tensor (and the non-finite check) before anything is written
         q_items = [it for it in items if it.quantized]
@@ -929,7 +938,7 @@ def quantize_checkpoint(in_path, out_path, *, fmt: str = "nvfp4", checkpoint_for
             rep.sqnr_db, rep.max_abs_err = st["sqnr_db"], st["max_abs_err"]
             rep.zero_blocks, rep.seconds = st["zero_blocks"], st["seconds"]
         reports.append(rep)
-    return reports
+    return reports, ckpt
 
 
 def _report(it: Item, target: Target, planned: bool = False) -> TensorReport:
@@ -1384,6 +1393,11 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
         float32, bfloat16, float16. QuantizeFileError / CheckpointError: not a quantized checkpoint, bad paths,
         ``jobs`` < 1, a value overflowing the target dtype (named).
     """
+    return _dequantize_checkpoint(in_path, out_path, dtype=dtype, jobs=jobs, force=force, progress=progress)[0]
+
+
+def _dequantize_checkpoint(in_path, out_path, *, dtype, jobs, force, progress) -> tuple:
+    """:func:`dequantize_checkpoint`'s work: (its reports, the input :class:`Checkpoint` it opened)."""
     jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress)
     path_arg(out_path, "output")
@@ -1436,7 +1450,7 @@ def dequantize_checkpoint(in_path, out_path, *, dtype=None, jobs: int = 1, force
                                         seconds=r["seconds"]))
         else:
             reports.append(TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason="not quantized"))
-    return sorted(reports, key=lambda r: r.name)
+    return sorted(reports, key=lambda r: r.name), ckpt
 
 
 @dataclass

@@ -43,13 +43,15 @@ from .checkpoint import (
     FORMATS,
     QuantizeFileError,
     TensorReport,
+    _dequantize_checkpoint,
+    _quantize_checkpoint,
     dequantize_checkpoint,
     parse_dtype,
     print_report,
     quantize_checkpoint,
 )
 from ._validate import Stop, help_description, sigterm_as_interrupt
-from .checkpoint_io import CheckpointError, open_checkpoint
+from .checkpoint_io import CheckpointError
 
 __all__ = [
     "FORMATS",
@@ -218,14 +220,16 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
         if args.dequantize:
             if args.dtype is not None:
                 parse_dtype(args.dtype, "--dtype")
-            reports = dequantize_file(args.input, args.output, progress=show, dtype=args.dtype, jobs=args.jobs,
-                                      force=args.force)
+            reports, ckpt = _dequantize_checkpoint(args.input, args.output, progress=show, dtype=args.dtype,
+                                                   jobs=args.jobs, force=args.force)
             title = f"fp4ref quantize --dequantize {args.input} -> {args.output}"
         else:
-            reports = quantize_checkpoint(args.input, args.output, fmt=fmt, checkpoint_format=cf, recipe=args.recipe,
-                                          mode=args.mode, include=args.include, ignore=ignore, jobs=args.jobs,
-                                          force=args.force, progress=show and not args.dry_run,
-                                          dry_run=args.dry_run, pad=args.pad)
+            # the Checkpoint the run opened: the notes below read its config and subdirectories
+            reports, ckpt = _quantize_checkpoint(args.input, args.output, fmt=fmt, checkpoint_format=cf,
+                                                 recipe=args.recipe, mode=args.mode, include=args.include,
+                                                 ignore=ignore, jobs=args.jobs, force=args.force,
+                                                 progress=show and not args.dry_run, dry_run=args.dry_run,
+                                                 pad=args.pad)
             opt = f"recipe {args.recipe}" if args.recipe else f"mode {args.mode}" if args.mode else "default options"
             title = f"fp4ref quantize {args.input} -> {args.output} ({cf} {fmt}, {opt})"
             if args.dry_run:
@@ -247,7 +251,6 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
     if args.dry_run and args.output is not None and Path(args.output).exists() and not args.force:
         print(f"fp4ref quantize: note: {args.output} exists; the run itself needs --force to replace it",
               file=sys.stderr)
-    ckpt = open_checkpoint(args.input)
     if not args.dequantize and not args.dry_run and cf != "fp4ref" and ckpt.config is None:
         carried = "hf_quant_config.json" if cf == "modelopt" else "a config.json holding only quantization_config"
         if ckpt.kind == "file":

@@ -512,3 +512,32 @@ def test_trailing_separator_onto_an_existing_file_says_it_asked_for_a_directory(
         OutputLocation(str(plain) + os.sep, is_dir=True, force=True)
     with pytest.raises(CheckpointError, match=r"expected a directory \(the output of a model directory or an index"):
         OutputLocation(plain, is_dir=True, force=True)
+
+
+def test_a_run_reads_the_input_headers_before_the_output_exists_and_not_after(tmp_path, capsys, monkeypatch):
+    """The notes printed after a run (no config.json, subdirectories not copied) come from the checkpoint the run
+    opened: the input is not opened again once the output exists (it was, once more, after each run)."""
+    import safetensors
+
+    src, mo, deq = tmp_path / "in", tmp_path / "mo", tmp_path / "deq"
+    src.mkdir()
+    _small_file(src / "model.safetensors")
+    (src / "original").mkdir()
+    opens = []  # for each safe_open of an input shard: whether the output existed then
+    real = safetensors.safe_open
+    run = {}
+
+    def counting(path, *a, **kw):
+        if Path(path).resolve().parent == run["input"].resolve():
+            opens.append(run["output"].exists())
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(safetensors, "safe_open", counting)
+    for inp, out, opts in ((src, mo, ["--checkpoint-format", "modelopt"]), (mo, deq, ["--dequantize"])):
+        run.update(input=inp, output=out)
+        opens.clear()
+        assert main([str(inp), "-o", str(out), "--quiet", *opts]) == 0
+        err = capsys.readouterr().err
+        assert out.is_dir() and opens and not any(opens), (opts, opens)
+        if inp is src:
+            assert "has no config.json" in err and "subdirectories of" in err and "original/" in err, err
