@@ -423,9 +423,11 @@ class OutputLocation:
     publish.
 
     Raises:
-        CheckpointError: target exists without force; its directory is missing, a file (named as such) or not
-            writable; target is (or holds) an input shard, or lies inside the input's directory; an existing target
-            directory holds a subdirectory, or (at publish) names the new output does not have.
+        CheckpointError: target exists without force; its directory is missing, a file (named as such), not
+            writable, or takes no new file (/proc, /sys: tried by creating and removing a temporary directory
+            there, as :meth:`create` will); target is (or holds) an input shard, or lies inside the input's
+            directory; an existing target directory holds a subdirectory, or (at publish) names the new output does
+            not have.
     """
 
     def __init__(self, target, *, is_dir: bool, force: bool, source: Checkpoint | None = None,
@@ -474,6 +476,14 @@ class OutputLocation:
         if not os.access(parent, os.W_OK | os.X_OK):
             raise CheckpointError(f"output directory {str(parent)!r} is not writable (the output is built beside "
                                   f"{self.target.name!r}, then renamed onto it)")
+        # access() does not see everything: root passes it whatever the mode bits, and file systems such as /proc
+        # and /sys take no new file from anyone; so create() is tried now, its directory removed at once
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=f".{self.target.name}.fp4ref-tmp-{os.getpid()}-", dir=str(parent)))
+        except OSError as e:
+            raise CheckpointError(f"output path {str(self.target)!r}: cannot create files in {str(parent)!r} "
+                                  f"({e.strerror}; the output is built beside it, then renamed onto it); choose "
+                                  "another output path") from None
         if self.target.is_dir() and not self.target.is_symlink():
             subdirs = sorted(e.name for e in os.scandir(self.target) if e.is_dir(follow_symlinks=False))
             if subdirs:

@@ -893,6 +893,35 @@ def test_an_unwritable_output_directory_is_refused_before_any_work(src, tmp_path
     capsys.readouterr()
 
 
+PSEUDO_DIRS = [d for d in ("/proc", "/sys") if os.path.isdir(d)]  # file systems that create no files
+
+
+@pytest.mark.skipif(not PSEUDO_DIRS, reason="no /proc or /sys here")
+@pytest.mark.parametrize("where", PSEUDO_DIRS)
+def test_an_output_in_a_directory_that_creates_no_files_is_refused_before_any_work(src, modelopt_out, where,
+                                                                                   capsys, monkeypatch):
+    """/proc and /sys accept no new file, yet a root user's access() says they are writable: a new file there
+    was refused only when the output was built, after the amax pass over every weight. The output's directory
+    is now tried up front (and by --dry-run). os.access is patched to answer as it does for root, so the test
+    does not depend on the user running it."""
+    from fp4ref import checkpoint_io
+
+    root, _ = src
+    real = os.access
+    monkeypatch.setattr(checkpoint_io.os, "access",
+                        lambda p, mode, **kw: True if str(p) == where else real(p, mode, **kw))
+    monkeypatch.setattr(C, "Workers", _NoWork)
+    out = os.path.join(where, "fp4ref-test-output")
+    for argv, target in (([str(root), "-o", out, "--quiet"], out),  # a directory of shards
+                         ([str(root / SHARD1), "-o", out + ".safetensors", "--quiet"], out + ".safetensors"),
+                         ([str(root), "-o", out, "--quiet", "--dry-run"], out),
+                         ([str(modelopt_out), "-o", out, "--quiet", "--dequantize"], out)):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"output path {target!r}: cannot create files in {where!r}" in err, (argv, err)
+        assert not os.path.lexists(target)
+
+
 def test_subdirectories_of_the_input_are_named_as_not_copied(src, tmp_path, capsys):
     root = tmp_path / "in"
     shutil.copytree(src[0], root)
