@@ -343,8 +343,8 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
     K (:func:`exact_accumulation_sparse_arrays`) takes every element's partial sums past 2^13 (>= 13312 at
     k = 2048; with N = 128 only from k = 512) with half-odd products still to come, so an UNpromoted accumulator
     drops bits. The output check catches that where the dropped bits change the rounded output: every seed tried at
-    k >= 1024, some draws not at k = 512, and below that nothing forces it (docs/bounds.md). ``positive``: only positive values (no
-    cancellation)."""
+    k >= 1024, some draws not at k = 512, and below that nothing forces it (docs/bounds.md). ``positive``: only
+    positive values (no cancellation)."""
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
     if k % 4:

@@ -679,7 +679,8 @@ def test_gemv_model_is_registered_and_tighter():
     name = nvl.accumulation_model(cfg, 8192)
     assert name == "splitk(fp32_rn_block16, 2048)"
     e = bounds.get_model(name).eps(8192)
-    assert e == pytest.approx(bounds.gamma(128, 2.0**-24) + bounds.gamma(3, 2.0**-24) * (1 + bounds.gamma(128, 2.0**-24)))
+    u = 2.0**-24
+    assert e == pytest.approx(bounds.gamma(128, u) + bounds.gamma(3, u) * (1 + bounds.gamma(128, u)))
     assert e < bounds.get_model(nvl.NUMERIC_CONTRACT.model).eps(8192)
     with pytest.raises(TypeError, match="config"):
         nvl.accumulation_model("gemv", 16)

@@ -471,7 +471,8 @@ def _build(cfg, nan_check_bytes=False, even_k=True):
            "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ag": "constexpr",
            "stride_bn": "i32", "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m, "MMA": mod.configs.MMA_KINDS[cfg.mma],
+              "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k, "GROUP_M": cfg.group_m,
+              "MMA": mod.configs.MMA_KINDS[cfg.mma],
               "NAN_CHECK_BYTES": nan_check_bytes, "EVEN_K": even_k}
     div16 = [p for p, t in sig.items() if t.startswith("*")] + ["N", "K", "stride_am", "stride_bn", "stride_cm"]
     return compile_for_sm90(fused.sparse_gemm_fp4_fp8_kernel, sig, consts, num_warps=cfg.num_warps,
@@ -484,7 +485,8 @@ def _build_expand(cfg, nan_check_bytes=False, even_k=True):
     BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
     sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {BK}]>", "b_desc": f"tensordesc<fp8e4nv[{BN // cfg.n_split}, {BK}]>",
            "vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "flag_ptr": "*i32",
-           "M": "i32", "N": "i32", "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr", "stride_bn": "i32",
+           "M": "i32", "N": "i32", "K": "i32", "num_programs": "i32", "stride_am": "i32", "stride_ag": "constexpr",
+           "stride_bn": "i32",
            "stride_bk": "constexpr", "stride_cm": "i32", "stride_cn": "constexpr"}
     consts = {"stride_ag": 1, "stride_bk": 1, "stride_cn": 1, "BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK,
               "GROUP_M": cfg.group_m, "N_SPLIT": cfg.n_split,

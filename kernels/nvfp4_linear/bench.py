@@ -602,7 +602,8 @@ def main(argv=None) -> int:
              f"span of the call, kernel sum = its kernels' CUPTI durations added, event = CUDA events; copy "
              f"{bw / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s measured in this run)")
     cols = ["M", "path config", "ours CUPTI", "ours kernel sum", "ours event", "(a) torch dequant+mm CUPTI",
-            "(a) event", "(a)/ours", "(b) bf16 mm, W pre-dequant CUPTI", "(b) event", "(b)/ours", "floor", "ours % of floor"]
+            "(a) event", "(a)/ours", "(b) bf16 mm, W pre-dequant CUPTI", "(b) event", "(b)/ours", "floor",
+            "ours % of floor"]
     print_table(title, cols, rows, markdown=args.markdown)
     print_table(f"NVFP4 quantize of x [M, 8192] on {dev} (us per call; peer: the recipe in torch ops, x dequantized)",
                 ["M", "ours CUPTI", "ours event", "torch recipe CUPTI", "torch event", "torch/ours", "floor",

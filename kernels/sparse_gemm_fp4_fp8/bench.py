@@ -222,7 +222,8 @@ def check_sizes(Ms, N, K, log, configs=None) -> bool:
                 rep_own = check(out, ref, own, output_rounding="rne", poison=float("nan"))
                 n_nan = int(np.isnan(ref.exact).sum())
                 ok = rep.ok and rep_own.ok and det
-                line = (f"check M={M:5d} {label:9s} {_path(cfg)} cfg={_cfg_name(cfg)} det={det}{prep} | {contract}: {rep.summary()} | "
+                line = (f"check M={M:5d} {label:9s} {_path(cfg)} cfg={_cfg_name(cfg)} det={det}{prep} | "
+                        f"{contract}: {rep.summary()} | "
                         f"own {own}: max err/bound {rep_own.max_err_over_bound:.3g}, ok={rep_own.ok} | "
                         f"ref NaNs={n_nan} ({time.time() - t0:.1f}s)  {'OK' if ok else 'FAIL'}")
                 print(line, flush=True)
@@ -396,7 +397,8 @@ COLUMNS = ["M", "path", "config", "ours CUPTI us", "ours event us", "cuBLAS fp8 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("--m", type=int, nargs="*", default=None, help="M values (default: 1 7 16 64 100 256 1024 4096 8192)")
+    p.add_argument("--m", type=int, nargs="*", default=None,
+                   help="M values (default: 1 7 16 64 100 256 1024 4096 8192)")
     p.add_argument("--n", type=int, default=N_WORKLOAD)
     p.add_argument("--k", type=int, default=K_WORKLOAD)
     p.add_argument("--check", action="store_true", help="check correctness on every M before timing")

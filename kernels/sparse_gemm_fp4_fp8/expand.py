@@ -96,12 +96,14 @@ def sparse_gemm_expanded_kernel(
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])   # rows >= M, columns >= K: zeros (TMA padding)
             b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             if NAN_CHECK_BYTES:
-                nan_rows = tl.maximum(nan_rows, tl.max(((b.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+                nan_b = (b.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
+                nan_rows = tl.maximum(nan_rows, tl.max(nan_b.to(tl.int32), axis=1))
             acc0 = _mma(a, b, acc0, BLOCK_K, 1)  # fp8 wgmma, promoted into fp32 every K-tile
             if N_SPLIT == 2:
                 b1 = b_desc.load([pid_n * BLOCK_N + BN, kt * BLOCK_K])
                 if NAN_CHECK_BYTES:
-                    nan_rows = tl.maximum(nan_rows, tl.max(((b1.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1))
+                    nan_b1 = (b1.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
+                    nan_rows = tl.maximum(nan_rows, tl.max(nan_b1.to(tl.int32), axis=1))
                 acc1 = _mma(a, b1, acc1, BLOCK_K, 1)
         if NAN_CHECK_BYTES:
             has_nan = tl.max(nan_rows, axis=0) > 0
