@@ -64,6 +64,7 @@ __all__ = [
     "hopper_fp8_wgmma_promote",
     "gamma",
     "bound",
+    "no_bound_message",
     "check",
     "Report",
     "OUTPUT_ROUNDINGS",
@@ -172,6 +173,8 @@ class AccumulationModel:
         if self.kind == "splitk":
             n = -(-K // self.chunk)
             e_in = self.inner.eps(min(K, self.chunk))
+            if math.isinf(e_in):  # (one chunk: gamma_0 = 0, and 0 * inf would be NaN)
+                return math.inf
             return e_in + gamma(max(n - 1, 0), U32) * (1 + e_in)
         # block_fma
         if self.promote_every is not None and K > self.promote_every:
@@ -187,6 +190,26 @@ class AccumulationModel:
         u_r = 2.0 ** (1 - self.acc_p) if self.acc_rounding == "rz" else 2.0 ** (-self.acc_p)
         t = K * 2.0 ** (-self.F) + n * u_r
         return math.inf if t >= 1 else t / (1 - t)
+
+    def vacuous_from(self) -> int | None:
+        """The smallest K at which :meth:`eps` is infinite (the model bounds nothing from there on), or None when
+        eps_acc(K) is finite for every K below 2^62 (``exact``, ``tc_fp32_universal``).
+
+        ``hopper_fp8_wgmma``: 7943 (K 2^-13 + ceil(K/32) 2^-13 reaches 1); ``fp32_rn``: 2^24 (gamma_K(2^-24));
+        a split-K or promoting model: where its chunk's model or its fp32 sum of the chunks gives out. eps_acc(K)
+        never decreases with K, so this is a bisection.
+        """
+        hi = 2**62
+        if not math.isinf(self.eps(hi)):
+            return None
+        lo = 0  # eps(lo) finite (lo = 0: no K yet), eps(hi) infinite
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if math.isinf(self.eps(mid)):
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def describe(self, K: int | None = None) -> str:
         """One line: name, parameters, and eps_acc(K) if K is given (a positive int, as for :meth:`eps`)."""
@@ -420,6 +443,17 @@ class NumericContract:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def no_bound_message(model, K: int) -> str:
+    """Why ``model`` cannot check a length-K GEMM (its eps_acc(K) is infinite), and what to declare instead."""
+    m = get_model(model)
+    first = m.vacuous_from()
+    return (f"model {m.name!r} gives no finite bound at K={K}: its eps_acc(K) is infinite for every K >= {first} "
+            "(the error analysis bounds nothing there, so no output could fail the check). Check against the model "
+            "of what the kernel does at this K: one that adds the accumulator into fp32 at intervals "
+            "('hopper_fp8_wgmma_promote(N)') or a split-K one ('splitk(<model>, C)': chunks of C products, each "
+            "within what <model> bounds)")
+
+
 @dataclass(frozen=True)
 class BoundTerms:
     """The terms of the per-element bound (float64 arrays, shape of the output)."""
@@ -446,7 +480,9 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
 
     Raises:
         TypeError: ``epilogue_multiplies`` not None or an int (a float such as 2.0, a str, a bool).
-        ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range.
+        ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range; a model whose eps_acc(K) is
+            infinite at the reference's K (:meth:`AccumulationModel.vacuous_from`: such a bound passes any output,
+            so it is refused; the message names the model, K and the first K the model gives out at).
 
     Returns:
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
@@ -463,6 +499,8 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
     C = np.abs(ref.exact) + ref.exact_err
     eps = m.eps(ref.K) if ref.K else 0.0  # K = 0: an empty sum, nothing accumulated
+    if not math.isfinite(eps):  # every element's bound would be inf: any output, however wrong, would pass
+        raise ValueError(no_bound_message(m, ref.K))
     with np.errstate(invalid="ignore", over="ignore"):
         # |A||B| is a float64 matmul of exact magnitudes: within gamma_K(2^-53) of the true value; inflate for it.
         e_acc = eps * (ref.absprod * (1 + (ref.K + 2) * 2.0**-52)) if eps else np.zeros_like(C)
@@ -660,7 +698,8 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     Raises:
         TypeError: wrong dtype of ``out`` or ``ref``, a non-numeric ``poison``, a non-bool
         ``exact_accumulation``, an ``epilogue_multiplies`` that is not None or an int; ValueError: shape mismatch,
-        unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES].
+        unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES], a model with no
+        finite bound at ``ref.K`` (as for :func:`bound`; before any element is compared).
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")

@@ -381,7 +381,8 @@ def verify(
         :class:`VerifyResult`.
 
     Raises:
-        ValueError: a bad argument (before any kernel runs). :class:`MissingDependency`: torch, triton (for the
+        ValueError: a bad argument, or a model (``model`` or the kernel's declaration) with no finite bound at a
+            workload's K (before any kernel runs). :class:`MissingDependency`: torch, triton (for the
             project's kernels, or a ``kernel`` that imports it) or hypothesis (for the exact-accumulation families)
             is not installed (before any kernel runs). MemoryError: the operands of an M do not fit in memory (the
             message names the M and the workload). :class:`Interrupted`: Ctrl-C during the run.
@@ -470,6 +471,10 @@ def verify(
                     model_name = contract.model_for(cfg, k, interpreted, M=int(m), N=n).name
                 else:
                     model_name = bounds.DEFAULT_MODEL
+                if not math.isfinite(bounds.get_model(model_name).eps(k)):  # it would pass any output
+                    src = ("model (--model)" if model is not None
+                           else f"the model {spec} declares for M={int(m)}, N={n}")
+                    raise ValueError(f"{name} at K={k}: {src}: {bounds.no_bound_message(model_name, k)}")
                 for f in fams:
                     plan.append(_Case(w, fn, spec, model_name, rounding, int(m), n, k, f,
                                       integrity and first and f == fams[0]))

@@ -106,6 +106,65 @@ def test_bound_of_an_empty_sum_has_no_accumulation_term():
         assert bounds.check(np.zeros((2, 3), np.float16), ref, name).ok
 
 
+def _sparse_ref(K, seed=0):
+    from fp4ref.packing import compress_2to4
+
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (2, K)).astype(np.uint8)
+    codes[:, 2::4] = 0
+    codes[:, 3::4] = 0
+    vals, meta = compress_2to4(codes)
+    return gemm.sparse_gemm_fp4_fp8(vals, meta, rng.integers(0, 0x7E, (4, K)).astype(np.uint8))
+
+
+def test_a_model_with_no_finite_bound_at_K_is_refused_not_passed():
+    """hopper_fp8_wgmma's eps_acc(K) is inf from K = 7943: every element's bound was inf, check passed an output of
+    12345 everywhere with "max err/bound 0". It is a ValueError now (bound, check, assert_gemm_close), before any
+    element is compared, naming the model, K and the first K the model gives out at."""
+    from fp4ref import testing
+
+    ref = _sparse_ref(8192)
+    wrong = np.full(ref.out.shape, 12345.0, ml_dtypes.bfloat16)
+    msg = r"'hopper_fp8_wgmma' gives no finite bound at K=8192: .* K >= 7943 .*promote.*splitk"
+    for call in (lambda: bounds.check(wrong, ref, "hopper_fp8_wgmma"),
+                 lambda: bounds.check(ref.out.copy(), ref, "hopper_fp8_wgmma"),  # the right output as well
+                 lambda: bounds.check(wrong, ref, "hopper_fp8_wgmma", exact_accumulation=True),
+                 lambda: bounds.bound(ref, "hopper_fp8_wgmma"),
+                 lambda: testing.assert_gemm_close(wrong, ref, "hopper_fp8_wgmma")):
+        with pytest.raises(ValueError, match=msg):
+            call()
+    # split-K over it inherits it, also at K = 8000 inside one chunk (eps was NaN there: 0 * inf)
+    ref8000 = _sparse_ref(8000)
+    with pytest.raises(ValueError, match=r"'splitk\(hopper_fp8_wgmma, 8192\)' gives no finite bound at K=8000"):
+        bounds.check(ref8000.out.copy(), ref8000, "splitk(hopper_fp8_wgmma, 8192)")
+    # a model with a finite bound at that K still checks: the promoted fp8 model fails the wrong output
+    rep = bounds.check(wrong, ref, "hopper_fp8_wgmma_promote(128)")
+    assert not rep.ok and rep.n_violations > 0
+
+
+def test_a_model_just_below_its_vacuous_K_still_checks():
+    # K = 7940: t = (7940 + ceil(7940/32)) 2^-13 = 8189/8192, eps = t / (1 - t) = 8189/3: finite, so check runs
+    ref = _sparse_ref(7940)
+    assert bounds.bound(ref, "hopper_fp8_wgmma").eps_acc == pytest.approx(8189 / 3, rel=1e-14)
+    rep = bounds.check(ref.out.copy(), ref, "hopper_fp8_wgmma")
+    assert rep.ok and rep.bitwise_equal_fraction == 1.0 and rep.K == 7940
+
+
+def test_vacuous_from_is_the_first_K_with_an_infinite_eps():
+    # by hand: the smallest K with K 2^-13 + ceil(K/32) 2^-13 >= 1 (hopper fp8), K 2^-24 >= 1 (fp32 RN); a split-K
+    # model gives out where its chunk's model does, or where gamma_{ceil(K/C)-1}(2^-24) does
+    fp8 = next(K for K in range(1, 10**4) if K + -(-K // 32) >= 2**13)
+    assert fp8 == 7943
+    want = {"hopper_fp8_wgmma": fp8, "fp32_rn": 2**24, "splitk(hopper_fp8_wgmma, 8192)": fp8,
+            "splitk(hopper_fp8_wgmma, 4096)": 4096 * 2**24 + 1, "hopper_fp8_wgmma_promote(10000)": fp8,
+            "exact": None, "tc_fp32_universal": None}
+    for name, first in want.items():
+        m = bounds.get_model(name)
+        assert m.vacuous_from() == first, name
+        if first is not None:
+            assert math.isinf(m.eps(first)) and math.isfinite(m.eps(first - 1)), name
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # soundness: the simulator never exceeds the model's bound
 # ---------------------------------------------------------------------------------------------------------------

@@ -592,6 +592,32 @@ def test_a_kernels_plain_numeric_model_is_the_model_its_rows_are_checked_under(t
             V.verify(["gemm_n3072_k2048"], kernel=f"bad_model_{i}:gemm", **kw)
 
 
+def test_a_model_with_no_finite_bound_at_the_workloads_K_is_refused_before_any_kernel_runs(tmp_path, monkeypatch):
+    """hopper_fp8_wgmma gives no finite bound from K = 7943 (docs/bounds.md): at K = 8192 every row would have been
+    checked against an infinite bound. verify refuses the model up front, declared or given with --model, and names
+    the workload, K and the model; the kernel is never called."""
+    import dataclasses
+
+    from fp4ref.workloads import WORKLOADS
+
+    monkeypatch.setattr(V, "get_workload", lambda n: dataclasses.replace(WORKLOADS[n], cpu_k=8192))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "vacuous_kernel.py").write_text(
+        'NUMERIC_MODEL = "hopper_fp8_wgmma"\nCALLS = []\n'
+        "def gemm(A, B):\n    CALLS.append(1)\n    raise AssertionError('called')\n")
+    import vacuous_kernel
+
+    kw = dict(device="cpu", sizes=[2], families=["public"], integrity=False)
+    with pytest.raises(ValueError, match=r"gemm_n3072_k2048 at K=8192: the model vacuous_kernel:gemm declares for "
+                                         r"M=2, N=512: model 'hopper_fp8_wgmma' gives no finite bound at K=8192: "
+                                         r".* K >= 7943"):
+        V.verify(["gemm_n3072_k2048"], kernel="vacuous_kernel:gemm", **kw)
+    with pytest.raises(ValueError, match=r"at K=8192: model \(--model\): model 'splitk\(hopper_fp8_wgmma, 8192\)'"):
+        V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:right", model="splitk(hopper_fp8_wgmma, 8192)",
+                 **kw)
+    assert vacuous_kernel.CALLS == []
+
+
 def test_json_dash_sends_a_kernels_own_prints_to_stderr(tmp_path, monkeypatch, capsys):
     """--json -: a --kernel that prints (in its module and in every call) leaves stdout to the JSON alone; its text
     goes to stderr, and sys.stdout is restored after the run, also when the run stops with an exception."""
