@@ -13,7 +13,8 @@ Checkpoint formats (:data:`LAYOUTS`; tensor NAME = ``X.weight``, or a 3-D expert
              X.weight_scale_2 F32 [] (global decode scale = amax / 2688); hf_quant_config.json quant_algo
              "W4A16_NVFP4" (weight only: no input_scale, see docs/checkpoints.md); 3-D P [E, N, K]: P, P_weight_scale,
              P_weight_scale_2 F32 [E].
-      mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32] (E8M0 bytes); quant_algo "MXFP8".
+      mxfp8  X.weight F8_E4M3 [N, K], X.weight_scale U8 [N, K/32] (E8M0 bytes); quant_algo "MXFP8"; 3-D P: P,
+             P_weight_scale.
     compressed-tensors (compressed-tensors 0.20.1, presets NVFP4A16 / MXFP4A16 / MXFP8A16)
       nvfp4  X.weight_packed U8 [N, K/2], X.weight_scale F8_E4M3 [N, K/16], X.weight_global_scale F32 [1]
              (the ENCODE direction: 2688 / amax; decode scale = 1 / it); format "nvfp4-pack-quantized".
@@ -183,12 +184,16 @@ def output_names(checkpoint_format: str, fmt: str, name: str) -> dict:
         if fmt == "nvfp4":
             out["global"] = name + "_scale_2"
         return out
-    if name.endswith(".weight"):
-        base = name[: -len("weight")]
-    elif checkpoint_format == "modelopt":
-        base = name + "_"
-    else:
-        raise ValueError(f"compressed-tensors names only X.weight tensors, got {name!r}")
+    if not name.endswith(".weight"):
+        if checkpoint_format != "modelopt":
+            raise ValueError(f"compressed-tensors names only X.weight tensors, got {name!r}")
+        # a parameter P not named weight: ModelOpt's export keeps the codes in P itself and registers the scales
+        # with the prefix "P_" (quantizer_attr_names: P_weight_scale, P_weight_scale_2)
+        out = {"codes": name, "scale": name + "_weight_scale"}
+        if fmt == "nvfp4":
+            out["global"] = name + "_weight_scale_2"
+        return out
+    base = name[: -len("weight")]
     if checkpoint_format == "modelopt":
         out = {"codes": base + "weight", "scale": base + "weight_scale"}
         if fmt == "nvfp4":
@@ -1362,7 +1367,8 @@ def _dequant_plan(ckpt: Checkpoint, dtype: str | None):
         for nm in (L.codes, L.scale, L.global_):
             if nm is not None:
                 owned[nm] = L.name
-        base = L.codes[: -len("weight")] if L.codes.endswith("weight") else None
+        # ModelOpt's activation scale sits beside the weight scale: X.input_scale, P_input_scale for a parameter P
+        base = L.scale[: -len("weight_scale")] if L.scale.endswith("weight_scale") else None
         if cf == "modelopt" and base is not None and base + "input_scale" in ckpt.weight_map:
             owned[base + "input_scale"] = L.name  # an activation scale: no weight to restore
         want = dtype or L.dtype or cfg_dtype

@@ -83,6 +83,15 @@ def unpack(packed: np.ndarray) -> np.ndarray:
     return np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
 
 
+def modelopt_names(n: str) -> tuple:
+    """(codes, scale, global scale) names ModelOpt 0.47.0's export gives quantized parameter ``n``: X.weight,
+    X.weight_scale, X.weight_scale_2; a parameter P not named weight keeps its codes in P (setattr(module, P, ...))
+    and its scales take the prefix P_ (quantizer_attr_names): P, P_weight_scale, P_weight_scale_2."""
+    if n.endswith(".weight"):
+        return n, n + "_scale", n + "_scale_2"
+    return n, n + "_weight_scale", n + "_weight_scale_2"
+
+
 # ----------------------------------------------------------------------------------------------- ModelOpt layout
 
 
@@ -113,8 +122,7 @@ def test_modelopt_layout_names_configs_and_index(src, modelopt_out):
     for n, x in tensors.items():
         if n in IGNORED or n == DOWN72:
             continue
-        base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
-        codes, scale, g = q[base + "weight"], q[base + "weight_scale"], q[base + "weight_scale_2"]
+        codes, scale, g = (q[m] for m in modelopt_names(n))
         lead, k = x.shape[:-1], x.shape[-1]
         assert (codes[0], codes[1]) == ("U8", lead + (k // 2,)), n
         assert (scale[0], scale[1]) == ("F8_E4M3", lead + (k // 16,)), n
@@ -131,10 +139,10 @@ def test_modelopt_bytes_follow_modelopt_arithmetic(src, modelopt_out):
     for n, x in tensors.items():
         if n in IGNORED or n == DOWN72:
             continue
-        base = n[: -len("weight")] if n.endswith(".weight") else n + "_"
-        packed = np.frombuffer(q[base + "weight"][3], np.uint8).reshape(q[base + "weight"][1])
-        sbytes = np.frombuffer(q[base + "weight_scale"][3], np.uint8).reshape(q[base + "weight_scale"][1])
-        g = np.frombuffer(q[base + "weight_scale_2"][3], np.float32)
+        cn, sn, gn = modelopt_names(n)
+        packed = np.frombuffer(q[cn][3], np.uint8).reshape(q[cn][1])
+        sbytes = np.frombuffer(q[sn][3], np.uint8).reshape(q[sn][1])
+        g = np.frombuffer(q[gn][3], np.float32)
         experts = [f32(x)] if x.ndim == 2 else [f32(x[e]) for e in range(x.shape[0])]
         for e, xe in enumerate(experts):
             a = max(amax(tensors[m]) for m in group_of(n)) if x.ndim == 2 else amax(xe)
@@ -159,7 +167,7 @@ def test_modelopt_bytes_follow_modelopt_arithmetic(src, modelopt_out):
     assert checked == 4 + 2 + 3 * 4 + 2 * 4  # q k v o, gate up (layer 0), 12 experts, 2 3-D tensors x 4
     g = {n: np.frombuffer(q[n[: -len("weight")] + "weight_scale_2"][3], np.float32)[0] for n in QKV + GATE_UP}
     assert g[QKV[0]] == g[QKV[1]] == g[QKV[2]] and g[GATE_UP[0]] == g[GATE_UP[1]]
-    g3 = np.frombuffer(q[EXPERTS_3D[0] + "_weight_scale_2"][3], np.float32)
+    g3 = np.frombuffer(q[modelopt_names(EXPERTS_3D[0])[2]][3], np.float32)
     assert len(set(g3.tolist())) == 4  # one global scale per expert
     meta = safe_open(str(modelopt_out / SHARD1), framework="np").metadata()
     assert json.loads(meta["fp4ref.tensors"])[QKV[1]] == {"shape": [32, 64], "dtype": "BF16"}
@@ -320,6 +328,81 @@ def test_fused_3d_expert_tensors_share_one_global_scale_per_expert(tmp_path):
                                                   r"expert counts \(.*up_proj.weight \(2 expert\(s\)\), .*gate_proj"):
         C.quantize_checkpoint(root, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+def _write_raw(path: Path, tensors: dict, metadata: dict) -> None:
+    """A safetensors file of raw tensors {name: (dtype string, shape, bytes)}, in name order."""
+    header, data = {"__metadata__": metadata}, b""
+    for n in sorted(tensors):
+        dt, shape, b = tensors[n]
+        header[n] = {"dtype": dt, "shape": list(shape), "data_offsets": [len(data), len(data) + len(b)]}
+        data += b
+    h = json.dumps(header).encode()
+    path.write_bytes(len(h).to_bytes(8, "little") + h + data)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_modelopt_3d_parameter_keeps_its_name_for_the_codes(tmp_path, capsys, fmt):
+    """ModelOpt's export writes a quantized parameter P that is not named weight as P (the codes, setattr on the
+    parameter's own name), P_weight_scale and P_weight_scale_2; a .weight tensor keeps X.weight, X.weight_scale,
+    X.weight_scale_2. --dequantize, read_dequantized and audit read the codes back from P, bit for bit, and drop a
+    ModelOpt P_input_scale."""
+    from safetensors.numpy import save_file
+
+    from fp4ref.audit import audit_checkpoint
+
+    rng = np.random.default_rng(5)
+    P, W = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj.weight"
+    x = {P: rng.standard_normal((2, 64, 32)).astype(np.float32),
+         W: (rng.standard_normal((2, 32, 64)) * 3).astype(np.float32)}
+    src = tmp_path / "m.safetensors"
+    save_file(x, str(src))
+    out = tmp_path / "mo"
+    assert main([str(src), "-o", str(out) + "/", "--checkpoint-format", "modelopt", "--format", fmt, "--quiet"]) == 0
+    q = raw(out)
+    if fmt == "nvfp4":
+        want = {P: ("U8", (2, 64, 16)), P + "_weight_scale": ("F8_E4M3", (2, 64, 2)),
+                P + "_weight_scale_2": ("F32", (2,)),
+                W: ("U8", (2, 32, 32)), W + "_scale": ("F8_E4M3", (2, 32, 4)), W + "_scale_2": ("F32", (2,))}
+    else:
+        want = {P: ("F8_E4M3", (2, 64, 32)), P + "_weight_scale": ("U8", (2, 64, 1)),
+                W: ("F8_E4M3", (2, 32, 64)), W + "_scale": ("U8", (2, 32, 2))}
+    assert {n: v[:2] for n, v in q.items()} == want
+    assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["exclude_modules"] == []
+
+    def exact(n, scale_name, global_name):
+        """The stored codes decoded by hand: E2M1 table (or E4M3 via ml_dtypes) x block scale x global scale."""
+        lead = q[n][1][:-1]
+        if fmt == "nvfp4":
+            vals = E2M1[unpack(np.frombuffer(q[n][3], np.uint8).reshape(q[n][1]))]
+            s = np.frombuffer(q[scale_name][3], ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(lead + (-1, 1))
+            g = np.frombuffer(q[global_name][3], np.float32).astype(np.float64).reshape(-1, 1, 1, 1)
+            return (vals.reshape(lead + (-1, 16)) * s * g).reshape(x[n].shape)
+        vals = np.frombuffer(q[n][3], ml_dtypes.float8_e4m3fn).astype(np.float64)
+        sb = np.frombuffer(q[scale_name][3], np.uint8).astype(np.int64).reshape(lead + (-1, 1))
+        return (vals.reshape(lead + (-1, 32)) * np.ldexp(1.0, sb - 127)).reshape(x[n].shape)
+
+    exp = {P: exact(P, P + "_weight_scale", P + "_weight_scale_2"), W: exact(W, W + "_scale", W + "_scale_2")}
+    for n in (P, W):
+        assert 20 < 10 * np.log10(np.sum(x[n].astype(np.float64) ** 2) / np.sum((x[n] - exp[n]) ** 2)), n
+        np.testing.assert_array_equal(C.read_dequantized(out, n), exp[n], err_msg=n)
+    rep = audit_checkpoint(out, reference=src)
+    assert rep.clean and {t.name: (t.shape, t.reference) for t in rep.tensors} == {
+        P: ([2, 64, 32], "equal"), W: ([2, 32, 64], "equal")}
+    # a ModelOpt checkpoint with activation scales: P_input_scale / X.input_scale are dropped, not restored
+    meta = safe_open(str(out / "m.safetensors"), framework="np").metadata()
+    one = np.float32(0.5).tobytes()
+    _write_raw(out / "m.safetensors", {**{n: v[:2] + (v[3],) for n, v in q.items()},
+                                       P + "_input_scale": ("F32", (), one),
+                                       W[: -len("weight")] + "input_scale": ("F32", (), one)}, meta)
+    back = tmp_path / "back"
+    assert main([str(out), "-o", str(back), "--dequantize", "--quiet"]) == 0
+    got = load_file(str(back / "m.safetensors"))
+    assert sorted(got) == [W, P]
+    for n in (P, W):
+        assert got[n].dtype == np.float32
+        np.testing.assert_array_equal(got[n], exp[n].astype(np.float32), err_msg=n)  # one rounding of the exact
+    capsys.readouterr()
 
 
 # ------------------------------------------------------------------------------------------------- round trips

@@ -8,6 +8,7 @@ Skipped where modelopt (and torch) are not installed.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -41,6 +42,44 @@ def _stored(out, name: str) -> np.ndarray:
     return raw.reshape(shape) if raw.size == int(np.prod(shape)) else raw
 
 
+@functools.lru_cache(maxsize=None)
+def _export_names(attr: str) -> tuple:
+    """(codes, scale, global scale) attribute names ModelOpt's own export (``_export_quantized_weight``) gives an
+    NVFP4 parameter ``attr`` of a module: run on a small module and read back from its state dict."""
+    from modelopt.torch.export.unified_export_hf import _export_quantized_weight
+    from modelopt.torch.quantization.config import QuantizerAttributeConfig
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    m = torch.nn.Module()
+    w = torch.linspace(-1.0, 1.0, 16 * 32).reshape(16, 32).to(torch.bfloat16)
+    setattr(m, attr, torch.nn.Parameter(w, requires_grad=False))
+    q = TensorQuantizer(QuantizerAttributeConfig(num_bits=(2, 1), block_sizes={-1: 16, "type": "dynamic",
+                                                                               "scale_bits": (4, 3)}))
+    q.amax = w.float().abs().amax()
+    setattr(m, "weight_quantizer" if attr == "weight" else attr + "_weight_quantizer", q)
+    _export_quantized_weight(m, torch.bfloat16, attr)
+    by_dtype = {v.dtype: k for k, v in m.state_dict().items() if "_quantizer" not in k}
+    assert len(by_dtype) == 3, m.state_dict().keys()
+    return by_dtype[torch.uint8], by_dtype[torch.float8_e4m3fn], by_dtype[torch.float32]
+
+
+def _modelopt_names(name: str) -> tuple:
+    """(codes, scale, global scale) tensor names ModelOpt's export gives the quantized parameter ``name``."""
+    module, attr = name.rsplit(".", 1)
+    return tuple(f"{module}.{a}" for a in _export_names(attr))
+
+
+def test_modelopt_export_names_parameters():
+    """ModelOpt's export keeps a parameter P's own name for the codes (P, P_weight_scale, P_weight_scale_2; X.weight,
+    X.weight_scale, X.weight_scale_2); fp4ref's output_names, which its writer and readers use, gives the same."""
+    assert _export_names("weight") == ("weight", "weight_scale", "weight_scale_2")
+    assert _export_names("gate_up_proj") == ("gate_up_proj", "gate_up_proj_weight_scale",
+                                             "gate_up_proj_weight_scale_2")
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj.weight"):
+        on = C.output_names("modelopt", "nvfp4", name)
+        assert (on["codes"], on["scale"], on["global"]) == _modelopt_names(name)
+
+
 def test_modelopt_layout_bytes_equal_modelopt_nvfp4qtensor(tmp_path):
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
@@ -63,11 +102,10 @@ def test_modelopt_layout_bytes_equal_modelopt_nvfp4qtensor(tmp_path):
             sf2_q = sf2.view(-1, 1, 1)
         scale = NVFP4QTensor.get_weights_scaling_factor(w, 16, sf2_q)[0]
         packed = NVFP4QTensor.quantize(w, 16, scale, sf2_q)[0]._quantized_data
-        base = name[: -len("weight")] if name.endswith(".weight") else name + "_"
-        np.testing.assert_array_equal(_stored(out, base + "weight"), packed.numpy(), err_msg=name)
-        np.testing.assert_array_equal(_stored(out, base + "weight_scale"), scale.view(torch.uint8).numpy(),
-                                      err_msg=name)
-        np.testing.assert_array_equal(_stored(out, base + "weight_scale_2").view(np.float32).reshape(sf2.shape),
+        codes, scale_name, global_name = _modelopt_names(name)
+        np.testing.assert_array_equal(_stored(out, codes), packed.numpy(), err_msg=name)
+        np.testing.assert_array_equal(_stored(out, scale_name), scale.view(torch.uint8).numpy(), err_msg=name)
+        np.testing.assert_array_equal(_stored(out, global_name).view(np.float32).reshape(sf2.shape),
                                       sf2.numpy(), err_msg=name)
         checked += 1
     assert checked == 4 + 2 + 12 + 2  # q k v o, gate up, 12 per-expert Linear weights, 2 3-D expert tensors
