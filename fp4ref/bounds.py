@@ -341,6 +341,12 @@ def _model_name(value, what: str) -> str:
     return value
 
 
+# The keys of NumericContract's dict form (from_dict), each with the field it sets.
+_DICT_KEYS = {"accumulation_model": "model", "accumulation_model_interpreter": "model_interpreter",
+              "output_rounding": "output_rounding", "output_rounding_interpreter": "output_rounding_interpreter",
+              "epilogue_multiplies": "epilogue_multiplies", "inputs": "inputs", "output": "output", "notes": "notes"}
+
+
 @dataclass(frozen=True)
 class NumericContract:
     """What a kernel promises about its arithmetic, as data the checker reads.
@@ -397,22 +403,46 @@ class NumericContract:
                 raise TypeError(f"{name}: expected a callable or None, got {type(getattr(self, name)).__name__}")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, output: str) -> "NumericContract":
-        """A contract from the plain-dict form a kernel module may declare instead (keys ``accumulation_model``,
-        ``accumulation_model_interpreter``, ``output_rounding``, ``output_rounding_interpreter``,
-        ``epilogue_multiplies``; missing keys take the defaults: :data:`DEFAULT_MODEL`, ``fp32_rn`` ... ``rne``).
-        Unknown keys are kept as ``notes``."""
+    def from_dict(cls, d: Mapping[str, Any], *, output: str | None = None) -> "NumericContract":
+        """A contract from the plain-dict form a kernel module may declare instead.
+
+        Keys: ``accumulation_model`` (default :data:`DEFAULT_MODEL`),
+        ``accumulation_model_interpreter`` (default: ``accumulation_model``), ``output_rounding`` and
+        ``output_rounding_interpreter`` (default ``rne``), ``epilogue_multiplies`` (default 0), ``inputs`` (text),
+        ``output`` ("float16" or "bfloat16") and ``notes`` (a mapping of other promises, as text). Any other key is
+        an error: a misspelled ``accumulation_model`` must not leave the kernel checked under the default bound.
+
+        Args:
+            d: the dict.
+            output: the output dtype name (``fp4ref verify`` passes the workload's); None: the dict's ``output``.
+
+        Raises:
+            TypeError: ``d`` or its ``notes`` not a mapping; no output given (neither ``output`` nor the key).
+            ValueError: an unknown key (the message lists the known ones); the dict's ``output`` differs from
+                ``output``; and what the constructor refuses (an unknown model, a bad rounding, ...).
+        """
         if not isinstance(d, Mapping):
             raise TypeError(f"contract: expected a mapping, got {type(d).__name__}")
-        known = {"accumulation_model": "model", "accumulation_model_interpreter": "model_interpreter",
-                 "output_rounding": "output_rounding", "output_rounding_interpreter": "output_rounding_interpreter",
-                 "epilogue_multiplies": "epilogue_multiplies"}
-        kw = {known[k]: v for k, v in d.items() if k in known}
+        unknown = [k for k in d if k not in _DICT_KEYS]
+        if unknown:
+            raise ValueError(f"contract: unknown key(s) {', '.join(map(repr, unknown))}; the known keys are "
+                             f"{list(_DICT_KEYS)} (other promises go under 'notes', as a dict of text)")
+        kw = {_DICT_KEYS[k]: v for k, v in d.items()}
+        if output is not None:
+            if "output" in kw and kw["output"] != output:
+                raise ValueError(f"contract: the dict's output={kw['output']!r} differs from output={output!r}")
+            kw["output"] = output
+        if "output" not in kw:
+            raise TypeError("contract: no output dtype: pass output='float16' or 'bfloat16', or give an 'output' key")
+        notes = kw.pop("notes", {})
+        if not isinstance(notes, Mapping):
+            raise TypeError(f"contract: notes={notes!r}: expected a mapping of other promises (text), got "
+                            f"{type(notes).__name__}")
         kw.setdefault("model", DEFAULT_MODEL)
         # a dict that names only a GPU model: the interpreter's fp32 product is bounded by the same model too
         kw.setdefault("model_interpreter", kw["model"])
-        return cls(inputs=str(d.get("inputs", "")), output=output, notes={k: str(v) for k, v in d.items()
-                   if k not in known}, **kw)  # fmt: skip
+        kw["inputs"] = str(kw.get("inputs", ""))
+        return cls(notes={str(k): str(v) for k, v in notes.items()}, **kw)
 
     def config_for(self, M: int, N: int, K: int, interpreter: bool = False):
         """The config a call with these sizes runs with (``pick_config``), or None for a one-config kernel."""

@@ -169,7 +169,8 @@ def kernel_contract(module, output: str = "float16"):
 
     Raises:
         TypeError: ``NUMERIC_CONTRACT`` or ``NUMERIC_MODEL`` of another type. ValueError: a model name
-            :func:`fp4ref.bounds.get_model` does not know.
+            :func:`fp4ref.bounds.get_model` does not know; a dict key :meth:`NumericContract.from_dict` does not
+            know (the message names the module, the key and the known keys).
     """
     from .bounds import NumericContract, get_model
 
@@ -178,7 +179,10 @@ def kernel_contract(module, output: str = "float16"):
     if isinstance(contract, NumericContract):
         return contract
     if isinstance(contract, dict):
-        return NumericContract.from_dict(contract, output=output)
+        try:
+            return NumericContract.from_dict(contract, output=output)
+        except (TypeError, ValueError) as exc:  # name the declaration (an unknown key, model, rounding, ...)
+            raise type(exc)(f"{name}.NUMERIC_CONTRACT: {str(exc).removeprefix('contract: ')}") from None
     if contract is not None:
         raise TypeError(f"{name}.NUMERIC_CONTRACT: expected a NumericContract or a dict, got {type(contract).__name__}")
     model = getattr(module, "NUMERIC_MODEL", None)

@@ -58,9 +58,12 @@ def test_model_for_refuses_bad_K_and_unknown_config_models():
 
 def test_from_dict_reads_the_short_form():
     c = NumericContract.from_dict({"accumulation_model": "hopper_fp16_wgmma", "output_rounding_interpreter":
-                                   "faithful", "nan": "propagates"}, output="bfloat16")
+                                   "faithful", "inputs": "fp16 x fp16", "epilogue_multiplies": 1,
+                                   "notes": {"nan": "propagates"}}, output="bfloat16")
     assert c.model == "hopper_fp16_wgmma" and c.model_interpreter == "hopper_fp16_wgmma"
-    assert c.rounding_for(True) == "faithful" and c.notes == {"nan": "propagates"}
+    assert c.rounding_for(True) == "faithful" and c.rounding_for(False) == "rne"
+    assert c.notes == {"nan": "propagates"} and c.inputs == "fp16 x fp16" and c.epilogue_multiplies == 1
+    assert c.output == "bfloat16"
     assert NumericContract.from_dict({}, output="float16").model == bounds.DEFAULT_MODEL
     with pytest.raises(TypeError):
         NumericContract.from_dict(["accumulation_model"], output="float16")
@@ -69,3 +72,30 @@ def test_from_dict_reads_the_short_form():
 def test_every_kernel_model_is_registered_in_the_library():
     """The NVFP4 GEMV's model lives in fp4ref.bounds itself, not as a side effect of importing a kernel."""
     assert bounds.get_model("fp32_rn_block16").eps(16 * 512) == pytest.approx(bounds.gamma(512, 2.0**-24))
+
+
+@pytest.mark.parametrize("key", ["accumulation_modle", "nan", "model", "deterministc"])
+def test_from_dict_refuses_an_unknown_key_instead_of_keeping_it_as_a_note(key):
+    """{'accumulation_modle': 'exact'} gave model='tc_fp32_universal' (the loosest bound) and kept the typo as a
+    note; an unknown key is a ValueError naming it and listing the known keys (notes go under 'notes')."""
+    with pytest.raises(ValueError, match=rf"unknown key\(s\) '{key}'; the known keys are \['accumulation_model', "
+                                         r"'accumulation_model_interpreter', 'output_rounding', "
+                                         r"'output_rounding_interpreter', 'epilogue_multiplies', 'inputs', 'output', "
+                                         r"'notes'\]"):
+        NumericContract.from_dict({key: "exact"}, output="float16")
+    with pytest.raises(TypeError, match="notes='propagates': expected a mapping"):
+        NumericContract.from_dict({"notes": "propagates"}, output="float16")
+
+
+def test_from_dict_takes_the_output_from_the_argument_or_the_dict():
+    """docs: NumericContract.from_dict(d) reads the dict form. The output dtype comes from output= (what verify
+    passes: the workload's) or the dict's "output" key; neither is a TypeError saying so, both must agree."""
+    assert NumericContract.from_dict({"output": "bfloat16"}).output == "bfloat16"
+    assert NumericContract.from_dict({"output": "float16"}, output="float16").output == "float16"
+    assert NumericContract.from_dict({}, output="bfloat16").output == "bfloat16"
+    with pytest.raises(TypeError, match="no output dtype: pass output='float16' or 'bfloat16', or give an 'output'"):
+        NumericContract.from_dict({"accumulation_model": "fp32_rn"})
+    with pytest.raises(ValueError, match="the dict's output='float16' differs from output='bfloat16'"):
+        NumericContract.from_dict({"output": "float16"}, output="bfloat16")
+    with pytest.raises(ValueError, match="output='float32'"):
+        NumericContract.from_dict({"output": "float32"})

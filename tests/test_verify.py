@@ -586,7 +586,11 @@ def test_a_kernels_plain_numeric_model_is_the_model_its_rows_are_checked_under(t
         assert res.rows and {r.model for r in res.rows} == {want}, (decl, {r.model for r in res.rows})
     for i, (decl, exc, msg) in enumerate([('NUMERIC_MODEL = 3', TypeError, r"NUMERIC_MODEL=3: expected a model name"),
                                           ('NUMERIC_MODEL = "fp32"', ValueError, "not a known accumulation model"),
-                                          ('NUMERIC_CONTRACT = "fp32_rn"', TypeError, "NUMERIC_CONTRACT: expected")]):
+                                          ('NUMERIC_CONTRACT = "fp32_rn"', TypeError, "NUMERIC_CONTRACT: expected"),
+                                          # a misspelled key was kept as a note: the loosest model, silently
+                                          ('NUMERIC_CONTRACT = {"accumulation_modle": "exact"}', ValueError,
+                                           r"bad_model_3.NUMERIC_CONTRACT: unknown key\(s\) 'accumulation_modle'; "
+                                           r"the known keys are \['accumulation_model', ")]):
         (tmp_path / f"bad_model_{i}.py").write_text(kernel.format(decl=decl))
         with pytest.raises(exc, match=msg):
             V.verify(["gemm_n3072_k2048"], kernel=f"bad_model_{i}:gemm", **kw)
