@@ -574,7 +574,8 @@ class Report:
         max_ulps: max distance in ulps of the output format between out and the correctly rounded output, over
             the ``finite_pairs`` elements finite in both (0 when there are none).
         finite_pairs: elements where out and the reference are both finite (what max_ulps is measured over).
-        bitwise_equal_fraction: fraction of elements equal to the correctly rounded output (NaN matching NaN; +0 == -0).
+        bitwise_equal_fraction: fraction of elements equal to the correctly rounded output (NaN matching NaN;
+            +0 == -0); 0.0 for an empty output, whose summary and message say n/a for it, the ratio and the SQNR.
         sqnr_db: 10 log10(sum C^2 / sum (out - C)^2) over finite elements (inf when equal).
         nan_mismatch: elements NaN in exactly one of out and the reference.
         inf_mismatch: infinities the bound cannot explain (wrong sign, or inf where the exact value is
@@ -636,6 +637,9 @@ class Report:
     def summary(self) -> str:
         """One line: what failed and how many first (``FAILED: ...``), then the headline numbers."""
         head = "OK" if self.ok else "FAILED: " + "; ".join(self.failures() or ["check failed"])
+        if self.size == 0:  # no share, ratio or SQNR of zero elements to state
+            return (f"{head} -- {self.model} ({self.output_rounding}), K={self.K}, 0 elements: nothing to compare "
+                    "(max err/bound, ulps, equal share and SQNR n/a)")
         return (
             f"{head} -- {self.model} ({self.output_rounding}), K={self.K}, {self.size} elements: "
             f"max err/bound {self.max_err_over_bound:.3g}, {self._ulps_text()}, "
@@ -670,8 +674,11 @@ class Report:
             where = f"{self.max_err_over_bound:.6g} at {self.worst}"
             if self.worst_passes:  # the largest ratio is not an offender: say so, the offenders follow
                 where += ", an element that passes (the offenders are listed below)"
-        lines.append(f"Max err/bound: {where}; vs correctly rounded: {self._ulps_text()}; "
-                     f"equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
+        if self.size == 0:
+            lines.append("Max err/bound, ulps, equal share and SQNR: n/a (0 elements)")
+        else:
+            lines.append(f"Max err/bound: {where}; vs correctly rounded: {self._ulps_text()}; "
+                         f"equal: {100 * self.bitwise_equal_fraction:.3f}%; SQNR: {self.sqnr_db:.2f} dB")
         if self.violations:
             lines.append("First offenders (index: ACTUAL, DESIRED correctly rounded, exact, bound):")
             for idx, o, r, c, b in self.violations:

@@ -341,6 +341,21 @@ def test_check_inf_rules():
     assert bounds.check(fin, ref, "fp32_rn").inf_mismatch == 1
 
 
+def test_an_empty_output_says_n_a_not_0_percent_equal():
+    """M = 0: there is nothing to compare; the summary said "0.00% equal to the correctly rounded output" (and a
+    perfect SQNR of inf dB). It says n/a for the shares and numbers of zero elements."""
+    ref = gemm.gemm_fp16(np.zeros((0, 64), np.float16), np.ones((3, 64), np.float16))
+    rep = bounds.check(ref.out.copy(), ref, "fp32_rn")
+    assert rep.ok and rep.size == 0 and rep.shape == (0, 3)
+    assert rep.summary() == ("OK -- fp32_rn (rne), K=64, 0 elements: nothing to compare (max err/bound, ulps, equal "
+                             "share and SQNR n/a)")
+    assert "%" not in rep.summary() and "dB" not in rep.summary()
+    assert "n/a (0 elements)" in rep.message() and "equal: " not in rep.message()
+    # one element still gets its numbers
+    ref1 = gemm.gemm_fp16(np.ones((1, 64), np.float16), np.ones((1, 64), np.float16))
+    assert "100.00% equal to the correctly rounded output" in bounds.check(ref1.out.copy(), ref1, "fp32_rn").summary()
+
+
 def test_check_rejects_wrong_dtype_and_shape():
     A, B, ref = _fp16_case()
     with pytest.raises(TypeError, match="float16"):
