@@ -313,22 +313,29 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
                            f"{100 * base:.0f}%)") for bug, details in best.items()]
 
 
-def _check_workload_operands(workload, operands):
-    """(Workload, operands) from diagnose's arguments, or a TypeError / ValueError naming the argument."""
-    from .workloads import Workload, get_workload
+def _resolve_workload(workload):
+    """The Workload diagnose's ``workload`` argument names, or a TypeError / ValueError naming the argument."""
+    from .workloads import WORKLOADS, Workload
 
     if isinstance(workload, str):
-        workload = get_workload(workload)  # ValueError for an unknown name, listing the workloads
-    elif not isinstance(workload, Workload):
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload={workload!r} is not a known workload; expected one of {sorted(WORKLOADS)}")
+        return WORKLOADS[workload]
+    if not isinstance(workload, Workload):
         raise TypeError(f"workload={workload!r}: expected a fp4ref.workloads.Workload or its name, got "
                         f"{type(workload).__name__}")
+    return workload
+
+
+def _check_operands(workload, operands):
+    """``operands`` for ``workload`` (a Workload), or a TypeError / ValueError naming the argument."""
     if not isinstance(operands, Mapping):
         raise TypeError(f"operands: expected a mapping from the workload's argument names {list(workload.args)} to "
                         f"arrays, got {type(operands).__name__}")
     missing = [a for a in workload.args if a not in operands]
     if missing:
         raise ValueError(f"operands lacks {missing} of {workload.name}'s arguments {list(workload.args)}")
-    return workload, operands
+    return operands
 
 
 def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
@@ -350,15 +357,18 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     Raises:
         TypeError: ``workload`` neither a Workload nor a name; ``operands`` not a mapping.
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
-            only one of ``workload`` and ``operands`` is given; an unknown workload name; ``operands`` lacking
-            one of the workload's arguments.
+            an unknown workload name (the message lists the known ones; checked before whether ``operands`` came
+            with it); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
+            workload's arguments.
     """
     if output_rounding not in ("rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
+    if workload is not None:  # an unknown name is named first, whether or not operands came with it
+        workload = _resolve_workload(workload)
     if (workload is None) != (operands is None):
         raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
     if workload is not None:
-        workload, operands = _check_workload_operands(workload, operands)
+        operands = _check_operands(workload, operands)
     o = np.asarray(to_numpy(out, "out")).astype(np.float64)
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")

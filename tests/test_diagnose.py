@@ -199,7 +199,7 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, workload=GEMM)
     # the workload by name is the workload; other types and operands that are no mapping of the arguments are named
     assert diagnose(ref.out, ref, workload=GEMM.name, operands=ops) == []
-    with pytest.raises(ValueError, match=r"workload \(--workload\)='gemm' is not known"):
+    with pytest.raises(ValueError, match=r"workload='gemm' is not a known workload"):
         diagnose(ref.out, ref, workload="gemm", operands=ops)
     with pytest.raises(TypeError, match=r"workload=3: expected a fp4ref\.workloads\.Workload or its name"):
         diagnose(ref.out, ref, workload=3, operands=ops)
@@ -208,6 +208,20 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, workload=GEMM, operands=(ops["A"], ops["B"]))
     with pytest.raises(ValueError, match=r"operands lacks \['A'\] of gemm_n3072_k2048's arguments"):
         diagnose(ref.out, ref, workload=GEMM, operands={"X": ops["A"], "B": ops["B"]})
+
+
+def test_an_unknown_workload_is_named_before_the_operands_are_asked_for():
+    """diagnose(out, ref, workload="nope") said "workload and operands go together"; the name is the mistake, so it
+    is a ValueError naming it and the known workloads, with or without operands (a wrong type: a TypeError)."""
+    ref = GEMM.reference(**_ops(GEMM, "public", 2, 16, 32))
+    known = r"\['gemm_n3072_k2048', 'nvfp4_linear_n8192_k8192', 'sparse_gemm_fp4_fp8_n2048_k2048'\]"
+    for operands in (None, {"A": 0, "B": 0}):
+        with pytest.raises(ValueError, match=rf"^workload='nope' is not a known workload; expected one of {known}$"):
+            diagnose(ref.out, ref, workload="nope", operands=operands)
+    with pytest.raises(TypeError, match=r"workload=3: expected a fp4ref\.workloads\.Workload or its name"):
+        diagnose(ref.out, ref, workload=3)
+    with pytest.raises(ValueError, match="workload and operands go together"):  # a known name still needs them
+        diagnose(ref.out, ref, workload=GEMM.name)
 
 
 def _fp16_unfused(A, B):
