@@ -12,7 +12,7 @@ workload               families
 gemm_n3072_k2048       ``public`` (randn fp16); ``exact_acc`` (scaled integers: every fp32 partial sum is exact in any
                        order, yet the fp16 output needs rounding, with exact ties; mirrored same-sign runs take every
                        partial sum past 2^11: catches truncating stores, fp16/bf16 accumulation, wrong tie rule);
-                       ``extreme`` (rows near fp16 overflow, subnormal rows,
+                       ``extreme`` (rows whose exact results overflow fp16 at every K, subnormal rows,
                        heavy cancellation).
 sparse_gemm_fp4_fp8    ``public`` (random int8 vals/meta bytes, as the benchmark feeds them: every byte is defined);
 _n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (E4M3FN integer B: sums exact in fp32 and
@@ -109,11 +109,19 @@ def _gemm_exact_acc(rng, m, n, k):
 
 
 def _gemm_extreme(rng, m, n, k):
+    """Rows 0, 3, 6, ... of A and rows 0, 7, 14, ... of B (those the pairs below leave: 0, 14, 28, ...) hold
+    2^ea (1 + |randn|) and 2^eb (1 + |randn|), each entry at least its power of two (exact in fp16), with
+    k 2^(ea + eb) in (2^16, 2^17]: every dot product of two such rows is above 2^16 > 65520, past fp16's overflow
+    threshold (65504 + half an ulp), so the correctly rounded output is inf at every K; ea <= 8 and eb <= 9 keep the
+    entries far inside fp16's range. Rows 1, 4, 7, ... of A are randn * 2^-14 (subnormal range); B's odd rows
+    are its even rows negated and scaled by 1 + 2^-10 (near-cancelling column pairs)."""
     a = rng.standard_normal((m, k))
     b = rng.standard_normal((n, k))
     rows = np.arange(m)
-    a[rows % 3 == 0] = 60.0 * np.abs(a[rows % 3 == 0])  # with the all-positive B rows below: sums ~ 8e4 * k / 2048,
-    b[0::7] = np.abs(b[0::7])  # beyond fp16's max 65504, so the correctly rounded output is inf
+    e = 17 - (int(k) - 1).bit_length()  # (k - 1).bit_length() = ceil(log2 k): k 2^e in (2^16, 2^17]
+    ea = min(e, 8)
+    a[rows % 3 == 0] = 2.0**ea * (1 + np.abs(a[rows % 3 == 0]))
+    b[0::7] = 2.0 ** (e - ea) * (1 + np.abs(b[0::7]))
     a[rows % 3 == 1] *= 2.0**-14  # subnormal-range inputs and outputs
     if n > 1:
         b[1::2] = -b[0::2][: b[1::2].shape[0]] * (1 + 2.0**-10)  # near-cancelling column pairs

@@ -46,3 +46,51 @@ def test_row_subset_keeps_edges():
     rows = _row_subset(1000, 256, rng)
     assert rows.size == 256 and np.all(np.diff(rows) > 0)
     assert set(range(64)) <= set(rows.tolist()) and set(range(936, 1000)) <= set(rows.tolist())
+
+
+def _extreme_sizes():
+    """(M, N, K) the gemm workload's extreme family runs at: the CPU defaults, --shapes sweep, the GPU N and K."""
+    from fp4ref.verify import _SWEEP_M, sweep_shapes
+
+    w = WORKLOADS["gemm_n3072_k2048"]
+    n, k = w.dims(interpreted=True)
+    sizes = [(m, n, k) for m in w.cpu_m]
+    sizes += [(m, n, k) for m in _SWEEP_M for n, k in sweep_shapes(w)]
+    return sizes + [(1, w.n, w.k), (7, w.n, w.k), (3, 16, 1), (4, 30, 3)]
+
+
+@pytest.mark.parametrize("m,n,k", _extreme_sizes())
+def test_gemm_extreme_overflows_at_every_size(m, n, k):
+    """docs/verify.md: rows whose exact results overflow fp16 (the reference is inf), subnormal rows,
+    near-cancelling columns, at the CPU sizes as at the GPU ones (at (7, 512, 1024) no output overflowed)."""
+    w = WORKLOADS["gemm_n3072_k2048"]
+    ops = w.families["extreme"](np.random.default_rng(0), m, n, k)
+    A, B = ops["A"], ops["B"]
+    assert A.dtype == B.dtype == np.float16 and A.shape == (m, k) and B.shape == (n, k)
+    assert np.all(np.isfinite(A)) and np.all(np.isfinite(B))
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    # planted rows: A rows 0, 3, ...; B rows 0, 14, 28, ... and their negated pairs 1, 15, ...
+    ra, rb = np.arange(0, m, 3), np.arange(0, n, 14)
+    assert np.all(a[ra] > 0) and np.all(b[rb] > 0)
+    # every term of those dot products is >= min(A row) * min(B row), so each |sum| > 65520 = 65504 + half an ulp,
+    # fp16's overflow threshold (exact: products of fp16 values and their sum bound are exact in float64 here)
+    low = a[ra].min(axis=1)[:, None] * b[rb].min(axis=1)[None, :] * k
+    assert np.all(low > 65520), low.min()
+    ref = w.reference(**ops)
+    out = ref.out.astype(np.float64)
+    assert np.all(out[np.ix_(ra, rb)] == np.inf)
+    pairs = rb[rb + 1 < n] + 1
+    assert np.all(out[np.ix_(ra, pairs)] == -np.inf)
+    # subnormal rows: A rows 1, 4, ... are randn * 2^-14, within a few multiples of fp16's smallest normal 2^-14
+    rs = np.arange(1, m, 3)
+    assert np.all(np.abs(a[rs]) < 2.0**-11)
+    if rs.size and k >= 56:
+        sub = (np.abs(a[rs]) < 2.0**-14) & (a[rs] != 0)
+        assert sub.mean() > 0.5
+    # near-cancelling column pairs: B row 2j + 1 = fp16(-(1 + 2^-10) b_2j), B row 2j = fp16(b_2j): the ratio is
+    # (1 + 2^-10) (1 + d1) / (1 + d0) with |d0|, |d1| <= 2^-11 for normal values
+    ev = np.arange(0, n - 1, 2)
+    be, bo = b[ev], b[ev + 1]
+    normal = np.abs(be) >= 2.0**-14
+    ratio = -bo[normal] / be[normal]
+    assert np.all(np.abs(ratio - (1 + 2.0**-10)) <= 2.0**-10 + 2.0**-19)
