@@ -8,6 +8,7 @@ import sys
 import tempfile
 import threading
 
+import ml_dtypes
 import numpy as np
 
 from ._interop import is_torch_tensor, to_numpy
@@ -23,6 +24,64 @@ def is_int(v) -> bool:
 def is_real(v) -> bool:
     """Whether ``v`` is a Python or numpy real scalar (float or integer) and not a bool."""
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _real_dtype(dt: np.dtype) -> bool:
+    """Whether ``dt`` holds real numbers: numpy's integer and floating dtypes and ml_dtypes' (bfloat16, the float8
+    / float6 / float4 formats, int4 / uint4); not bool, complex, object, str, bytes, datetime or void."""
+    if dt.kind in "iuf":
+        return True
+    if dt.kind != "V" or dt.type.__module__ != "ml_dtypes":
+        return False
+    for info in (ml_dtypes.finfo, ml_dtypes.iinfo):
+        try:
+            info(dt)
+            return True
+        except (TypeError, ValueError):
+            pass
+    return False
+
+
+def _not_scalar(size: int, name: str) -> str:
+    """The hint for an array or tensor of ``size`` elements with ndim > 0 given as scalar ``name``."""
+    return f" (one element, but not a scalar: pass {name}.item() or index it)" if size == 1 else ""
+
+
+def real_scalar(v, name: str):
+    """``v`` read as a real scalar, for a scalar argument such as ``global_amax``: a Python or numpy int / float as
+    it is; a numpy scalar of an ml_dtypes real dtype (``bf16_array.max()``), or the element of a 0-d numpy array or
+    0-d torch tensor (``w.abs().max()``) of a real dtype, as the numpy scalar of that dtype holding it bit for bit
+    (a torch tensor through :func:`fp4ref._interop.to_numpy`; float8_e8m0fnu as its power of two). The caller
+    rounds it as it rounds a Python number: nothing is rounded here.
+
+    Raises:
+        TypeError: naming ``name``: a bool (Python, numpy, or a 0-d bool array or tensor), a complex, object, str or
+            other non-real dtype, an array or tensor with ndim > 0 (a 1-element array is not a scalar), any other
+            type.
+    """
+    want = f"{name} must be a real number (a float or int, or a 0-d array or tensor of one)"
+    if is_real(v):
+        return v
+    arr = v
+    if is_torch_tensor(v):
+        dname = str(v.dtype).replace("torch.", "")
+        if v.dim() != 0:
+            raise TypeError(f"{want}, got a torch tensor of shape {tuple(v.shape)}{_not_scalar(v.numel(), name)}")
+        if dname == "float4_e2m1fn_x2":
+            raise TypeError(f"{want}, got a torch tensor of dtype float4_e2m1fn_x2 (two packed values)")
+        arr = to_numpy(v, name)
+        if dname == "float8_e8m0fnu":  # to_numpy gives its byte: read it as the power of two it encodes
+            arr = arr.view(ml_dtypes.float8_e8m0fnu)
+    elif isinstance(v, np.generic) and not isinstance(v, (bool, np.bool_)):
+        arr = np.asarray(v)
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{want}, got {type(v).__name__}")
+    what = "a torch tensor" if is_torch_tensor(v) else f"a numpy {type(v).__name__}"
+    if arr.ndim != 0:
+        raise TypeError(f"{want}, got {what} of shape {arr.shape}{_not_scalar(arr.size, name)}")
+    if not _real_dtype(arr.dtype):
+        raise TypeError(f"{want}, got {what} of dtype {arr.dtype}")
+    return arr[()]
 
 
 def normalize_axis(axis, ndim: int, name: str = "axis") -> int:

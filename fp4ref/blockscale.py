@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_code_array, as_float_array, is_int, is_real, normalize_axis
+from ._validate import as_code_array, as_float_array, is_int, normalize_axis, real_scalar
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
 from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
 from .packing import pack_fp4, unpack_fp4
@@ -830,9 +830,10 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
             before ``axis``, after moving ``axis`` last) x 16 elements; a ragged last tile is treated as
             zero-padded (TE pads with zeros). The scales stay per row: each tile's byte repeated on its rows.
         global_amax: the tensor amax A used for the global scale (a calibrated value: a Python or numpy real
-            scalar, float or int alike, as for :func:`fp4ref.gemm.nvfp4_linear`'s global decode scale and an
-            :class:`NVFP4Tensor`'s; a bool is refused; finite, rounded to float32 RNE first as the sources keep it
-            in an fp32 tensor). Default: max|x|.
+            scalar, float or int alike, or a 0-d numpy array or torch tensor of a real dtype such as
+            ``w.abs().max()``, read as its element, as for :func:`fp4ref.gemm.nvfp4_linear`'s global decode scale
+            and an :class:`NVFP4Tensor`'s; a bool is refused, and so is an array with one element but ndim > 0;
+            finite, rounded to float32 RNE first as the sources keep it in an fp32 tensor). Default: max|x|.
             It may be below max|x| (a calibrated amax that clips outliers): then a block whose amax a exceeds it
             gets the largest block scale (448; torchao/modelopt clamp, te/sol saturate) and its elements beyond
             6 * 448 * (global decode scale) = about A saturate to +-6 (4over6 with e4m3_max 256: 6 * 448 / 1536 * A).
@@ -848,7 +849,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     Raises:
         TypeError: ``x`` is not a floating array; ``axis`` not an int; ``block`` neither an int nor a tuple of
             ints (16.0, "16"); ``recipe`` neither a str nor an :class:`NVFP4Recipe`; ``nonfinite`` not a str;
-            ``global_amax`` neither None nor a real scalar (a str, a bool, an array).
+            ``global_amax`` neither None nor a real scalar (a str, a bool, a complex, an array or tensor with
+            ndim > 0).
         ValueError: K not a multiple of 16, unknown ``recipe`` name, an int ``block`` other than 16 (or a tuple
             other than (1, 16), (16, 16)), unknown ``nonfinite``, ``global_amax`` negative, NaN, inf, beyond
             float32, 0 with non-zero ``x`` or given to a single-level recipe, 0-d ``x``, a float64 value that is
@@ -879,8 +881,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     if global_amax is None:
         amax = _max_abs(xm)
     else:
-        if not is_real(global_amax):
-            raise TypeError(f"global_amax must be a real number (float or int), got {type(global_amax).__name__}")
+        global_amax = real_scalar(global_amax, "global_amax")  # a 0-d array or tensor: its element
         if rec in _TORCHAO_SINGLE:
             raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
                              "global scale; use recipe='torchao' for two-level scaling")

@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import is_real
+from ._validate import real_scalar
 from .packing import decompress_2to4
 
 __all__ = [
@@ -768,12 +768,11 @@ def nvfp4_gemm(xq, wq) -> Reference:
 
 
 def _global_decode_scale(v, name: str = "weight_global_decode_scale") -> float:
-    """``v`` (a Python / numpy real scalar) rounded to float32 (RNE) once, as a Python float; a TypeError naming
-    ``name`` for another type, a ValueError naming it unless that float32 value is finite and > 0 (a value beyond
-    float32, a Python int beyond float64 such as 10**400 included, is inf there; one below half its least
-    subnormal is 0)."""
-    if not is_real(v):
-        raise TypeError(f"{name} must be a float, got {type(v).__name__}")
+    """``v`` (a real scalar, :func:`fp4ref._validate.real_scalar`) rounded to float32 (RNE) once, as a Python
+    float; a TypeError naming ``name`` for another type, a ValueError naming it unless that float32 value is finite
+    and > 0 (a value beyond float32, a Python int beyond float64 such as 10**400 included, is inf there; one below
+    half its least subnormal is 0)."""
+    v = real_scalar(v, name)  # a 0-d array or tensor: its element
     with np.errstate(over="ignore"):
         try:
             g = float(np.float32(v))
@@ -801,9 +800,10 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
         weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
         weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
-        weight_global_decode_scale: python / numpy float (an int is its value), rounded to float32 (RNE) once, as a
-            kernel holding it in an fp32 register does (the workload passes the float32 value it stored, so this is
-            exact there); that float32 value must be finite and > 0.
+        weight_global_decode_scale: python / numpy float (an int is its value), or a 0-d numpy array or torch
+            tensor of a real dtype (its element), rounded to float32 (RNE) once, as a kernel holding it in an fp32
+            register does (the workload passes the float32 value it stored, so this is exact there); that float32
+            value must be finite and > 0.
         recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
 
     Returns:
@@ -811,7 +811,8 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
 
     Raises:
         TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]);
-            ``weight_global_decode_scale`` not a real scalar (TypeError), or inf, NaN or <= 0 as float32
+            ``weight_global_decode_scale`` not a real scalar (TypeError: a bool, a complex, an array or tensor
+            with ndim > 0 too), or inf, NaN or <= 0 as float32
             (ValueError: 1e39 and an int beyond float64, 10**400, too).
 
     Source: SOL-ExecBench nvfp4_linear_layer (docs/verify.md).

@@ -265,6 +265,67 @@ def test_global_amax_takes_ints_as_reals_and_refuses_other_types():
             nvfp4_quantize(x, global_amax=huge)
 
 
+def _modelopt_sf2(a: float) -> np.float32:
+    """ModelOpt's stored global decode scale for amax ``a``: fp32(fp32(a) / (6 * 448))."""
+    return np.float32(np.float32(a) / np.float32(6 * 448))
+
+
+# (0-d value, the float32 value its element has, exactly): the element is read bit for bit and rounded to float32
+# once, as the Python number would be (1 + 2^-11 + 2^-40 rounded through float16 first would give 1 + 2^-10)
+ZERO_D = [
+    (np.array(1 + 2.0**-11 + 2.0**-40), 1 + 2.0**-11),
+    (np.array(12.0, np.float32), 12.0),
+    (np.array(65504.0, np.float16), 65504.0),
+    (np.array(3.015625, ml_dtypes.bfloat16), 3.015625),
+    (np.array(448.0, ml_dtypes.float8_e4m3fn), 448.0),
+    (np.array(100, np.int8), 100.0),
+    (np.array(2**40 + 1, np.uint64), 2.0**40),
+    (ml_dtypes.bfloat16(3.015625), 3.015625),  # a bf16 array's .max() is this numpy scalar
+]
+NOT_SCALARS = [True, np.bool_(True), np.array(True), np.array(2 + 0j), np.complex64(2), np.array("2"),
+               np.array(2.0, dtype=object), np.array([2.0]), np.array([[2.0]]), np.array([2.0, 3.0]), [2.0]]
+
+
+@pytest.mark.parametrize("v,a32", ZERO_D)
+def test_global_amax_takes_a_0d_array_as_its_element(v, a32):
+    """global_amax given as a 0-d numpy array of any real dtype (or an ml_dtypes scalar) is its element: the same
+    bytes as the Python float, the global decode scale amax / 2688 of that element's float32 value."""
+    x = np.linspace(-5, 5, 64, dtype=np.float32).reshape(2, 32)
+    want = nvfp4_quantize(x, recipe="modelopt", global_amax=a32)
+    t = nvfp4_quantize(x, recipe="modelopt", global_amax=v)
+    assert t.global_decode_scale == _modelopt_sf2(a32)
+    np.testing.assert_array_equal(t.codes, want.codes)
+    np.testing.assert_array_equal(t.scales, want.scales)
+
+
+@pytest.mark.parametrize("bad", NOT_SCALARS, ids=repr)
+def test_global_amax_refuses_bools_non_reals_and_arrays_with_dimensions(bad):
+    """A 1-element 1-d array is not a scalar; bool, complex, str and object are not reals: TypeErrors naming it."""
+    x = np.ones((1, 32), np.float32)
+    with pytest.raises(TypeError, match="^global_amax must be a real number"):
+        nvfp4_quantize(x, global_amax=bad)
+
+
+def test_global_amax_takes_a_0d_torch_tensor_as_its_element():
+    """``w.abs().max()`` in torch is a 0-d tensor: read as its element (bf16, fp16, fp32, fp64, int, e8m0 and
+    a tensor that requires grad); a bool tensor and one with dimensions are refused, naming the argument."""
+    torch = pytest.importorskip("torch")
+    x = np.linspace(-5, 5, 64, dtype=np.float32).reshape(2, 32)
+    w = torch.tensor([[-3.015625, 1.0]], dtype=torch.bfloat16)
+    for v, a32 in ((w.abs().max(), 3.015625), (torch.tensor(1 + 2.0**-11 + 2.0**-40, dtype=torch.float64),
+                                               1 + 2.0**-11),
+                   (torch.tensor(65504.0, dtype=torch.float16), 65504.0), (torch.tensor(12.0), 12.0),
+                   (torch.tensor(12.0, requires_grad=True), 12.0), (torch.tensor(100, dtype=torch.int32), 100.0),
+                   (torch.tensor(4.0).to(torch.float8_e8m0fnu), 4.0), (torch.tensor(448.0).to(torch.float8_e4m3fn),
+                                                                       448.0)):
+        t = nvfp4_quantize(x, recipe="modelopt", global_amax=v)
+        assert t.global_decode_scale == _modelopt_sf2(a32), v
+        np.testing.assert_array_equal(t.codes, nvfp4_quantize(x, recipe="modelopt", global_amax=a32).codes)
+    for bad in (torch.tensor(True), torch.tensor([2.0]), torch.tensor([[2.0]]), torch.tensor(2 + 1j)):
+        with pytest.raises(TypeError, match="^global_amax"):
+            nvfp4_quantize(x, global_amax=bad)
+
+
 def test_int_and_str_arguments_refuse_other_types_with_a_type_error():
     """A value of the wrong type (32.0 for an int, 5 for a str) is a TypeError naming the argument; a value of
     the right type that is not allowed is a ValueError; numpy integers are ints."""

@@ -621,3 +621,35 @@ def test_nvfp4_linear_weight_global_decode_scale_beyond_float32_is_a_value_error
                      block=(1, 16), axis=1)
     with pytest.raises(ValueError, match=r"^t\.global_decode_scale=inf: expected a finite positive float"):
         nvfp4_dequantize(wq)
+
+
+def test_nvfp4_linear_weight_global_decode_scale_takes_a_0d_array_or_tensor():
+    """weight_global_decode_scale given as a 0-d numpy array (any real dtype) or a 0-d torch tensor is its element:
+    x (16 ones) x W (16 ones, scale 1.0) gives bf16(16 g); a 1-element 1-d array, a bool and a complex are
+    TypeErrors naming it. The workload's row-subset reference reads x_global_amax the same way."""
+    x = np.ones((1, 16), np.float32)
+    codes = np.full((1, 8), 0x22, np.uint8)  # every element 1.0
+    scales = np.full((1, 1), 0x38, np.uint8)  # 1.0
+    cases = [(np.array(3.0), 48.0), (np.array(3, np.int16), 48.0), (np.array(2.5, np.float16), 40.0),
+             (np.array(0.375, ml_dtypes.bfloat16), 6.0), (np.array(0.875, ml_dtypes.float8_e4m3fn), 14.0),
+             (np.array(2.0**-20, np.float32), 2.0**-16), (np.array(2**40 + 1, np.uint64), 2.0**44)]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        cases += [(torch.tensor(1.0), 16.0), (torch.tensor(0.5, dtype=torch.bfloat16), 8.0),
+                  (torch.tensor([[0.25, -3.0]]).abs().max(), 48.0), (torch.tensor(2, dtype=torch.int64), 32.0)]
+    for g, want in cases:
+        assert gemm.nvfp4_linear(x, codes, scales, g).out.astype(np.float64).tolist() == [[want]], g
+    bad = [True, np.array(True), np.array(2 + 0j), np.array([1.0]), np.array("1"), np.array(1.0, dtype=object)]
+    if torch is not None:
+        bad += [torch.tensor(True), torch.tensor([1.0]), torch.tensor(1 + 1j)]
+    for b in bad:
+        with pytest.raises(TypeError, match="^weight_global_decode_scale must be a real number"):
+            gemm.nvfp4_linear(x, codes, scales, b)
+    w = get_workload("nvfp4_linear_n8192_k8192")
+    for amax in (np.array(1.0, np.float32),) + ((torch.tensor(1.0),) if torch is not None else ()):
+        out = w.reference(x=x, weight_fp4=codes, weight_scales=scales, weight_global_decode_scale=np.array(3.0),
+                          x_global_amax=amax).out
+        assert out.astype(np.float64).tolist() == [[48.0]]
