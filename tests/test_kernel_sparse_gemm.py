@@ -347,13 +347,16 @@ def test_launch_plan_cache():
 
 def test_sweep_candidates_at_every_bucket():
     """The tuning sweep's candidates build as configs at every M it serves (M = 100 raised UnboundLocalError once)
-    and include the expand path's Gluon GEMM above M = 16 and the fused Gluon kernel from M = 1024."""
+    and include the GEMV path up to M = 4 (within each config's max_m), the expand path's Gluon GEMM above M = 16
+    and the fused Gluon kernel from M = 1024."""
     from fp4ref.kernels.sparse_gemm_fp4_fp8.bench import sweep_candidates
 
-    for M in (1, 7, 16, 24, 64, 100, 256, 1024, 8192):
+    for M in (1, 4, 7, 16, 24, 64, 100, 256, 1024, 8192):
         cands = sweep_candidates(M)
-        assert cands and all(isinstance(c, (FusedConfig, ExpandConfig, mod.GluonConfig, mod.FusedWSConfig))
-                             for c, _ in cands)
+        assert cands and all(isinstance(c, (FusedConfig, ExpandConfig, mod.GluonConfig, mod.FusedWSConfig,
+                                            mod.GemvConfig)) for c, _ in cands)
+        gemv = [c for c, _ in cands if isinstance(c, mod.GemvConfig)]
+        assert bool(gemv) == (M <= 4) and all(M <= c.max_m for c in gemv)
         assert any(isinstance(c, ExpandConfig) and c.gemm == "gluon" for c, _ in cands) == (M > 16)
         assert any(isinstance(c, mod.FusedWSConfig) for c, _ in cands) == (M >= 1024)
 
@@ -374,6 +377,9 @@ def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
     assert pick_by_kind(64, {"gluon": (5.0, 9.0, g), "fused": (12.0, 19.0, f), "expand": (6.0, 8.0, x)}) is g
     assert pick_by_kind(64, {"gluon": (13.0, 19.5, g), "fused": (12.0, 19.0, f)}) is f
     assert pick_by_kind(256, {"gluon": (13.0, 19.5, g), "expand": (12.0, 15.0, x)}) is x
+    v = mod.GemvConfig()  # so is the GEMV path
+    assert pick_by_kind(1, {"gemv": (5.0, 9.0, v), "gluon": (6.2, 9.2, g), "expand": (7.0, 8.0, x)}) is v
+    assert pick_by_kind(1, {"gemv": (6.5, 9.0, v), "gluon": (6.2, 9.2, g)}) is g
     w = mod.FusedWSConfig()  # the fused Gluon kernel is a one-launch path too
     assert pick_by_kind(4096, {"fused-ws": (50.0, 52.0, w), "expand": (36.0, 38.0, x)}) is x
     assert pick_by_kind(4096, {"fused-ws": (30.0, 32.0, w), "expand": (36.0, 38.0, x)}) is w
@@ -449,7 +455,7 @@ def test_contract_names_a_known_model():
     assert get_model(CONTRACT).promote_every == mod.PROMOTION_INTERVAL
     K = 2048
     for cfg in dict.fromkeys(mod.CONFIGS.configs() + mod.TL_CONFIGS.configs()):
-        if not isinstance(cfg, mod.GluonConfig):  # (the Gluon kernel's K step is the promotion interval)
+        if not isinstance(cfg, (mod.GluonConfig, mod.GemvConfig)):  # (Gluon: K steps of 128; GEMV: no MMA)
             assert cfg.block_k <= mod.PROMOTION_INTERVAL or (isinstance(cfg, FusedConfig) and cfg.mma != "fp8")
         assert get_model(mod.accumulation_model(cfg, K)).eps(K) <= get_model(CONTRACT).eps(K)
     # the contract answers through model_for: the table's config at each workload M, its own model

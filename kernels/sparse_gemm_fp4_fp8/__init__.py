@@ -18,13 +18,16 @@ Policies (each a tested choice):
 
 Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by
 TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 16
-on a GPU; ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU
-interpreter and the calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
+on a GPU; ``FusedConfig`` (fused.py: A
+decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the calls the Gluon path cannot
+take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
 E4M3FN A, then a persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel,
 launched with programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M;
 ``FusedWSConfig`` (fused_gluon.py, sm_90, opt-in: one persistent launch, A decoded per tile into shared memory by a
-decoder partition, no dense-A workspace; slower than the table's paths on the H200). Host plumbing (plans,
-launches, workspaces) is kernels/_runtime.py.
+decoder partition, no dense-A workspace; slower than the table's paths on the H200); ``GemvConfig`` (gemv.py,
+opt-in: CUDA cores, b read as int32 words by many small programs, every row of A per program, no split-K, one
+launch; a `tl` kernel the interpreter runs too). Host plumbing (plans, launches, workspaces) is
+kernels/_runtime.py.
 """
 from __future__ import annotations
 
@@ -33,20 +36,20 @@ import triton
 
 from .. import _runtime
 from .configs import (CONFIGS, FALLBACK_CONFIG, INTERPRETER_CONFIG, MMA_KINDS, NUMERIC_CONTRACT, PROMOTION_INTERVAL,
-                      TL_CONFIGS, ExpandConfig, FusedConfig, FusedWSConfig, GluonConfig, accumulation_model,
-                      pick_config)
+                      TL_CONFIGS, ExpandConfig, FusedConfig, FusedWSConfig, GemvConfig, GluonConfig,
+                      accumulation_model, pick_config)
 from .expand import (PREP_BLOCK_G, PREP_BLOCK_M, PREP_WARPS, sparse_expand_a_kernel, sparse_gemm_expanded_kernel,
                      sparse_nan_fixup_kernel)
 from .expand_gluon import expand_gluon_constexprs, expand_gluon_layouts, sparse_expanded_ws_kernel
 from .fused import sparse_gemm_fp4_fp8_kernel
 from .fused_gluon import fused_ws_constexprs, fused_ws_layouts, sparse_fused_ws_kernel
+from .gemv import sparse_gemv_kernel
 from .gluon import STEP_K, decode_table, gluon_constexprs, shared_layouts, sparse_swapab_kernel
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GluonConfig",
-           "INTERPRETER_CONFIG",
-           "NUMERIC_CONTRACT", "PLANS", "PROMOTION_INTERVAL", "TL_CONFIGS", "WS_COUNTERS", "WS_DENSE_A",
-           "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gluon_eligible", "pick_config",
-           "sparse_gemm_fp4_fp8", "tma_eligible"]
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GemvConfig", "GluonConfig",
+           "INTERPRETER_CONFIG", "NUMERIC_CONTRACT", "PLANS", "PROMOTION_INTERVAL", "TL_CONFIGS", "WS_COUNTERS",
+           "WS_DENSE_A", "WS_NAN_FLAGS", "WS_PARTIALS", "accumulation_model", "gemv_eligible", "gluon_eligible",
+           "pick_config", "sparse_gemm_fp4_fp8", "tma_eligible"]
 
 # Workspaces (_runtime.workspace, per device and stream): split-K fp32 partials and int32 arrival counters (zero
 # between launches), the expand path's dense E4M3FN A, its int32 NaN-tile flags (zero between launches).
@@ -67,7 +70,7 @@ PLANS = _runtime.PlanCache("sparse_gemm_fp4_fp8")
 
 
 def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor,
-                        config: GluonConfig | FusedWSConfig | FusedConfig | ExpandConfig | None = None, *,
+                        config: GemvConfig | GluonConfig | FusedWSConfig | FusedConfig | ExpandConfig | None = None, *,
                         out: torch.Tensor | None = None, nan_check_bytes: bool | None = None) -> torch.Tensor:
     """2:4 sparse E2M1 A times dense E4M3FN B^T -> bf16, c = A @ B.T (module docstring).
 
@@ -79,10 +82,11 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         b_fp8: torch.float8_e4m3fn [N, K], any strides. M, N >= 1; K >= 4 and K % 4 == 0; no other alignment
             (an ExpandConfig also needs ``tma_eligible(b_fp8)``; the default pick falls back to FALLBACK_CONFIG
             where it does not hold).
-        config: a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig overriding ``pick_config(M, N, K)``
-            (benchmarks, tests, or the one-launch FusedWSConfig). A GluonConfig or FusedWSConfig needs a CUDA
-            device, K % 128 == 0 and ``gluon_eligible`` operands; the default pick takes the ``TL_CONFIGS`` row
-            where they do not hold.
+        config: a GemvConfig, GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig overriding
+            ``pick_config(M, N, K)`` (benchmarks, tests, or the one-launch FusedWSConfig). A GemvConfig needs
+            ``gemv_eligible(b_fp8)`` and M <= its ``max_m``. A GluonConfig or FusedWSConfig needs a CUDA device,
+            K % 128 == 0 and ``gluon_eligible`` operands; the default pick takes the ``TL_CONFIGS`` row where
+            these do not hold.
         out: optional bf16 [M, N] tensor to write (e.g. NaN-poisoned by a test), any strides that keep its
             elements distinct; returned.
         nan_check_bytes: detect NaN bytes of b by their bits (True) or from the raw accumulator (False).
@@ -96,7 +100,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
 
     Raises:
         TypeError: an operand is not a tensor of the dtype above; ``out`` is not a bf16 tensor; ``config`` is not
-            a GluonConfig / FusedWSConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None or a bool.
+            a GemvConfig / GluonConfig / FusedWSConfig / FusedConfig / ExpandConfig; ``nan_check_bytes`` not None
+            or a bool.
         ValueError: not 2-D; M, N < 1; K < 4 or K % 4 != 0; a_vals / a_meta not [M, K/4] or of different
             strides; ``out`` not [M, N], overlapping an operand or with elements sharing memory;
             ``nan_check_bytes=False`` in the CPU interpreter; operands on different devices; an fp8 config
@@ -104,7 +109,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
             GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects; an
             explicit ExpandConfig(gemm="gluon") or FusedWSConfig in the CPU interpreter, with K % 128 != 0, with
             operands ``gluon_eligible`` rejects or an ``out`` its TMA descriptor cannot take (unit column stride,
-            16-byte row stride and base).
+            16-byte row stride and base); an explicit GemvConfig with M > its ``max_m`` or a b_fp8
+            ``gemv_eligible`` rejects.
 
     Host cost: the first call per plan key validates and compiles through Triton's JIT; later calls look the
     plan up, check ``out``, fetch the workspaces (per device and stream) and launch the kept kernels
@@ -122,9 +128,10 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
         kind = type(nan_check_bytes)
         name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
         raise TypeError(f"nan_check_bytes: expected None or a Python bool, got {name} (pass bool(...))")
-    if config is not None and not isinstance(config, (GluonConfig, FusedWSConfig, FusedConfig, ExpandConfig)):
-        raise TypeError(f"config: expected a GluonConfig, a FusedWSConfig, a FusedConfig, an ExpandConfig or None, "
-                        f"got {type(config).__name__}")
+    if config is not None and not isinstance(config, (GemvConfig, GluonConfig, FusedWSConfig, FusedConfig,
+                                                      ExpandConfig)):
+        raise TypeError(f"config: expected a GemvConfig, a GluonConfig, a FusedWSConfig, a FusedConfig, an "
+                        f"ExpandConfig or None, got {type(config).__name__}")
 
     # ---- the launch plan of this key (validated and built on its first call) ----
     sa, sb = a_vals.stride(), b_fp8.stride()
@@ -161,6 +168,13 @@ def tma_eligible(b_fp8: torch.Tensor) -> bool:
     n, k = b_fp8.shape
     return (k % 16 == 0 and b_fp8.stride(1) == 1 and (n == 1 or b_fp8.stride(0) % 16 == 0)
             and b_fp8.data_ptr() % 16 == 0)
+
+
+def gemv_eligible(b_fp8: torch.Tensor) -> bool:
+    """Whether the GEMV path can read b_fp8 [N, K] as int32 words (one per group of 4 K-columns): unit stride
+    along K, row stride and base multiples of 4 bytes. Where it fails, the default pick uses the ``TL_CONFIGS`` row."""
+    n = b_fp8.shape[0]
+    return b_fp8.stride(1) == 1 and (n == 1 or b_fp8.stride(0) % 4 == 0) and b_fp8.data_ptr() % 4 == 0
 
 
 def gluon_eligible(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tensor) -> bool:
@@ -226,6 +240,22 @@ class _FusedWSPlan:
             _runtime.Desc(b_fp8, (n, k), (sb[0] if n > 1 else k, 1), (cfg.block_n, STEP_K), fp8),
             _runtime.Desc(out, (m, n), (out.stride(0) if m > 1 else n, 1), (cfg.block_m, cfg.block_n), c_layout),
             b_fp8, a_vals, a_meta, out, m, n, k // STEP_K, sb[0], sa[0], out.stride(0))
+
+
+class _GemvPlan:
+    """One launch of gemv.sparse_gemv_kernel (no workspace)."""
+
+    __slots__ = ("config", "main")
+
+    def __init__(self, config, main):
+        self.config, self.main = config, main
+
+    def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        m, g = a_vals.shape
+        n = b_fp8.shape[0]
+        scm, scn = out.stride()
+        self.main.launch(stream, a_vals, a_meta, b_fp8, out, m, n, g, sa[0], sa[1], sb[0] if n > 1 else 4 * g,
+                         scm, scn)
 
 
 class _FusedPlan:
@@ -359,6 +389,19 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
             config = TL_CONFIGS.pick(m)
         if isinstance(config, FusedWSConfig) and not (gluon_ok and c_tma_ok):
             config = TL_CONFIGS.pick(m)
+        if isinstance(config, GemvConfig) and not (gemv_eligible(b_fp8) and m <= config.max_m):
+            config = TL_CONFIGS.pick(m)
+    if isinstance(config, GemvConfig):
+        if m > config.max_m or not gemv_eligible(b_fp8):
+            raise ValueError(f"config={config}: the GEMV path takes M <= {config.max_m} (max_m) and a b_fp8 it can "
+                             f"read as int32 words (gemv_eligible: unit stride along K, row stride and base "
+                             f"multiples of 4 bytes); got M={m}, b_fp8 strides {b_fp8.stride()}")
+        ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
+        block_m = 1 << (m - 1).bit_length()
+        main = _runtime.Launch(sparse_gemv_kernel, (triton.cdiv(n, config.block_n),),
+                               dict(BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_G=config.block_g, NAN_BITS=ncb),
+                               num_warps=config.num_warps)
+        return _GemvPlan(config, main)
     if isinstance(config, GluonConfig):
         if interp or b_fp8.device.type != "cuda":
             raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90), not in the CPU interpreter")

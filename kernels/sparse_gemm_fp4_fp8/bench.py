@@ -133,16 +133,20 @@ def _poisoned_run(a_vals, a_meta, b, cfg=None):
 
 
 def _path(cfg) -> str:
-    from . import ExpandConfig, FusedWSConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GemvConfig, GluonConfig
 
+    if isinstance(cfg, GemvConfig):
+        return "gemv"
     if isinstance(cfg, FusedWSConfig):
         return "fused-ws"
     return "expand" if isinstance(cfg, ExpandConfig) else "gluon" if isinstance(cfg, GluonConfig) else "fused"
 
 
 def _cfg_name(cfg) -> str:
-    from . import ExpandConfig, FusedWSConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GemvConfig, GluonConfig
 
+    if isinstance(cfg, GemvConfig):
+        return f"n{cfg.block_n}xg{cfg.block_g}/w{cfg.num_warps}"
     if isinstance(cfg, FusedWSConfig):
         return f"{cfg.block_m}x{cfg.block_n}x128/sb{cfg.b_stages}/sa{cfg.a_stages}" + (
             f"/g{cfg.group_m}" if cfg.group_m != 8 else "")
@@ -278,7 +282,7 @@ def sweep_candidates(M: int):
     """(config, nan_check_bytes) candidates for the tuning sweep, by M. FMA configs keep
     block_m * block_n * block_k / (32 * num_warps) <= 64 (the per-thread accumulator). M >= 100: the expand path
     (decode pre-pass + persistent TMA fp8 GEMM) against the fused kernel's best large-M tiles."""
-    from . import ExpandConfig, FusedWSConfig, GluonConfig
+    from . import ExpandConfig, FusedWSConfig, GemvConfig, GluonConfig
     from . import FusedConfig as C
 
     def X(bm, bn, w, s, g=8, p=1, ns=1, fix="launch"):
@@ -298,6 +302,9 @@ def sweep_candidates(M: int):
         out += [XG(128, 128, 5, g=16), XG(128, 128, 6, g=4)]
         # one launch, no dense-A workspace: A decoded in shared memory by a decoder partition
         out += [FusedWSConfig(), FusedWSConfig(b_stages=4, a_stages=4), FusedWSConfig(b_stages=5, a_stages=3)]
+    if M <= 4:  # the GEMV path: many small programs read b as words, no split-K
+        out += [c for c in (GemvConfig(4, 128, 4), GemvConfig(4, 256, 2), GemvConfig(8, 128, 4),
+                            GemvConfig(2, 256, 2), GemvConfig(8, 64, 4)) if M <= c.max_m]
     if M <= 2:
         out += [C(1, 64, 128, 8, mma="fma"), C(1, 64, 128, 16, mma="fma"), C(1, 128, 128, 8, num_warps=8, mma="fma"),
                 C(1, 32, 128, 16, num_warps=2, mma="fma"), C(2, 32, 128, 8, mma="fma"),
@@ -343,11 +350,11 @@ SMALL_M_HOST_BOUND = 256  # at M <= this, the expand path (3 launches) must also
 
 
 def pick_by_kind(M: int, kinds: dict, log=None):
-    """The sweep's pick for M from {path: (GPU us, event us, config)} ("gluon", "fused", "fused-ws", "expand"), the
-    fastest config of each path by GPU (CUPTI) time: the least GPU time, except at M <= SMALL_M_HOST_BOUND where an
-    expand pick must also have the lower event time than the best one-launch config (its three launches' host time
-    shows there); prints each."""
-    one = [kinds[p] for p in ("gluon", "fused", "fused-ws") if p in kinds]
+    """The sweep's pick for M from {path: (GPU us, event us, config)} ("gemv", "gluon", "fused", "fused-ws",
+    "expand"), the fastest config of each path by GPU (CUPTI) time: the least GPU time, except at M <=
+    SMALL_M_HOST_BOUND where an expand pick must also have the lower event time than the best one-launch config
+    (its three launches' host time shows there); prints each."""
+    one = [kinds[p] for p in ("gemv", "gluon", "fused", "fused-ws") if p in kinds]
     g_f, e_f, c_f = min(one, key=lambda r: r[0]) if one else (float("inf"), float("inf"), None)
     g_x, e_x, c_x = kinds.get("expand", (float("inf"), float("inf"), None))
     pick = c_x if g_x < g_f else c_f
@@ -403,7 +410,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=K_WORKLOAD)
     p.add_argument("--check", action="store_true", help="check correctness on every M before timing")
     p.add_argument("--sweep", action="store_true", help="time the candidate configs per M (tuning)")
-    p.add_argument("--paths", nargs="*", choices=("gluon", "fused", "fused-ws", "expand"), default=None,
+    p.add_argument("--paths", nargs="*", choices=("gemv", "gluon", "fused", "fused-ws", "expand"), default=None,
                    help="--sweep: only the candidates of these paths (default: all)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2), help="parallel compiles")
     p.add_argument("--out", default=None, help="directory for the results: sparse_gemm_log.txt, sparse_gemm.json")

@@ -15,6 +15,10 @@ Four paths (the config's type says which one serves a call):
 * ``FusedWSConfig`` (fused_gluon.py, sm_90, opt-in): one persistent warp-specialized launch; a decoder partition
   decodes each tile's A into shared memory; no dense-A workspace. Not in the table (slower on the H200).
 
+* ``GemvConfig`` (gemv.py): CUDA cores, no tensor cores and no split-K; each program reads a few rows of b (as
+  int32 words) and multiplies them by every row of A. Opt-in (``config=GemvConfig()``) and a sweep candidate at
+  M <= 4: not yet validated on the GPU, so not in the table.
+
 ``CONFIGS`` picks by M (docs/kernels.md, "sparse_gemm_fp4_fp8"; the timings behind the picks are in
 docs/benchmarks.md). ``accumulation_model(config, K)`` is the fp4ref.bounds model of one config;
 ``NUMERIC_CONTRACT.model`` bounds every config.
@@ -28,7 +32,7 @@ from fp4ref.bounds import NumericContract
 from .. import _runtime
 from .._sm90 import SM90_MAX_SHARED_BYTES
 
-__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GluonConfig",
+__all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GemvConfig", "GluonConfig",
            "INTERPRETER_CONFIG",
            "MMA_KINDS", "NUMERIC_CONTRACT", "PROMOTION_INTERVAL", "TL_CONFIGS", "accumulation_model", "pick_config"]
 
@@ -238,6 +242,47 @@ class GluonConfig:
         return K % PROMOTION_INTERVAL == 0 and self.shared_bytes(K) <= 200 * 1024
 
 
+@dataclass(frozen=True)
+class GemvConfig:
+    """A launch of the GEMV kernel (``gemv.sparse_gemv_kernel``): CUDA cores, every row of A per program, no
+    split-K; ceil(N / block_n) programs.
+
+    block_n: rows of b per program: a power of two in 1..64.
+    block_g: groups of 4 K-columns per chunk (the loads of one chunk fly while the previous one is multiplied): a
+        power of two in 16..512.
+    num_warps: 1, 2, 4 or 8.
+
+    ``max_m``: the most rows of A a call may have: the per-lane fp32 partial sums [M padded to a power of two,
+    block_n, block_g] take at most 32 registers per thread (the sm_90 build of 4 x 128 x 4 warps spills at 64).
+
+    Raises:
+        TypeError: a field that is not an int. ValueError: a value outside the ranges above, or a tile whose
+            partial sums take more than 64 registers per thread even at M = 1.
+    """
+
+    block_n: int = 4
+    block_g: int = 128
+    num_warps: int = 4
+
+    def __post_init__(self):
+        _runtime.check_int_fields(self, "block_n", "block_g", "num_warps")
+        if self.block_n not in (1, 2, 4, 8, 16, 32, 64):
+            raise ValueError(f"block_n={self.block_n}: expected a power of two in 1..64")
+        if self.block_g not in (16, 32, 64, 128, 256, 512):
+            raise ValueError(f"block_g={self.block_g}: expected a power of two in 16..512")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"num_warps={self.num_warps}: expected 1, 2, 4 or 8")
+        if self.max_m < 1:
+            raise ValueError(f"{self}: block_n x block_g = {self.block_n * self.block_g} fp32 partial sums take "
+                             f"more than 32 registers per thread with {self.num_warps} warps")
+
+    @property
+    def max_m(self) -> int:
+        """The most rows of A (a power of two, 0 when even one row does not fit)."""
+        rows = 32 * 32 * self.num_warps // (self.block_n * self.block_g)
+        return 1 << (rows.bit_length() - 1) if rows >= 1 else 0
+
+
 # The `tl` paths' table on a GPU (where the Gluon path does not fit a call, e.g. K % 128 != 0 or operands its TMA
 # descriptors cannot read). Picked per M by the H200 sweep (python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8
 # --sweep --check), which ranks by GPU time and, at M <= 256, takes the expand path only where its event time
@@ -314,7 +359,8 @@ def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> s
     """The tightest fp4ref.bounds model name for ``config`` at reduction length K (GPU and interpreter alike).
 
     fp8 configs (every ExpandConfig, FusedConfig with mma "fp8"): ``hopper_fp8_wgmma_promote(block_k)``;
-    GluonConfig: ``hopper_fp8_wgmma_promote(128)`` (its NaN recompute path sums exact products in fp32, within it). fp16
+    GluonConfig: ``hopper_fp8_wgmma_promote(128)`` (its NaN recompute path sums exact products in fp32, within it).
+    GemvConfig: ``fp32_rn`` (exact products summed in fp32, RN, in a fixed order). fp16
     configs: each K slice (the K-tiles one program owns, length <= ceil(K/block_k/split_k)*block_k) accumulates in
     fp32 on the tensor core (wgmma when block_m >= 64, otherwise mma.sync, bounded by the universal fp32
     tensor-core model), then the split_k partials are summed in fp32: ``splitk(<model>, slice)``. fma configs:
@@ -322,15 +368,17 @@ def accumulation_model(config, K: int, interpreter: bool = False, **launch) -> s
     sums meet the same models. ``launch`` (M, N) is accepted and not needed.
 
     Raises:
-        TypeError: ``config`` is not a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig.
+        TypeError: ``config`` is not a GemvConfig, GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig.
     """
+    if isinstance(config, GemvConfig):
+        return "fp32_rn"  # exact products, fp32 RN sums in a fixed order
     if isinstance(config, (GluonConfig, FusedWSConfig)):
         return f"hopper_fp8_wgmma_promote({PROMOTION_INTERVAL})"
     if isinstance(config, ExpandConfig):
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if not isinstance(config, FusedConfig):
-        raise TypeError(f"config: expected a GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig, got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"config: expected a GemvConfig, GluonConfig, FusedWSConfig, FusedConfig or ExpandConfig, "
+                        f"got {type(config).__name__}")
     if config.mma == "fp8":
         return f"hopper_fp8_wgmma_promote({config.block_k})"
     if config.mma == "fma":
