@@ -27,8 +27,7 @@ from _sparse_gpu import b_bytes, run_poisoned  # tests/_sparse_gpu.py
 GemvConfig = mod.GemvConfig
 ON_GPU = torch.cuda.is_available()
 NAN = float("nan")
-# an opt-in path (config=GemvConfig(...)) and a sweep candidate at M <= 4; the GPU table does not pick it yet
-TABLE = [GemvConfig()]
+TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GemvConfig)]
 SMALL = GemvConfig(block_n=8, block_g=32, num_warps=2)  # max_m 8; several chunks and programs at small K, N
 
 
@@ -54,10 +53,15 @@ needs_interpreter = pytest.mark.skipif(not _runtime.interpreting(), reason="runs
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: configs, picks, errors, builds
 # ---------------------------------------------------------------------------------------------------------------
-def test_the_default_config_and_the_picks():
+def test_the_table_serves_m_up_to_2_with_the_gemv_path():
+    assert TABLE, "no GemvConfig in CONFIGS"
+    assert _table_block_ms()[:2] == [(mod.CONFIGS.pick(1), 1), (mod.CONFIGS.pick(2), 2)]
+    for M in (1, 2):
+        cfg = mod.pick_config(M, 2048, 2048, interpreter=False)
+        assert isinstance(cfg, GemvConfig) and M <= cfg.max_m
+        assert mod.pick_config(M, 2048, 2048, interpreter=True) is mod.INTERPRETER_CONFIG
+    assert not isinstance(mod.pick_config(3, 2048, 2048, interpreter=False), GemvConfig)
     assert GemvConfig() == GemvConfig(block_n=4, block_g=128, num_warps=4) and GemvConfig().max_m == 8
-    assert not any(isinstance(mod.pick_config(M, 2048, 2048, interpreter=False), GemvConfig) for M in (1, 2, 8))
-    assert mod.pick_config(1, 2048, 2048, interpreter=True) is mod.INTERPRETER_CONFIG
 
 
 def test_accumulation_model_is_fp32_within_the_contract():
@@ -91,28 +95,38 @@ def test_bad_configs_raise(kw, exc, words):
         GemvConfig(**kw)
 
 
-@pytest.mark.parametrize("cfg", TABLE + [SMALL], ids=repr)
-def test_config_builds_for_sm90(cfg):
-    """The kernel builds for sm_90 at every BLOCK_M up to max_m the table may run (M = 1 for the table; both NaN
-    modes) with no spills, no tensor-core instructions, 16-byte loads of b and one bf16 conversion of c."""
+def _table_block_ms():
+    """(config, BLOCK_M) of every M the GPU table serves with the GEMV path, and of the default config and SMALL
+    at M = 1 and at their max_m."""
+    out, lo = [], 1
+    for hi, cfg in mod.CONFIGS.rows:
+        if isinstance(cfg, GemvConfig):
+            out += [(cfg, bm) for bm in sorted({1 << (m - 1).bit_length() for m in range(lo, hi + 1)})]
+        lo = hi + 1
+    return out + [(c, bm) for c in (GemvConfig(), SMALL) for bm in (1, c.max_m)]
+
+
+@pytest.mark.parametrize("cfg, block_m", _table_block_ms(), ids=repr)
+def test_config_builds_for_sm90(cfg, block_m):
+    """The kernel builds for sm_90 at the BLOCK_M the table runs it with (and the default config and SMALL at 1 and
+    max_m), in both NaN modes, with no spills, no tensor-core instructions and 16-byte loads of b."""
     sig = {"vals_ptr": "*i8", "meta_ptr": "*i8", "b_ptr": "*fp8e4nv", "c_ptr": "*bf16", "M": "i32", "N": "i32",
            "G": "i32", "stride_am": "i32", "stride_ag": "i32", "stride_bn": "i32", "stride_cm": "i32",
            "stride_cn": "i32"}
-    for block_m in sorted({1, cfg.max_m}):
-        for nan_bits in (False, True):
-            ck = compile_for_sm90(sparse_gemv_kernel, sig, dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-                                                                BLOCK_G=cfg.block_g, NAN_BITS=nan_bits),
-                                  num_warps=cfg.num_warps,
-                                  divisible_by_16=["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "N", "G", "stride_am",
-                                                   "stride_bn", "stride_cm"])
-            ptx = ck.asm["ptx"]
-            assert "wgmma" not in ptx and "mma.sync" not in ptx
-            assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx  # 16-byte loads of b's words
-            assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES and ptxas_advisories(ptx) == []
-            info = sass_info(ck.asm["cubin"])
-            if info:  # where triton's bundled cuobjdump reads the SASS
-                assert info["spill_stores"] == info["spill_loads"] == 0, info
-                assert info["hgmma"] == info["qgmma"] == 0, info
+    for nan_bits in (False, True):
+        ck = compile_for_sm90(sparse_gemv_kernel, sig, dict(BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+                                                            BLOCK_G=cfg.block_g, NAN_BITS=nan_bits),
+                              num_warps=cfg.num_warps,
+                              divisible_by_16=["vals_ptr", "meta_ptr", "b_ptr", "c_ptr", "N", "G", "stride_am",
+                                               "stride_bn", "stride_cm"])
+        ptx = ck.asm["ptx"]
+        assert "wgmma" not in ptx and "mma.sync" not in ptx
+        assert "ld.global.v4" in ptx or "ld.global.nc.v4" in ptx  # 16-byte loads of b's words
+        assert ck.metadata.shared <= SM90_MAX_SHARED_BYTES and ptxas_advisories(ptx) == []
+        info = sass_info(ck.asm["cubin"])
+        if info:  # where triton's bundled cuobjdump reads the SASS
+            assert info["spill_stores"] == info["spill_loads"] == 0, info
+            assert info["hgmma"] == info["qgmma"] == 0, info
 
 
 def test_refused_and_fallbacks_off_the_gpu():
@@ -208,25 +222,27 @@ def test_nan_bytes_reach_c_iff_selected():
 # GPU
 # ---------------------------------------------------------------------------------------------------------------
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-GPU_CONFIGS = TABLE + [SMALL, GemvConfig(block_n=2, block_g=256, num_warps=2)]
+GPU_CONFIGS = TABLE + [GemvConfig(), SMALL, GemvConfig(block_n=2, block_g=256, num_warps=2)]
 
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cfg", TABLE, ids=repr)
+@pytest.mark.parametrize("cfg", TABLE + [GemvConfig()], ids=repr)
 def test_every_byte_pair_decodes_exactly_on_the_gpu(cfg):
-    """All 65536 (vals, meta) byte pairs (max_m rows) against b = I: c equals decompress_2to4 exactly."""
-    rows = min(cfg.max_m, 16)
-    pairs = np.arange(65536)
-    vals = (pairs & 255).astype(np.uint8).reshape(rows, -1)
-    meta = (pairs >> 8).astype(np.uint8).reshape(rows, -1)
-    k = 4 * vals.shape[1]
-    eye = torch.zeros((k, k), dtype=torch.uint8, device="cuda")
-    eye[torch.arange(k), torch.arange(k)] = 0x38
-    out = torch.full((rows, k), NAN, dtype=torch.bfloat16, device="cuda")
-    mod.sparse_gemm_fp4_fp8(torch.from_numpy(vals.view(np.int8)).cuda(), torch.from_numpy(meta.view(np.int8)).cuda(),
-                            eye.view(torch.float8_e4m3fn), cfg, out=out)
-    np.testing.assert_array_equal(out.float().cpu().numpy(), decompress_2to4(vals, meta).astype(np.float32))
+    """All 65536 (vals, meta) byte pairs, max_m rows x 2048 groups per call, against b = I [8192, 8192]: c
+    equals decompress_2to4 exactly."""
+    rows, groups = min(cfg.max_m, 16), 2048
+    pairs = np.arange(65536).reshape(-1, rows, groups)
+    eye = torch.zeros((4 * groups, 4 * groups), dtype=torch.uint8, device="cuda")
+    eye[torch.arange(4 * groups), torch.arange(4 * groups)] = 0x38  # E4M3FN 1.0
+    for chunk in pairs:
+        vals = (chunk & 255).astype(np.uint8)
+        meta = (chunk >> 8).astype(np.uint8)
+        out = torch.full((rows, 4 * groups), NAN, dtype=torch.bfloat16, device="cuda")
+        mod.sparse_gemm_fp4_fp8(torch.from_numpy(vals.view(np.int8)).cuda(),
+                                torch.from_numpy(meta.view(np.int8)).cuda(), eye.view(torch.float8_e4m3fn), cfg,
+                                out=out)
+        np.testing.assert_array_equal(out.float().cpu().numpy(), decompress_2to4(vals, meta).astype(np.float32))
 
 
 @pytest.mark.gpu
@@ -264,7 +280,9 @@ def test_nan_selected_vs_pruned_on_the_gpu():
     meta[:, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
     vals[:, 63] = 0x22  # + (1 + 4)
     for cfg in GPU_CONFIGS:
-        c = run_poisoned(vals, meta, b, cfg).float().numpy()
+        step = min(4, cfg.max_m)  # rows per call
+        c = np.concatenate([run_poisoned(vals[r:r + step], meta[r:r + step], b, cfg).float().numpy()
+                            for r in range(0, 4, step)])
         assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
         assert c[1, 5] == 0.5 * 4 + 1.0 * 8 + 5 and c[3, 5] == 0.5 * 1 + 1.0 * 4 + 5
         assert c[0, 4] == 0.5 * 2 + 1.0 * 8 + 5
@@ -273,9 +291,9 @@ def test_nan_selected_vs_pruned_on_the_gpu():
 
 @pytest.mark.gpu
 @needs_gpu
-def test_refusal_and_default_pick_on_the_gpu():
-    """An explicit GemvConfig on a b whose rows are not 4-byte aligned is refused; the default pick serves the
-    same call (the TL_CONFIGS row), and both values are within the contract."""
+def test_default_pick_refusal_and_fallback_on_the_gpu():
+    """M = 1 takes the GEMV path; an explicit GemvConfig on a b whose rows are not 4-byte aligned is refused and
+    the default pick serves that call with the TL_CONFIGS row; both values within the contract."""
     rng = np.random.default_rng(3)
     vals = rng.integers(0, 256, (1, 512), dtype=np.uint8)
     meta = rng.integers(0, 256, (1, 512), dtype=np.uint8)
@@ -283,8 +301,8 @@ def test_refusal_and_default_pick_on_the_gpu():
     v = torch.from_numpy(vals.view(np.int8)).cuda()
     t = torch.from_numpy(meta.view(np.int8)).cuda()
     bb = torch.from_numpy(b).cuda().view(torch.float8_e4m3fn)
-    assert mod.gemv_eligible(bb)
-    c = mod.sparse_gemm_fp4_fp8(v, t, bb, GemvConfig())
+    assert isinstance(mod.pick_config(1, 256, 2048), GemvConfig) and mod.gemv_eligible(bb)
+    c = mod.sparse_gemm_fp4_fp8(v, t, bb)
     wide = torch.zeros((256, 2049), dtype=torch.uint8, device="cuda")
     wide[:, 1:] = torch.from_numpy(b).cuda()
     assert not mod.gemv_eligible(wide.view(torch.float8_e4m3fn)[:, 1:])

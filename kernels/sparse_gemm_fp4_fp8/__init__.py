@@ -16,18 +16,17 @@ Policies (each a tested choice):
 - Signed zero: a zero result may come out as +0 where the exact sum is -0 (tensor cores and fp32 adds give +0).
 - Output: one RNE rounding from the fp32 accumulator to bf16 (no intermediate rounding).
 
-Paths (configs.py; the config's type picks the path): ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by
-TMA, the K slice's A decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M <= 16
-on a GPU; ``FusedConfig`` (fused.py: A
-decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the calls the Gluon path cannot
-take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense
-E4M3FN A, then a persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel,
-launched with programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M;
+Paths (configs.py; the config's type picks the path): ``GemvConfig`` (gemv.py: CUDA cores, b read as int32 words
+by many small programs, every row of A per program, no split-K, one launch; a `tl` kernel the interpreter runs
+too) serves M <= 2 on a GPU; ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by TMA, the K slice's A
+decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M = 3 .. 16 on a GPU;
+``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the
+calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, then a
+persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel, launched with
+programmatic dependent launch, else the `tl` one with its NaN fix-up) serves larger M;
 ``FusedWSConfig`` (fused_gluon.py, sm_90, opt-in: one persistent launch, A decoded per tile into shared memory by a
-decoder partition, no dense-A workspace; slower than the table's paths on the H200); ``GemvConfig`` (gemv.py,
-opt-in: CUDA cores, b read as int32 words by many small programs, every row of A per program, no split-K, one
-launch; a `tl` kernel the interpreter runs too). Host plumbing (plans, launches, workspaces) is
-kernels/_runtime.py.
+decoder partition, no dense-A workspace; slower than the table's paths on the H200). Host plumbing (plans,
+launches, workspaces) is kernels/_runtime.py.
 """
 from __future__ import annotations
 

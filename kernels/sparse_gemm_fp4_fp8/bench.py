@@ -369,17 +369,19 @@ def pick_by_kind(M: int, kinds: dict, log=None):
 
 
 def _compile_worker(job: str) -> str:
-    """Compile one config by running it once (fills triton's on-disk cache for the main process)."""
+    """Compile one config by running it once (fills triton's on-disk cache for the main process; the GEMV path at
+    M = 1, the others at M = 300: one build serves every M of a config but the GEMV path's, whose BLOCK_M is M's)."""
     import torch
 
-    from fp4ref.kernels.sparse_gemm_fp4_fp8 import (ExpandConfig, FusedConfig, FusedWSConfig, GluonConfig,
-                                                    sparse_gemm_fp4_fp8)
+    from fp4ref.kernels.sparse_gemm_fp4_fp8 import (ExpandConfig, FusedConfig, FusedWSConfig, GemvConfig,
+                                                    GluonConfig, sparse_gemm_fp4_fp8)
 
     d = json.loads(job)
     ncb = d.pop("nan_check_bytes")
-    cfg = {"expand": ExpandConfig, "gluon": GluonConfig, "fused": FusedConfig,
-           "fused-ws": FusedWSConfig}[d.pop("path")](**d)
-    vals, meta, b = make_operands(300, N_WORKLOAD, K_WORKLOAD, torch.Generator(device="cuda").manual_seed(0))
+    cfg = {"expand": ExpandConfig, "gluon": GluonConfig, "fused": FusedConfig, "fused-ws": FusedWSConfig,
+           "gemv": GemvConfig}[d.pop("path")](**d)
+    m = 1 if isinstance(cfg, GemvConfig) else 300
+    vals, meta, b = make_operands(m, N_WORKLOAD, K_WORKLOAD, torch.Generator(device="cuda").manual_seed(0))
     try:
         sparse_gemm_fp4_fp8(vals, meta, b, cfg, nan_check_bytes=ncb)
         torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 """Configs of sparse_gemm_fp4_fp8: one typed config per path, the table by M, and the numeric contract.
 
-Four paths (the config's type says which one serves a call):
+Five paths (the config's type says which one serves a call):
 
 * ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, the K slice's A decoded into shared
-  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M <= 16 on a GPU.
+  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M = 3 .. 16 on
+  a GPU.
 
 * ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
@@ -16,8 +17,7 @@ Four paths (the config's type says which one serves a call):
   decodes each tile's A into shared memory; no dense-A workspace. Not in the table (slower on the H200).
 
 * ``GemvConfig`` (gemv.py): CUDA cores, no tensor cores and no split-K; each program reads a few rows of b (as
-  int32 words) and multiplies them by every row of A. Opt-in (``config=GemvConfig()``) and a sweep candidate at
-  M <= 4: not yet validated on the GPU, so not in the table.
+  int32 words) and multiplies them by every row of A; M <= 2 on a GPU.
 
 ``CONFIGS`` picks by M (docs/kernels.md, "sparse_gemm_fp4_fp8"; the timings behind the picks are in
 docs/benchmarks.md). ``accumulation_model(config, K)`` is the fp4ref.bounds model of one config;
@@ -298,7 +298,11 @@ TL_CONFIGS = _runtime.ConfigTable(
     larger=ExpandConfig(128, 256, 128, group_m=16, num_warps=8, num_stages=3, n_split=2),
 )
 
-# The table on a GPU: the Gluon kernel where it is the fastest path (M <= 16; per-bucket winners of the H200 CUPTI
+# The table on a GPU: the GEMV path at M <= 2 (of eight GEMV configs in a same-run H200 comparison: 4 rows of b
+# per program and 128-group chunks at M = 1, 4.96 us; 8 rows and 256-group chunks at M = 2, 5.47 us; against 6.38 /
+# 6.30 for the Gluon row and 4.99 / 4.90 for cuBLAS fp8; 8 x 256 at M = 1, 4.83 us, spills one register in the
+# sm_90 build; from M = 4 the Gluon path is faster), then
+# the Gluon kernel where it is the fastest path (M <= 16; per-bucket winners of the H200 CUPTI
 # sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
 # and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once),
 # then the expand path with the Gluon GEMM (the least GPU time per M in `--sweep --paths expand` and in same-run
@@ -313,6 +317,8 @@ def _gluon_gemm(block_m, block_n, stages, group_m=8):
 
 CONFIGS = _runtime.ConfigTable(
     rows=(
+        (1, GemvConfig(block_n=4, block_g=128, num_warps=4)),
+        (2, GemvConfig(block_n=8, block_g=256, num_warps=4)),
         (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
         (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
         (256, _gluon_gemm(64, 64, 8)),
