@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from .gemm import OUTPUT_FORMATS, round_float64
+from .gemm import OUTPUT_FORMATS, Reference, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
 
@@ -335,7 +335,14 @@ def _check_operands(workload, operands):
     missing = [a for a in workload.args if a not in operands]
     if missing:
         raise ValueError(f"operands lacks {missing} of {workload.name}'s arguments {list(workload.args)}")
-    return operands
+    out = dict(operands)
+    for a in workload.args:  # torch tensors as numpy arrays of the same bits; lists, None, strings refused
+        v = to_numpy(operands[a], f"operands[{a!r}]")
+        if isinstance(v, bool) or not isinstance(v, (np.ndarray, np.generic, int, float)):
+            raise TypeError(f"operands[{a!r}]: expected a numpy array, a torch tensor or a real scalar, got "
+                            f"{type(v).__name__}")
+        out[a] = v
+    return out
 
 
 def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
@@ -355,12 +362,16 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
 
     Raises:
-        TypeError: ``workload`` neither a Workload nor a name; ``operands`` not a mapping.
+        TypeError: ``ref`` not a Reference; ``workload`` neither a Workload nor a name; ``operands`` not a mapping,
+            or one of the workload's operands neither a numpy array, a torch tensor nor a real scalar.
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
             an unknown workload name (the message lists the known ones; checked before whether ``operands`` came
             with it); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
             workload's arguments.
     """
+    if not isinstance(ref, Reference):
+        raise TypeError(f"ref: expected the fp4ref.gemm.Reference the output failed against, got "
+                        f"{type(ref).__name__}")
     if output_rounding not in ("rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
     if workload is not None:  # an unknown name is named first, whether or not operands came with it

@@ -250,3 +250,23 @@ def test_unfused_fp16_accumulation_is_named():
     # the correctly rounded output, and a correct fp32-accumulating kernel, get no diagnosis on the same operands
     assert diagnose(ref.out, ref, workload=GEMM, operands=ops) == []
     assert diagnose(fp32_sequential(GEMM, ops, ref), ref, workload=GEMM, operands=ops) == []
+
+
+def test_ref_and_operands_are_checked_and_torch_operands_are_read():
+    """ref=None raised an AttributeError, list operands a raw TypeError inside the recomputation, and torch
+    operands an AttributeError (no .astype), although the kit accepts torch tensors: now a TypeError naming ref /
+    the operand, and torch tensors read as numpy arrays of the same bits (the same diagnosis as numpy)."""
+    torch = pytest.importorskip("torch")
+    ops = _ops(GEMM, "public", 4, 64, 256)
+    ref = GEMM.reference(**ops)
+    with pytest.raises(TypeError, match=r"^ref: expected the fp4ref\.gemm\.Reference the output failed against, "
+                                        r"got NoneType$"):
+        diagnose(ref.out, None)
+    with pytest.raises(TypeError, match=r"^operands\['A'\]: expected a numpy array, a torch tensor or a real "
+                                        r"scalar, got list$"):
+        diagnose(ref.out, ref, workload=GEMM, operands={"A": ops["A"].tolist(), "B": ops["B"]})
+    out = _fp16_unfused(ops["A"], ops["B"])  # a planted bug, so the recomputation really runs
+    want = diagnose(out, ref, workload=GEMM, operands=ops)
+    assert [d.bug for d in want] == ["fp16_accumulation"]
+    torch_ops = {k: torch.from_numpy(v.copy()) for k, v in ops.items()}
+    assert diagnose(out, ref, workload=GEMM, operands=torch_ops) == want
