@@ -192,20 +192,22 @@ class AccumulationModel:
         return math.inf if t >= 1 else t / (1 - t)
 
     def vacuous_from(self) -> int | None:
-        """The smallest K at which :meth:`eps` is infinite (the model bounds nothing from there on), or None when
-        eps_acc(K) is finite for every K below 2^62 (``exact``, ``tc_fp32_universal``).
+        """The smallest K at which :meth:`eps` is >= 1 (or infinite): from there on the bound allows a 100% error
+        (|exact| <= |A||B|, so an all-zero output would pass) and the model bounds nothing; None when eps_acc(K) < 1
+        for every K below 2^62 (``exact``).
 
-        ``hopper_fp8_wgmma``: 7943 (K 2^-13 + ceil(K/32) 2^-13 reaches 1); ``fp32_rn``: 2^24 (gamma_K(2^-24));
-        a split-K or promoting model: where its chunk's model or its fp32 sum of the chunks gives out. eps_acc(K)
-        never decreases with K, so this is a bisection.
+        ``hopper_fp8_wgmma``: 3971 (t = (K + ceil(K/32)) 2^-13 reaches 1/2, where t / (1 - t) = 1); ``fp32_rn``:
+        2^23 (gamma_K(2^-24) = 1 at K 2^-24 = 1/2); ``tc_fp32_universal``: 2^22 (K 2^-22); a split-K or promoting
+        model: where its chunk's model or its fp32 sum of the chunks gives out. eps_acc(K) never decreases with K,
+        so this is a bisection.
         """
         hi = 2**62
-        if not math.isinf(self.eps(hi)):
+        if self.eps(hi) < 1:
             return None
-        lo = 0  # eps(lo) finite (lo = 0: no K yet), eps(hi) infinite
+        lo = 0  # eps(lo) < 1 (lo = 0: no K yet), eps(hi) >= 1
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if math.isinf(self.eps(mid)):
+            if self.eps(mid) >= 1:
                 hi = mid
             else:
                 lo = mid
@@ -474,14 +476,15 @@ class NumericContract:
 
 
 def no_bound_message(model, K: int) -> str:
-    """Why ``model`` cannot check a length-K GEMM (its eps_acc(K) is infinite), and what to declare instead."""
+    """Why ``model`` cannot check a length-K GEMM (its eps_acc(K) is >= 1 or infinite), and what to declare
+    instead."""
     m = get_model(model)
     first = m.vacuous_from()
-    return (f"model {m.name!r} gives no finite bound at K={K}: its eps_acc(K) is infinite for every K >= {first} "
-            "(the error analysis bounds nothing there, so no output could fail the check). Check against the model "
-            "of what the kernel does at this K: one that adds the accumulator into fp32 at intervals "
-            "('hopper_fp8_wgmma_promote(N)') or a split-K one ('splitk(<model>, C)': chunks of C products, each "
-            "within what <model> bounds)")
+    return (f"model {m.name!r} gives no useful bound at K={K}: its eps_acc(K) is >= 1 for every K >= {first}, so the "
+            "bound allows a 100% error (|exact| <= |A||B|: an all-zero output would pass, and so would nearly any "
+            "other). Check against the model of what the kernel does at this K: one that adds the accumulator into "
+            "fp32 at intervals ('hopper_fp8_wgmma_promote(N)') or a split-K one ('splitk(<model>, C)': chunks of C "
+            "products, each within what <model> bounds)")
 
 
 @dataclass(frozen=True)
@@ -511,8 +514,9 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     Raises:
         TypeError: ``epilogue_multiplies`` not None or an int (a float such as 2.0, a str, a bool).
         ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range; a model whose eps_acc(K) is
-            infinite at the reference's K (:meth:`AccumulationModel.vacuous_from`: such a bound passes any output,
-            so it is refused; the message names the model, K and the first K the model gives out at).
+            >= 1 (or infinite) at the reference's K (:meth:`AccumulationModel.vacuous_from`: such a bound allows a
+            100% error, so an all-zero output passes; it is refused, and the message names the model, K and the
+            first K the model gives out at).
 
     Returns:
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
@@ -529,7 +533,7 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
     C = np.abs(ref.exact) + ref.exact_err
     eps = m.eps(ref.K) if ref.K else 0.0  # K = 0: an empty sum, nothing accumulated
-    if not math.isfinite(eps):  # every element's bound would be inf: any output, however wrong, would pass
+    if not eps < 1:  # the bound would allow a 100% error (|exact| <= |A||B|): an all-zero output would pass
         raise ValueError(no_bound_message(m, ref.K))
     with np.errstate(invalid="ignore", over="ignore"):
         # |A||B| is a float64 matmul of exact magnitudes: within gamma_K(2^-53) of the true value; inflate for it.
@@ -735,8 +739,8 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     Raises:
         TypeError: wrong dtype of ``out`` or ``ref``, a non-numeric ``poison``, a non-bool
         ``exact_accumulation``, an ``epilogue_multiplies`` that is not None or an int; ValueError: shape mismatch,
-        unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES], a model with no
-        finite bound at ``ref.K`` (as for :func:`bound`; before any element is compared).
+        unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES], a model whose
+        eps_acc(ref.K) is >= 1 (as for :func:`bound`; before any element is compared).
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")

@@ -119,13 +119,13 @@ def _sparse_ref(K, seed=0):
 
 def test_a_model_with_no_finite_bound_at_K_is_refused_not_passed():
     """hopper_fp8_wgmma's eps_acc(K) is inf from K = 7943: every element's bound was inf, check passed an output of
-    12345 everywhere with "max err/bound 0". It is a ValueError now (bound, check, assert_gemm_close), before any
-    element is compared, naming the model, K and the first K the model gives out at."""
+    12345 everywhere with "max err/bound 0". It is a ValueError (bound, check, assert_gemm_close), before any
+    element is compared, naming the model, K and the first K the model gives out at (3971: eps_acc >= 1 there)."""
     from fp4ref import testing
 
     ref = _sparse_ref(8192)
     wrong = np.full(ref.out.shape, 12345.0, ml_dtypes.bfloat16)
-    msg = r"'hopper_fp8_wgmma' gives no finite bound at K=8192: .* K >= 7943 .*promote.*splitk"
+    msg = r"'hopper_fp8_wgmma' gives no useful bound at K=8192: .* K >= 3971, .*100% error.*promote.*splitk"
     for call in (lambda: bounds.check(wrong, ref, "hopper_fp8_wgmma"),
                  lambda: bounds.check(ref.out.copy(), ref, "hopper_fp8_wgmma"),  # the right output as well
                  lambda: bounds.check(wrong, ref, "hopper_fp8_wgmma", exact_accumulation=True),
@@ -135,34 +135,61 @@ def test_a_model_with_no_finite_bound_at_K_is_refused_not_passed():
             call()
     # split-K over it inherits it, also at K = 8000 inside one chunk (eps was NaN there: 0 * inf)
     ref8000 = _sparse_ref(8000)
-    with pytest.raises(ValueError, match=r"'splitk\(hopper_fp8_wgmma, 8192\)' gives no finite bound at K=8000"):
+    with pytest.raises(ValueError, match=r"'splitk\(hopper_fp8_wgmma, 8192\)' gives no useful bound at K=8000"):
         bounds.check(ref8000.out.copy(), ref8000, "splitk(hopper_fp8_wgmma, 8192)")
     # a model with a finite bound at that K still checks: the promoted fp8 model fails the wrong output
     rep = bounds.check(wrong, ref, "hopper_fp8_wgmma_promote(128)")
     assert not rep.ok and rep.n_violations > 0
 
 
+def _positive_fp16_ref(K, seed=0):
+    rng = np.random.default_rng(seed)
+    A = np.abs(rng.standard_normal((2, K))).astype(np.float16)
+    B = np.abs(rng.standard_normal((3, K))).astype(np.float16)
+    return gemm.gemm_fp16(A, B)
+
+
+def test_a_model_whose_eps_reaches_1_is_refused_an_all_zero_output_passed():
+    """eps_acc(K) >= 1 is already vacuous: |exact| <= |A||B|, so out = 0 is within eps_acc(K) |A||B| of it. For
+    hopper_fp8_wgmma, t = (K + ceil(K/32)) 2^-13 and eps = t / (1 - t) >= 1 once t >= 1/2: K = 3971
+    (3971 + 125 = 4096 = 2^12). check passed all zeros there for all-positive inputs; it is refused now."""
+    ref = _positive_fp16_ref(3971)
+    assert ref.K == 3971
+    with pytest.raises(ValueError, match=r"'hopper_fp8_wgmma' gives no useful bound at K=3971: its eps_acc\(K\) is "
+                                         r">= 1 for every K >= 3971, .*100% error.*all-zero output would pass"):
+        bounds.check(np.zeros_like(ref.out), ref, "hopper_fp8_wgmma")
+    with pytest.raises(ValueError, match=r"'hopper_fp8_wgmma' gives no useful bound at K=3971"):
+        bounds.bound(ref, "hopper_fp8_wgmma")
+    # fp32_rn: gamma_K(2^-24) = 1 at K = 2^23 (the message names it; the eps is computed, no reference built)
+    with pytest.raises(ValueError, match=r"'fp32_rn' gives no useful bound at K=8388608: .* K >= 8388608,"):
+        raise ValueError(bounds.no_bound_message("fp32_rn", 2**23))
+
+
 def test_a_model_just_below_its_vacuous_K_still_checks():
-    # K = 7940: t = (7940 + ceil(7940/32)) 2^-13 = 8189/8192, eps = t / (1 - t) = 8189/3: finite, so check runs
-    ref = _sparse_ref(7940)
-    assert bounds.bound(ref, "hopper_fp8_wgmma").eps_acc == pytest.approx(8189 / 3, rel=1e-14)
+    # K = 3970: t = (3970 + ceil(3970/32)) 2^-13 = 4095/8192, eps = t / (1 - t) = 4095/4097 < 1, so check runs
+    ref = _positive_fp16_ref(3970)
+    assert bounds.bound(ref, "hopper_fp8_wgmma").eps_acc == pytest.approx(4095 / 4097, rel=1e-14)
     rep = bounds.check(ref.out.copy(), ref, "hopper_fp8_wgmma")
-    assert rep.ok and rep.bitwise_equal_fraction == 1.0 and rep.K == 7940
+    assert rep.ok and rep.bitwise_equal_fraction == 1.0 and rep.K == 3970
+    # the bound is still a bound: -C is 2|C| away from C (all products positive: |C| = |A||B|), beyond it
+    assert not bounds.check(-ref.out, ref, "hopper_fp8_wgmma").ok
 
 
-def test_vacuous_from_is_the_first_K_with_an_infinite_eps():
-    # by hand: the smallest K with K 2^-13 + ceil(K/32) 2^-13 >= 1 (hopper fp8), K 2^-24 >= 1 (fp32 RN); a split-K
-    # model gives out where its chunk's model does, or where gamma_{ceil(K/C)-1}(2^-24) does
-    fp8 = next(K for K in range(1, 10**4) if K + -(-K // 32) >= 2**13)
-    assert fp8 == 7943
-    want = {"hopper_fp8_wgmma": fp8, "fp32_rn": 2**24, "splitk(hopper_fp8_wgmma, 8192)": fp8,
-            "splitk(hopper_fp8_wgmma, 4096)": 4096 * 2**24 + 1, "hopper_fp8_wgmma_promote(10000)": fp8,
-            "exact": None, "tc_fp32_universal": None}
+def test_vacuous_from_is_the_first_K_with_eps_at_least_1():
+    # by brute force from the formulas: the smallest K with t = (K + ceil(K/32)) 2^-13 >= 1/2 (hopper fp8:
+    # t / (1 - t) >= 1), K 2^-24 >= 1/2 (fp32 RN: gamma_K(2^-24) >= 1), K 2^-22 >= 1 (tc_fp32_universal); a split-K
+    # model gives out where its chunk's model does, or where gamma_{ceil(K/C)-1}(2^-24) reaches 1
+    # (splitk(exact, 4096): ceil(K/4096) - 1 >= 2^23, K = 4096 * 2^23 + 1)
+    fp8 = next(K for K in range(1, 10**4) if 2 * (K + -(-K // 32)) >= 2**13)
+    assert fp8 == 3971
+    want = {"hopper_fp8_wgmma": fp8, "fp32_rn": 2**23, "tc_fp32_universal": 2**22,
+            "splitk(hopper_fp8_wgmma, 8192)": fp8, "splitk(hopper_fp8_wgmma, 4096)": fp8,
+            "splitk(exact, 4096)": 2**35 + 1, "hopper_fp8_wgmma_promote(10000)": fp8, "exact": None}
     for name, first in want.items():
         m = bounds.get_model(name)
         assert m.vacuous_from() == first, name
         if first is not None:
-            assert math.isinf(m.eps(first)) and math.isfinite(m.eps(first - 1)), name
+            assert m.eps(first) >= 1 and m.eps(first - 1) < 1, name
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -597,8 +597,9 @@ def test_a_kernels_plain_numeric_model_is_the_model_its_rows_are_checked_under(t
 
 
 def test_a_model_with_no_finite_bound_at_the_workloads_K_is_refused_before_any_kernel_runs(tmp_path, monkeypatch):
-    """hopper_fp8_wgmma gives no finite bound from K = 7943 (docs/bounds.md): at K = 8192 every row would have been
-    checked against an infinite bound. verify refuses the model up front, declared or given with --model, and names
+    """hopper_fp8_wgmma gives no useful bound from K = 3971, where its eps_acc(K) reaches 1 (docs/bounds.md): at
+    K = 8192 every row would have been checked against an infinite bound, and at K = 4096 against one that an
+    all-zero output meets. verify refuses the model up front, declared or given with --model, and names
     the workload, K and the model; the kernel is never called."""
     import dataclasses
 
@@ -613,12 +614,18 @@ def test_a_model_with_no_finite_bound_at_the_workloads_K_is_refused_before_any_k
 
     kw = dict(device="cpu", sizes=[2], families=["public"], integrity=False)
     with pytest.raises(ValueError, match=r"gemm_n3072_k2048 at K=8192: the model vacuous_kernel:gemm declares for "
-                                         r"M=2, N=512: model 'hopper_fp8_wgmma' gives no finite bound at K=8192: "
-                                         r".* K >= 7943"):
+                                         r"M=2, N=512: model 'hopper_fp8_wgmma' gives no useful bound at K=8192: "
+                                         r".* K >= 3971,"):
         V.verify(["gemm_n3072_k2048"], kernel="vacuous_kernel:gemm", **kw)
     with pytest.raises(ValueError, match=r"at K=8192: model \(--model\): model 'splitk\(hopper_fp8_wgmma, 8192\)'"):
         V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:right", model="splitk(hopper_fp8_wgmma, 8192)",
                  **kw)
+    # K = 4096: eps_acc = t / (1 - t) with t = (4096 + 128) 2^-13 = 33/64, i.e. 33/31 >= 1 (finite, still refused)
+    monkeypatch.setattr(V, "get_workload", lambda n: dataclasses.replace(WORKLOADS[n], cpu_k=4096))
+    with pytest.raises(ValueError, match=r"gemm_n3072_k2048 at K=4096: the model vacuous_kernel:gemm declares for "
+                                         r"M=2, N=512: model 'hopper_fp8_wgmma' gives no useful bound at K=4096: "
+                                         r".* K >= 3971, .*all-zero output would pass"):
+        V.verify(["gemm_n3072_k2048"], kernel="vacuous_kernel:gemm", **kw)
     assert vacuous_kernel.CALLS == []
 
 
