@@ -84,6 +84,27 @@ def real_scalar(v, name: str):
     return arr[()]
 
 
+def positive_float32(v, name: str) -> float:
+    """``v`` (a real scalar, :func:`real_scalar`) rounded to float32 (RNE) once, as a Python float: a global decode
+    scale as a kernel holds it in an fp32 register. A TypeError naming ``name`` for another type (a bool too), a
+    ValueError naming it unless that float32 value is finite and > 0 (a value beyond float32, a Python int beyond
+    float64 such as 10**400 included, is inf there; one below half its least subnormal is 0)."""
+    v = real_scalar(v, name)  # a 0-d array or tensor: its element
+    with np.errstate(over="ignore"):
+        try:
+            g = float(np.float32(v))
+        except OverflowError:  # float() of a Python int beyond float64
+            g = float("inf") if v > 0 else float("-inf")
+    if not (np.isfinite(g) and g > 0):
+        try:
+            shown = repr(float(v))
+        except OverflowError:  # its size, not its 401 digits
+            shown = f"({'a negative' if v < 0 else 'an'} int of {abs(v).bit_length()} bits)"
+        raise ValueError(f"{name}={shown}: expected a finite positive float (the recipe's global decode scale, "
+                         f"e.g. amax / (448 * 6)); as float32 it is {g!r}")
+    return g
+
+
 def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``."""
     if not is_int(axis):

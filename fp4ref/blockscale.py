@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_code_array, as_float_array, is_int, normalize_axis, real_scalar
+from ._validate import as_code_array, as_float_array, is_int, normalize_axis, positive_float32, real_scalar
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
 from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
 from .packing import pack_fp4, unpack_fp4
@@ -337,7 +337,10 @@ class NVFP4Tensor:
             halved.
         scales: uint8, E4M3FN block-scale bytes (UE4M3: the sign bit is ignored on decode), the input shape with K
             replaced by K/16. For ``block=(16, 16)`` each 16x16 tile's scale is repeated on its 16 rows.
-        global_decode_scale: float32 scalar; value = e2m1(code) * e4m3(scale) * global_decode_scale.
+        global_decode_scale: float32 scalar; value = e2m1(code) * e4m3(scale) * global_decode_scale. One given by
+            hand may be any real scalar, a 0-d array or tensor, or a one-element array or tensor (compressed-tensors
+            stores it with shape [1]); decoding rounds it to float32 (RNE) once and needs that value finite and
+            > 0 (a bool is refused).
         shape: the input shape.
         recipe: the :class:`NVFP4Recipe` value used.
         block: (1, 16) or (16, 16).
@@ -837,7 +840,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
             It may be below max|x| (a calibrated amax that clips outliers): then a block whose amax a exceeds it
             gets the largest block scale (448; torchao/modelopt clamp, te/sol saturate) and its elements beyond
             6 * 448 * (global decode scale) = about A saturate to +-6 (4over6 with e4m3_max 256: 6 * 448 / 1536 * A).
-            0 is accepted only for an all-zero ``x`` (otherwise every value would dequantize to ~0). Not accepted
+            0 (-0.0 is the same magnitude) is accepted only for an all-zero ``x`` (otherwise every value would
+            dequantize to ~0). Not accepted
             by the single-level recipes, which have no global scale.
         axis: the axis holding K (default last).
         nonfinite: ``"raise"`` (default): NaN or +-inf in ``x`` raise ValueError; ``"zero"``: they are quantized as
@@ -892,6 +896,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
                 amax = _F32(math.inf if global_amax > 0 else -math.inf)
         if not np.isfinite(amax) or amax < 0:
             raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
+        amax = abs(amax)  # a magnitude: -0.0 is 0 (its global decode scale would be -0.0, refused on decode)
         if amax == 0 and _max_abs(xm) != 0:
             raise ValueError(
                 f"global_amax={global_amax!r} but x holds non-zero values (max|x| = {_max_abs(xm)!r}): a zero global "
@@ -948,10 +953,13 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
 def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
     """(codes uint8, scale bytes uint8, global decode scale) of an NVFP4Tensor, checked: codes and scales must be
     integer byte arrays (an ml_dtypes float8 or float array is refused, never converted by value) of the shapes
-    ``shape`` implies, and the global decode scale finite and positive (the recipes give amax / (448 * 6), or 1).
+    ``shape`` implies, and the global decode scale (a real scalar, or an array or tensor of one element) rounded to
+    float32 (RNE) once, finite and positive there (the recipes give amax / (448 * 6), or 1), as a Python float.
 
     Raises:
-        TypeError: codes / scales not integer byte arrays; ValueError: inconsistent shapes, bad global scale.
+        TypeError: codes / scales not integer byte arrays; a global decode scale that is not a real number (a bool,
+        a complex, a str, an array of more than one element). ValueError: inconsistent shapes; a global decode
+        scale that is inf, NaN or <= 0 as float32 (1e39, 3.5e38 and 1e-46 too).
     """
     ax = t.axis
     codes = as_code_array(t.codes, f"{name}.codes", nbits=8)
@@ -964,13 +972,10 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
             f"{name} is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
             f"got {codes.shape} and {scales.shape}"
         )
-    try:
-        g = float(t.global_decode_scale)
-    except OverflowError:  # a Python int beyond float64 (10**400): as far out as inf
-        g = math.inf if t.global_decode_scale > 0 else -math.inf
-    if not (math.isfinite(g) and g > 0):
-        raise ValueError(f"{name}.global_decode_scale={g!r}: expected a finite positive float")
-    return codes, scales, g
+    g = t.global_decode_scale
+    if getattr(g, "ndim", 0) and (g.size if isinstance(g, np.ndarray) else g.numel()) == 1:
+        g = g.reshape(())  # compressed-tensors stores the global scale with shape [1]: its element
+    return codes, scales, positive_float32(g, f"{name}.global_decode_scale")
 
 
 def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
@@ -988,8 +993,9 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
         array of ``dtype`` with shape ``t.shape``.
 
     Raises:
-        TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64.
-        ValueError: inconsistent shapes in ``t``.
+        TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64; ``t.global_decode_scale`` not a
+            real number (a bool too) or an array / tensor of one.
+        ValueError: inconsistent shapes in ``t``; ``t.global_decode_scale`` inf, NaN or <= 0 as float32.
     """
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
@@ -997,12 +1003,12 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
     ax = t.axis
-    codes, scales, _ = _nvfp4_parts(t, "t")
+    codes, scales, g = _nvfp4_parts(t, "t")
     k = t.shape[ax]
     v = decode(unpack_fp4(np.moveaxis(codes, ax, -1)), E2M1, dtype=dt)
     s = decode(np.moveaxis(scales, ax, -1) & 0x7F, E4M3FN, dtype=dt)
     lead = v.shape[:-1]
-    out = (v.reshape(lead + (k // _NVFP4_BLOCK, _NVFP4_BLOCK)) * s[..., None]) * dt.type(t.global_decode_scale)
+    out = (v.reshape(lead + (k // _NVFP4_BLOCK, _NVFP4_BLOCK)) * s[..., None]) * dt.type(g)
     return np.ascontiguousarray(np.moveaxis(out.reshape(lead + (k,)), -1, ax))
 
 

@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import real_scalar
+from ._validate import positive_float32
 from .packing import decompress_2to4
 
 __all__ = [
@@ -768,24 +768,9 @@ def nvfp4_gemm(xq, wq) -> Reference:
 
 
 def _global_decode_scale(v, name: str = "weight_global_decode_scale") -> float:
-    """``v`` (a real scalar, :func:`fp4ref._validate.real_scalar`) rounded to float32 (RNE) once, as a Python
-    float; a TypeError naming ``name`` for another type, a ValueError naming it unless that float32 value is finite
-    and > 0 (a value beyond float32, a Python int beyond float64 such as 10**400 included, is inf there; one below
-    half its least subnormal is 0)."""
-    v = real_scalar(v, name)  # a 0-d array or tensor: its element
-    with np.errstate(over="ignore"):
-        try:
-            g = float(np.float32(v))
-        except OverflowError:  # float() of a Python int beyond float64
-            g = math.inf if v > 0 else -math.inf
-    if not (math.isfinite(g) and g > 0):
-        try:
-            shown = repr(float(v))
-        except OverflowError:  # its size, not its 401 digits
-            shown = f"({'a negative' if v < 0 else 'an'} int of {abs(v).bit_length()} bits)"
-        raise ValueError(f"{name}={shown}: expected a finite positive float (the recipe's global decode scale, "
-                         f"e.g. amax / (448 * 6)); as float32 it is {g!r}")
-    return g
+    """``v`` (a real scalar) rounded to float32 (RNE) once, as a Python float, finite and > 0
+    (:func:`fp4ref._validate.positive_float32`: TypeError / ValueError naming ``name``)."""
+    return positive_float32(v, name)
 
 
 def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:

@@ -1059,3 +1059,73 @@ def test_nvfp4_quantize_uses_the_reference_bytes(recipe):
                                                                np.float32(np.max(np.abs(x.astype(np.float32))))))
     np.testing.assert_array_equal(t.codes, want_c)
     np.testing.assert_array_equal(t.scales, want_s)
+
+
+def test_nvfp4_quantize_global_amax_minus_zero_is_the_magnitude_zero():
+    """global_amax is a magnitude: -0.0 on all-zero x gives the tensor +0.0 gives (it gave a RuntimeWarning and
+    global decode scale -0.0, refused by nvfp4_dequantize); on non-zero x it is refused as 0 is."""
+    import warnings
+
+    from fp4ref import blockscale as bs
+
+    x = np.zeros((1, 16), np.float32)
+    # te / sol / te-4over6 with amax 0: the global decode scale is the float32 of 2^-128 (a subnormal), 1.0 else
+    want = {"te": 2.0**-128, "sol": 2.0**-128, "te-4over6": 2.0**-128, "torchao": 1.0, "modelopt": 1.0, "exact": 1.0}
+    for rec in [r.value for r in bs.NVFP4Recipe if r not in bs._TORCHAO_SINGLE]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            q0 = bs.nvfp4_quantize(x, recipe=rec, global_amax=0.0)
+            qm = bs.nvfp4_quantize(x, recipe=rec, global_amax=-0.0)
+            qa = bs.nvfp4_quantize(x, recipe=rec, global_amax=np.array(-0.0, np.float32))
+            for q in (qm, qa):
+                assert math.copysign(1.0, float(q.global_decode_scale)) == 1.0, rec
+                assert float(q.global_decode_scale) == float(q0.global_decode_scale), rec
+                assert np.array_equal(q.codes, q0.codes) and np.array_equal(q.scales, q0.scales), rec
+                assert not q.codes.any(), rec
+                assert bs.nvfp4_dequantize(q).tolist() == [[0.0] * 16], rec
+        if rec in want:
+            assert float(qm.global_decode_scale) == want[rec], rec
+        with pytest.raises(ValueError, match=r"global_amax=-0\.0 but x holds non-zero values"):
+            bs.nvfp4_quantize(np.ones((1, 16), np.float32), recipe=rec, global_amax=-0.0)
+
+
+def _one_block(g):
+    from fp4ref import blockscale as bs
+
+    # 16 codes 0x2 (E2M1 1.0), scale byte 0x38 (E4M3 1.0): each value is 1.0 * 1.0 * float32(g)
+    return bs.NVFP4Tensor(codes=np.full((1, 8), 0x22, np.uint8), scales=np.full((1, 1), 0x38, np.uint8),
+                          global_decode_scale=g, shape=(1, 16), recipe="sol", block=(1, 16), axis=1)
+
+
+def test_nvfp4_tensor_global_decode_scale_is_a_finite_positive_float32():
+    """An NVFP4Tensor's global decode scale is checked as nvfp4_linear's: rounded to float32 once, finite and > 0,
+    a bool refused (1e39 and 3.5e38 decoded to inf with overflow warnings, 1e-46 to zeros, True was 1.0); a
+    one-element array (compressed-tensors' shape [1]) is its element."""
+    import warnings
+
+    from fp4ref import blockscale as bs
+    from fp4ref import gemm
+
+    f32 = np.finfo(np.float32)
+    for bad in (1e39, 3.5e38, 2.0**128, 10**400, 1e-46, 0.0, -0.0, -1.0, math.nan, math.inf,
+                np.array([1e39]), np.array([-2.0], np.float32)):
+        with pytest.raises(ValueError, match=r"^t\.global_decode_scale=.*expected a finite positive float"):
+            bs.nvfp4_dequantize(_one_block(bad))
+        with pytest.raises(ValueError, match=r"^xq\.global_decode_scale=.*expected a finite positive float"):
+            gemm.nvfp4_gemm(_one_block(bad), _one_block(1.0))
+    for bad in (True, np.True_, np.array(True), np.array([True]), np.array([1.0, 2.0]), 1 + 0j, "1.0"):
+        with pytest.raises(TypeError, match=r"t\.global_decode_scale must be a real number"):
+            bs.nvfp4_dequantize(_one_block(bad))
+    # accepted: the float32 value of the scale, times 1.0; float64 decoding uses that float32 value as well
+    cases = [(3, 3.0), (0.1, float(np.float32(0.1))), (np.float32(0.25), 0.25), (np.array(0.5), 0.5),
+             (np.array([0.375], np.float32), 0.375), (np.array([[2.0]]), 2.0), (float(f32.max), float(f32.max)),
+             (1e-45, 2.0**-149), (float(f32.smallest_normal), 2.0**-126)]
+    for g, want in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for dt in (np.float32, np.float64):
+                out = bs.nvfp4_dequantize(_one_block(g), dt)
+                assert out.dtype == dt and out.tolist() == [[want] * 16], (g, dt)
+    # nvfp4_gemm with a shape-[1] scale: 16 products 1 * 1, times 0.375 * 2 = 12 exactly
+    ref = gemm.nvfp4_gemm(_one_block(np.array([0.375], np.float32)), _one_block(np.array([2.0], np.float32)))
+    assert np.asarray(ref.exact, np.float64).tolist() == [[12.0]]
