@@ -295,8 +295,18 @@ def splitk(model, chunk: int) -> AccumulationModel:
                              source=f"{inner.name} per chunk + fp32 RN sum of the partials (Higham §3.1)")
 
 
-_PROMOTE_RE = re.compile(r"^hopper_fp8_wgmma_promote\((\d+)\)$", re.IGNORECASE)
-_SPLITK_RE = re.compile(r"^splitk\((.+),\s*(\d+)\)$", re.IGNORECASE)
+# the argument of a parameterised name is read whatever it is, so that a bad one ("promote(-1)", "splitk(x, 1.5)")
+# gets a message about its value rather than "unknown model"; spaces inside the parentheses are free
+_PROMOTE_RE = re.compile(r"^hopper_fp8_wgmma_promote\(\s*([^()]*?)\s*\)$", re.IGNORECASE)
+_SPLITK_RE = re.compile(r"^splitk\(\s*(.+?)\s*,\s*([^(),]*?)\s*\)$", re.IGNORECASE)
+
+
+def _parameter(text: str, name: str) -> int:
+    """The positive int written in a parameterised model name, or a ValueError naming the name."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"model={name!r}: the parameter {text!r} must be a positive int (e.g. "
+                         "'hopper_fp8_wgmma_promote(128)', 'splitk(fp32_rn, 512)')")
+    return int(text)
 
 
 def get_model(model) -> AccumulationModel:
@@ -307,7 +317,8 @@ def get_model(model) -> AccumulationModel:
 
     Raises:
         TypeError: ``model`` is neither a str nor an AccumulationModel.
-        ValueError: unknown name (the message lists the known ones).
+        ValueError: unknown name (the message lists the known ones); a parameterised name whose N or C is not a
+            positive int (spaces inside the parentheses are allowed).
     """
     if isinstance(model, AccumulationModel):
         return model
@@ -321,10 +332,10 @@ def get_model(model) -> AccumulationModel:
         return folded
     m = _PROMOTE_RE.match(name)
     if m:
-        return hopper_fp8_wgmma_promote(int(m.group(1)))
+        return hopper_fp8_wgmma_promote(_parameter(m.group(1), model))
     m = _SPLITK_RE.match(name)
     if m:
-        return splitk(m.group(1).strip(), int(m.group(2)))
+        return splitk(m.group(1), _parameter(m.group(2), model))
     raise ValueError(
         f"model={model!r} is not a known accumulation model; expected one of {sorted(MODELS)}, "
         "'hopper_fp8_wgmma_promote(N)' or 'splitk(<model>, C)'"

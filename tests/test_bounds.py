@@ -3,6 +3,7 @@ tightness on constructed inputs, and check()'s report fields."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import ml_dtypes
@@ -475,3 +476,21 @@ def test_check_rejects_non_numeric_poison_and_non_bool_flags(kw, match):
                          rng.standard_normal((4, 16)).astype(np.float16))
     with pytest.raises(TypeError, match=match):
         bounds.check(ref.out, ref, "fp32_rn", **kw)
+
+
+def test_parameterised_names_allow_inner_spaces_and_name_a_bad_parameter():
+    """'splitk( fp32_rn , 16 )' was "not a known model" though 'splitk(fp32_rn,16)' parsed, and a negative or
+    fractional N / C got "not a known model" while 0 got a value message: spaces inside the parentheses are free,
+    and any N or C that is not a positive int is a ValueError naming the name and the parameter."""
+    assert bounds.get_model("splitk( fp32_rn , 16 )") == bounds.splitk("fp32_rn", 16)
+    assert bounds.get_model("hopper_fp8_wgmma_promote( 64 )") == bounds.hopper_fp8_wgmma_promote(64)
+    nested = bounds.get_model("splitk(splitk(fp32_rn, 16), 64)")
+    assert nested.chunk == 64 and nested.inner == bounds.splitk("fp32_rn", 16)
+    for name, param in (("hopper_fp8_wgmma_promote(-1)", "-1"), ("hopper_fp8_wgmma_promote(1.5)", "1.5"),
+                        ("hopper_fp8_wgmma_promote(0)", "0"), ("splitk(fp32_rn, x)", "x"),
+                        ("splitk(fp32_rn, -16)", "-16"), ("hopper_fp8_wgmma_promote(\u00b2)", "\u00b2")):
+        with pytest.raises(ValueError, match=rf"^model={re.escape(repr(name))}: the parameter "
+                                             rf"{re.escape(repr(param))} must be a positive int"):
+            bounds.get_model(name)
+    with pytest.raises(ValueError, match="is not a known accumulation model"):
+        bounds.get_model("promote(3)")
