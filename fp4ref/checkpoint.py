@@ -1159,8 +1159,10 @@ def find_quantized_layers(ckpt) -> tuple:
     """(checkpoint format, format, option, {name: :class:`Layer`}) of a quantized checkpoint: a :class:`Checkpoint`
     or a path (opened with :func:`fp4ref.checkpoint_io.open_checkpoint`).
 
-    A layer is found from its scale tensor (``*weight_scale`` / ``*_scale`` in fp4ref's format, or the names listed
-    in ``fp4ref.tensors``). Raises QuantizeFileError as :func:`detect_format`, or when a scale has no codes."""
+    The layers are those ``fp4ref.tensors`` lists where the shards carry it (every checkpoint fp4ref writes, in any
+    layout: so a tensor kept unquantized with a scale-like name of its own is not taken for a layer), else those
+    found from their scale tensors (``*weight_scale``). Raises QuantizeFileError as :func:`detect_format`, or when
+    a scale has no codes."""
     if not isinstance(ckpt, Checkpoint):
         ckpt = open_checkpoint(ckpt)
     cf, fmt, option = detect_format(ckpt)
@@ -1174,8 +1176,8 @@ def find_quantized_layers(ckpt) -> tuple:
                 raise QuantizeFileError(f"{str(s.path)!r}: metadata fp4ref.tensors is not JSON") from None
     names = set(ckpt.weight_map)
     candidates = []
-    if cf == "fp4ref":
-        candidates = sorted(recorded)
+    if cf == "fp4ref" or recorded:  # written by fp4ref: the layers it records (a tensor kept unquantized may bear
+        candidates = sorted(recorded)  # a scale-like name of its own)
     else:
         for n in sorted(names):
             if n.endswith("weight_scale"):

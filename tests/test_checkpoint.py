@@ -405,6 +405,39 @@ def test_modelopt_3d_parameter_keeps_its_name_for_the_codes(tmp_path, capsys, fm
     capsys.readouterr()
 
 
+def test_tensors_kept_unquantized_beside_scale_like_names_read_back(tmp_path, capsys):
+    """An input holding a.weight beside its own a.weight_scale collides with the ModelOpt names; quantize's advice is
+    to keep a.weight unquantized with --ignore. The output then holds a.weight (F32) and a.weight_scale (F32) as
+    they came: audit and --dequantize must take the layers the output records (fp4ref.tensors), not every
+    *weight_scale name (audit refused a.weight as "expected U8", dequantize asked for its original dtype)."""
+    from safetensors.numpy import save_file
+
+    from fp4ref.audit import audit_checkpoint
+
+    rng = np.random.default_rng(9)
+    x = {"a.weight": rng.standard_normal((48, 64)).astype(np.float32),
+         "a.weight_scale": rng.standard_normal((48, 4)).astype(np.float32),
+         "b.weight": rng.standard_normal((32, 64)).astype(np.float32)}
+    src = tmp_path / "m.safetensors"
+    save_file(x, str(src))
+    out = tmp_path / "mo"
+    assert main([str(src), "-o", str(out) + "/", "--checkpoint-format", "modelopt", "--ignore", r"^a\.",
+                 "--quiet"]) == 0
+    q = raw(out)
+    assert q["a.weight"][:2] == ("F32", (48, 64)) and q["a.weight_scale"][:2] == ("F32", (48, 4))
+    assert q["b.weight"][:2] == ("U8", (32, 32))
+    rep = audit_checkpoint(out, reference=src)
+    assert rep.clean and [(t.name, t.shape, t.reference) for t in rep.tensors] == [("b.weight", [32, 64], "equal")]
+    back = tmp_path / "back"
+    assert main([str(out), "-o", str(back), "--dequantize", "--quiet"]) == 0
+    got = load_file(str(back / "m.safetensors"))
+    assert sorted(got) == sorted(x)
+    for n in ("a.weight", "a.weight_scale"):  # copied through untouched
+        np.testing.assert_array_equal(got[n], x[n], err_msg=n)
+    np.testing.assert_array_equal(got["b.weight"], C.read_dequantized(out, "b.weight").astype(np.float32))
+    capsys.readouterr()
+
+
 # ------------------------------------------------------------------------------------------------- round trips
 
 
