@@ -36,7 +36,8 @@ from .._gluon import (grouped_tile, invalidate_ring, release_slot, store_layout,
                       tma_store_tile, ws_shared)
 from .gluon import _selected_sum
 
-__all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "promoted_chain", "sparse_expanded_ws_kernel",
+__all__ = ["BK", "expand_gluon_constexprs", "expand_gluon_layouts", "promoted_chain", "promoted_tiles",
+           "sparse_expanded_ws_kernel",
            "store_checked_tile"]
 
 BK = gl.constexpr(128)  # K per ring step = the promotion interval
@@ -121,6 +122,26 @@ def store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M,
 
 
 @gluon.jit
+def promoted_tiles(issue, release, ring, zero, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, num_pid_m,
+                   num_pid_n, k_steps, stride_bn, stride_am, stride_cm, GROUP_M: gl.constexpr,
+                   TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
+    """A consumer partition's whole walk: for each tile of this CTA (``grouped_tile`` order from program_id, step
+    num_programs) its ``promoted_chain`` over the ring, then ``store_checked_tile``; the last TMA store waited for."""
+    BLOCK_M: gl.constexpr = zero.shape[0]
+    BLOCK_N: gl.constexpr = zero.shape[1]
+    gl.assume(k_steps >= 1)
+    step = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = promoted_chain(issue, release, ring, step, k_steps, zero, num_warps)
+        step += k_steps
+        store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn,
+                           stride_am, stride_cm, pid_m * BLOCK_M, pid_n * BLOCK_N, TMA_STORE, num_warps)
+    if TMA_STORE:
+        tma.store_wait(pendings=0)
+
+
+@gluon.jit
 def _issue(ring, step, into):
     """Wait for ring step ``step`` (A and b landed) and issue its wgmma into ``into``'s registers."""
     a_bufs, b_bufs, ready, empty, STAGES = ring
@@ -146,15 +167,8 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, b_ptr, vals_ptr, met
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     ring = (a_bufs, b_bufs, ready, empty, STAGES)
-    gl.assume(k_steps >= 1)
-    step = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = promoted_chain(_issue, _release, ring, step, k_steps, zero, num_warps)
-        step += k_steps
-        store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn,
-                           stride_am, stride_cm, pid_m * BLOCK_M, pid_n * BLOCK_N, True, num_warps)
-    tma.store_wait(pendings=0)
+    promoted_tiles(_issue, _release, ring, zero, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, num_pid_m,
+                   num_pid_n, k_steps, stride_bn, stride_am, stride_cm, GROUP_M, True, num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------------

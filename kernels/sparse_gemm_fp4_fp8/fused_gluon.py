@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from .._gluon import grouped_tile
-from .expand_gluon import expand_gluon_layouts, promoted_chain, store_checked_tile
+from .expand_gluon import expand_gluon_layouts, promoted_tiles
 from .gluon import shared_layouts
 
 __all__ = ["BG", "BK", "fused_ws_constexprs", "fused_ws_layouts", "sparse_fused_ws_kernel"]
@@ -200,16 +200,8 @@ def _consumer(a_bufs, b_bufs, b_ready, decoded, empty, a_empty, c_smem, c_desc, 
         version=[3, 0], warps_per_cta=[4, WN], instr_shape=[16, BLOCK_N // WN, 32])
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
     ring = (a_bufs, b_bufs, b_ready, decoded, empty, a_empty, SB, SA)
-    gl.assume(k_steps >= 1)
-    step = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = promoted_chain(_issue, _release, ring, step, k_steps, zero, num_warps)
-        step += k_steps
-        store_checked_tile(acc, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, k_steps, stride_bn,
-                           stride_am, stride_cm, pid_m * BLOCK_M, pid_n * BLOCK_N, TMA_STORE, num_warps)
-    if TMA_STORE:
-        tma.store_wait(pendings=0)
+    promoted_tiles(_issue, _release, ring, zero, c_smem, c_desc, b_ptr, vals_ptr, meta_ptr, c_ptr, M, N, num_pid_m,
+                   num_pid_n, k_steps, stride_bn, stride_am, stride_cm, GROUP_M, TMA_STORE, num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------------
