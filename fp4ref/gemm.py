@@ -767,12 +767,6 @@ def nvfp4_gemm(xq, wq) -> Reference:
     })
 
 
-def _global_decode_scale(v, name: str = "weight_global_decode_scale") -> float:
-    """``v`` (a real scalar) rounded to float32 (RNE) once, as a Python float, finite and > 0
-    (:func:`fp4ref._validate.positive_float32`: TypeError / ValueError naming ``name``)."""
-    return positive_float32(v, name)
-
-
 def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol") -> Reference:
     """Reference for the NVFP4-linear workload (SOL-ExecBench nvfp4_linear_layer): y = x @ W.T, bf16 out.
 
@@ -824,7 +818,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
             f"got {wc.shape} and {ws.shape}"
         )
-    wg = _global_decode_scale(weight_global_decode_scale)
+    wg = positive_float32(weight_global_decode_scale, "weight_global_decode_scale")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
     bad = ~np.isfinite(x2.astype(np.float32))
