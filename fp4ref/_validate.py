@@ -84,17 +84,23 @@ def real_scalar(v, name: str):
     return arr[()]
 
 
+def float32_of(v) -> np.float32:
+    """A real scalar ``v`` rounded to float32 (RNE) once; a value beyond float32 is +-inf there (no overflow
+    warning), a Python int beyond float64 (10**400) too, where np.float32 itself raises OverflowError."""
+    with np.errstate(over="ignore"):
+        try:
+            return np.float32(v)
+        except OverflowError:
+            return np.float32(np.inf if v > 0 else -np.inf)
+
+
 def positive_float32(v, name: str) -> float:
     """``v`` (a real scalar, :func:`real_scalar`) rounded to float32 (RNE) once, as a Python float: a global decode
     scale as a kernel holds it in an fp32 register. A TypeError naming ``name`` for another type (a bool too), a
     ValueError naming it unless that float32 value is finite and > 0 (a value beyond float32, a Python int beyond
     float64 such as 10**400 included, is inf there; one below half its least subnormal is 0)."""
     v = real_scalar(v, name)  # a 0-d array or tensor: its element
-    with np.errstate(over="ignore"):
-        try:
-            g = float(np.float32(v))
-        except OverflowError:  # float() of a Python int beyond float64
-            g = float("inf") if v > 0 else float("-inf")
+    g = float(float32_of(v))
     if not (np.isfinite(g) and g > 0):
         try:
             shown = repr(float(v))

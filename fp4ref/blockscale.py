@@ -31,7 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_code_array, as_float_array, is_int, normalize_axis, positive_float32, real_scalar
+from ._validate import (as_code_array, as_float_array, float32_of, is_int, normalize_axis, positive_float32,
+                        real_scalar)
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
 from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
 from .packing import pack_fp4, unpack_fp4
@@ -889,11 +890,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
         if rec in _TORCHAO_SINGLE:
             raise ValueError(f"global_amax={global_amax!r} does not apply to recipe={rec.value!r}, which has no "
                              "global scale; use recipe='torchao' for two-level scaling")
-        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf and is refused just below
-            try:
-                amax = _F32(global_amax)
-            except OverflowError:  # a Python int beyond float64 (10**400): as far beyond float32 as inf
-                amax = _F32(math.inf if global_amax > 0 else -math.inf)
+        amax = float32_of(global_amax)  # a value beyond float32 (10**400 too) is inf there, refused just below
         if not np.isfinite(amax) or amax < 0:
             raise ValueError(f"global_amax={global_amax!r} must be finite and >= 0 (as float32: {amax!r})")
         amax = abs(amax)  # a magnitude: -0.0 is 0 (its global decode scale would be -0.0, refused on decode)
