@@ -380,6 +380,7 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     if out is not None:
         _runtime.check_distinct_elements(out, "out")
     c_tma_ok = _c_tma_eligible(out, n)
+    ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)  # NaN bytes found by their bits
     if config is None:
         config = pick_config(m, n, k, interp)
         if isinstance(config, GluonConfig) and not gluon_ok:
@@ -395,7 +396,6 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
             raise ValueError(f"config={config}: the GEMV path takes M <= {config.max_m} (max_m) and a b_fp8 it can "
                              f"read as int32 words (gemv_eligible: unit stride along K, row stride and base "
                              f"multiples of 4 bytes); got M={m}, b_fp8 strides {b_fp8.stride()}")
-        ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
         block_m = 1 << (m - 1).bit_length()
         main = _runtime.Launch(sparse_gemv_kernel, (triton.cdiv(n, config.block_n),),
                                dict(BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_G=config.block_g, NAN_BITS=ncb),
@@ -447,7 +447,6 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                              f"stride along K, 16-byte row stride and base and K % 16 == 0; got shape "
                              f"{tuple(b_fp8.shape)}, strides {b_fp8.stride()}")
         config, expand = FALLBACK_CONFIG, False
-    ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)
     even_k = k % config.block_k == 0
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if expand:
