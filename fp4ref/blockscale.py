@@ -344,8 +344,13 @@ class NVFP4Tensor:
             > 0 (a bool is refused).
         shape: the input shape.
         recipe: the :class:`NVFP4Recipe` value used.
-        block: (1, 16) or (16, 16).
-        axis: the (non-negative) axis that was quantized in blocks.
+        block: (1, 16) or (16, 16) (a hand-built tensor may also give the int 16, = (1, 16)).
+        axis: the axis that was quantized in blocks (non-negative in a tensor :func:`nvfp4_quantize` returns; a
+            hand-built tensor may give a negative one, counted from the end as in numpy).
+
+    Decoding checks a hand-built tensor's fields: ``shape`` a tuple (or list) of non-negative ints, ``axis`` an int
+    in range for it (TypeError / ValueError naming ``t.shape`` / ``t.axis``), ``block`` one of the above
+    (``t.block``), the length along ``axis`` a multiple of 16, and codes / scales of the shapes these imply.
     """
 
     codes: np.ndarray
@@ -379,20 +384,34 @@ def _parse_recipe(recipe, flag: str = "") -> NVFP4Recipe:
     return _parse_enum(recipe, NVFP4Recipe, "recipe", flag)
 
 
-def _parse_nvfp4_block(block) -> tuple:
+def _parse_nvfp4_block(block, name: str = "block") -> tuple:
     """``block`` -> (1, 16) or (16, 16). TypeError: not an int or a tuple of two ints (16.0, "16", True, None,
-    a list); ValueError: an int or int tuple of another value."""
+    a list); ValueError: an int or int tuple of another value. Both name ``name``."""
     if not (is_int(block) or (isinstance(block, tuple) and all(is_int(b) for b in block))):
-        raise TypeError(f"block={block!r}: expected the int 16 or a tuple of ints (16, 16), got "
+        raise TypeError(f"{name}={block!r}: expected the int 16 or a tuple of ints (16, 16), got "
                         f"{type(block).__name__}")
     if is_int(block) and block == 16:
         return (1, 16)
     if isinstance(block, tuple) and block in ((1, 16), (16, 16)):
         return tuple(int(b) for b in block)
     raise ValueError(
-        f"block={block!r} is not an NVFP4 block; expected 16 (= (1, 16), 16 elements along axis) or (16, 16) "
+        f"{name}={block!r} is not an NVFP4 block; expected 16 (= (1, 16), 16 elements along axis) or (16, 16) "
         "(TransformerEngine's 2-D weight tiles)"
     )
+
+
+def _shape_and_axis(t, name: str) -> tuple[tuple, int]:
+    """(shape as a tuple of ints, axis as a non-negative int) of a hand-built NVFP4Tensor / MXTensor ``name``.
+    TypeError: ``shape`` not a tuple or list of ints, ``axis`` not an int; ValueError: a negative dimension, an
+    axis out of range (-ndim <= axis < ndim is accepted; a negative one counts from the end). Both name the
+    field (``t.shape``, ``t.axis``)."""
+    shape = t.shape
+    if not isinstance(shape, (tuple, list)) or not all(is_int(d) for d in shape):
+        raise TypeError(f"{name}.shape={shape!r}: expected a tuple of ints, got {type(shape).__name__}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{name}.shape={tuple(shape)!r} has a negative dimension")
+    shape = tuple(int(d) for d in shape)
+    return shape, normalize_axis(t.axis, len(shape), f"{name}.axis")
 
 
 def _as_f32_input(x, name: str) -> np.ndarray:
@@ -955,18 +974,26 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
 
     Raises:
         TypeError: codes / scales not integer byte arrays; a global decode scale that is not a real number (a bool,
-        a complex, a str, an array of more than one element). ValueError: inconsistent shapes; a global decode
-        scale that is inf, NaN or <= 0 as float32 (1e39, 3.5e38 and 1e-46 too).
+        a complex, a str, an array of more than one element); ``shape``, ``axis`` or ``block`` of the wrong type.
+        ValueError: inconsistent shapes; an axis out of range; a block other than (1, 16) / (16, 16); a length along
+        the axis that is not a multiple of 16; a global decode scale that is inf, NaN or <= 0 as float32 (1e39,
+        3.5e38 and 1e-46 too). Each names the field (``name.axis``, ...).
     """
-    ax = t.axis
+    shape, ax = _shape_and_axis(t, name)
+    blk = _parse_nvfp4_block(t.block, f"{name}.block")
+    if blk == (16, 16) and len(shape) < 2:
+        raise ValueError(f"{name}.block=(16, 16) needs a shape with at least 2 dimensions, got {name}.shape={shape}")
+    k = shape[ax]
+    if k % _NVFP4_BLOCK:
+        raise ValueError(f"{name}.shape={shape} has length {k} along {name}.axis={t.axis}; NVFP4 needs a multiple "
+                         f"of {_NVFP4_BLOCK}")
     codes = as_code_array(t.codes, f"{name}.codes", nbits=8)
     scales = as_code_array(t.scales, f"{name}.scales", nbits=8)
-    k = t.shape[ax]
-    want_c = t.shape[:ax] + (k // 2,) + t.shape[ax + 1:]
-    want_s = t.shape[:ax] + (k // _NVFP4_BLOCK,) + t.shape[ax + 1:]
+    want_c = shape[:ax] + (k // 2,) + shape[ax + 1:]
+    want_s = shape[:ax] + (k // _NVFP4_BLOCK,) + shape[ax + 1:]
     if codes.shape != want_c or scales.shape != want_s:
         raise ValueError(
-            f"{name} is inconsistent: shape {t.shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
+            f"{name} is inconsistent: shape {shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
             f"got {codes.shape} and {scales.shape}"
         )
     g = t.global_decode_scale
@@ -992,16 +1019,17 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
     Raises:
         TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64; ``t.global_decode_scale`` not a
             real number (a bool too) or an array / tensor of one.
-        ValueError: inconsistent shapes in ``t``; ``t.global_decode_scale`` inf, NaN or <= 0 as float32.
+        ValueError: inconsistent shapes in ``t``; ``t.axis`` out of range, ``t.block`` not (1, 16) / (16, 16);
+            ``t.global_decode_scale`` inf, NaN or <= 0 as float32. Errors about a field name it (``t.axis``, ...).
     """
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    ax = t.axis
     codes, scales, g = _nvfp4_parts(t, "t")
-    k = t.shape[ax]
+    shape, ax = _shape_and_axis(t, "t")
+    k = shape[ax]
     v = decode(unpack_fp4(np.moveaxis(codes, ax, -1)), E2M1, dtype=dt)
     s = decode(np.moveaxis(scales, ax, -1) & 0x7F, E4M3FN, dtype=dt)
     lead = v.shape[:-1]
@@ -1011,8 +1039,26 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------------------ MX
 
-#: MX element names -> formats (OCP MX v1.0 §5.3).
-MX_ELEMENTS: dict = {"e2m1": E2M1, "e2m3": E2M3, "e3m2": E3M2, "e4m3": E4M3FN, "e5m2": E5M2}
+#: MX element names -> formats (OCP MX v1.0 §5.3). The names are the :mod:`fp4ref.formats` registry names
+#: (``MX_ELEMENTS[n].name == n``), so ``fp4ref.decode(t.codes, t.elem)`` decodes an :class:`MXTensor`'s elements:
+#: the 8-bit element the OCP MX spec calls "E4M3" is ``"e4m3fn"`` (finite-only, one NaN pattern; docs/formats.md).
+MX_ELEMENTS: dict = {f.name: f for f in (E2M1, E2M3, E3M2, E4M3FN, E5M2)}
+
+#: Other spellings of MX element names accepted on input (any case): the OCP MX spec's "E4M3".
+_MX_ELEMENT_ALIASES: dict = {"e4m3": "e4m3fn"}
+_MX_NAMES_TEXT = f"{list(MX_ELEMENTS)} (any case; 'e4m3', the OCP MX name, is 'e4m3fn')"
+
+
+def _mx_element(elem, name: str = "elem") -> str:
+    """``elem`` (an MX element name of :data:`MX_ELEMENTS` or an alias, any case) -> its canonical name.
+    TypeError: not a str; ValueError: unknown name; both name ``name``."""
+    if not isinstance(elem, str):
+        raise TypeError(f"{name}={elem!r}: expected one of {_MX_NAMES_TEXT}, got {type(elem).__name__}")
+    key = elem.lower()
+    key = _MX_ELEMENT_ALIASES.get(key, key)
+    if key not in MX_ELEMENTS:
+        raise ValueError(f"{name}={elem!r} is not one of {_MX_NAMES_TEXT}")
+    return key
 
 
 class MXMode(str, enum.Enum):
@@ -1086,11 +1132,16 @@ class MXTensor:
         codes: uint8 element codes, one per element (unpacked), the input shape. For MXFP4 storage use
             :func:`fp4ref.packing.pack_fp4`.
         scales: uint8 UE8M0 bytes (2^(b-127); 255 = NaN), the input shape with K replaced by K/block.
-        elem: element format name (``"e2m1"``, ...).
+        elem: element format name, a key of :data:`MX_ELEMENTS` and of :data:`fp4ref.formats.FORMATS`
+            (``"e2m1"``, ``"e2m3"``, ``"e3m2"``, ``"e4m3fn"``, ``"e5m2"``), so ``fp4ref.decode(t.codes, t.elem)``
+            gives the unscaled elements. A hand-built tensor may spell it in any case, or ``"e4m3"`` (OCP MX).
         mode: the :class:`MXMode` value used.
-        block: block length along ``axis``.
+        block: block length along ``axis`` (a positive int dividing ``shape[axis]``).
         shape: the input shape.
-        axis: the (non-negative) quantized axis.
+        axis: the quantized axis (non-negative in a tensor :func:`mx_quantize` returns; a hand-built tensor may
+            give a negative one, counted from the end as in numpy).
+
+    :func:`mx_dequantize` checks a hand-built tensor's fields and names the bad one (``t.elem``, ``t.axis``, ...).
     """
 
     codes: np.ndarray
@@ -1149,7 +1200,8 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     Args:
         x: float16, bfloat16 (ml_dtypes) or float32 array (float64 only when every value is a float32), >= 1-D;
             its length along ``axis`` must be a multiple of ``block``.
-        elem: ``"e2m1"`` (MXFP4), ``"e2m3"``/``"e3m2"`` (MXFP6), ``"e4m3"``/``"e5m2"`` (MXFP8).
+        elem: ``"e2m1"`` (MXFP4), ``"e2m3"``/``"e3m2"`` (MXFP6), ``"e4m3fn"``/``"e5m2"`` (MXFP8); any case, and
+            ``"e4m3"`` (the OCP MX spec's name) for ``"e4m3fn"``. The result's ``elem`` is the canonical name.
         mode: :class:`MXMode` or its name: ``"floor"`` (OCP, default), ``"ceil"``, ``"even"``, ``"rceil"``
             (cuBLAS, exact), ``"rceil-torchao"`` (torchao 0.18's eager float log2).
         block: block length (32 in the OCP spec; any positive int accepted).
@@ -1172,14 +1224,7 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     max(2^e, 2^-126) (an fp32-normal floor), or multiplies by 1.0 in RCEIL; fp4ref divides by the 2^-127 the byte
     encodes (``"rceil-torchao"`` multiplies by 1.0 as torchao does).
     """
-    if not isinstance(elem, str):
-        raise TypeError(f"elem={elem!r}: expected one of {list(MX_ELEMENTS)} (or 'e4m3fn'), got "
-                        f"{type(elem).__name__}")
-    key = elem.lower()
-    key = "e4m3" if key == "e4m3fn" else key  # the element format's registry name (fp4ref.formats) is accepted too
-    if key not in MX_ELEMENTS:
-        raise ValueError(f"elem={elem!r} is not one of {list(MX_ELEMENTS)} (or 'e4m3fn')")
-    fmt = MX_ELEMENTS[key]
+    fmt = MX_ELEMENTS[_mx_element(elem)]
     md = _parse_mode(mode)
     if not is_int(block):
         raise TypeError(f"block={block!r}: expected a positive int, got {type(block).__name__}")
@@ -1225,7 +1270,7 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     return MXTensor(
         codes=np.ascontiguousarray(codes.astype(np.uint8)),
         scales=np.ascontiguousarray(sbytes.astype(np.uint8)),
-        elem=fmt.name if fmt is not E4M3FN else "e4m3",
+        elem=fmt.name,
         mode=md.value,
         block=int(block),
         shape=tuple(xf.shape),
@@ -1247,24 +1292,38 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
         array of ``dtype`` with shape ``t.shape``.
 
     Raises:
-        TypeError: ``t`` not an MXTensor, or bad ``dtype``. ValueError: inconsistent shapes.
+        TypeError: ``t`` not an MXTensor, or bad ``dtype``; ``t.elem`` not a str, ``t.block`` / ``t.axis`` not an
+            int, ``t.shape`` not a tuple of ints; codes / scales not integer byte arrays.
+        ValueError: unknown ``t.elem`` (the names :func:`mx_quantize` takes are accepted, any case), ``t.block``
+            <= 0 or not dividing the length along ``t.axis``, ``t.axis`` out of range, or codes / scales of other
+            shapes than ``t.shape`` implies. Each names the field.
     """
     if not isinstance(t, MXTensor):
         raise TypeError(f"t must be an MXTensor, got {type(t).__name__}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    fmt = MX_ELEMENTS[t.elem]
-    ax, k = t.axis, t.shape[t.axis]
-    want_s = t.shape[:ax] + (k // t.block,) + t.shape[ax + 1:]
+    fmt = MX_ELEMENTS[_mx_element(t.elem, "t.elem")]
+    shape, ax = _shape_and_axis(t, "t")
+    block = t.block
+    if not is_int(block):
+        raise TypeError(f"t.block={block!r}: expected a positive int, got {type(block).__name__}")
+    if block <= 0:
+        raise ValueError(f"t.block={block!r} must be a positive int")
+    block, k = int(block), shape[ax]
+    if k % block:
+        raise ValueError(f"t.shape={shape} has length {k} along t.axis={t.axis}; it must be a multiple of "
+                         f"t.block={block}")
+    want_s = shape[:ax] + (k // block,) + shape[ax + 1:]
     codes = as_code_array(t.codes, "t.codes", nbits=8)
     scales = as_code_array(t.scales, "t.scales", nbits=8)
-    if codes.shape != t.shape or scales.shape != want_s:
-        raise ValueError(f"t is inconsistent: codes {codes.shape}, scales {scales.shape} for shape {t.shape}")
+    if codes.shape != shape or scales.shape != want_s:
+        raise ValueError(f"t is inconsistent: shape {shape} along axis {ax} with block {block} needs codes {shape} "
+                         f"and scales {want_s}, got {codes.shape} and {scales.shape}")
     v = decode(np.moveaxis(codes, ax, -1), fmt, dtype=np.float64)
     s = decode(np.moveaxis(scales, ax, -1), UE8M0, dtype=np.float64)
     lead = v.shape[:-1]
-    out = (v.reshape(lead + (k // t.block, t.block)) * s[..., None]).reshape(lead + (k,))
+    out = (v.reshape(lead + (k // block, block)) * s[..., None]).reshape(lead + (k,))
     with np.errstate(over="ignore"):
         out = out.astype(dt)
     return np.ascontiguousarray(np.moveaxis(out, -1, ax))

@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 #: --format name -> (block, MX element or None)
-FORMATS = {"nvfp4": (16, None), "mxfp4": (32, "e2m1"), "mxfp8": (32, "e4m3")}
+FORMATS = {"nvfp4": (16, None), "mxfp4": (32, "e2m1"), "mxfp8": (32, "e4m3fn")}
 CHECKPOINT_FORMATS = ("fp4ref", "modelopt", "compressed-tensors")
 MODELOPT_VERSION = "0.47.0"
 COMPRESSED_TENSORS_VERSION = "0.20.1"

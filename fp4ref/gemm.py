@@ -717,13 +717,14 @@ def _check_nvfp4_tensor(t, name: str):
 
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"{name} must be an fp4ref.blockscale.NVFP4Tensor, got {type(t).__name__}")
-    if len(t.shape) != 2 or t.axis != 1:
+    from .blockscale import _nvfp4_parts, _shape_and_axis
+
+    shape, ax = _shape_and_axis(t, name)  # a hand-built tensor's fields, checked (axis -1 is axis 1 here)
+    if len(shape) != 2 or ax != 1:
         raise ValueError(
-            f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {t.shape} axis {t.axis}"
+            f"{name} must be 2-D [rows, K] quantized along its last axis, got shape {shape} axis {t.axis}"
         )
     # block=(16, 16) weight tiles store their scale on every row too: the same per-row arithmetic applies.
-    from .blockscale import _nvfp4_parts
-
     return _nvfp4_parts(t, name)
 
 
@@ -743,15 +744,16 @@ def nvfp4_gemm(xq, wq) -> Reference:
     exact zero -> +0.0; overflow -> +-inf (RNE).
 
     Args:
-        xq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [M, K] quantized along axis 1.
-        wq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [N, K] quantized along axis 1.
+        xq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [M, K] quantized along axis 1 (or -1).
+        wq: :class:`fp4ref.blockscale.NVFP4Tensor`, shape [N, K] quantized along axis 1 (or -1).
 
     Returns:
         :class:`Reference`, ``out`` ml_dtypes.bfloat16 [M, N]; ``epilogue_multiplies`` = 2 (a kernel's fp32
         gx * gw and its multiply into the accumulator).
 
     Raises:
-        TypeError: not NVFP4Tensors; ValueError: shapes, K mismatch, non-finite global scales.
+        TypeError: not NVFP4Tensors; ValueError: shapes, K mismatch, non-finite global scales; a hand-built
+        tensor's bad field (``xq.axis`` out of range, ``wq.block`` not an NVFP4 block, ...) names it.
 
     Source: NVFP4 (SOL-ExecBench nvfp4_linear_layer, docs/verify.md; NVIDIA, "Introducing NVFP4", 2025): value = e2m1 *
     e4m3 * fp32 global.

@@ -40,7 +40,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise ModuleNotFoundError("fp4ref.strategies needs hypothesis, which is not installed: pip install "
                               "'fp4ref[testing]'", name="hypothesis") from exc
 
-from .blockscale import NVFP4Tensor
+from .blockscale import NVFP4Tensor, _mx_element
 from .packing import CANONICAL_META
 
 __all__ = [
@@ -494,7 +494,8 @@ def nvfp4_inputs(rows, k) -> st.SearchStrategy[np.ndarray]:
 
 def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.SearchStrategy[dict]:
     """Raw MX operands: {"codes": uint8 [rows, k] element codes (e2m1: packed, [rows, k/2]), "scales": uint8
-    [rows, k/block] UE8M0 bytes, "elem": elem}. Scale bytes cover 0 (2^-127, an fp32 subnormal), small, 127 (1.0),
+    [rows, k/block] UE8M0 bytes, "elem": the canonical name (:data:`fp4ref.blockscale.MX_ELEMENTS`; ``elem`` may
+    be any case, "e4m3" for "e4m3fn")}. Scale bytes cover 0 (2^-127, an fp32 subnormal), small, 127 (1.0),
     large and 254 (2^127); 255 (NaN) only with ``allow_nan_scale``. Element codes: every code of the element format
     (E4M3FN NaN codes excluded)."""
     _check_int("rows", rows, 1)
@@ -502,9 +503,11 @@ def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.
     _check_int("block", block, 1)
     if k % block:
         raise InvalidArgument(f"k={k} must be a multiple of block={block}")
-    widths = {"e2m1": 4, "e2m3": 6, "e3m2": 6, "e4m3": 8, "e5m2": 8}
-    if elem not in widths:
-        raise InvalidArgument(f"elem={elem!r} must be one of {sorted(widths)}")
+    widths = {"e2m1": 4, "e2m3": 6, "e3m2": 6, "e4m3fn": 8, "e5m2": 8}
+    try:
+        elem = _mx_element(elem)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(str(exc)) from None
     scale_choices = [0, 1, 2, 100, 120, 126, 127, 128, 134, 200, 253, 254] + list(range(256 - 1))
     if allow_nan_scale:
         scale_choices += [255] * 4
@@ -513,7 +516,7 @@ def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.
     def _draw(draw):
         if elem == "e2m1":
             codes = draw(packed_fp4((rows, k // 2)))
-        elif elem == "e4m3":
+        elif elem == "e4m3fn":
             codes = draw(e4m3_bytes((rows, k)))
         else:
             codes = draw(_array_from_choices((rows, k), range(1 << widths[elem]) if elem != "e5m2" else

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import struct
 from fractions import Fraction as Q
 
@@ -641,7 +642,7 @@ def _mp_log2(q: Q) -> Q:
 
 
 ML = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn,
-      "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+      "e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 
 @pytest.mark.parametrize("elem", list(MX_ELEMENTS))
@@ -796,6 +797,81 @@ def test_mx_elem_accepts_the_registry_name_e4m3fn():
         mx_quantize(x, "e4m3fnuz")
 
 
+def test_mx_elem_is_the_registry_name_and_round_trips():
+    """MXTensor.elem is the fp4ref.formats name (it was "e4m3", which fp4ref.decode refuses); mx_dequantize takes
+    every spelling mx_quantize takes, in any case (it raised KeyError for "e4m3fn" and "E4M3")."""
+    import dataclasses
+
+    import fp4ref
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    for elem in ("e2m1", "E2M3", "e3m2", "e4m3", "E4M3FN", "e5m2"):
+        m = mx_quantize(x, elem)
+        assert m.elem == elem.lower().replace("e4m3fn", "e4m3").replace("e4m3", "e4m3fn")
+        assert m.elem in MX_ELEMENTS and MX_ELEMENTS[m.elem].name == m.elem
+        np.testing.assert_array_equal(fp4ref.decode(m.codes, m.elem), fp4ref.decode(m.codes, MX_ELEMENTS[m.elem]))
+    m = mx_quantize(x, "e4m3fn")
+    want = mx_dequantize(m)
+    for spelling in ("e4m3", "E4M3", "e4m3fn", "E4M3FN", "E4m3Fn"):
+        np.testing.assert_array_equal(mx_dequantize(dataclasses.replace(m, elem=spelling)), want)
+    with pytest.raises(ValueError, match=r"^t\.elem='e4m3fnuz' is not one of"):
+        mx_dequantize(dataclasses.replace(m, elem="e4m3fnuz"))
+    with pytest.raises(TypeError, match=r"^t\.elem=None: expected one of"):
+        mx_dequantize(dataclasses.replace(m, elem=None))
+
+
+def test_hand_built_tensors_with_a_bad_axis_or_block_name_the_field():
+    """A negative axis counts from the end; an axis out of range, a bad block or shape is a ValueError / TypeError
+    naming t.axis / t.block / t.shape (they were IndexError, a misleading "inconsistent" error, or accepted)."""
+    import dataclasses
+
+    from fp4ref import gemm
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    m, q = mx_quantize(x, "e4m3fn"), nvfp4_quantize(x)
+    mx_want, nv_want = mx_dequantize(m), nvfp4_dequantize(q)
+    for ax in (-1, np.int64(-1)):
+        np.testing.assert_array_equal(mx_dequantize(dataclasses.replace(m, axis=ax)), mx_want)
+        np.testing.assert_array_equal(nvfp4_dequantize(dataclasses.replace(q, axis=ax)), nv_want)
+    assert gemm.nvfp4_gemm(dataclasses.replace(q, axis=-1), q).K == 64
+    for fn, t in ((mx_dequantize, m), (nvfp4_dequantize, q)):
+        for ax in (2, 3, 5, -3):
+            with pytest.raises(ValueError, match=rf"^t\.axis={ax} is out of range for an array with 2 dim"):
+                fn(dataclasses.replace(t, axis=ax))
+        with pytest.raises(TypeError, match=r"^t\.axis must be an int"):
+            fn(dataclasses.replace(t, axis=1.0))
+        with pytest.raises(TypeError, match=r"^t\.shape="):
+            fn(dataclasses.replace(t, shape=(4, 64.0)))
+        with pytest.raises(ValueError, match=r"^t\.shape=.*negative"):
+            fn(dataclasses.replace(t, shape=(-4, 64)))
+    for bad in ((3, 3), (1, 32), 32, 0):
+        with pytest.raises(ValueError, match=rf"^t\.block={re.escape(repr(bad))} is not an NVFP4 block"):
+            nvfp4_dequantize(dataclasses.replace(q, block=bad))
+    for bad in ((16.0, 16.0), "16", None, [16, 16]):
+        with pytest.raises(TypeError, match=r"^t\.block="):
+            nvfp4_dequantize(dataclasses.replace(q, block=bad))
+    with pytest.raises(ValueError, match=r"^xq\.block=\(3, 3\) is not an NVFP4 block"):
+        gemm.nvfp4_gemm(dataclasses.replace(q, block=(3, 3)), q)
+    with pytest.raises(ValueError, match=r"^wq\.axis=5 is out of range"):
+        gemm.nvfp4_gemm(q, dataclasses.replace(q, axis=5))
+    np.testing.assert_array_equal(nvfp4_dequantize(dataclasses.replace(q, block=16)), nv_want)
+    with pytest.raises(ValueError, match=r"^t\.block=\(16, 16\) needs a shape with at least 2 dim"):
+        nvfp4_dequantize(dataclasses.replace(nvfp4_quantize(x[0]), block=(16, 16)))
+    with pytest.raises(ValueError, match=r"^t\.shape=\(4, 24\) has length 24 along t\.axis=1; NVFP4 needs a "):
+        nvfp4_dequantize(dataclasses.replace(q, shape=(4, 24)))
+    for bad in (0, -32):
+        with pytest.raises(ValueError, match=rf"^t\.block={bad} must be a positive int"):
+            mx_dequantize(dataclasses.replace(m, block=bad))
+    for bad in (32.0, "32", True, None):
+        with pytest.raises(TypeError, match=r"^t\.block="):
+            mx_dequantize(dataclasses.replace(m, block=bad))
+    with pytest.raises(ValueError, match=r"^t\.shape=\(4, 64\) has length 64 along t\.axis=1; it must be a "
+                                         r"multiple of t\.block=24"):
+        mx_dequantize(dataclasses.replace(m, block=24))
+    with pytest.raises(ValueError, match=r"^t is inconsistent: .* block 16 needs codes \(4, 64\) and scales"):
+        mx_dequantize(dataclasses.replace(m, block=16))
+
+
 def test_mx_dequantize_names_the_bad_field():
     import dataclasses
 
@@ -828,7 +904,7 @@ def test_mx_zero_scale_byte_thresholds(elem):
     # byte 0 iff e <= -127: FLOOR a < 2^(emax-126); CEIL a <= 2^(emax-127); EVEN a' < 2^(emax-126); RCEIL
     # fp32(a/max) <= 2^-127. Hand values: 2^-124 E2M1/E2M3, 2^-122 E3M2, 2^-118 E4M3, 2^-111 E5M2.
     fmt = MX_ELEMENTS[elem]
-    t = {"e2m1": -124, "e2m3": -124, "e3m2": -122, "e4m3": -118, "e5m2": -111}[elem]
+    t = {"e2m1": -124, "e2m3": -124, "e3m2": -122, "e4m3fn": -118, "e5m2": -111}[elem]
     assert fmt.emax - 126 == t
 
     def byte(a, mode):

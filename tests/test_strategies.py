@@ -136,6 +136,7 @@ def test_nvfp4_inputs(x):
 def test_mx_operands(a, b):
     assert a["codes"].shape == (2, 32) and a["scales"].shape == (2, 2)
     assert b["codes"].shape == (3, 32) and b["scales"].shape == (3, 1) and not np.any((b["codes"] & 0x7F) == 0x7F)
+    assert a["elem"] == "e2m1" and b["elem"] == "e4m3fn"  # the canonical name (MX_ELEMENTS, fp4ref.decode)
 
 
 def test_mx_validate():
