@@ -26,7 +26,8 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from .gemm import OUTPUT_FORMATS, Reference, round_float64
+from ._validate import positive_float32
+from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
 
@@ -242,8 +243,8 @@ def _candidates(workload, ops, rows, cols):
 
 
 def _nvfp4_candidates(workload, ops, rows, cols):
-    x = ops["x"]
-    amax = float(np.max(np.abs(x.astype(np.float32)))) if x.size else 0.0
+    x = ops["x"]  # checked by _check_operands: bf16 or float32, [..., K], finite; the global scale a float
+    amax = ops["x_global_amax"]  # max|x| of the whole x (_check_operands)
     w = np.asarray(ops["weight_fp4"]).view(np.uint8)[cols]
     s = np.asarray(ops["weight_scales"]).view(np.uint8)[cols]
     g = ops["weight_global_decode_scale"]
@@ -259,9 +260,9 @@ def _nvfp4_candidates(workload, ops, rows, cols):
            ("missing_block_scale", "", lambda: run(ss=np.full_like(s, 0x38))),
            ("block_scale_wrong_block", "", lambda: run(ss=np.roll(s, 1, axis=1)))]
     def drop(t):
-        xx = xs.astype(np.float32).copy()
+        xx = xs.copy()  # x's own dtype (bf16 or float32): zeroing the tail changes nothing else
         xx[:, K - t:] = 0
-        return run(xx=xx.astype(ml_dtypes.bfloat16))
+        return run(xx=xx)
 
     return out + [("dropped_k_tail", f"the last {t} K elements dropped", lambda t=t: drop(t))
                   for t in _tails(K, 16)]
@@ -288,11 +289,11 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
     base = _share_equal(o, r2[np.ix_(rows, cols)], faithful, fmt)
     found = []
     for bug, detail, fn in _candidates(workload, ops, src_rows, cols):
-        try:
-            with np.errstate(all="ignore"):
-                x = round_float64(np.asarray(fn(), dtype=np.float64), fmt.name)
-        except (ValueError, TypeError, IndexError):
-            continue
+        # No exception is swallowed here: _check_operands has checked every operand's dtype and shape against the
+        # reference (and rows against both), which is all a candidate needs to apply, so each one computes; an
+        # error here is a mistake (in the operands or in fp4ref) that must surface, never a silent "no known bug".
+        with np.errstate(all="ignore"):
+            x = round_float64(np.asarray(fn(), dtype=np.float64), fmt.name)
         share = _share_equal(o, x, faithful, fmt)
         if share >= _MATCH and share > base:
             found.append((share, bug, detail))
@@ -327,22 +328,91 @@ def _resolve_workload(workload):
     return workload
 
 
-def _check_operands(workload, operands):
-    """``operands`` for ``workload`` (a Workload), or a TypeError / ValueError naming the argument."""
+def _array(v, name):
+    """``v`` (a numpy array, or a torch tensor read as the numpy array of its bits), or a TypeError naming it."""
+    v = to_numpy(v, name)
+    if not isinstance(v, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array or a torch tensor, got {type(v).__name__}")
+    return v
+
+
+def _fit(arr, name, want, layout, what):
+    """A ValueError naming ``name`` unless ``arr.shape`` is ``want`` (None: any length there, shown as M)."""
+    if len(arr.shape) != len(want) or any(w is not None and w != s for w, s in zip(want, arr.shape)):
+        shown = "(" + ", ".join("M" if w is None else str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
+        raise ValueError(f"{name} has shape {arr.shape}; expected {shown} ({layout} {what})")
+
+
+def _gemm_operands(ops, M, N, K, what):
+    A = _check_2d(_array(ops["A"], "operands['A']"), "operands['A']", ("float16",))
+    B = _check_2d(_array(ops["B"], "operands['B']"), "operands['B']", ("float16",))
+    _fit(A, "operands['A']", (M, K), "[M, K]", what)
+    _fit(B, "operands['B']", (N, K), "[N, K]", what)
+    return {"A": A, "B": B}, A.shape[0]
+
+
+def _sparse_operands(ops, M, N, K, what):
+    out = {}
+    for a in ("a_vals", "a_meta"):
+        v = _array(ops[a], f"operands[{a!r}]")
+        if v.dtype not in (np.uint8, np.int8):
+            raise TypeError(f"operands[{a!r}] must be uint8 or int8 (raw bytes), got dtype {v.dtype}")
+        _fit(v, f"operands[{a!r}]", (M, K // 4), "[M, K/4]", what)
+        out[a] = v
+    b = _as_e4m3_bytes(_array(ops["b_fp8"], "operands['b_fp8']"), "operands['b_fp8']")
+    _fit(b, "operands['b_fp8']", (N, K), "[N, K]", what)
+    out["b_fp8"] = b
+    return out, out["a_vals"].shape[0]
+
+
+def _nvfp4_operands(ops, N, K, what, xwant):
+    x = _array(ops["x"], "operands['x']")
+    if x.dtype.name not in ("bfloat16", "float32"):
+        raise TypeError(f"operands['x'] must be bfloat16 (ml_dtypes) or float32, got dtype {x.dtype}")
+    _fit(x, "operands['x']", xwant, "[..., M, K]", what)
+    # the amax of the whole x, with which the sampled rows are quantized (as the reference's rows were); NaN / inf
+    # when x holds one: then there is no reference (the workload's quantizer refuses such x)
+    amax = float(np.max(np.abs(x.astype(np.float32)))) if x.size else 0.0
+    if not np.isfinite(amax):
+        raise ValueError("operands['x'] holds NaN/inf: the workload quantizes x, and has no reference output then")
+    wc = _array(ops["weight_fp4"], "operands['weight_fp4']")
+    if wc.dtype not in (np.uint8, np.int8):
+        raise TypeError(f"operands['weight_fp4'] must be uint8 packed E2M1 codes, got dtype {wc.dtype}")
+    _fit(wc, "operands['weight_fp4']", (N, K // 2), "[N, K/2]", what)
+    ws = _as_e4m3_bytes(_array(ops["weight_scales"], "operands['weight_scales']"), "operands['weight_scales']")
+    _fit(ws, "operands['weight_scales']", (N, K // 16), "[N, K/16]", what)
+    g = to_numpy(ops["weight_global_decode_scale"], "operands['weight_global_decode_scale']")
+    if isinstance(g, np.ndarray) and g.shape == (1,):  # compressed-tensors stores it with shape [1]: its element,
+        g = g.reshape(())  # as NVFP4Tensor reads it (a larger array stays an error below)
+    g = positive_float32(g, "operands['weight_global_decode_scale']")
+    ops = {"x": x, "weight_fp4": wc.view(np.uint8), "weight_scales": ws, "weight_global_decode_scale": g}
+    return {**ops, "x_global_amax": amax}, int(np.prod(x.shape[:-1]))
+
+
+def _check_operands(workload, operands, ref, subset):
+    """(``operands`` for ``workload`` as numpy arrays, the number of rows they hold), or a TypeError / ValueError
+    naming the argument: each operand's dtype, and its shape against the reference's M, N and K (``subset``: rows
+    given, the operands are the whole input and their M is free)."""
     if not isinstance(operands, Mapping):
         raise TypeError(f"operands: expected a mapping from the workload's argument names {list(workload.args)} to "
                         f"arrays, got {type(operands).__name__}")
     missing = [a for a in workload.args if a not in operands]
     if missing:
         raise ValueError(f"operands lacks {missing} of {workload.name}'s arguments {list(workload.args)}")
-    out = dict(operands)
-    for a in workload.args:  # torch tensors as numpy arrays of the same bits; lists, None, strings refused
-        v = to_numpy(operands[a], f"operands[{a!r}]")
-        if isinstance(v, bool) or not isinstance(v, (np.ndarray, np.generic, int, float)):
-            raise TypeError(f"operands[{a!r}]: expected a numpy array, a torch tensor or a real scalar, got "
-                            f"{type(v).__name__}")
-        out[a] = v
-    return out
+    shape = ref.out.shape
+    N, K = shape[-1], int(ref.K)
+    M = None if subset else int(np.prod(shape[:-1]))
+    what = (f"for the reference's output {shape}, K = {K}" +
+            ("; with rows, M is the whole input's, any" if subset else ""))
+    name = workload.name
+    if name.startswith("gemm"):
+        return _gemm_operands(operands, M, N, K, what)
+    if name.startswith("sparse"):
+        return _sparse_operands(operands, M, N, K, what)
+    if name.startswith("nvfp4"):
+        # x is [..., M, K] (the workload's [1, M, K]); the rows are those of x.reshape(-1, K)
+        return _nvfp4_operands(operands, N, K, what, tuple(shape[:-2]) + (M, K) if subset else shape[:-1] + (K,))
+    return dict(operands), None  # a workload diagnose recomputes nothing for: its operands are never read
 
 
 def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
@@ -353,8 +423,16 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         ref: the :class:`fp4ref.gemm.Reference` it failed against.
         workload: the :class:`fp4ref.workloads.Workload` or its name (``fp4ref.workloads.get_workload``), or None:
             output patterns only.
-        operands: the workload's numpy operands, a mapping from each name in ``workload.args`` (e.g. ``"A"``,
-            ``"B"``) to its array: the whole input, before any row subset.
+        operands: the workload's operands, a mapping from each name in ``workload.args`` (e.g. ``"A"``, ``"B"``)
+            to its numpy array or torch tensor (read as the numpy array of its bits): the whole input, before any
+            row subset. With ``ref.out`` [M, N] (the NVFP4 workload's [1, M, N]) and ``ref.K``: gemm ``A`` float16
+            [M, K], ``B`` float16 [N, K]; sparse ``a_vals`` / ``a_meta`` uint8 or int8 [M, K/4], ``b_fp8``
+            uint8, int8 or ml_dtypes.float8_e4m3fn [N, K]; NVFP4 ``x`` bfloat16 (ml_dtypes) or float32 [1, M, K],
+            finite, ``weight_fp4`` uint8 or int8 [N, K/2], ``weight_scales`` uint8, int8 or float8_e4m3fn
+            [N, K/16], ``weight_global_decode_scale`` a real scalar, a 0-d array or tensor, or one of shape (1,)
+            (compressed-tensors' layout: its element), finite and > 0 as float32. With ``rows`` the operands' M is
+            the whole input's (any). Extra keys are ignored. The operands are checked before anything is
+            recomputed, so a recomputation never fails on them (nor is a failure read as "no known bug").
         rows: the output rows ``ref`` covers when it was computed on a row subset (None: all).
         output_rounding: "rne" or "faithful", as checked.
 
@@ -362,12 +440,16 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
 
     Raises:
-        TypeError: ``ref`` not a Reference; ``workload`` neither a Workload nor a name; ``operands`` not a mapping,
-            or one of the workload's operands neither a numpy array, a torch tensor nor a real scalar.
+        TypeError: ``ref`` not a Reference; ``workload`` neither a Workload nor a name; ``operands`` not a mapping;
+            an operand (named, e.g. ``operands['A']``) neither a numpy array nor a torch tensor (a scalar only for
+            ``weight_global_decode_scale``), or of another dtype than above (nothing is cast); a global decode
+            scale of more than one element.
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
             an unknown workload name (the message lists the known ones; checked before whether ``operands`` came
             with it); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
-            workload's arguments.
+            workload's arguments; an operand whose shape does not fit the reference's M, N and K (the message
+            names it and the shape expected); an NVFP4 ``x`` holding NaN/inf (no reference exists for it); a global
+            decode scale that is not finite and > 0 as float32.
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref: expected the fp4ref.gemm.Reference the output failed against, got "
@@ -379,7 +461,7 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     if (workload is None) != (operands is None):
         raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
     if workload is not None:
-        operands = _check_operands(workload, operands)
+        operands, _ = _check_operands(workload, operands, ref, rows is not None)
     o = np.asarray(to_numpy(out, "out")).astype(np.float64)
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")

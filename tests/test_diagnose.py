@@ -262,11 +262,114 @@ def test_ref_and_operands_are_checked_and_torch_operands_are_read():
     with pytest.raises(TypeError, match=r"^ref: expected the fp4ref\.gemm\.Reference the output failed against, "
                                         r"got NoneType$"):
         diagnose(ref.out, None)
-    with pytest.raises(TypeError, match=r"^operands\['A'\]: expected a numpy array, a torch tensor or a real "
-                                        r"scalar, got list$"):
+    with pytest.raises(TypeError, match=r"^operands\['A'\]: expected a numpy array or a torch tensor, got list$"):
         diagnose(ref.out, ref, workload=GEMM, operands={"A": ops["A"].tolist(), "B": ops["B"]})
     out = _fp16_unfused(ops["A"], ops["B"])  # a planted bug, so the recomputation really runs
     want = diagnose(out, ref, workload=GEMM, operands=ops)
     assert [d.bug for d in want] == ["fp16_accumulation"]
     torch_ops = {k: torch.from_numpy(v.copy()) for k, v in ops.items()}
     assert diagnose(out, ref, workload=GEMM, operands=torch_ops) == want
+
+
+def _k_tail_case():
+    """fp16 A [8, 256], B [64, 256], and the output of a kernel that drops the last 64 K elements."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((8, 256)).astype(np.float16)
+    B = rng.standard_normal((64, 256)).astype(np.float16)
+    return A, B, gemm.gemm_fp16(A, B), gemm.gemm_fp16(A[:, :192], B[:, :192]).out
+
+
+def test_operands_that_do_not_fit_the_reference_are_named():
+    """Operands of other shapes than the reference's M, N, K gave a raw IndexError (A and B swapped) or a silent
+    "no known bug" (a shorter K): a candidate's error was swallowed. Now each operand's shape is checked against
+    the reference up front, a ValueError naming the operand and the shape expected."""
+    A, B, ref, out = _k_tail_case()
+    assert [d.bug for d in diagnose(out, ref, workload=GEMM, operands={"A": A, "B": B})] == ["dropped_k_tail"]
+    with pytest.raises(ValueError, match=r"^operands\['A'\] has shape \(64, 256\); expected \(8, 256\) \(\[M, K\] "
+                                         r"for the reference's output \(8, 64\), K = 256\)$"):
+        diagnose(out, ref, workload=GEMM, operands={"A": B, "B": A})
+    with pytest.raises(ValueError, match=r"^operands\['A'\] has shape \(8, 128\); expected \(8, 256\)"):
+        diagnose(out, ref, workload=GEMM, operands={"A": A[:, :128], "B": B[:, :128]})
+    with pytest.raises(ValueError, match=r"^operands\['B'\] has shape \(32, 256\); expected \(64, 256\)"):
+        diagnose(out, ref, workload=GEMM, operands={"A": A, "B": B[:32]})
+    # the sparse workload: b_fp8 [N, K] with another K
+    ops = _ops(SPARSE, "public", 4, 64, 256)
+    sref = SPARSE.reference(**ops)
+    with pytest.raises(ValueError, match=r"^operands\['b_fp8'\] has shape \(64, 128\); expected \(64, 256\)"):
+        diagnose(sref.out, sref, workload=SPARSE, operands={**ops, "b_fp8": ops["b_fp8"][:, :128]})
+
+
+def test_nvfp4_operands_are_checked_and_a_shape_1_global_scale_is_its_element():
+    """NVFP4: a global decode scale of shape (1,) (compressed-tensors' layout, which NVFP4Tensor reads as its
+    element) and an x of another K both gave "no known bug"; now the first is read as its element (the same
+    diagnosis as the float), the second is a ValueError naming operands['x'], as is an x holding NaN (no reference
+    exists for it: the quantizer refuses it) and a global scale of more than one element a TypeError."""
+    w, family, m, n, k, kernel, bug, kw = PLANTED["block scale missing"]
+    ops, ref, out, _ = _checked(w, family, m, n, k, kernel, kw)
+    g = ops["weight_global_decode_scale"]
+    want = diagnose(out, ref, workload=NVFP4, operands=ops)
+    assert [d.bug for d in want] == ["missing_block_scale"]
+    assert diagnose(out, ref, workload=NVFP4, operands={**ops, "weight_global_decode_scale":
+                                                         np.array([g], np.float32)}) == want
+    with pytest.raises(ValueError, match=r"^operands\['x'\] has shape \(1, 2, 128\); expected \(1, 2, 256\) "
+                                         r"\(\[\.\.\., M, K\] for the reference's output \(1, 2, 48\), K = 256\)$"):
+        diagnose(out, ref, workload=NVFP4, operands={**ops, "x": ops["x"][..., :128]})
+    with pytest.raises(TypeError, match=r"^operands\['weight_global_decode_scale'\] must be a real number"):
+        diagnose(out, ref, workload=NVFP4, operands={**ops, "weight_global_decode_scale": np.array([g, g])})
+    with pytest.raises(ValueError, match=r"^operands\['weight_global_decode_scale'\]=-1\.0: expected a finite "
+                                         r"positive float"):
+        diagnose(out, ref, workload=NVFP4, operands={**ops, "weight_global_decode_scale": -1.0})
+    # the whole x (rows given) with a NaN in a row the reference does not cover: its amax, with which the
+    # reference's rows are quantized, is NaN, so no reference exists for these operands
+    x = np.concatenate([ops["x"], ops["x"]], axis=1)
+    x[0, 3, 5] = np.nan
+    with pytest.raises(ValueError, match=r"^operands\['x'\] holds NaN/inf"):
+        diagnose(out, ref, workload=NVFP4, operands={**ops, "x": x}, rows=[0, 1])
+
+
+def test_operand_dtypes_are_checked_and_scalars_only_where_the_workload_has_one():
+    """b_fp8 as float32 was read through .view(uint8) as 4 x K bytes (a raw numpy broadcast error), and a_vals=1.0
+    passed the check (a real scalar was allowed for every operand) to fail as "'float' object is not
+    subscriptable". Now each operand's dtype is checked, a TypeError naming it; a scalar only for the global
+    decode scale, the one scalar operand."""
+    ops = _ops(SPARSE, "public", 4, 64, 256)
+    ref = SPARSE.reference(**ops)
+    with pytest.raises(TypeError, match=r"^operands\['b_fp8'\] must hold E4M3FN bytes: uint8 \(or int8 read as "
+                                        r"unsigned\) or ml_dtypes\.float8_e4m3fn, got dtype float32$"):
+        diagnose(ref.out, ref, workload=SPARSE, operands={**ops, "b_fp8": ops["b_fp8"].astype(np.float32)})
+    with pytest.raises(TypeError, match=r"^operands\['a_vals'\]: expected a numpy array or a torch tensor, "
+                                        r"got float$"):
+        diagnose(ref.out, ref, workload=SPARSE, operands={**ops, "a_vals": 1.0})
+    with pytest.raises(TypeError, match=r"^operands\['a_meta'\] must be uint8 or int8 \(raw bytes\), got dtype "
+                                        r"int16$"):
+        diagnose(ref.out, ref, workload=SPARSE, operands={**ops, "a_meta": ops["a_meta"].astype(np.int16)})
+    A, B, gref, out = _k_tail_case()
+    with pytest.raises(TypeError, match=r"^operands\['B'\] must have dtype float16, got float32$"):
+        diagnose(out, gref, workload=GEMM, operands={"A": A, "B": B.astype(np.float32)})
+    with pytest.raises(TypeError, match=r"^operands\['A'\]: expected a numpy array or a torch tensor, got float$"):
+        diagnose(out, gref, workload=GEMM, operands={"A": 1.0, "B": B})
+    nops = _ops(NVFP4, "public", 2, 48, 256)
+    nref = NVFP4.reference(**nops)
+    with pytest.raises(TypeError, match=r"^operands\['x'\] must be bfloat16 \(ml_dtypes\) or float32, got dtype "
+                                        r"float16$"):
+        diagnose(nref.out, nref, workload=NVFP4, operands={**nops, "x": nops["x"].astype(np.float16)})
+    with pytest.raises(TypeError, match=r"^operands\['weight_scales'\]: expected a numpy array or a torch tensor"):
+        diagnose(nref.out, nref, workload=NVFP4, operands={**nops, "weight_scales": 1.0})
+    with pytest.raises(TypeError, match=r"^operands\['weight_fp4'\] must be uint8 packed E2M1 codes, got dtype "
+                                        r"float32$"):
+        diagnose(nref.out, nref, workload=NVFP4, operands={**nops, "weight_fp4": nops["weight_fp4"].astype("f4")})
+
+
+def test_an_error_in_a_recomputation_is_not_swallowed(monkeypatch):
+    """A candidate's ValueError / TypeError / IndexError was swallowed (the candidate skipped), which turned
+    operands that do not fit into a silent "no known bug". Every operand is now checked first, so a candidate
+    that raises is a mistake, and it surfaces."""
+    import fp4ref.diagnose as dg
+
+    def broken(A, B, K):
+        return [("dropped_k_tail", "", lambda: A[:, :K + 1][:, K])]  # an IndexError
+
+    monkeypatch.setattr(dg, "_dense_variants", broken)
+    A, B, ref, out = _k_tail_case()
+    with pytest.raises(IndexError):
+        diagnose(out, ref, workload=GEMM, operands={"A": A, "B": B})
