@@ -207,6 +207,8 @@ def _run_verify(args, workloads, console, state) -> int:
                           f"{escape(r.note)}")
     for name, why in result.missing:
         console.print(f"[red]{escape(name)}: no kernel to verify[/] ({escape(why)})")
+    for name, why in result.skipped:
+        console.print(f"[yellow]{escape(name)}: skipped, not verified[/] ({escape(why)})")
     if s.get("repro"):
         console.print(f"--repro: {escape(s['repro'])}")
     if args.json:
@@ -215,7 +217,8 @@ def _run_verify(args, workloads, console, state) -> int:
         except OSError as exc:
             return _usage_error("verify", f"--json {args.json!r}: cannot write it ({exc.strerror or exc})")
         state["json"] = True
-    console.print("[green]all verdicts pass[/]" if result.ok else "[red]verification FAILED[/]")
+    skipped = f" ({len(result.skipped)} workload(s) skipped: see above)" if result.skipped else ""
+    console.print(f"[green]all verdicts pass{skipped}[/]" if result.ok else "[red]verification FAILED[/]")
     return 0 if result.ok else 1
 
 
@@ -255,12 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=1, help="seeds per workload, size and input family (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu (interpreter)")
-    p.add_argument("--sizes", type=int, nargs="+", metavar="M",
-                   help="M values (default: per device); a repeated M counts once; each at most (2**31 - 1) // "
-                        "max(N, K) of the workload (699050 for gemm_n3072_k2048), so no operand or output reaches "
-                        "2**31 elements")
-    p.add_argument("--families", nargs="+", metavar="FAMILY",
-                   help="input families (default: all); a repeated name counts once")
+    p.add_argument("--sizes", type=int, nargs="+", action="extend", metavar="M",
+                   help="M values (default: per device; repeatable, the values combine); a repeated M counts once; "
+                        "each at most (2**31 - 1) // max(N, K) of the workload (699050 for gemm_n3072_k2048), so no "
+                        "operand or output reaches 2**31 elements")
+    p.add_argument("--families", nargs="+", action="extend", metavar="FAMILY",
+                   help="input families (default: all; repeatable, the names combine); a repeated name counts once; "
+                        "a workload with none of them is skipped, with a note naming it")
     p.add_argument("--model", help="accumulation model (default: the kernel's declared model, else "
                                    "the universal fp32-accumulating tensor-core model)")
     p.add_argument("--output-rounding", choices=("rne", "faithful"),

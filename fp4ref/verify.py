@@ -73,6 +73,7 @@ class VerifyResult:
     rows: list = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     missing: list = field(default_factory=list)  # (workload, reason) for kernels that could not be loaded
+    skipped: list = field(default_factory=list)  # (workload, reason) for workloads with none of the families asked
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,7 @@ class VerifyResult:
     def to_json(self) -> dict:
         """The report as strict-JSON data (non-finite floats as the strings "inf", "-inf", "nan")."""
         return _json_safe({"ok": self.ok, "settings": self.settings, "missing": self.missing,
-                           "rows": [asdict(r) for r in self.rows]})
+                           "skipped": self.skipped, "rows": [asdict(r) for r in self.rows]})
 
 
 class Interrupted(KeyboardInterrupt):
@@ -367,7 +368,9 @@ def verify(
         device: "cuda" or "cpu" (Triton interpreter); default cuda if available.
         sizes: M values (default: the public sizes on cuda, small ones on cpu); each at most :func:`max_m` of every
             workload; a repeated M counts once.
-        families: input family names (default: all of the workload's); a repeated name counts once.
+        families: input family names (default: all of the workload's); a repeated name counts once. A workload
+            that has none of them is not run and is listed in ``VerifyResult.skipped`` (``fp4ref verify`` prints a
+            note naming it); a name that none of the workloads has is a ValueError.
         examples: seeds per (workload, M, family).
         model: accumulation model name for fp4ref.bounds (default: the kernel's declared one, else the universal
             fp32-accumulating tensor-core model).
@@ -449,6 +452,11 @@ def verify(
     plan = []
     for name in names:
         w = get_workload(name)
+        fams = [f for f in (families or w.families) if f in w.families]
+        if not fams:  # none of the families asked is this workload's: say so, never skip silently
+            result.skipped.append([name, f"none of the families (--families) {families} is one of its families "
+                                         f"{list(w.families)}"])
+            continue
         spec = kernel or w.kernel
         try:
             fn, module = load_kernel(spec)
@@ -461,7 +469,6 @@ def verify(
         contract = kernel_contract(module, w.output_dtype)
         # Default rne; a kernel may declare "faithful" for the interpreter (its bf16 stores truncate).
         rounding = output_rounding or (contract.rounding_for(interpreted) if contract else "rne")
-        fams = [f for f in (families or w.families) if f in w.families]
         dims = sweep_shapes(w) if shapes == "sweep" else [w.dims(interpreted)]
         ms = list(sizes or (_SWEEP_M if shapes == "sweep" else (w.cpu_m if interpreted else w.gpu_m)))
         first = True

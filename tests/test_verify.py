@@ -433,6 +433,30 @@ def test_repeated_sizes_and_families_count_once(tmp_path):
                        integrity=False) == 2
 
 
+def test_repeated_sizes_and_families_options_combine(tmp_path):
+    """--sizes 1 --sizes 2 and --families exact_acc --families public combine, as --workload does (the last
+    occurrence alone was kept)."""
+    status, rep = _run(tmp_path, *RIGHT[1:], "--families", "public", "--sizes", "1", "--sizes", "2", "1")
+    assert status == 0 and [(r["m"], r["family"]) for r in rep["rows"]] == [
+        (1, "exact_acc"), (1, "public"), (2, "exact_acc"), (2, "public")]
+
+
+def test_a_workload_without_the_families_asked_is_named_as_skipped(tmp_path, capsys):
+    """--families nan_b runs the sparse workload only; the GEMM, which has no nan_b, is named in a note, in the
+    final line and in the JSON report's "skipped" (it was skipped silently); a family no workload has: exit 2."""
+    gemm, sparse = "gemm_n3072_k2048", "sparse_gemm_fp4_fp8_n2048_k2048"
+    status, rep = _run(tmp_path, "--workload", gemm, "--workload", sparse, "--families", "nan_b", "--sizes", "1",
+                       "--no-integrity", "--device", "cpu")
+    out = capsys.readouterr().out
+    assert status == 0 and [(r["workload"], r["family"]) for r in rep["rows"]] == [(sparse, "nan_b")]
+    assert rep["skipped"] == [[gemm, "none of the families (--families) ['nan_b'] is one of its families "
+                                     "['public', 'exact_acc', 'extreme']"]]
+    assert f"{gemm}: skipped, not verified (none of the families (--families) ['nan_b']" in " ".join(out.split())
+    assert "all verdicts pass (1 workload(s) skipped: see above)" in out
+    assert main([*GEMM, "--workload", sparse, "--families", "bogus", "nan_b", "--sizes", "1"]) == 2
+    assert "family (--families)='bogus' is not a family of" in capsys.readouterr().err
+
+
 def test_existing_json_and_repro_outputs_need_force(tmp_path, capsys):
     """No output is replaced unasked: an existing --json file or reproducer is refused before the run (exit 2,
     the file unchanged); --force replaces them."""
