@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import positive_float32
+from ._validate import is_int, positive_float32
 from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -415,6 +415,38 @@ def _check_operands(workload, operands, ref, subset):
     return dict(operands), None  # a workload diagnose recomputes nothing for: its operands are never read
 
 
+def _check_rows(rows, ref, m_ops):
+    """``rows`` as an int64 array, or a TypeError / ValueError naming it: integer indices, one per output row (of
+    ``ref.out`` flattened to [rows, N]), each in [0, ``m_ops``) (the operands' rows; None: no upper bound)."""
+    want = "a 1-D sequence or array of integer row indices"
+    if isinstance(rows, (list, tuple, range)):
+        bad = [v for v in rows if not is_int(v)]
+        if bad:  # 0.0, True, "0", None: never read as an index
+            raise TypeError(f"rows: expected {want}, got an element {bad[0]!r} ({type(bad[0]).__name__})")
+        arr = np.array([int(v) for v in rows], dtype=object if rows else np.int64)  # no int64 wrap-around
+    else:
+        arr = to_numpy(rows, "rows")
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"rows: expected {want}, got {type(rows).__name__}")
+        if arr.dtype.kind not in "iu":  # bool (a mask), float: not indices
+            raise TypeError(f"rows: expected {want}, got an array of dtype {arr.dtype}")
+        if arr.ndim != 1:
+            raise ValueError(f"rows: expected {want}, got an array of shape {arr.shape}")
+    n_out = int(np.prod(ref.out.shape[:-1]))
+    if arr.size != n_out:
+        raise ValueError(f"rows has {arr.size} entries; expected one per output row: {n_out} (out and the "
+                         f"reference have shape {ref.out.shape})")
+    hi = 2**63 if m_ops is None else m_ops  # no operands: rows is not read, but still an index (int64)
+    outside = np.array([v < 0 or v >= hi for v in arr.tolist()], dtype=bool)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        where = "[0, 2**63)" if m_ops is None else f"[0, {m_ops}) (the operands hold M = {m_ops} rows)"
+        neg = "; negative indices are not read from the end" if int(arr[i]) < 0 else ""
+        raise ValueError(f"rows holds {int(outside.sum())} index(es) outside {where}, the first rows[{i}] = "
+                         f"{int(arr[i])}{neg}")
+    return arr.astype(np.int64)
+
+
 def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
     """Name the known bugs a failing output matches, with evidence (see the module docstring).
 
@@ -433,7 +465,12 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
             (compressed-tensors' layout: its element), finite and > 0 as float32. With ``rows`` the operands' M is
             the whole input's (any). Extra keys are ignored. The operands are checked before anything is
             recomputed, so a recomputation never fails on them (nor is a failure read as "no known bug").
-        rows: the output rows ``ref`` covers when it was computed on a row subset (None: all).
+        rows: when ``ref`` was computed on a row subset of the operands (``workload.slice_rows``, as
+            ``fp4ref verify`` does at large M), the rows it covers: one integer index per row of ``ref.out`` (M of
+            them for [M, N], and for the NVFP4 workload's [1, M, N]), each in [0, the operands' M) (negative
+            indices are refused, not read from the end); ``out`` is then the kernel's output at those rows, the
+            shape of ``ref.out``. A list, tuple or range of ints, or a 1-D integer numpy array or torch tensor.
+            None (default): ``ref`` covers every row of the operands.
         output_rounding: "rne" or "faithful", as checked.
 
     Returns:
@@ -443,13 +480,16 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         TypeError: ``ref`` not a Reference; ``workload`` neither a Workload nor a name; ``operands`` not a mapping;
             an operand (named, e.g. ``operands['A']``) neither a numpy array nor a torch tensor (a scalar only for
             ``weight_global_decode_scale``), or of another dtype than above (nothing is cast); a global decode
-            scale of more than one element.
+            scale of more than one element; ``rows`` not a 1-D sequence or array of integers (a float, a bool, a
+            boolean mask).
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
             an unknown workload name (the message lists the known ones; checked before whether ``operands`` came
             with it); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
             workload's arguments; an operand whose shape does not fit the reference's M, N and K (the message
             names it and the shape expected); an NVFP4 ``x`` holding NaN/inf (no reference exists for it); a global
-            decode scale that is not finite and > 0 as float32.
+            decode scale that is not finite and > 0 as float32; ``rows`` not 1-D, not one index per row of
+            ``ref.out``, or holding an index outside [0, the operands' M) (checked without operands too, where
+            the bound is 2**63).
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref: expected the fp4ref.gemm.Reference the output failed against, got "
@@ -460,8 +500,11 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         workload = _resolve_workload(workload)
     if (workload is None) != (operands is None):
         raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
+    m_ops = None
     if workload is not None:
-        operands, _ = _check_operands(workload, operands, ref, rows is not None)
+        operands, m_ops = _check_operands(workload, operands, ref, rows is not None)
+    if rows is not None:
+        rows = _check_rows(rows, ref, m_ops)
     o = np.asarray(to_numpy(out, "out")).astype(np.float64)
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")

@@ -373,3 +373,40 @@ def test_an_error_in_a_recomputation_is_not_swallowed(monkeypatch):
     A, B, ref, out = _k_tail_case()
     with pytest.raises(IndexError):
         diagnose(out, ref, workload=GEMM, operands={"A": A, "B": B})
+
+
+def test_rows_is_checked():
+    """rows (the operand rows a row-subset reference covers) was not checked: indices past the operands' M, or
+    fewer than the output's rows, gave a raw IndexError, floats numpy's "arrays used as indices must be of
+    integer type", and -1 silently wrapped to the last row (no diagnosis). Now a TypeError / ValueError names
+    rows; a valid subset still diagnoses."""
+    A, B, _, _ = _k_tail_case()
+    A2 = np.concatenate([A, A[::-1] * np.float16(0.5)])  # the whole input: 16 rows; the reference covers 8
+    rows = [1, 3, 4, 6, 9, 11, 12, 15]
+    ref = gemm.gemm_fp16(A2[rows], B)
+    out = gemm.gemm_fp16(A2[rows, :192], B[:, :192]).out
+    ops = {"A": A2, "B": B}
+    assert [d.bug for d in diagnose(out, ref, workload=GEMM, operands=ops, rows=rows)] == ["dropped_k_tail"]
+    assert [d.bug for d in diagnose(out, ref, workload=GEMM, operands=ops, rows=np.array(rows, np.uint16))] == [
+        "dropped_k_tail"]
+    with pytest.raises(ValueError, match=r"^rows holds 8 index\(es\) outside \[0, 16\) \(the operands hold M = 16 "
+                                         r"rows\), the first rows\[0\] = 100$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=list(range(100, 108)))
+    with pytest.raises(ValueError, match=r"^rows has 2 entries; expected one per output row: 8 \(out and the "
+                                         r"reference have shape \(8, 64\)\)$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=[0, 1])
+    with pytest.raises(TypeError, match=r"^rows: expected a 1-D sequence or array of integer row indices, got an "
+                                        r"element 0\.0 \(float\)$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=[0.0] * 8)
+    with pytest.raises(ValueError, match=r"^rows holds 1 index\(es\) outside \[0, 16\) .*, the first rows\[7\] = -1; "
+                                         r"negative indices are not read from the end$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=rows[:7] + [-1])
+    with pytest.raises(TypeError, match=r"^rows: .* got an array of dtype bool$"):  # a mask is no list of indices
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=np.isin(np.arange(16), rows))
+    with pytest.raises(ValueError, match=r"^rows: .* got an array of shape \(2, 4\)$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=np.array(rows).reshape(2, 4))
+    with pytest.raises(TypeError, match=r"^rows: .* got int$"):
+        diagnose(out, ref, workload=GEMM, operands=ops, rows=3)
+    # without operands rows is not read, but it is still checked (its length, its type, no negative index)
+    with pytest.raises(ValueError, match=r"^rows has 2 entries"):
+        diagnose(out, ref, rows=[0, 1])
