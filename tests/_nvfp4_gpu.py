@@ -24,14 +24,18 @@ def x_bf16(m: int, k: int, seed: int):
 
 
 def assert_within_bound_and_deterministic(cfg, x_np, x, wq, wc, ws) -> None:
-    """nvfp4_linear with ``cfg`` twice, output and split-K partials NaN-poisoned each time: bitwise equal, and
-    within the bound of the config's model around fp4ref's exact result (recipe "sol")."""
+    """nvfp4_linear with ``cfg`` twice, output, split-K partials and the dequantized-x workspace NaN-poisoned each
+    time: bitwise equal, and within the bound of the config's model around fp4ref's exact result (recipe "sol").
+    The x poison also fills the workspace rows past M that the Gluon path's x descriptor spans (whole BM-row
+    tiles): they must reach no output element."""
     m, n, k = x.shape[0], wc.shape[0], x.shape[1]
-    nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg)  # sizes the split-K workspace
+    nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg)  # sizes the workspaces
+    stream = _runtime.current_stream(x.device)
     outs = []
     for _ in range(2):  # an unwritten or misaddressed element shows as NaN
-        _runtime.workspace(x.device, _runtime.current_stream(x.device), PARTIALS_WORKSPACE, 1,
-                           torch.float32).fill_(float("nan"))
+        _runtime.workspace(x.device, stream, PARTIALS_WORKSPACE, 1, torch.float32).fill_(float("nan"))
+        for dtype in (torch.float16, torch.float32):  # the tensor-core and GEMV paths' dequantized x
+            _runtime.workspace(x.device, stream, nvl._DEQUANT[dtype], 1, dtype).fill_(float("nan"))
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=out)
         outs.append(out)

@@ -36,7 +36,7 @@ from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_C
                       grid_sync_config, pick_config, pick_quantize_config, read_all_config)
 from .dp4a import Dp4aLaunch
 from .gemv import GemvLaunch
-from .gluon import GluonLaunch
+from .gluon import GluonLaunch, padded_rows
 from .prepass import PrepassLaunch
 from .quantize import AMAX_MAX_PROGRAMS, BARRIER_WORDS, QuantizeLaunches, one_launch_tile
 from .tensorcore import TensorCoreLaunch
@@ -300,15 +300,24 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
     # row chunks where x dequantized would exceed the cap; not for the pre-pass path (it decodes all of W per
     # launch, which chunks would repeat)
     # (DP4A: 17/16 byte per element, counted as 2)
-    rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, 2 if plan.int8_x else plan.deq_dtype.itemsize)
-    plan.numel = rows * K + (rows * K // 16 if plan.int8_x else 0)  # DP4A: the scale bytes after the codes
+    itemsize = 2 if plan.int8_x else plan.deq_dtype.itemsize
+    rows = M if isinstance(cfg, PrepassConfig) else chunk_rows(M, K, itemsize)
+
+    def path_launch(h: int):
+        if not gluon_path:
+            return launch_type(cfg, h, N, K)
+        # x spans whole BM-row tiles where they fit the workspace cap: a TMA box past x's last row is slow
+        padded = padded_rows(cfg, h)
+        return launch_type(cfg, h, N, K, x_rows=padded if padded * K * itemsize <= X_WORKSPACE_MAX_BYTES else h)
+
     # (chunked: its amax launch over all of x only, so the two-launch form)
     plan.quant = QuantizeLaunches(M, K, _quantize_config(M, K, x.device) if rows == M else
                                   pick_quantize_config(M, K), write_packed=plan.int8_x,
                                   write_dequant=not plan.int8_x, permute_k=gluon_path,
                                   trigger_dependents=trigger, int8_codes=plan.int8_x)
     if rows == M:
-        plan.chunks, plan.path = None, launch_type(cfg, M, N, K)
+        plan.chunks, plan.path = None, path_launch(M)
+        paths = [plan.path]
     else:
         launches = {}  # one QuantizeLaunches + path launch per chunk height (the full one and the last)
         plan.chunks = []
@@ -318,9 +327,12 @@ def nvfp4_linear(x: torch.Tensor, weight_fp4: torch.Tensor, weight_scales: torch
                 launches[h] = (QuantizeLaunches(h, K, pick_quantize_config(h, K), write_packed=plan.int8_x,
                                                 write_dequant=not plan.int8_x, permute_k=gluon_path,
                                                 trigger_dependents=trigger, int8_codes=plan.int8_x),
-                               launch_type(cfg, h, N, K))
+                               path_launch(h))
             plan.chunks.append((r0, r0 + h, *launches[h]))
         plan.path = None
+        paths = [path for _, path in launches.values()]
+    x_rows = max(path.x_rows for path in paths) if gluon_path else rows
+    plan.numel = x_rows * K + (rows * K // 16 if plan.int8_x else 0)  # DP4A: the scale bytes after the codes
     y = plan.run(x, weight_fp4, weight_scales, float(w_gdec), out)
     if key is not None:
         _PLANS.put(key, plan)

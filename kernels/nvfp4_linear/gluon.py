@@ -5,9 +5,10 @@ Swap-AB: the MMA computes y^T tile [BN, BM] = W tile [BN, K] @ x^T, N on the wgm
 warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. Per 256-element K step:
 
 * TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes and block scales [BN, 16] bytes; x
-  dequantized to fp16 (zero-filled past row M) either rides in the same ring as [BM, 256] tiles (X_STAGES 0, small
-  M) or has its own ring of X_STAGES [BM, 64] chunks (256-row tiles, where STAGES whole steps of x would not fit
-  in shared memory);
+  dequantized to fp16 either rides in the same ring as [BM, 256] tiles (X_STAGES 0, small M) or has its own ring
+  of X_STAGES [BM, 64] chunks (256-row tiles, where STAGES whole steps of x would not fit in shared memory). The x
+  descriptor spans whole BM-row tiles of the workspace (``padded_rows``; rows past M hold stale values and reach
+  only output columns that are not stored), so no x copy crosses the tensor's end;
 * each thread decodes ITS OWN part of the wgmma A fragment from shared memory: 32 contiguous code bytes of two
   rows (two 16-byte loads each) and 4 scale bytes, in four 64-K chunks (one 16-element block per chunk and row
   part), by bit placement (an E2M1 code c = s e1 e0 m placed as the fp16 bits s << 15 | (e1 e0 m) << 9 is exactly
@@ -54,10 +55,15 @@ from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
 from .tensorcore import splitk_buffers
 
-__all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "shared_layouts", "STEP_K", "x_block_k"]
+__all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "padded_rows", "shared_layouts", "STEP_K", "x_block_k"]
 
 STEP_K = 256  # K elements per step: the period of the K permutation (K must be a multiple)
 CHUNK_K = 64  # K elements per wgmma group and x TMA chunk
+
+
+def padded_rows(config: GluonConfig, M: int) -> int:
+    """M rounded up to whole BM-row tiles of x: the rows an x descriptor spans so that no TMA box crosses its end."""
+    return triton.cdiv(M, config.BM) * config.BM
 
 
 def x_block_k(config: GluonConfig) -> int:
@@ -271,13 +277,21 @@ class GluonLaunch:
     and waits for it (griddepcontrol.wait) before it reads x and gdec. Correct after any kernel (the wait then
     returns once the previous grid has completed), but only a triggering one lets it start early.
 
+    ``x_rows``: the rows of ``deq`` the x descriptor spans (default M; at most the rows ``deq`` holds). Rows M ..
+    x_rows - 1 hold whatever the workspace held (each output column m reads only row m of x, so they reach no
+    stored element); spanning whole BM-row tiles (``padded_rows``) keeps every x copy inside the tensor: a TMA box
+    partly past the last row is slow (docs/benchmarks.md, "x rows padded to the tile").
+
     ``run(stream, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec)`` as the other paths."""
 
-    __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K")
+    __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K", "x_rows")
 
-    def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False):
+    def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False, x_rows: int | None = None):
         grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
         self.M, self.N, self.K, self.config = M, N, K, config
+        self.x_rows = M if x_rows is None else x_rows
+        if self.x_rows < M:
+            raise ValueError(f"x_rows={x_rows}: expected >= M={M}")
         self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts(config)
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
@@ -293,4 +307,4 @@ class GluonLaunch:
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            Desc(deq, (M, K), (K, 1), (cfg.BM, x_block_k(cfg)), xl), gdec, out, part, cnt, M, N, K)
+            Desc(deq, (self.x_rows, K), (K, 1), (cfg.BM, x_block_k(cfg)), xl), gdec, out, part, cnt, M, N, K)
