@@ -27,6 +27,7 @@ import numpy as np
 
 from ._interop import to_numpy
 from ._validate import is_int, positive_float32
+from .bounds import _as_out_array
 from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -451,7 +452,8 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     """Name the known bugs a failing output matches, with evidence (see the module docstring).
 
     Args:
-        out: the kernel output (numpy or torch; the shape of ``ref.out``).
+        out: the kernel output, a numpy array or torch tensor of ``ref.out``'s shape and dtype (float16 or
+            ml_dtypes / torch bfloat16: the workload's output dtype; as :func:`fp4ref.bounds.check` requires).
         ref: the :class:`fp4ref.gemm.Reference` it failed against.
         workload: the :class:`fp4ref.workloads.Workload` or its name (``fp4ref.workloads.get_workload``), or None:
             output patterns only.
@@ -477,8 +479,10 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
 
     Raises:
-        TypeError: ``ref`` not a Reference; ``workload`` neither a Workload nor a name; ``operands`` not a mapping;
-            an operand (named, e.g. ``operands['A']``) neither a numpy array nor a torch tensor (a scalar only for
+        TypeError: ``ref`` not a Reference; ``out`` neither a numpy array nor a torch tensor, or not of the
+            reference's output dtype (an int, bool or float32 output is refused, never cast); ``workload``
+            neither a Workload nor a name; ``operands`` not a mapping; an operand (named, e.g.
+            ``operands['A']``) neither a numpy array nor a torch tensor (a scalar only for
             ``weight_global_decode_scale``), or of another dtype than above (nothing is cast); a global decode
             scale of more than one element; ``rows`` not a 1-D sequence or array of integers (a float, a bool, a
             boolean mask).
@@ -494,6 +498,12 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     if not isinstance(ref, Reference):
         raise TypeError(f"ref: expected the fp4ref.gemm.Reference the output failed against, got "
                         f"{type(ref).__name__}")
+    # bounds.check's rule: a numpy array or torch tensor of the reference's output dtype (nothing cast: an int,
+    # bool or float32 output is a different kernel's, or a mistake)
+    o = _as_out_array(out, _fmt(ref))
+    if o.shape != ref.out.shape:
+        raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
+    o = o.astype(np.float64)  # exact: every float16 / bfloat16 value is a float64
     if output_rounding not in ("rne", "faithful"):
         raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
     if workload is not None:  # an unknown name is named first, whether or not operands came with it
@@ -505,9 +515,6 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         operands, m_ops = _check_operands(workload, operands, ref, rows is not None)
     if rows is not None:
         rows = _check_rows(rows, ref, m_ops)
-    o = np.asarray(to_numpy(out, "out")).astype(np.float64)
-    if o.shape != ref.out.shape:
-        raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
     found = _unwritten(o, ref) + _flushed(o, ref)
     if found:
         return found

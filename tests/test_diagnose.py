@@ -410,3 +410,32 @@ def test_rows_is_checked():
     # without operands rows is not read, but it is still checked (its length, its type, no negative index)
     with pytest.raises(ValueError, match=r"^rows has 2 entries"):
         diagnose(out, ref, rows=[0, 1])
+
+
+def test_out_must_have_the_reference_dtype():
+    """out was cast to float64 whatever its dtype: int32, bool, or the float32 exact values all gave "no known bug"
+    where fp4ref.bounds.check refuses them. Now the same rule (and message) as bounds.check: a TypeError."""
+    A, B, ref, out = _k_tail_case()
+    ops = {"A": A, "B": B}
+    for bad in (out.astype(np.int32), out.astype(bool), ref.exact.astype(np.float32)):
+        with pytest.raises(TypeError, match=rf"^out must have the reference's output dtype float16, got {bad.dtype}$"):
+            diagnose(bad, ref, workload=GEMM, operands=ops)
+        with pytest.raises(TypeError, match="^out must have the reference's output dtype float16"):
+            bounds.check(bad, ref)  # the rule diagnose shares
+    with pytest.raises(TypeError, match=r"^out must be a numpy array or torch tensor, got list$"):
+        diagnose(out.tolist(), ref)
+    # the right dtype, numpy or torch, is diagnosed as before
+    want = diagnose(out, ref, workload=GEMM, operands=ops)
+    assert [d.bug for d in want] == ["dropped_k_tail"]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        assert diagnose(torch.from_numpy(out.copy()), ref, workload=GEMM, operands=ops) == want
+    # bf16 outputs (sparse, NVFP4): ml_dtypes bfloat16 is the dtype; float32 is refused there too
+    sops = _ops(SPARSE, "public", 4, 64, 256)
+    sref = SPARSE.reference(**sops)
+    assert diagnose(sref.out, sref, workload=SPARSE, operands=sops) == []
+    with pytest.raises(TypeError, match=r"^out must have the reference's output dtype bfloat16, got float32$"):
+        diagnose(sref.out.astype(np.float32), sref, workload=SPARSE, operands=sops)
