@@ -227,7 +227,8 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         nor an NVFP4Recipe / MXMode (named, with the names). ValueError: ``recipe`` / ``mode`` given without
         ``reference`` (they apply with ``reference`` only). CheckpointError / QuantizeFileError (ValueErrors):
         unreadable or unquantized checkpoint, an unknown recipe or mode name, a recipe with an MX checkpoint or a
-        mode with an NVFP4 one, a reference that lacks a tensor.
+        mode with an NVFP4 one, a reference that cannot be read, is already quantized or lacks a tensor. The
+        messages name the argument (``reference=... (--reference)``, ``mode=... (--mode)``).
     """
     path_arg(path, "path")  # named as the arguments here, before any work (open_checkpoint says "input")
     if reference is not None:
@@ -283,15 +284,15 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
     try:
         ref = open_checkpoint(reference)
     except CheckpointError as e:  # its messages say "input": name the option
-        raise CheckpointError(f"--reference: {e}") from None
+        raise CheckpointError(f"reference (--reference): {e}") from None
     done = C._already_quantized(ref)
     if done:
-        raise C.QuantizeFileError(f"--reference {str(reference)!r} is already quantized ({done}): pass the original "
-                                  "checkpoint")
+        raise C.QuantizeFileError(f"reference={str(reference)!r} (--reference) is already quantized ({done}): pass "
+                                  "the original checkpoint")
     missing = sorted(n for n in layers if n not in ref.weight_map)
     if missing:
-        raise C.QuantizeFileError(f"--reference {str(reference)!r} lacks tensor {missing[0]!r} of the audited "
-                                  "checkpoint")
+        raise C.QuantizeFileError(f"reference={str(reference)!r} (--reference) lacks tensor {missing[0]!r} of the "
+                                  "audited checkpoint")
     amax = {}
     for n in layers:
         info = ref.shard_of(n).tensors[n]

@@ -329,13 +329,15 @@ def _check_jobs(jobs) -> int:
     return int(jobs)
 
 
-def _compile(patterns, what: str):
+def _compile(patterns, arg: str, flag: str):
+    """The compiled ``patterns``; QuantizeFileError naming the argument (``arg``, the message's prefix: "include=")
+    and its CLI option ``flag`` for one that is not a regular expression."""
     out = []
     for p in patterns:
         try:
             out.append(re.compile(p))
         except re.error as e:
-            raise QuantizeFileError(f"{what} {p!r} is not a valid regular expression: {e}") from None
+            raise QuantizeFileError(f"{arg}{p!r} ({flag}) is not a valid regular expression: {e}") from None
     return out
 
 
@@ -373,18 +375,18 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
     done = _already_quantized(ckpt)
     if done:
         raise QuantizeFileError(f"{str(ckpt.root if ckpt.kind != 'file' else ckpt.shards[0].path)!r} is already "
-                                f"quantized ({done}); quantizing packed codes again would destroy them: use "
-                                "--dequantize first")
+                                f"quantized ({done}); quantizing packed codes again would destroy them: "
+                                "dequantize it first (dequantize_checkpoint; fp4ref quantize --dequantize)")
     serving = target.checkpoint_format != "fp4ref"
-    inc = _compile([include], "--include")[0] if include is not None else None
+    inc = _compile([include], "include=", "--include")[0] if include is not None else None
     if ignore is None:
         ignore = DEFAULT_IGNORE if serving else ()
-    ign = list(zip(ignore, _compile(ignore, "--ignore")))
+    ign = list(zip(ignore, _compile(ignore, "ignore pattern ", "--ignore")))
     names = sorted(ckpt.weight_map)
     arch = " ".join((ckpt.config or {}).get("architectures") or [])
     transposed = next((a for a in _IN_OUT_EXPERTS if a in arch), None)
     if inc is not None and not any(inc.search(n) for n in names):
-        raise QuantizeFileError(f"--include {include!r} matches none of the {len(names)} tensor names in "
+        raise QuantizeFileError(f"include={include!r} (--include) matches none of the {len(names)} tensor names in "
                                 f"{_where(ckpt)!r}")
     items = []
     for n in names:
@@ -420,7 +422,7 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
                 raise QuantizeFileError(
                     f"output name {out!r} for quantized tensor {it.name!r} collides with an input tensor of that name "
                     f"(which would be copied to the output too); rename one of them, or keep {it.name!r} unquantized "
-                    "with an --include / --ignore that leaves it out"
+                    "with an include / ignore (--include / --ignore) that leaves it out"
                 )
     experts = {}  # fused group -> {expert count: a member}: the members share one global scale per expert
     for it in items:
@@ -431,7 +433,8 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
             held = ", ".join(f"{n} ({c} expert(s))" for c, n in sorted(counts.items()))
             raise QuantizeFileError(
                 f"fused layer {key}: its members share one global scale per expert but hold different expert "
-                f"counts ({held}); leave them out with --ignore, or store them with the same leading dimension")
+                f"counts ({held}); leave them out with ignore (--ignore), or store them with the same leading "
+                "dimension")
     if serving:
         groups = {}
         for n in names:
@@ -444,7 +447,8 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
                 left = [f"{m.name} ({m.reason})" for m in members if not m.quantized]
                 raise QuantizeFileError(
                     f"fused layer {key}: {', '.join(q)} would be quantized but {', '.join(left)} would not; serving "
-                    "stacks fuse these into one GEMM, so quantize all of them or none (adjust --include / --ignore)"
+                    "stacks fuse these into one GEMM, so quantize all of them or none (adjust include / ignore: "
+                    "--include / --ignore)"
                 )
     return items
 
@@ -677,9 +681,10 @@ def _quant_task(t: _QuantTask):
         dt = DTYPES[_shard(t.path).tensors[t.name].dtype].name  # float16, bfloat16 or float32
         top = "2^16" if dt == "float16" else "2^128"
         raise QuantizeFileError(
-            f"tensor {t.name!r}: with --mode {t.option}, {overflows} value(s) near the {dt} maximum quantize to "
-            f"{t.fmt} code x scale >= {top}, past the {dt} range, which decodes to inf in {dt}; quantize it with "
-            "--mode floor (the OCP rule, whose decoded values stay in range) or leave it out with --ignore")
+            f"tensor {t.name!r}: with mode={t.option!r} (--mode), {overflows} value(s) near the {dt} maximum "
+            f"quantize to {t.fmt} code x scale >= {top}, past the {dt} range, which decodes to inf in {dt}; quantize "
+            "it with mode='floor' (--mode floor; the OCP rule, whose decoded values stay in range) or leave it out "
+            "with ignore (--ignore)")
     if t.fmt == "nvfp4":
         write_at(t.out_path, t.offsets["global"], np.asarray(globals_, dtype=np.float32))
     if den == 0:
@@ -899,8 +904,9 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
         path_arg(out_path, "output")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)
     if pad and target.checkpoint_format != "fp4ref":
-        raise QuantizeFileError(f"--pad applies to --checkpoint-format fp4ref only: {target.checkpoint_format}'s "
-                                "export and loaders need K to be a multiple of the block")
+        raise QuantizeFileError(f"pad=True (--pad) applies to checkpoint_format='fp4ref' only: "
+                                f"{target.checkpoint_format}'s export and loaders need K to be a multiple of the "
+                                "block")
     ckpt = open_checkpoint(in_path)
     items = plan_quantize(ckpt, target, include=include, ignore=ignore, pad=pad)
     if dry_run and out_path is None:
@@ -908,8 +914,9 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
     out = Path(out_path)
     is_dir = _out_is_dir(ckpt, out_path)
     if not is_dir and target.checkpoint_format != "fp4ref":
-        raise QuantizeFileError(f"--checkpoint-format {target.checkpoint_format} writes config files beside the "
-                                f"shards: give -o a directory (not {str(out)!r})")
+        raise QuantizeFileError(f"checkpoint_format={target.checkpoint_format!r} (--checkpoint-format) writes "
+                                f"config files beside the shards: give out_path (-o) a directory (not "
+                                f"{str(out)!r})")
     # checked before any work (a dry run too, as if forced: the caller says whether the output exists)
     loc = OutputLocation(out_path, is_dir=is_dir, force=force or dry_run, source=ckpt,
                          names=_output_names(ckpt, target, quantized=True) if is_dir else None)
@@ -926,7 +933,7 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
             if bad:
                 raise QuantizeFileError(
                     f"tensor {it.name!r} holds {bad} NaN/inf value(s); fp4ref quantize refuses non-finite weights "
-                    "(leave the tensor out with --include / --ignore, or fix the checkpoint)"
+                    "(leave the tensor out with include / ignore: --include / --ignore, or fix the checkpoint)"
                 )
         group_amax = _group_amax((it.group, amaxes[it.name][0]) for it in q_items)
         with loc.building() as tmp:
@@ -1376,7 +1383,7 @@ def _dequant_plan(ckpt: Checkpoint, dtype: str | None):
         want = dtype or L.dtype or cfg_dtype
         if want is None:
             raise QuantizeFileError(f"the original dtype of {L.name!r} is not recorded (no fp4ref.tensors metadata, "
-                                    "no torch_dtype in config.json): pass --dtype")
+                                    "no torch_dtype in config.json): pass dtype (--dtype)")
         L.out_dtype = want
     return cf, fmt, option, layers, owned
 

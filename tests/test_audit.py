@@ -194,7 +194,28 @@ def test_a_missing_reference_names_the_option(made, tmp_path, capsys):
     missing = tmp_path / "nope.safetensors"
     assert main(["audit", str(made / "mo"), "--reference", str(missing)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fp4ref audit: error: --reference: ") and repr(str(missing)) in err, err
+    assert err.startswith("fp4ref audit: error: reference (--reference): ") and repr(str(missing)) in err, err
+
+
+def test_python_errors_name_the_argument_and_are_value_errors(made, tmp_path):
+    """audit_checkpoint's errors about its arguments name the Python argument (and the CLI option), not the CLI
+    option alone ("--reference '...' lacks tensor ..."); a mode for an NVFP4 checkpoint is a QuantizeFileError,
+    a ValueError as docs/checkpoints.md says."""
+    lean = tmp_path / "lean.safetensors"
+    save_file({"other.weight": np.zeros((16, 16), np.float32)}, str(lean))
+    with pytest.raises(C.QuantizeFileError, match=rf"^reference={re.escape(repr(str(lean)))} \(--reference\) "
+                                                  r"lacks tensor 'model\.layers\..*' of the audited checkpoint$"):
+        audit_checkpoint(made / "mo", reference=lean)
+    with pytest.raises(C.QuantizeFileError, match=r"^reference='.*ct' \(--reference\) is already quantized"):
+        audit_checkpoint(made / "mo", reference=made / "ct")
+    with pytest.raises(C.CheckpointError, match=r"^reference \(--reference\): input '.*nope' does not exist"):
+        audit_checkpoint(made / "mo", reference=tmp_path / "nope")
+    for kwargs, words in ((dict(mode="floor"), r"^mode='floor' \(--mode\) applies to mxfp4/mxfp8, not nvfp4"),
+                          (dict(recipe="te"), r"^recipe='te' \(--recipe\) applies to nvfp4, not mxfp8")):
+        ckpt = made / ("mo" if "mode" in kwargs else "mx8")
+        with pytest.raises(ValueError, match=words) as info:
+            audit_checkpoint(ckpt, reference=made / "in", **kwargs)
+        assert isinstance(info.value, C.QuantizeFileError)
 
 
 def test_dequantize_refuses_a_nan_mx_scale(made, tmp_path, capsys):

