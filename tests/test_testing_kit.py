@@ -338,6 +338,40 @@ def test_docs_testing_page_snippets_run_as_written():
         settings.load_profile(previous)
 
 
+def test_docs_testing_page_nvfp4_linear_snippet_runs_as_written():
+    """docs/testing.md's nvfp4_linear pattern, executed verbatim with a stand-in kernel (the reference's own
+    output): x from fst.nvfp4_inputs, the weight arguments from nvfp4_quantize of a weight matrix. (The text
+    paired nvfp4_linear with fst.nvfp4_inputs alone, which draws only x: "weight_fp4 must be uint8 packed E2M1
+    codes, got bfloat16".)"""
+    import re
+    from pathlib import Path
+
+    from hypothesis import settings
+
+    pytest.importorskip("torch")
+    text = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    block = next(b for b in blocks if "def test_my_nvfp4_linear(" in b)
+    head = blocks[0].split("\n@settings", 1)[0]  # the first snippet's imports (torch, hypothesis, fp4ref)
+    head = "\n".join(ln for ln in head.splitlines() if "fp4ref.kernels" not in ln)  # no Triton kernel needed
+    calls = []
+
+    def my_nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale):
+        calls.append(1)
+        return gemm.nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale).out
+
+    ns: dict = {"my_nvfp4_linear": my_nvfp4_linear}
+    previous = settings._current_profile
+    settings.register_profile("fp4ref-docs-nvfp4", parent=settings.get_profile(previous), max_examples=3)
+    settings.load_profile("fp4ref-docs-nvfp4")
+    try:
+        exec(compile(head + "\n" + block, "docs/testing.md", "exec"), ns)
+        ns["test_my_nvfp4_linear"]()
+    finally:
+        settings.load_profile(previous)
+    assert calls
+
+
 def test_assert_gemm_close_message_names_the_rule():
     A, B = fp16_inputs(12, M=4, N=8, K=64)
     ref = gemm.gemm_fp16(A, B)
