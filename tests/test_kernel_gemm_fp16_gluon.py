@@ -41,14 +41,22 @@ def _build(cfg: GluonConfig, n: int = N, k: int = K):
                             divisible_by_16=["c_ptr", "ws_ptr", "cnt_ptr", "N", "stride_cm"])
 
 
+def _gluon_config(M: int) -> GluonConfig:
+    """The table's Gluon config for M (the first Gluon row at or above M: at M = 1-2, where the GEMV path serves
+    the call, the Gluon row of M = 3-8)."""
+    cfg = next(c for b, c in mod.CONFIGS.rows if M <= b and isinstance(c, GluonConfig))
+    assert cfg is mod.pick_config(M, N, K) or M <= 2
+    return cfg
+
+
 @pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
     assert_gluon_build(_build(cfg))
 
 
 def test_table_serves_small_m_with_gluon_on_the_gpu_and_tl_in_the_interpreter():
-    for M in range(1, 257):
-        assert isinstance(mod.pick_config(M, N, K, interpreter=False), GluonConfig)
+    for M in range(1, 257):  # M = 1-2: the GEMV path (tests/test_kernel_gemm_fp16_gemv.py)
+        assert isinstance(mod.pick_config(M, N, K, interpreter=False), mod.GemvConfig if M <= 2 else GluonConfig)
         assert isinstance(mod.pick_config(M, N, K, interpreter=True), mod.SplitKConfig)
     assert isinstance(mod.pick_config(257, N, K, interpreter=False), mod.TmaConfig)
 
@@ -123,8 +131,7 @@ def test_workload_m_within_declared_bound_and_deterministic(M, weights):
     b, B = weights
     a = np.random.default_rng(M).standard_normal((M, K)).astype(np.float16)
     A = torch.from_numpy(a).cuda()
-    cfg = mod.pick_config(M, N, K)
-    assert isinstance(cfg, GluonConfig)
+    cfg = _gluon_config(M)
     c1, c2 = _run(A, B, cfg), _run(A, B, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
     check(c1.cpu(), reference(a, b), mod.accumulation_model(cfg, K), output_rounding="rne", poison=NAN).assert_ok()
@@ -137,7 +144,7 @@ def test_exact_accumulation_is_correctly_rounded(M):
     rng = np.random.default_rng(100 + M)
     a = rng.integers(-4, 5, (M, K)).astype(np.float16)  # |partial sums| <= 16 * 2048 < 2^24: exact in fp32
     b = rng.integers(-4, 5, (N, K)).astype(np.float16)
-    cfg = mod.pick_config(M, N, K)
+    cfg = _gluon_config(M)
     c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
     check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, K), output_rounding="rne", poison=NAN,
           exact_accumulation=True).assert_ok()

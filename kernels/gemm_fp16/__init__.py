@@ -13,6 +13,8 @@ Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotunin
   warp-specialized, deterministic stream-K against wave quantization; sm_90 only.
 * ``TmaConfig`` -> ``tma.gemm_fp16_tma_kernel`` (persistent, TMA) or, with ``STREAM_K``,
   ``tma.gemm_fp16_tma_streamk_kernel`` (M > 256: 128 x 256 tiles, whole-tile mode STREAM_K=3).
+* ``GemvConfig`` -> ``gemv.gemm_fp16_gemv_kernel`` (M = 1-2 on a GPU; any device): CUDA cores, many small
+  programs each streaming a few rows of B over the whole K; fp32 sums, no split-K.
 
 ``gemm_tma(A, B, C, scale=None, config=None)`` is the TMA path for other callers: fp16 or bf16 operands, an
 optional fp32 epilogue scale read from device memory; default configs in ``TMA_CONFIGS``.
@@ -34,16 +36,17 @@ import torch
 from .. import _runtime
 from . import configs as _configs
 from .._runtime import Desc, Launch, PlanCache
-from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, GluonConfig, PersistentConfig,
-                      SplitKConfig, TmaConfig, accumulation_model, launch_programs, pick_config,
+from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIGS, GemvConfig, GluonConfig,
+                      PersistentConfig, SplitKConfig, TmaConfig, accumulation_model, launch_programs, pick_config,
                       stream_k_schedule)  # fmt: skip
+from .gemv import gemm_fp16_gemv_kernel, gemv_constexprs
 from .gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
 from .persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from .splitk import gemm_fp16_splitk_kernel, splitk_constexprs
 from .tma import tma_constexprs, tma_kernel
 
 __all__ = [
-    "ALIGN", "CONFIGS", "COUNTERS", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PARTIALS",
+    "ALIGN", "CONFIGS", "COUNTERS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "PARTIALS",
     "PersistentConfig", "SplitKConfig", "TMA_CONFIGS", "TmaConfig",
     "accumulation_model", "gemm_fp16", "gemm_tma", "launch_programs", "pick_config", "stream_k_schedule",
 ]
@@ -55,15 +58,16 @@ _TMA_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
-              config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | None = None,
+              config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | GemvConfig | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """C = A @ B.T in fp16 with fp32 accumulation and one RNE rounding to fp16 (see NUMERIC_CONTRACT).
 
     Args:
         A: torch.float16 [M, K], any M >= 0, unit stride along K, row stride a multiple of 8, 16-byte aligned.
         B: torch.float16 [N, K], N >= 1 and K >= 1 multiples of 8 (ALIGN), same layout rules; same device as A.
-        config: a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig (the last two CUDA only) overriding
-            the table's choice (tests and tuning); None picks ``pick_config(M, N, K)``.
+        config: a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig (these two CUDA only) or GemvConfig
+            (M <= its ``max_m``) overriding the table's choice (tests and tuning); None picks
+            ``pick_config(M, N, K)``.
         out: optional preallocated result, torch.float16 [M, N], contiguous, 16-byte aligned, on A's device,
             sharing no memory with A or B (every element is written; tests pass a NaN-poisoned buffer). None
             allocates one.
@@ -74,10 +78,10 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
 
     Raises:
         TypeError: A, B or out is not a float16 torch.Tensor; config is not a SplitKConfig, TmaConfig,
-            GluonConfig or PersistentConfig.
+            GluonConfig, PersistentConfig or GemvConfig.
         ValueError: not 2-D, K mismatch, N or K not a multiple of 8 or < 1, bad strides/alignment, devices differ,
             ``out`` of the wrong shape/device, not contiguous or overlapping A or B; a GluonConfig for CPU tensors
-            or M > 256; a PersistentConfig for CPU tensors.
+            or M > 256; a PersistentConfig for CPU tensors; a GemvConfig for M > its ``max_m``.
 
     Concurrency: split-K and stream-K configs use workspaces per (device, stream); calls on one stream are safe,
     as are calls on different streams.
@@ -87,9 +91,10 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
         bad = "A" if not isinstance(A, torch.Tensor) else "B"
         raise TypeError(f"{bad}: expected a torch.Tensor, got {type(A if bad == 'A' else B).__name__}")
-    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)):
-        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig or None, got "
-                        f"{type(config).__name__}")
+    if config is not None and not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig,
+                                                      GemvConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig, GemvConfig or "
+                        f"None, got {type(config).__name__}")
     key = (A.dtype, B.dtype, A.shape, A.stride(), B.shape, B.stride(), A.device, B.device, config)
     plan = _PLANS.get(key)
     if plan is None:
@@ -196,7 +201,7 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
 # pointers' 16-byte alignment is checked on every call), so the kept kernel is valid for it (kernels/_runtime.py).
 # ---------------------------------------------------------------------------------------------------------------
 class _Plan:
-    """One launch of one key: the path ("splitk", "tma", "gluon" or "persistent"), the Launch, sizes, row
+    """One launch of one key: the path ("splitk", "tma", "gluon", "persistent" or "gemv"), the Launch, sizes, row
     strides, the TMA descriptor blocks ("tma") or the operands' shared layouts ("gluon", "persistent"), and
     scratch sizes."""
 
@@ -217,6 +222,12 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
     # specialization does not depend on an arbitrary value.
     sa = A.stride(0) if M > 1 else K
     sb = B.stride(0) if N > 1 else K
+    if isinstance(config, GemvConfig):
+        if M > config.max_m:
+            raise ValueError(f"config={config}: serves M <= {config.max_m} (max_m), got M={M}")
+        launch = Launch(gemm_fp16_gemv_kernel, (-(-N // config.BLOCK_N),), gemv_constexprs(config, M, K),
+                        num_warps=config.num_warps)
+        return _Plan("gemv", launch, M, N, K, sa, sb, None, 0, 0)
     BM, BN, BK = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     num_tiles = -(-M // BM) * -(-N // BN)
     S = config.SPLIT_K
@@ -281,6 +292,9 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
         return
     if plan.path == "splitk":
         plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K, sa, sb, N)
+        return
+    if plan.path == "gemv":
+        plan.launch.launch(stream, A, B, C, M, N, K, sa, sb, N)
         return
     ba, bb, bc = plan.blocks
     plan.launch.launch(stream, Desc(A, (M, K), (sa, 1), ba), Desc(B, (N, K), (sb, 1), bb),

@@ -145,8 +145,11 @@ def check_sizes(Ms, N, K, log, device: str | None = None) -> bool:
 
 def cfg_name(cfg) -> str:
     """Path and config in one short name: ``splitk:16x32x128/S4/w4/s4``, ``tma:128x256x64/S1/w8/s4/g4/e2/sk3``,
-    ``gluon:n64xm8xk128/S1/w4/st10``, ``persistent:128x256x64/st3/sk2``."""
-    from . import GluonConfig, PersistentConfig, TmaConfig
+    ``gluon:n64xm8xk128/S1/w4/st10``, ``persistent:128x256x64/st3/sk2``, ``gemv:n1xk2048/w1``."""
+    from . import GemvConfig, GluonConfig, PersistentConfig, TmaConfig
+
+    if isinstance(cfg, GemvConfig):
+        return f"gemv:n{cfg.BLOCK_N}xk{cfg.BLOCK_K}/w{cfg.num_warps}"
 
     if isinstance(cfg, PersistentConfig):
         return (f"persistent:{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K}/st{cfg.STAGES}"
@@ -212,9 +215,11 @@ def bench_sizes(Ms, N, K, configs=None, verify: bool = False):
 
 def sweep_candidates(M: int):
     """Candidate configs for the tuning sweep (--sweep), by M."""
-    from . import SplitKConfig as S, TmaConfig as T
+    from . import GemvConfig as V, SplitKConfig as S, TmaConfig as T
 
-    out = []
+    # the GEMV path (M <= 4: each row of A adds a product per element of B on the CUDA cores)
+    out = [c for c in (V(1, 2048, 1), V(1, 1024, 1), V(2, 1024, 1), V(2, 2048, 4), V(2, 512, 1), V(4, 2048, 8))
+           if M <= min(4, c.max_m)]
     if M <= 256:
         p2 = max(16, 1 << (M - 1).bit_length())
         out += [  # pointer-load split-K (the best of the first sweep)
@@ -345,15 +350,17 @@ def tune_buckets():
 
 def _distinct_builds(cfgs_and_ms, num_sms: int, N: int = N_WORKLOAD, K: int = K_WORKLOAD) -> list:
     """(config, M) pairs reduced to one per distinct compiled kernel: TMA kernels specialise on NUM_PROGRAMS
-    = launch_programs(...) (min(work units, PROGRAMS_PER_SM x SMs)), which depends on M; pointer kernels do not
-    depend on M."""
-    from . import TmaConfig, launch_programs
+    = launch_programs(...) (min(work units, PROGRAMS_PER_SM x SMs)), which depends on M, and the GEMV kernel on
+    BLOCK_M (M padded to a power of two); pointer kernels do not depend on M."""
+    from . import GemvConfig, TmaConfig, launch_programs
 
     seen, out = set(), []
     for cfg, M in cfgs_and_ms:
         key = (cfg, None)
         if isinstance(cfg, TmaConfig):
             key = (cfg, launch_programs(cfg, M, N, K, num_sms))
+        elif isinstance(cfg, GemvConfig):
+            key = (cfg, 1 << (M - 1).bit_length())
         if key not in seen:
             seen.add(key)
             out.append((cfg, M))
@@ -498,10 +505,11 @@ def _compile_worker(job_json: str) -> str:
     """Compile one (config, M) by running it once (fills triton's on-disk cache for the main process)."""
     import torch
 
-    from fp4ref.kernels.gemm_fp16 import GluonConfig, PersistentConfig, SplitKConfig, TmaConfig, gemm_fp16
+    from fp4ref.kernels.gemm_fp16 import (GemvConfig, GluonConfig, PersistentConfig, SplitKConfig, TmaConfig,
+                                          gemm_fp16)
 
     job = json.loads(job_json)
-    types = {c.__name__: c for c in (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)}
+    types = {c.__name__: c for c in (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig, GemvConfig)}
     cfg = types[job["type"]](**job["cfg"])
     A = torch.randn(job["M"], job["K"], device=DEVICE, dtype=torch.float16)
     B = torch.randn(job["N"], job["K"], device=DEVICE, dtype=torch.float16)
@@ -577,11 +585,11 @@ def main(argv=None) -> int:
     from . import pick_config
 
     if args.check and args.sweep:
-        precompile([pick_config(M, N, K) for M in Ms], args.workers)
+        precompile([(pick_config(M, N, K), M) for M in Ms], args.workers)
         ok = check_sizes(Ms, N, K, log)
         print(f"check (current configs.CONFIGS): {'ALL OK' if ok else 'FAILURES'}", flush=True)
     if args.sweep:
-        cands = [c for M in Ms for c in sweep_candidates(M)]
+        cands = [(c, M) for M in Ms for c in sweep_candidates(M)]
         precompile(cands, args.workers)
         rows = bench_sizes(Ms, N, K, configs=sweep_candidates, verify=True)
         best = {}

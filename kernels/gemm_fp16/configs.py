@@ -8,6 +8,8 @@ One frozen dataclass per path; the type says which kernel serves a call:
 * ``GluonConfig``: ``gluon.gemm_swapab_kernel`` (Gluon, sm_90 only: swap-AB wgmma, TMA / mbarrier ring; M <= 256).
 * ``PersistentConfig``: ``persistent.gemm_persistent_kernel`` (Gluon, sm_90 only: persistent, warp-specialized
   wgmma with a deterministic stream-K schedule; large M).
+* ``GemvConfig``: ``gemv.gemm_fp16_gemv_kernel`` (``tl``, CUDA cores, no tensor cores; M <= ``max_m``: M = 1-2
+  on a GPU).
 
 On a GPU ``CONFIGS`` serves every M; the Triton CPU interpreter (which cannot run Gluon) uses
 ``INTERPRETER_CONFIGS``, the ``tl`` paths.
@@ -26,7 +28,7 @@ from .. import _runtime
 from .._runtime import ConfigTable
 
 __all__ = [
-    "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS",
+    "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "GemvConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS",
     "NUMERIC_CONTRACT",
     "pick_config", "accumulation_model", "launch_programs", "stream_k_schedule",
 ]
@@ -171,6 +173,47 @@ class GluonConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """A launch of the GEMV kernel (``gemv.gemm_fp16_gemv_kernel``: CUDA cores, no split-K; a few rows of A).
+
+    BLOCK_N: rows of B (= columns of C) per program (a power of two, 1..64).
+    BLOCK_K: K per loop iteration (a power of two, 16..8192): each program streams its BLOCK_N rows of B over the
+        whole K, BLOCK_N x BLOCK_K elements per iteration.
+    num_warps: 1, 2, 4 or 8.
+
+    Every row of A (BLOCK_M = M padded to a power of two) is multiplied by every element of B a program loads, so
+    a config serves M <= ``max_m`` only: the per-iteration products BLOCK_M x BLOCK_N x BLOCK_K stay within 128
+    fp32 registers per thread.
+
+    Raises:
+        TypeError: a field that is not an int. ValueError: a value outside the ranges above.
+    """
+
+    BLOCK_N: int = 1
+    BLOCK_K: int = 2048
+    num_warps: int = 1
+
+    MAX_PRODUCTS_PER_THREAD: ClassVar[int] = 128
+
+    def __post_init__(self):
+        _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_K", "num_warps")
+        for name, lo, hi in (("BLOCK_N", 1, 64), ("BLOCK_K", 16, 8192), ("num_warps", 1, 8)):
+            v = getattr(self, name)
+            if not lo <= v <= hi or v & (v - 1):
+                raise ValueError(f"{name}={v}: expected a power of two in {lo}..{hi}")
+        if self.max_m < 1:
+            raise ValueError(f"{self}: BLOCK_N x BLOCK_K = {self.BLOCK_N * self.BLOCK_K} products per row of A "
+                             f"exceed {self.MAX_PRODUCTS_PER_THREAD} fp32 registers per thread")
+
+    @property
+    def max_m(self) -> int:
+        """The largest M this config serves (a power of two; 0 when not even one row fits)."""
+        per_row = self.BLOCK_N * self.BLOCK_K // (32 * self.num_warps)
+        fit = self.MAX_PRODUCTS_PER_THREAD // max(1, per_row)
+        return 1 << (fit.bit_length() - 1) if fit >= 1 else 0
+
+
+@dataclasses.dataclass(frozen=True)
 class PersistentConfig:
     """A launch of the Gluon persistent kernel (``persistent.gemm_persistent_kernel``; sm_90 only, large M).
 
@@ -246,6 +289,8 @@ _LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP
 _G = GluonConfig
 CONFIGS = ConfigTable(
     rows=(
+        (1, GemvConfig(BLOCK_N=1, BLOCK_K=2048, num_warps=1)),
+        (2, GemvConfig(BLOCK_N=2, BLOCK_K=1024, num_warps=1)),
         (8, _G(BLOCK_N=64, BLOCK_M=8, BLOCK_K=128, STAGES=10)),
         (16, _G(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, STAGES=7)),
         (32, _G(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=8)),
@@ -283,7 +328,8 @@ TMA_CONFIGS = ConfigTable(
 )
 
 
-def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> SplitKConfig | TmaConfig | GluonConfig:
+def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> (
+        SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | GemvConfig):
     """gemm_fp16's config for an [M, K] x [N, K]^T call: the ``CONFIGS`` entry for M on a GPU, the
     ``INTERPRETER_CONFIGS`` entry in the CPU interpreter (None means ``_runtime.interpreting()``). N and K do not
     change the choice."""
@@ -382,7 +428,7 @@ def _grid_sms(interpreter: bool) -> int | None:
     return _runtime.num_sms(torch.device("cuda", torch.cuda.current_device()))
 
 
-def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig, K: int,
+def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | GemvConfig, K: int,
                        interpreter: bool = False, *,
                        inputs="float16", M: int | None = None, N: int | None = None,
                        num_programs: int | None = None) -> str:  # fmt: skip
@@ -398,6 +444,8 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | Persiste
       any summation order; Higham 2002 §3.1).
 
     GluonConfig (GPU only): ``hopper_fp16_wgmma`` per slice of ``k_split(K)`` K tiles (all wgmma).
+    GemvConfig (GPU and interpreter): ``fp32_rn``: exact fp16 x fp16 products summed in fp32 with RN, in a fixed
+    order per config (gamma_K bounds any order).
     PersistentConfig (GPU only; ``interpreter`` is ignored): ``hopper_fp16_wgmma`` per piece, with the stream-K
     rule below.
 
@@ -417,18 +465,20 @@ def accumulation_model(config: SplitKConfig | TmaConfig | GluonConfig | Persiste
 
     Raises:
         ValueError: ``inputs`` not float16/bfloat16; K < 1.
-        TypeError: ``config`` is not a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig; K, M, N or
-            num_programs not an int.
+        TypeError: ``config`` is not a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig or GemvConfig; K,
+            M, N or num_programs not an int.
     """
-    if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig)):
-        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig or PersistentConfig, got "
-                        f"{type(config).__name__}")
+    if not isinstance(config, (SplitKConfig, TmaConfig, GluonConfig, PersistentConfig, GemvConfig)):
+        raise TypeError(f"config: expected a SplitKConfig, TmaConfig, GluonConfig, PersistentConfig or GemvConfig, "
+                        f"got {type(config).__name__}")
     _check_sizes(K=K, M=M, N=N, num_programs=num_programs)
     inputs = str(inputs).replace("torch.", "")
     if inputs not in ("float16", "bfloat16"):
         raise ValueError(f"inputs={inputs!r}: expected 'float16' or 'bfloat16'")
     if K < 1:
         raise ValueError(f"K={K}: expected >= 1")
+    if isinstance(config, GemvConfig):  # CUDA-core FMAs (or numpy in the interpreter): fp32 RN, one chain per row
+        return "fp32_rn"
     if isinstance(config, GluonConfig):  # wgmma in every slice; the slices are [s C, (s + 1) C) exactly
         per, slices = config.k_split(K)
         return "hopper_fp16_wgmma" if slices == 1 else f"splitk(hopper_fp16_wgmma, {min(K, per * config.BLOCK_K)})"
