@@ -28,8 +28,8 @@ from .. import _runtime
 from .._runtime import ConfigTable
 
 __all__ = [
-    "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "GemvConfig", "CONFIGS", "INTERPRETER_CONFIGS", "TMA_CONFIGS",
-    "NUMERIC_CONTRACT",
+    "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "GemvConfig", "CONFIGS", "INTERPRETER_CONFIGS",
+    "TMA_CONFIGS", "NUMERIC_CONTRACT",
     "pick_config", "accumulation_model", "launch_programs", "stream_k_schedule",
 ]
 
