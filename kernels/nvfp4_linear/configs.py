@@ -260,6 +260,10 @@ CONFIGS = ConfigTable(
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
         (256, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)),
+        (512, GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4)),
+        # three 256-row x tiles: 384 programs of 64 weight rows take ~3 short waves, where 192 of 128 rows leave a
+        # half-empty second long one (docs/benchmarks.md, "x rows padded to the tile")
+        (768, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)),
     ),
     larger=GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4),
 )
