@@ -5,7 +5,7 @@ Workload (FlashInfer-Bench ``gemm_n3072_k2048``): A float16 [M, 2048], B float16
 
 Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotuning at start-up):
 
-* ``GluonConfig`` -> ``gluon.gemm_swapab_kernel`` (M <= 256 on a GPU): Gluon swap-AB wgmma (N on the wgmma M
+* ``GluonConfig`` -> ``gluon.gemm_swapab_kernel`` (M = 3-256 on a GPU): Gluon swap-AB wgmma (N on the wgmma M
   side), TMA / mbarrier ring; sm_90 only.
 * ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256 in the CPU interpreter, which cannot run
   Gluon): pointer loads, one program per (C tile, K slice), deterministic last-arrival split-K reduction.
