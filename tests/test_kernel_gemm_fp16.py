@@ -172,6 +172,10 @@ def _t(shape, dtype=torch.float16):
 def test_m_zero_returns_empty():
     c = mod.gemm_fp16(_t((0, 64)), _t((16, 64)))
     assert c.shape == (0, 16) and c.dtype == torch.float16
+    if not ON_GPU:  # nothing launches at M = 0, but a config the device cannot run is still refused
+        for cfg in (mod.GluonConfig(), mod.PersistentConfig(128, 128, 64, 4, 8, 0)):
+            with pytest.raises(ValueError, match="CUDA"):
+                mod.gemm_fp16(_t((0, 64)), _t((16, 64)), cfg)
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,9 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
         if M > 0:
             plan = _plan(A, B, M, N, K, pick_config(M, N, K) if config is None else config, False)
             _PLANS.put(key, plan)
+        elif isinstance(config, (GluonConfig, PersistentConfig)) and A.device.type != "cuda":
+            # nothing to launch at M = 0, but a config the device cannot run is refused as at any M
+            raise ValueError(f"config={config}: the Gluon paths run on CUDA (sm_90), got {A.device}")
     else:
         _check_aligned(A, B)
     M, K = A.shape
