@@ -7,6 +7,8 @@ so that only the bug differs from the reference.
 """
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -354,13 +356,15 @@ def test_docs_testing_page_nvfp4_linear_snippet_runs_as_written():
     block = next(b for b in blocks if "def test_my_nvfp4_linear(" in b)
     head = blocks[0].split("\n@settings", 1)[0]  # the first snippet's imports (torch, hypothesis, fp4ref)
     head = "\n".join(ln for ln in head.splitlines() if "fp4ref.kernels" not in ln)  # no Triton kernel needed
+    block = "\n".join(ln for ln in block.splitlines() if "fp4ref.kernels" not in ln)  # the stand-in's instead
     calls = []
 
     def my_nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale):
         calls.append(1)
         return gemm.nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale).out
 
-    ns: dict = {"my_nvfp4_linear": my_nvfp4_linear}
+    contract = bounds.NumericContract(inputs="x bfloat16; W NVFP4", output="bfloat16", model="fp32_rn")
+    ns: dict = {"my_nvfp4_linear": my_nvfp4_linear, "NVFP4_CONTRACT": contract}
     previous = settings._current_profile
     settings.register_profile("fp4ref-docs-nvfp4", parent=settings.get_profile(previous), max_examples=3)
     settings.load_profile("fp4ref-docs-nvfp4")
@@ -370,6 +374,39 @@ def test_docs_testing_page_nvfp4_linear_snippet_runs_as_written():
     finally:
         settings.load_profile(previous)
     assert calls
+
+
+def test_docs_testing_page_nvfp4_linear_snippet_runs_with_the_projects_kernel():
+    """docs/testing.md's nvfp4_linear pattern with fp4ref.kernels.nvfp4_linear swapped in, run as written (in the
+    CPU interpreter here), a few Hypothesis examples. The text asserted RNE outputs, which the interpreter's
+    truncating bf16 stores break (the contract's rounding_for(True) is "faithful"), and drew N not a multiple of
+    16, which the kernel refuses."""
+    import re
+    from pathlib import Path
+
+    from hypothesis import settings
+
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernel on CPU tensors: needs the Triton CPU interpreter")
+    from fp4ref.kernels.nvfp4_linear import nvfp4_linear
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    block = next(b for b in blocks if "def test_my_nvfp4_linear(" in b)
+    head = blocks[0].split("\n@settings", 1)[0]  # the first snippet's imports (os, torch, hypothesis, fp4ref)
+    ns: dict = {"my_nvfp4_linear": nvfp4_linear}  # (the snippet imports it itself; kept for a text that does not)
+    code = head + "\n" + block
+    previous = settings._current_profile
+    settings.register_profile("fp4ref-docs-nvfp4-kernel", parent=settings.get_profile(previous), max_examples=4)
+    settings.load_profile("fp4ref-docs-nvfp4-kernel")
+    try:
+        exec(compile(code, "docs/testing.md", "exec"), ns)
+        ns["test_my_nvfp4_linear"]()
+    finally:
+        settings.load_profile(previous)
+    assert ns["my_nvfp4_linear"] is nvfp4_linear
 
 
 def test_assert_gemm_close_message_names_the_rule():
