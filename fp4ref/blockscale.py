@@ -350,7 +350,9 @@ class NVFP4Tensor:
 
     Decoding checks a hand-built tensor's fields: ``shape`` a tuple (or list) of non-negative ints, ``axis`` an int
     in range for it (TypeError / ValueError naming ``t.shape`` / ``t.axis``), ``block`` one of the above
-    (``t.block``), the length along ``axis`` a multiple of 16, and codes / scales of the shapes these imply.
+    (``t.block``), the length along ``axis`` a multiple of 16, and codes / scales integer byte arrays of the shapes
+    these imply (int8 is read as unsigned bytes, bits unchanged, as :func:`fp4ref.decode` reads it, e.g. torch int8
+    storage; a float or float8 array is a TypeError).
     """
 
     codes: np.ndarray
@@ -968,7 +970,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
 
 def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
     """(codes uint8, scale bytes uint8, global decode scale) of an NVFP4Tensor, checked: codes and scales must be
-    integer byte arrays (an ml_dtypes float8 or float array is refused, never converted by value) of the shapes
+    integer byte arrays (int8 is read as unsigned bytes, bits unchanged, as :func:`fp4ref.decode` reads it; an
+    ml_dtypes float8 or float array is refused, never converted by value) of the shapes
     ``shape`` implies, and the global decode scale (a real scalar, or an array or tensor of one element) rounded to
     float32 (RNE) once, finite and positive there (the recipes give amax / (448 * 6), or 1), as a Python float.
 
@@ -987,8 +990,8 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
     if k % _NVFP4_BLOCK:
         raise ValueError(f"{name}.shape={shape} has length {k} along {name}.axis={t.axis}; NVFP4 needs a multiple "
                          f"of {_NVFP4_BLOCK}")
-    codes = as_code_array(t.codes, f"{name}.codes", nbits=8)
-    scales = as_code_array(t.scales, f"{name}.scales", nbits=8)
+    codes = as_code_array(t.codes, f"{name}.codes", nbits=8, allow_int8=True)  # int8: bytes, as decode reads them
+    scales = as_code_array(t.scales, f"{name}.scales", nbits=8, allow_int8=True)
     want_c = shape[:ax] + (k // 2,) + shape[ax + 1:]
     want_s = shape[:ax] + (k // _NVFP4_BLOCK,) + shape[ax + 1:]
     if codes.shape != want_c or scales.shape != want_s:
@@ -1018,7 +1021,8 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
 
     Raises:
         TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64; ``t.global_decode_scale`` not a
-            real number (a bool too) or an array / tensor of one.
+            real number (a bool too) or an array / tensor of one; codes / scales not integer byte arrays (uint8,
+            or int8, read as unsigned bytes with the bits unchanged, as :func:`fp4ref.decode` reads it).
         ValueError: inconsistent shapes in ``t``; ``t.axis`` out of range, ``t.block`` not (1, 16) / (16, 16);
             ``t.global_decode_scale`` inf, NaN or <= 0 as float32. Errors about a field name it (``t.axis``, ...).
     """
@@ -1130,7 +1134,8 @@ class MXTensor:
 
     Attributes:
         codes: uint8 element codes, one per element (unpacked), the input shape. For MXFP4 storage use
-            :func:`fp4ref.packing.pack_fp4`.
+            :func:`fp4ref.packing.pack_fp4`. (A hand-built tensor's int8 codes / scales are read as unsigned
+            bytes, bits unchanged, as :func:`fp4ref.decode` reads them.)
         scales: uint8 UE8M0 bytes (2^(b-127); 255 = NaN), the input shape with K replaced by K/block.
         elem: element format name, a key of :data:`MX_ELEMENTS` and of :data:`fp4ref.formats.FORMATS`
             (``"e2m1"``, ``"e2m3"``, ``"e3m2"``, ``"e4m3fn"``, ``"e5m2"``), so ``fp4ref.decode(t.codes, t.elem)``
@@ -1293,7 +1298,8 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
 
     Raises:
         TypeError: ``t`` not an MXTensor, or bad ``dtype``; ``t.elem`` not a str, ``t.block`` / ``t.axis`` not an
-            int, ``t.shape`` not a tuple of ints; codes / scales not integer byte arrays.
+            int, ``t.shape`` not a tuple of ints; codes / scales not integer byte arrays (uint8, or int8, read as
+            unsigned bytes with the bits unchanged, as :func:`fp4ref.decode` reads it).
         ValueError: unknown ``t.elem`` (the names :func:`mx_quantize` takes are accepted, any case), ``t.block``
             <= 0 or not dividing the length along ``t.axis``, ``t.axis`` out of range, or codes / scales of other
             shapes than ``t.shape`` implies. Each names the field.
@@ -1315,8 +1321,8 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
         raise ValueError(f"t.shape={shape} has length {k} along t.axis={t.axis}; it must be a multiple of "
                          f"t.block={block}")
     want_s = shape[:ax] + (k // block,) + shape[ax + 1:]
-    codes = as_code_array(t.codes, "t.codes", nbits=8)
-    scales = as_code_array(t.scales, "t.scales", nbits=8)
+    codes = as_code_array(t.codes, "t.codes", nbits=8, allow_int8=True)  # int8: bytes, as decode reads them
+    scales = as_code_array(t.scales, "t.scales", nbits=8, allow_int8=True)
     if codes.shape != shape or scales.shape != want_s:
         raise ValueError(f"t is inconsistent: shape {shape} along axis {ax} with block {block} needs codes {shape} "
                          f"and scales {want_s}, got {codes.shape} and {scales.shape}")

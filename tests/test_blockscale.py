@@ -882,6 +882,31 @@ def test_mx_dequantize_names_the_bad_field():
         mx_dequantize(dataclasses.replace(t, codes=t.codes.astype(np.float32)))
 
 
+def test_dequantize_reads_int8_codes_and_scales_as_bytes():
+    """int8 codes / scale bytes (torch int8 storage) decode as the same bytes, as fp4ref.decode reads them; they
+    were refused as "values outside the 8-bit code range 0..255". Other dtypes stay a TypeError naming the field."""
+    import dataclasses
+
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32) * 100
+    m = mx_quantize(x, "e4m3fn")
+    assert (m.codes >= 128).any()  # negative elements: int8 views below zero
+    want = mx_dequantize(m)
+    for kw in ({"codes": m.codes.view(np.int8)}, {"scales": m.scales.view(np.int8)},
+               {"codes": m.codes.view(np.int8), "scales": m.scales.view(np.int8)}):
+        np.testing.assert_array_equal(mx_dequantize(dataclasses.replace(m, **kw)), want)
+    q = nvfp4_quantize(x, recipe="sol")
+    assert (q.codes >= 128).any()
+    want = nvfp4_dequantize(q)
+    for kw in ({"codes": q.codes.view(np.int8)}, {"scales": q.scales.view(np.int8)},
+               {"codes": q.codes.view(np.int8), "scales": (q.scales | 0x80).view(np.int8)}):  # sign bit ignored
+        np.testing.assert_array_equal(nvfp4_dequantize(dataclasses.replace(q, **kw)), want)
+    for bad in (np.float16, ml_dtypes.float8_e4m3fn, np.bool_):
+        with pytest.raises(TypeError, match=r"^t\.codes must be an integer array"):
+            mx_dequantize(dataclasses.replace(m, codes=m.codes.astype(bad)))
+        with pytest.raises(TypeError, match=r"^t\.scales must be an integer array"):
+            nvfp4_dequantize(dataclasses.replace(q, scales=q.scales.astype(bad)))
+
+
 def test_float64_beyond_float32_is_a_value_error_without_a_warning():
     import warnings
 
