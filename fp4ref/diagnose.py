@@ -488,7 +488,8 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
             boolean mask).
         ValueError: ``out`` and ``ref.out`` differ in shape; ``output_rounding`` is not "rne" or "faithful";
             an unknown workload name (the message lists the known ones; checked before whether ``operands`` came
-            with it); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
+            with it); a workload whose output dtype (``workload.output_dtype``) is not the reference's (``ref`` is
+            another workload's); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
             workload's arguments; an operand whose shape does not fit the reference's M, N and K (the message
             names it and the shape expected); an NVFP4 ``x`` holding NaN/inf (no reference exists for it); a global
             decode scale that is not finite and > 0 as float32; ``rows`` not 1-D, not one index per row of
@@ -508,6 +509,9 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
     if workload is not None:  # an unknown name is named first, whether or not operands came with it
         workload = _resolve_workload(workload)
+        if workload.output_dtype != ref.output_format.name:  # another workload's reference: never "no known bug"
+            raise ValueError(f"workload={workload.name!r} outputs {workload.output_dtype}, but ref's output is "
+                             f"{ref.output_format.name}: ref is not a reference of this workload")
     if (workload is None) != (operands is None):
         raise ValueError("workload and operands go together: pass both (recompute the bugs) or neither")
     m_ops = None

@@ -210,6 +210,25 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, workload=GEMM, operands={"X": ops["A"], "B": ops["B"]})
 
 
+def test_a_workload_of_another_output_dtype_than_ref_is_refused():
+    """diagnose(gemm_ref.out, gemm_ref, workload=<the sparse workload>, operands=<fitting sparse operands>) returned
+    [] (a float16 reference diagnosed as a bfloat16 workload), and the reverse too: a ValueError naming workload."""
+    m, n, k = 2, 16, 32
+    g_ops = _ops(GEMM, "public", m, n, k)
+    s_ops = _ops(SPARSE, "public", m, n, k)
+    g_ref, s_ref = GEMM.reference(**g_ops), SPARSE.reference(**s_ops)
+    assert g_ref.out.dtype != s_ref.out.dtype and g_ref.out.shape == s_ref.out.shape and g_ref.K == s_ref.K
+    for ref, w, ops, want, got in ((g_ref, SPARSE, s_ops, "bfloat16", "float16"),
+                                   (s_ref, GEMM, g_ops, "float16", "bfloat16")):
+        for wl in (w, w.name):
+            with pytest.raises(ValueError, match=rf"^workload='{w.name}' outputs {want}, but ref's output is {got}"):
+                diagnose(ref.out, ref, workload=wl, operands=ops)
+        with pytest.raises(ValueError, match=rf"^workload='{w.name}' outputs {want}"):  # before asking for operands
+            diagnose(ref.out, ref, workload=w)
+    assert diagnose(g_ref.out, g_ref, workload=GEMM, operands=g_ops) == []
+    assert diagnose(s_ref.out, s_ref, workload=SPARSE, operands=s_ops) == []
+
+
 def test_an_unknown_workload_is_named_before_the_operands_are_asked_for():
     """diagnose(out, ref, workload="nope") said "workload and operands go together"; the name is the mistake, so it
     is a ValueError naming it and the known workloads, with or without operands (a wrong type: a TypeError)."""
