@@ -343,7 +343,9 @@ class NVFP4Tensor:
             stores it with shape [1]); decoding rounds it to float32 (RNE) once and needs that value finite and
             > 0 (a bool is refused).
         shape: the input shape.
-        recipe: the :class:`NVFP4Recipe` value used.
+        recipe: the :class:`NVFP4Recipe` value used. A label only: decoding neither reads nor checks it, and a
+            hand-built tensor may give another one (:func:`fp4ref.strategies.nvfp4_operands` gives ``"raw"``,
+            operands that no recipe quantized).
         block: (1, 16) or (16, 16) (a hand-built tensor may also give the int 16, = (1, 16)).
         axis: the axis that was quantized in blocks (non-negative in a tensor :func:`nvfp4_quantize` returns; a
             hand-built tensor may give a negative one, counted from the end as in numpy).
@@ -1140,13 +1142,15 @@ class MXTensor:
         elem: element format name, a key of :data:`MX_ELEMENTS` and of :data:`fp4ref.formats.FORMATS`
             (``"e2m1"``, ``"e2m3"``, ``"e3m2"``, ``"e4m3fn"``, ``"e5m2"``), so ``fp4ref.decode(t.codes, t.elem)``
             gives the unscaled elements. A hand-built tensor may spell it in any case, or ``"e4m3"`` (OCP MX).
-        mode: the :class:`MXMode` value used.
+        mode: the :class:`MXMode` value used (a hand-built tensor may give an :class:`MXMode` or its name in any
+            case, as :func:`mx_quantize` takes it; another value is refused on decode, naming ``t.mode``).
         block: block length along ``axis`` (a positive int dividing ``shape[axis]``).
         shape: the input shape.
         axis: the quantized axis (non-negative in a tensor :func:`mx_quantize` returns; a hand-built tensor may
             give a negative one, counted from the end as in numpy).
 
-    :func:`mx_dequantize` checks a hand-built tensor's fields and names the bad one (``t.elem``, ``t.axis``, ...).
+    :func:`mx_dequantize` checks a hand-built tensor's fields and names the bad one (``t.elem``, ``t.mode``,
+    ``t.axis``, ...).
     """
 
     codes: np.ndarray
@@ -1297,12 +1301,13 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
         array of ``dtype`` with shape ``t.shape``.
 
     Raises:
-        TypeError: ``t`` not an MXTensor, or bad ``dtype``; ``t.elem`` not a str, ``t.block`` / ``t.axis`` not an
-            int, ``t.shape`` not a tuple of ints; codes / scales not integer byte arrays (uint8, or int8, read as
-            unsigned bytes with the bits unchanged, as :func:`fp4ref.decode` reads it).
-        ValueError: unknown ``t.elem`` (the names :func:`mx_quantize` takes are accepted, any case), ``t.block``
-            <= 0 or not dividing the length along ``t.axis``, ``t.axis`` out of range, or codes / scales of other
-            shapes than ``t.shape`` implies. Each names the field.
+        TypeError: ``t`` not an MXTensor, or bad ``dtype``; ``t.elem`` / ``t.mode`` not a str (nor an MXMode for
+            ``t.mode``: None too), ``t.block`` / ``t.axis`` not an int, ``t.shape`` not a tuple of ints; codes /
+            scales not integer byte arrays (uint8, or int8, read as unsigned bytes with the bits unchanged, as
+            :func:`fp4ref.decode` reads it).
+        ValueError: unknown ``t.elem`` or ``t.mode`` (the names :func:`mx_quantize` takes are accepted, any case;
+            the message lists them), ``t.block`` <= 0 or not dividing the length along ``t.axis``, ``t.axis`` out
+            of range, or codes / scales of other shapes than ``t.shape`` implies. Each names the field.
     """
     if not isinstance(t, MXTensor):
         raise TypeError(f"t must be an MXTensor, got {type(t).__name__}")
@@ -1310,6 +1315,7 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
     fmt = MX_ELEMENTS[_mx_element(t.elem, "t.elem")]
+    _parse_enum(t.mode, MXMode, "t.mode")  # not used to decode, but a tensor claiming an unknown mode is bad
     shape, ax = _shape_and_axis(t, "t")
     block = t.block
     if not is_int(block):

@@ -882,6 +882,25 @@ def test_mx_dequantize_names_the_bad_field():
         mx_dequantize(dataclasses.replace(t, codes=t.codes.astype(np.float32)))
 
 
+def test_mx_dequantize_checks_the_mode():
+    """MXTensor(mode="bogus") or mode=None decoded without a word, though mx_dequantize checks a hand-built tensor's
+    fields: mode is parsed as mx_quantize parses it (an MXMode or its name, any case), errors naming t.mode.
+    NVFP4Tensor.recipe is a label that decoding does not check (nvfp4_operands gives "raw")."""
+    import dataclasses
+
+    t = mx_quantize(np.random.default_rng(6).standard_normal((2, 64)).astype(np.float32), "e2m1", mode="even")
+    want = mx_dequantize(t)
+    for ok in ("EVEN", MXMode.EVEN, MXMode.FLOOR, "rceil-torchao"):
+        np.testing.assert_array_equal(mx_dequantize(dataclasses.replace(t, mode=ok)), want)
+    with pytest.raises(ValueError, match=r"^t\.mode='bogus' is not one of \['floor', "):
+        mx_dequantize(dataclasses.replace(t, mode="bogus"))
+    for bad in (None, 3, b"floor"):
+        with pytest.raises(TypeError, match=rf"^t\.mode={re.escape(repr(bad))}: expected an MXMode or one of its "):
+            mx_dequantize(dataclasses.replace(t, mode=bad))
+    q = nvfp4_quantize(np.ones((1, 16), np.float32), recipe="sol")
+    np.testing.assert_array_equal(nvfp4_dequantize(dataclasses.replace(q, recipe="raw")), nvfp4_dequantize(q))
+
+
 def test_dequantize_reads_int8_codes_and_scales_as_bytes():
     """int8 codes / scale bytes (torch int8 storage) decode as the same bytes, as fp4ref.decode reads them; they
     were refused as "values outside the 8-bit code range 0..255". Other dtypes stay a TypeError naming the field."""
