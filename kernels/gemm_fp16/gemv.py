@@ -7,7 +7,7 @@ read instead:
 
 * many small programs: program p owns BLOCK_N rows of B, the whole K, and every row of A (BLOCK_M = M padded to a
   power of two), so no partial sum leaves the program (no workspace, no arrival counter); at the table's
-  BLOCK_N = 1-2 that is 1536-3072 programs of 1-2 warps, each reading 4-8 KB of B;
+  BLOCK_N = 1-2 that is 1536-3072 programs of one warp, each reading 4-8 KB of B;
 * per iteration a [BLOCK_N, BLOCK_K] tile of B and the [BLOCK_M, BLOCK_K] tile of A (16-byte loads: unit K
   stride, 16-byte aligned rows, as gemm_fp16 requires), converted to fp32 and multiplied (fp16 x fp16 products are
   exact in fp32), the BLOCK_K products of each (row of A, row of B) summed by ``tl.sum`` (a fixed tree per
