@@ -101,12 +101,12 @@ def gemm_fp16(A: torch.Tensor, B: torch.Tensor,
         _check_operand("A", A, "M")
         _check_operand("B", B, "N")
         M, N, K = _check_pair(A, B, "16-byte fp16 rows")
+        if isinstance(config, (GluonConfig, PersistentConfig)) and A.device.type != "cuda":  # at any M, 0 too
+            path = "persistent Gluon path" if isinstance(config, PersistentConfig) else "Gluon path"
+            raise ValueError(f"config={config}: the {path} runs on CUDA (sm_90), got {A.device}")
         if M > 0:
             plan = _plan(A, B, M, N, K, pick_config(M, N, K) if config is None else config, False)
             _PLANS.put(key, plan)
-        elif isinstance(config, (GluonConfig, PersistentConfig)) and A.device.type != "cuda":
-            # nothing to launch at M = 0, but a config the device cannot run is refused as at any M
-            raise ValueError(f"config={config}: the Gluon paths run on CUDA (sm_90), got {A.device}")
     else:
         _check_aligned(A, B)
     M, K = A.shape
@@ -235,19 +235,16 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
     num_tiles = -(-M // BM) * -(-N // BN)
     S = config.SPLIT_K
     split_tiles = num_tiles if S > 1 else 0  # tiles whose partials go through the workspace, S slots each
-    if isinstance(config, GluonConfig):
-        if A.device.type != "cuda" or M > 256:
-            raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90) with M <= 256, got M={M} on "
-                             f"{A.device}")
+    if isinstance(config, GluonConfig):  # (CUDA tensors: gemm_fp16 checked)
+        if M > 256:
+            raise ValueError(f"config={config}: the Gluon path serves M <= 256, got M={M}")
         per, splits = config.k_split(K)
         tiles = -(-N // BN) * -(-M // BM)
         launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits, -(-M // BM)), gluon_constexprs(config, K),
                         n_desc=2)  # num_warps is one of the kernel's constexprs
         return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config),
                      tiles * splits * BM * BN if splits > 1 else 0, tiles if splits > 1 else 0)
-    if isinstance(config, PersistentConfig):
-        if A.device.type != "cuda":
-            raise ValueError(f"config={config}: the persistent Gluon path runs on CUDA (sm_90), got {A.device}")
+    if isinstance(config, PersistentConfig):  # (CUDA tensors: gemm_fp16 checked)
         nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
         if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
             sch = stream_k_schedule(config, M, N, K, nprog)
