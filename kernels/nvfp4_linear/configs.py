@@ -250,6 +250,8 @@ class QuantizeConfig:
 # workspace. The GEMM starts under the quantizer (EARLY_START) except at M = 9..16, where that measured 11-14%
 # slower than starting after the quantizer's stores (docs/benchmarks.md). Shapes the Gluon path cannot take
 # (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
+_X256_W64 = GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)  # 256 rows of x, 64 of W per program
+_X256_W128 = GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4)  # 128 of W, two warpgroups
 CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
@@ -259,13 +261,13 @@ CONFIGS = ConfigTable(
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
-        (256, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)),
-        (512, GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4)),
+        (256, _X256_W64),
+        (512, _X256_W128),
         # three 256-row x tiles: 384 programs of 64 weight rows take ~3 short waves, where 192 of 128 rows leave a
         # half-empty second long one (docs/benchmarks.md, "x rows padded to the tile")
-        (768, GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)),
+        (768, _X256_W64),
     ),
-    larger=GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4),
+    larger=_X256_W128,
 )
 
 # The Triton paths (the CPU interpreter cannot run Gluon; also every shape on a GPU): M = 1 the CUDA-core GEMV
