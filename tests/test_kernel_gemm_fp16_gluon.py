@@ -1,11 +1,13 @@
 """gemm_fp16's Gluon path (GluonConfig, kernels/gemm_fp16/gluon.py): the swap-AB wgmma kernel for M <= 256.
 
-CPU: every GluonConfig of CONFIGS, and the split-K and warp-specialized variants, is built for sm_90 with triton's
+CPU: every GluonConfig of CONFIGS, and the split-K, warp-specialized and two-part BLOCK_M variants, is built for sm_90 with triton's
 compiler (there is no Gluon interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no register
 spills, shared memory within the sm_90 limit; config, table and accumulation-model checks.
 GPU (``-m gpu``): every workload M <= 256 against fp4ref's exact reference under the config's declared model,
 NaN-poisoned outputs, randn inputs, bitwise equality run to run; exact-accumulation inputs must give the correctly
-rounded result; shapes off the workload (N and K tails, several M tiles, split-K, warp specialization).
+rounded result; shapes off the workload (N and K tails, several M tiles, split-K, warp specialization, two-part
+BLOCK_M); a two-part tile's output bitwise equal to the power-of-two tile's (each output element sees the same
+wgmma K order).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import fp4ref.kernels.gemm_fp16 as mod
 from fp4ref.bounds import check, get_model
 from fp4ref.gemm import gemm_fp16 as reference
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
-from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
+from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
 GluonConfig = mod.GluonConfig
@@ -28,13 +30,18 @@ WORKLOAD_M = [1, 2, 4, 7, 8, 15, 16, 24, 32, 35, 40, 48, 56, 64, 70, 72, 80, 88,
               152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256]
 TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
 VARIANTS = [GluonConfig(BLOCK_N=128, BLOCK_M=8, BLOCK_K=64, STAGES=8, SPLIT_K=3),
-            GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True)]
+            GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True),
+            GluonConfig(BLOCK_N=64, BLOCK_M=24, BLOCK_K=128, STAGES=4),  # two parts: 16 + 8
+            GluonConfig(BLOCK_N=128, BLOCK_M=96, BLOCK_K=64, STAGES=4, num_warps=8),  # 64 + 32, two warpgroups
+            GluonConfig(BLOCK_N=64, BLOCK_M=192, BLOCK_K=64, STAGES=3)]  # 128 + 64: 96 accumulator registers
 
 
 def _build(cfg: GluonConfig, n: int = N, k: int = K):
-    b_layout, a_layout = operand_layouts(cfg)
+    b_layout, a_layout, a2_layout = operand_layouts(cfg)
+    hi, lo = m_parts(cfg.BLOCK_M)
     sig = {"b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], b_layout),
-           "a_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_K], a_layout),
+           "a_desc": gluon_tensordesc("fp16", [hi, cfg.BLOCK_K], a_layout),
+           "a2_desc": gluon_tensordesc("fp16", [lo or hi, cfg.BLOCK_K], a2_layout),
            "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "k_tiles": "i32",
            "stride_cm": "i32"}
     return compile_for_sm90(gemm_swapab_kernel, sig, gluon_constexprs(cfg, k), num_warps=cfg.num_warps,
@@ -82,8 +89,27 @@ def test_k_split_never_launches_an_empty_slice():
             assert (slices - 1) * per < k_tiles <= slices * per and slices <= S
 
 
+def test_m_parts_are_the_wgmma_widths():
+    assert [m_parts(bm) for bm in (8, 24, 48, 64, 96, 136, 192, 256)] == [
+        (8, 0), (16, 8), (32, 16), (64, 0), (64, 32), (128, 8), (128, 64), (256, 0)]
+    ok = [bm for bm in range(1, 300) if _accepts(BLOCK_M=bm)]
+    assert ok == sorted({a + b for a in (8, 16, 32, 64, 128, 256) for b in (0, 8, 16, 32, 64, 128)
+                         if b < a and a + b <= 256})
+
+
+def _accepts(**kw) -> bool:
+    try:
+        GluonConfig(**kw)
+    except ValueError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("kw, words", [
-    (dict(BLOCK_M=96), "BLOCK_M=96"), (dict(BLOCK_N=32), "BLOCK_N=32"), (dict(num_warps=2), "num_warps=2"),
+    (dict(BLOCK_M=100), "BLOCK_M=100"), (dict(BLOCK_M=112), "BLOCK_M=112"), (dict(BLOCK_M=4), "BLOCK_M=4"),
+    (dict(BLOCK_M=264), "BLOCK_M=264"), (dict(BLOCK_M=0), "BLOCK_M=0"),
+    (dict(BLOCK_M=96, SPLIT_K=2), "two wgmma parts"), (dict(BLOCK_M=48, WARP_SPEC=True), "two wgmma parts"),
+    (dict(BLOCK_N=32), "BLOCK_N=32"), (dict(num_warps=2), "num_warps=2"),
     (dict(STAGES=1), "STAGES=1"), (dict(SPLIT_K=0), "SPLIT_K=0"), (dict(BLOCK_K=256), "BLOCK_K=256"),
     (dict(BLOCK_N=128, BLOCK_M=256, num_warps=4), "accumulator registers"),
 ])
@@ -161,9 +187,27 @@ def test_other_shapes_split_k_and_warp_specialization():
                          (100, 3072, 2048, GluonConfig(BLOCK_M=32, BLOCK_K=64, STAGES=4, SPLIT_K=4)),
                          (64, 3072, 2048, GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=8, WARP_SPEC=True)),
                          (72, 328, 520, GluonConfig(BLOCK_N=64, BLOCK_M=64, BLOCK_K=64, STAGES=3, WARP_SPEC=True)),
-                         (24, 520, 1000, GluonConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=3, SPLIT_K=2))):
+                         (24, 520, 1000, GluonConfig(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=3, SPLIT_K=2)),
+                         (20, 200, 328, GluonConfig(BLOCK_M=24, BLOCK_K=64, STAGES=3)),  # one tile, rows past M
+                         (150, 264, 520, GluonConfig(BLOCK_N=128, BLOCK_M=96, BLOCK_K=64, STAGES=4, num_warps=8)),
+                         (200, 3072, 2048, GluonConfig(BLOCK_M=80, BLOCK_K=128, STAGES=6))):  # 3 tiles, last shifted
         a = rng.standard_normal((M, k)).astype(np.float16)
         b = rng.standard_normal((n, k)).astype(np.float16)
         c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
         check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, k), output_rounding="rne",
               poison=NAN).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M, bm", [(20, 24), (40, 48), (70, 40), (96, 48), (136, 72), (160, 80), (192, 96),
+                                   (256, 136), (180, 192)])
+def test_two_part_tile_equals_the_power_of_two_tile(M, bm, weights):
+    """Each output element sees the same wgmma K order whatever the tile's width, so a two-part BLOCK_M (two
+    accumulators, two A boxes) gives the power-of-two tile's bits; NaN-poisoned, so every element is written."""
+    _, B = weights
+    A = torch.from_numpy(np.random.default_rng(M + bm).standard_normal((M, K)).astype(np.float16)).cuda()
+    two = _run(A, B, GluonConfig(BLOCK_M=bm, BLOCK_K=64, STAGES=4))
+    one = _run(A, B, GluonConfig(BLOCK_M=64, BLOCK_K=64, STAGES=4))
+    assert not torch.isnan(two).any()
+    assert torch.equal(two.view(torch.int16), one.view(torch.int16))

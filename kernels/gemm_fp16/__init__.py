@@ -40,7 +40,7 @@ from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIG
                       PersistentConfig, SplitKConfig, TmaConfig, accumulation_model, launch_programs, pick_config,
                       stream_k_schedule)  # fmt: skip
 from .gemv import gemm_fp16_gemv_kernel, gemv_constexprs
-from .gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
+from .gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
 from .persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from .splitk import gemm_fp16_splitk_kernel, splitk_constexprs
 from .tma import tma_constexprs, tma_kernel
@@ -241,7 +241,7 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         per, splits = config.k_split(K)
         tiles = -(-N // BN) * -(-M // BM)
         launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits, -(-M // BM)), gluon_constexprs(config, K),
-                        n_desc=2)  # num_warps is one of the kernel's constexprs
+                        n_desc=3)  # num_warps is one of the kernel's constexprs
         return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config),
                      tiles * splits * BM * BN if splits > 1 else 0, tiles if splits > 1 else 0)
     if isinstance(config, PersistentConfig):  # (CUDA tensors: gemm_fp16 checked)
@@ -275,11 +275,13 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     else:
         ws = cnt = C  # never read without split tiles
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
-    if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A) shared layouts
+    if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A, A's low part) layouts
         ce = plan.launch.constexprs
-        b_layout, a_layout = plan.blocks
+        b_layout, a_layout, a2_layout = plan.blocks
+        hi, lo = m_parts(ce["BLOCK_M"])
         plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout),
-                           Desc(A, (M, K), (sa, 1), (ce["BLOCK_M"], ce["BLOCK_K"]), a_layout), C, ws, cnt, M, N,
+                           Desc(A, (M, K), (sa, 1), (hi, ce["BLOCK_K"]), a_layout),
+                           Desc(A, (M, K), (sa, 1), (lo or hi, ce["BLOCK_K"]), a2_layout), C, ws, cnt, M, N,
                            -(-K // ce["BLOCK_K"]), N)
         return
     if plan.path == "persistent":

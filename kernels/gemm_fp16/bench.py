@@ -220,6 +220,8 @@ def sweep_candidates(M: int):
     # the GEMV path (M <= 4: each row of A adds a product per element of B on the CUDA cores)
     out = [c for c in (V(1, 2048, 1), V(1, 1024, 1), V(2, 1024, 1), V(2, 2048, 4), V(2, 512, 1), V(4, 2048, 8))
            if M <= min(4, c.max_m)]
+    if 3 <= M <= 256:
+        out += gluon_candidates(M)
     if M <= 256:
         p2 = max(16, 1 << (M - 1).bit_length())
         out += [  # pointer-load split-K (the best of the first sweep)
@@ -255,6 +257,25 @@ def sweep_candidates(M: int):
             T(128, 128, 64, num_warps=8, num_stages=4, PROGRAMS_PER_SM=2),
         ]
     return out
+
+
+def gluon_candidates(M: int):
+    """Gluon swap-AB candidates at M (3..256): for one and two M tiles, the narrowest BLOCK_M that covers M (a power
+    of two or the sum of two, ``GluonConfig``) with 128- and 64-wide K tiles, each with the deepest ring that fits
+    the shared memory (12 stages at most); and the table's row for M."""
+    from .._sm90 import SM90_MAX_SHARED_BYTES
+    from . import GluonConfig, pick_config
+    from .gluon import m_parts
+
+    widths = [w for w in range(8, 257, 8) if not m_parts(w)[1] & (m_parts(w)[1] - 1)]
+    out = []
+    for tiles in (1, 2):
+        bm = min(w for w in widths if w >= -(-M // tiles))
+        for bk in (128, 64):
+            stages = min(12, (SM90_MAX_SHARED_BYTES - 1024) // ((64 + bm) * bk * 2))
+            out.append(GluonConfig(BLOCK_N=64, BLOCK_M=bm, BLOCK_K=bk, STAGES=stages))
+    table = pick_config(M, N_WORKLOAD, K_WORKLOAD)
+    return list(dict.fromkeys(out + ([table] if isinstance(table, GluonConfig) else [])))
 
 
 TUNE_M = (1, 16, 32, 64, 72, 128, 136, 200, 256, 972, 2053, 2379, 8192)  # --tune's sample sizes (a subset of 43)

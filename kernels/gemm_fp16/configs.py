@@ -120,8 +120,9 @@ class GluonConfig:
     """A launch of the Gluon swap-AB kernel (``gluon.gemm_swapab_kernel``; sm_90 only, M <= 256).
 
     BLOCK_N: rows of B (= columns of C) per CTA: 64 per warpgroup row block (64, 128 or 256).
-    BLOCK_M: the padded M (the wgmma N width): a power of two in 8..256; M > BLOCK_M runs ceil(M / BLOCK_M) M
-        tiles, each re-reading B (mostly from L2).
+    BLOCK_M: the padded M (the wgmma N width): a power of two in 8..256, or the sum of two (48, 80, 96, 144, 160,
+        192, ..., at most 256; then two wgmmas per stage, one per part, and SPLIT_K 1 without WARP_SPEC); M >
+        BLOCK_M runs ceil(M / BLOCK_M) M tiles, each re-reading B (mostly from L2).
     BLOCK_K: K per pipeline stage (16, 32, 64 or 128).
     STAGES: depth of the TMA / mbarrier ring (>= 2).
     SPLIT_K: K slices per C tile; each covers ceil(K tiles / SPLIT_K) K tiles (``k_split``), summed by the last
@@ -150,8 +151,13 @@ class GluonConfig:
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128, 256) or self.BLOCK_N < 16 * self.num_warps:
             raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 and >= 16 * num_warps")
-        if self.BLOCK_M not in (8, 16, 32, 64, 128, 256):
-            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected a power of two in 8..256 (the wgmma N width)")
+        lo = self.BLOCK_M - (1 << (self.BLOCK_M.bit_length() - 1)) if self.BLOCK_M > 0 else 0
+        if not 8 <= self.BLOCK_M <= 256 or lo & (lo - 1) or 0 < lo < 8:
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected a power of two in 8..256 or the sum of two such "
+                             f"(the wgmma N widths)")
+        if lo and (self.SPLIT_K != 1 or self.WARP_SPEC):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M} (two wgmma parts): expected SPLIT_K=1 and WARP_SPEC=False, "
+                             f"got SPLIT_K={self.SPLIT_K}, WARP_SPEC={self.WARP_SPEC}")
         if self.BLOCK_K not in (16, 32, 64, 128):
             raise ValueError(f"BLOCK_K={self.BLOCK_K}: expected 16, 32, 64 or 128")
         if self.STAGES < 2:
@@ -295,6 +301,8 @@ CONFIGS = ConfigTable(
         (16, _G(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, STAGES=7)),
         (32, _G(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=8)),
         (128, _G(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, STAGES=6)),
+        (160, _G(BLOCK_N=64, BLOCK_M=80, BLOCK_K=128, STAGES=6)),  # two M tiles of 64 + 16 rows
+        (192, _G(BLOCK_N=64, BLOCK_M=96, BLOCK_K=128, STAGES=5)),  # two M tiles of 64 + 32 rows
         (256, _G(BLOCK_N=64, BLOCK_M=128, BLOCK_K=64, STAGES=8)),
         *_LARGE_M_ROWS,
     ),
