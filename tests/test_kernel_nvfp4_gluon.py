@@ -30,17 +30,23 @@ CUDA = torch.cuda.is_available()
 TABLE = [c for c in nvl.CONFIGS.configs() if isinstance(c, G)]
 VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=16, SPLIT_K=2, STAGES=3, num_warps=8),
             G(BN=128, BM=128, SPLIT_K=2, STAGES=3, num_warps=8, X_STAGES=8),
-            G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3)]
+            G(BN=64, BM=32, SPLIT_K=4, STAGES=2, X_STAGES=3),
+            G(BN=64, BM=96, SPLIT_K=1, STAGES=3),  # two x parts (64 + 32) in the W ring
+            G(BN=64, BM=192, SPLIT_K=1, STAGES=3, X_STAGES=6),  # 128 + 64 in the x ring
+            G(BN=128, BM=48, SPLIT_K=1, STAGES=3, num_warps=8)]  # 32 + 16, two warpgroups
 
 
 def _build(cfg, pdl=True):
-    wl, sl, xl = gluon.shared_layouts(cfg)
+    wl, sl, xl, x2l = gluon.shared_layouts(cfg)
+    hi, lo = gluon.m_parts(cfg.BM)
     sig = {"w_desc": gluon_tensordesc("u8", [cfg.BN, 128], wl), "s_desc": gluon_tensordesc("u8", [cfg.BN, 16], sl),
-           "x_desc": gluon_tensordesc("fp16", [cfg.BM, gluon.x_block_k(cfg)], xl), "gdec_ptr": "*fp32",
+           "x_desc": gluon_tensordesc("fp16", [hi, gluon.x_block_k(cfg)], xl),
+           "x2_desc": gluon_tensordesc("fp16", [lo or hi, gluon.x_block_k(cfg)], x2l), "gdec_ptr": "*fp32",
            "out_ptr": "*bf16",
            "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, X_STAGES=cfg.X_STAGES,
-              W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps, PDL=pdl)  # nvfp4_linear launches it with PDL
+              W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps, PDL=pdl,  # nvfp4_linear launches it with PDL
+              X_LO=lo)
     return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps,
                             divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
 
@@ -116,8 +122,13 @@ def test_quantizer_writes_the_permuted_k_order():
 def test_gluon_config_checks_and_model():
     with pytest.raises(ValueError, match="BN"):
         G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps
-    with pytest.raises(ValueError, match="BM"):
-        G(BN=64, BM=512, SPLIT_K=1, STAGES=3)
+    for bm in (512, 4, 100, 112, 0, 264, True, 64.0):
+        with pytest.raises(ValueError, match="BM"):
+            G(BN=64, BM=bm, SPLIT_K=1, STAGES=3)
+    with pytest.raises(ValueError, match="two wgmma parts"):
+        G(BN=64, BM=96, SPLIT_K=2, STAGES=3)
+    assert [gluon.m_parts(G(BN=64, BM=bm, SPLIT_K=1, STAGES=3).BM) for bm in (24, 48, 80, 96, 160, 192, 256)] == [
+        (16, 8), (32, 16), (64, 16), (64, 32), (128, 32), (128, 64), (256, 0)]
     for xs in (1, -1, 2.0, True):
         with pytest.raises(ValueError, match="X_STAGES"):
             G(BN=64, BM=16, SPLIT_K=1, STAGES=2, X_STAGES=xs)
@@ -163,6 +174,26 @@ def test_gluon_within_bound_and_deterministic(m, cfg, weight):
 def test_gluon_large_m_within_bound_and_deterministic(m, cfg, weight):
     """The large-M tiles (x in its own ring of 64-K chunks) at M past one and two tiles of x rows."""
     test_gluon_within_bound_and_deterministic(m, cfg, weight)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m, bm, x_stages", [(70, 80, 0), (96, 96, 0), (40, 48, 0), (150, 160, 6), (200, 192, 6),
+                                             (300, 192, 6), (129, 136, 6)])
+def test_gluon_two_part_x_tile_equals_the_power_of_two_tile(m, bm, x_stages, weight):
+    """A two-part BM (two x boxes, two accumulators fed by the same decoded A fragments) gives the bits of the
+    power-of-two tile: each output element sees the same wgmma K order whatever the tile's width. NaN-poisoned
+    output and workspaces (``assert_within_bound_and_deterministic``), so every element is written and no padding
+    row reaches one."""
+    wq, wc, ws = weight
+    x_np, x = x_bf16(m, 8192, m + bm)
+    two = G(BN=64, BM=bm, SPLIT_K=1, STAGES=3, X_STAGES=x_stages)
+    assert_within_bound_and_deterministic(two, x_np, x, wq, wc, ws)
+    outs = []
+    for cfg in (two, G(BN=64, BM=64, SPLIT_K=1, STAGES=4)):
+        outs.append(torch.full((m, wc.shape[0]), float("nan"), dtype=torch.bfloat16, device="cuda"))
+        nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=outs[-1])
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
 @pytest.mark.gpu

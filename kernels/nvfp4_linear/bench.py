@@ -129,10 +129,12 @@ def _gluon_candidates(m: int):
         tiles = [(64, 32, s, 4, 4, 0) for s in (1, 2, 4)]
     elif m <= 64:
         tiles = [(64, 64, s, t, 4, 0) for s in (1, 2) for t in (3, 4)]
-    elif m <= 128:
-        tiles = [(64, 128, 1, 3, 4, 0), (64, 128, 2, 3, 4, 0), (128, 128, 2, 3, 8, 8)]
-    elif m <= 256:
-        tiles = [(64, 256, 1, t, 4, x) for t in (2, 3) for x in (4, 6)] + [(128, 128, 1, 3, 8, 8)]
+    elif m <= 128:  # and two-part x tiles (64 + 16, 64 + 32 rows) for M that fits them
+        tiles = [(64, 128, 1, 3, 4, 0), (64, 128, 2, 3, 4, 0), (128, 128, 2, 3, 8, 8), (64, 80, 1, 4, 4, 0),
+                 (64, 96, 1, 3, 4, 0)]
+    elif m <= 256:  # and two-part x tiles (128 + 32, 128 + 64 rows)
+        tiles = [(64, 256, 1, t, 4, x) for t in (2, 3) for x in (4, 6)] + [(128, 128, 1, 3, 8, 8)] + [
+            (64, bm, 1, t, 4, 6) for bm in (160, 192) for t in (2, 3)]
     else:
         tiles = [(128, 256, 1, 2, 8, 4), (128, 256, 1, 2, 8, 5), (128, 256, 1, 3, 8, 4), (64, 256, 1, 3, 4, 6)]
     return [G(bn, bm, sk, st, num_warps=nw, X_STAGES=xs) for bn, bm, sk, st, nw, xs in tiles]

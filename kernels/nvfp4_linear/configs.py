@@ -107,7 +107,9 @@ class TensorCoreConfig:
 class GluonConfig:
     """The Gluon path (``gluon.nvfp4_gluon_kernel``, sm_90 only): W decoded in registers straight into the wgmma
     A operand, swap-AB; BN weight rows per program (64 per warpgroup: num_warps 4 -> 64, 8 -> 128), BM rows of x
-    per program (8..256, the wgmma N width), SPLIT_K programs along K (fixed-order last-arrival sum). TMA rings:
+    per program (the wgmma N width: a power of two in 8..256, or the sum of two such, 48, 80, 96, 160, 192, ...,
+    at most 256, run as two wgmmas per decoded A fragment; such a BM needs SPLIT_K 1), SPLIT_K programs along K
+    (fixed-order last-arrival sum). TMA rings:
     STAGES 256-element K steps of W codes and scales; x rides in that ring ([BM, 256] per step, X_STAGES 0) or has
     its own ring of X_STAGES >= 2 64-element chunks (large tiles, where STAGES steps of x would not fit in shared
     memory). W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no bank conflicts on the decode's 16-byte
@@ -130,8 +132,13 @@ class GluonConfig:
         if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
             raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
                              "BN = 16 * num_warps (64 rows per warpgroup)")
-        if self.BM not in (8, 16, 32, 64, 128, 256):
-            raise ValueError(f"BM={self.BM!r}: expected 8, 16, 32, 64, 128 or 256 (the wgmma N width)")
+        lo = self.BM - (1 << (self.BM.bit_length() - 1)) if isinstance(self.BM, int) and self.BM > 0 else 0
+        if isinstance(self.BM, bool) or not isinstance(self.BM, int) or not 8 <= self.BM <= 256 or lo & (lo - 1) \
+                or 0 < lo < 8:
+            raise ValueError(f"BM={self.BM!r}: expected a power of two in 8..256 or the sum of two such (the wgmma N "
+                             f"widths)")
+        if lo and self.SPLIT_K != 1:
+            raise ValueError(f"BM={self.BM} (two wgmma parts): expected SPLIT_K=1, got {self.SPLIT_K}")
         if self.STAGES < 2:
             raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
         for name in ("W_SWIZZLE", "EARLY_START"):
@@ -260,7 +267,13 @@ CONFIGS = ConfigTable(
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
+        # two-part x tiles (64 + 16, 64 + 32, 128 + 32, 128 + 64 rows): a program's wgmma work follows BM, so a
+        # tile that fits M closely beats the next power of two (docs/benchmarks.md, "Two-part x tiles")
+        (80, GluonConfig(BN=64, BM=80, SPLIT_K=1, STAGES=4)),
+        (96, GluonConfig(BN=64, BM=96, SPLIT_K=1, STAGES=3)),
         (128, GluonConfig(BN=64, BM=128, SPLIT_K=1, STAGES=3)),
+        (160, GluonConfig(BN=64, BM=160, SPLIT_K=1, STAGES=3, X_STAGES=6)),
+        (192, GluonConfig(BN=64, BM=192, SPLIT_K=1, STAGES=3, X_STAGES=6)),
         (256, _X256_W64),
         (512, _X256_W128),
         # three 256-row x tiles: 384 programs of 64 weight rows take ~3 short waves, where 192 of 128 rows leave a

@@ -2,7 +2,11 @@
 operand.
 
 Swap-AB: the MMA computes y^T tile [BN, BM] = W tile [BN, K] @ x^T, N on the wgmma M side (64 rows per
-warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. Per 256-element K step:
+warpgroup, BN 64 or 128), M (padded to BM, 8..256) the wgmma N width. BM is a power of two or the sum of two
+(``m_parts``: 48, 80, 96, 160, 192, ...; Triton's tensors and TMA blocks are powers of two): then x comes as two
+boxes per copy (the high part's rows, then the low part's) into two buffers, and each decoded A fragment feeds two
+wgmmas with an accumulator each, so the tile fits M more closely than the next power of two. Per 256-element K
+step:
 
 * TMA loads through a STAGES-deep mbarrier ring: W codes [BN, 128] bytes and block scales [BN, 16] bytes; x
   dequantized to fp16 either rides in the same ring as [BM, 256] tiles (X_STAGES 0, small M) or has its own ring
@@ -50,12 +54,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._gluon import store_layout, store_or_reduce, wait_primary, workspace_elements
+from ..gemm_fp16.gluon import m_parts
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
 from .tensorcore import splitk_buffers
 
-__all__ = ["CHUNK_K", "GluonLaunch", "nvfp4_gluon_kernel", "padded_rows", "shared_layouts", "STEP_K", "x_block_k"]
+__all__ = ["CHUNK_K", "GluonLaunch", "m_parts", "nvfp4_gluon_kernel", "padded_rows", "shared_layouts", "STEP_K",
+           "x_block_k"]
 
 STEP_K = 256  # K elements per step: the period of the K permutation (K must be a multiple)
 CHUNK_K = 64  # K elements per wgmma group and x TMA chunk
@@ -72,12 +78,14 @@ def x_block_k(config: GluonConfig) -> int:
 
 
 def shared_layouts(config: GluonConfig):
-    """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x tiles (the
-    default NVMMA layout of an fp16 [BM, x_block_k] tile: 128-byte swizzle, the wgmma operand layout)."""
+    """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x tiles of the
+    high and of the low part of BM (``m_parts``; a one-part config's second is its first): the default NVMMA
+    layout of an fp16 [rows, x_block_k] tile (128-byte swizzle, the wgmma operand layout)."""
     w = gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8, rank=2)
     s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
-    x = gl.NVMMASharedLayout.get_default_for([config.BM, x_block_k(config)], gl.float16)
-    return w, s, x
+    hi, lo = m_parts(config.BM)
+    x = gl.NVMMASharedLayout.get_default_for([hi, x_block_k(config)], gl.float16)
+    return w, s, x, gl.NVMMASharedLayout.get_default_for([lo, x_block_k(config)], gl.float16) if lo else x
 
 
 @gluon.constexpr_function
@@ -108,57 +116,63 @@ def _chunks(t, order: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_mma(w, s16, x_s, acc, BN: gl.constexpr, a_layout: gl.constexpr):
+def _chunk_a(w, s16, BN: gl.constexpr, a_layout: gl.constexpr):
     """Decode chunk c (w: int32 [BN, 4 (q), 2 (t)] code words, s16: fp16 [BN, 4 (q)] scales * 2^6) into the
-    wgmma A fragment [BN, 64] and issue its async wgmma against the x chunk x_s [BM, 64]."""
+    wgmma A fragment [BN, 64] (registers)."""
     w = gl.reshape(w, [BN, 8])
     s = gl.convert_layout(gl.reshape(gl.join(s16, s16), [BN, 8]), w.type.layout, assert_trivial=True)
     v = gl.reshape(_decode_words(w, s), [BN, 4, 2, 2, 2, 2])  # physical (q, t, e_hi, j1, j0): i = 4c + 2t + e_hi
     a = gl.reshape(gl.permute(v, [0, 2, 3, 4, 1, 5]), [BN, 64])  # logical (t, e_hi, j1, q, j0)
-    a = gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
-    return warpgroup_mma(a, x_s.permute((1, 0)), acc, is_async=True)
+    return gl.convert_layout(a, a_layout, assert_trivial=True)  # registers only: no data moves
 
 
 @gluon.jit
-def _issue_w(w_desc, s_desc, x_desc, w_smem, s_smem, x_smem, bar, off_n, off_m, k, pred, X_STAGES: gl.constexpr,
-             WITH_X: gl.constexpr = True):
+def _copy_x(x_desc, x2_desc, x_smem, x2_smem, bar, off_m, k, pred):
+    """TMA (when ``pred``): x rows [off_m, + high part) at column k into ``x_smem`` and, for a two-part BM, the low
+    part's rows after them into ``x2_smem``."""
+    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+    if x2_desc is not None:
+        tma.async_copy_global_to_shared(x2_desc, [off_m + x_desc.block_type.shape[0], k], bar, x2_smem, pred=pred)
+
+
+@gluon.jit
+def _issue_w(w_desc, s_desc, x_desc, x2_desc, w_smem, s_smem, x_smem, x2_smem, bar, off_n, off_m, k, pred,
+             X_STAGES: gl.constexpr, WITH_X: gl.constexpr = True):
     """TMA (when ``pred``): W codes and block scales of the 256-K step at k into one W ring slot, and with
     X_STAGES == 0 the step's x tile [BM, 256] as well (its bytes always counted in the slot's barrier; with
-    ``WITH_X`` False the caller issues the x copy later, ``_issue_step_x``)."""
-    XB: gl.constexpr = x_desc.block_type.nbytes if X_STAGES == 0 else 0
+    ``WITH_X`` False the caller issues the x copies later, ``_copy_x``)."""
+    # the x copy's bytes: the high part's box, and the low part's when there is one
+    XB: gl.constexpr = 0 if X_STAGES > 0 else x_desc.block_type.nbytes + (
+        0 if x2_desc is None else x2_desc.block_type.nbytes)
     mbarrier.expect(bar, w_desc.block_type.nbytes + s_desc.block_type.nbytes + XB, pred=pred)
     tma.async_copy_global_to_shared(w_desc, [off_n, k // 2], bar, w_smem, pred=pred)
     tma.async_copy_global_to_shared(s_desc, [off_n, k // 16], bar, s_smem, pred=pred)
     if X_STAGES == 0 and WITH_X:
-        tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+        _copy_x(x_desc, x2_desc, x_smem, x2_smem, bar, off_m, k, pred)
 
 
 @gluon.jit
-def _issue_step_x(x_desc, x_smem, bar, off_m, k, pred):
-    """TMA (when ``pred``): the x tile [BM, 256] of the step at k into its W ring slot, whose barrier already
-    expects it (``_issue_w`` with WITH_X False)."""
-    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
-
-
-@gluon.jit
-def _issue_x(x_desc, x_smem, bar, off_m, k, pred):
+def _issue_x(x_desc, x2_desc, x_smem, x2_smem, bar, off_m, k, pred):
     """TMA (when ``pred``): the x chunk [BM, 64] at (permuted) column k into one slot of the x ring."""
-    mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_smem, pred=pred)
+    XB: gl.constexpr = x_desc.block_type.nbytes + (0 if x2_desc is None else x2_desc.block_type.nbytes)
+    mbarrier.expect(bar, XB, pred=pred)
+    _copy_x(x_desc, x2_desc, x_smem, x2_smem, bar, off_m, k, pred)
 
 
 @gluon.jit
 def nvfp4_gluon_kernel(
     # TMA descriptors: W codes uint8 [N, K/2], block scales uint8 [N, K/16], x dequantized fp16 [M, K] (permuted)
-    w_desc, s_desc, x_desc,
+    # with the high part's rows per box, and x again with the low part's (unused when X_LO is 0)
+    w_desc, s_desc, x_desc, x2_desc,
     # fp32 [2] from the quantizer ([1] = fp32(x_gdec * w_gdec)); out bf16 [M, N]; split-K partials fp32
     # [tiles, SPLIT_K, BM, BN] and per-tile arrival counters (int32, 0 between launches): kernels/_gluon.py
     gdec_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K,
     BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, X_STAGES: gl.constexpr,
-    W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+    W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False, X_LO: gl.constexpr = 0,
 ):
     BK: gl.constexpr = 256
+    XH: gl.constexpr = BM - X_LO  # the high part of BM (all of it when X_LO is 0; GluonConfig, m_parts)
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     pid_k = gl.program_id(2)
@@ -175,10 +189,15 @@ def nvfp4_gluon_kernel(
     w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(w_ready.index(i), count=1)
-    if X_STAGES == 0:
-        x_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], x_desc.layout)
+    XN: gl.constexpr = STAGES if X_STAGES == 0 else X_STAGES
+    XK: gl.constexpr = BK if X_STAGES == 0 else BK // 4
+    x_smem = gl.allocate_shared_memory(gl.float16, [XN, XH, XK], x_desc.layout)
+    if X_LO > 0:
+        x2_smem = gl.allocate_shared_memory(gl.float16, [XN, X_LO, XK], x2_desc.layout)
     else:
-        x_smem = gl.allocate_shared_memory(gl.float16, [X_STAGES, BM, BK // 4], x_desc.layout)
+        x2_desc = None
+        x2_smem = x_smem  # never written or read
+    if X_STAGES > 0:
         x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(X_STAGES):
             mbarrier.init(x_ready.index(i), count=1)
@@ -187,19 +206,22 @@ def nvfp4_gluon_kernel(
     # PDL: the W prologue goes out before griddepcontrol.wait (W does not depend on the quantizer, which runs
     # meanwhile); x and gdec are read only after it
     for i in gl.static_range(STAGES - 1):
-        _issue_w(w_desc, s_desc, x_desc, w_smem.index(i), s_smem.index(i), x_smem.index(i if X_STAGES == 0 else 0),
-                 w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES, not PDL)
+        xi = i if X_STAGES == 0 else 0
+        _issue_w(w_desc, s_desc, x_desc, x2_desc, w_smem.index(i), s_smem.index(i), x_smem.index(xi),
+                 x2_smem.index(xi), w_ready.index(i), off_n, off_m, k0 + i * BK, i < k_steps, X_STAGES, not PDL)
     if PDL:
         wait_primary()
-        if X_STAGES == 0:
+        if X_STAGES == 0:  # the step's x copies, which the W prologue's barriers already expect
             for i in gl.static_range(STAGES - 1):
-                _issue_step_x(x_desc, x_smem.index(i), w_ready.index(i), off_m, k0 + i * BK, i < k_steps)
+                _copy_x(x_desc, x2_desc, x_smem.index(i), x2_smem.index(i), w_ready.index(i), off_m, k0 + i * BK,
+                        i < k_steps)
     if X_STAGES > 0:
         for jx in gl.static_range(X_STAGES - 1):
-            _issue_x(x_desc, x_smem.index(jx), x_ready.index(jx), off_m, k0 + jx * 64, jx < n_chunks)
+            _issue_x(x_desc, x2_desc, x_smem.index(jx), x2_smem.index(jx), x_ready.index(jx), off_m, k0 + jx * 64,
+                     jx < n_chunks)
 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BM, 16])
+                                                         instr_shape=[16, XH, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     # lane 4 g + q of warp w: rows 16 w + g and 16 w + g + 8; code words [8 q, 8 q + 8) (bytes [32 q, 32 q + 32))
     # and scale bytes [4 q, 4 q + 4) of the step: exactly the A fragment after the K permutation
@@ -213,7 +235,10 @@ def nvfp4_gluon_kernel(
         words_smem: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
     else:
         words_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    acc = gl.zeros([BN, BM], gl.float32, acc_layout)
+    acc = gl.zeros([BN, XH], gl.float32, acc_layout)
+    if X_LO > 0:  # the low part's accumulator: the same A fragments, its own wgmma N width
+        acc2 = gl.zeros([BN, X_LO], gl.float32, gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, X_LO, 16]))
     for i in range(k_steps):
         s = i % STAGES
         mbarrier.wait(w_ready.index(s), (i // STAGES) & 1)
@@ -226,13 +251,20 @@ def nvfp4_gluon_kernel(
         for c in gl.static_range(4):
             if X_STAGES == 0:
                 x_s = x_smem.index(s).slice(64 * c, 64, dim=1)
+                x2_s = x2_smem.index(s).slice(64 * c, 64, dim=1)
             else:
                 j = 4 * i + c
                 xs = j % X_STAGES
                 mbarrier.wait(x_ready.index(xs), (j // X_STAGES) & 1)
                 x_s = x_smem.index(xs)
-            acc = _chunk_mma(w_c[c], s_c[c], x_s, acc, BN, a_layout)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                x2_s = x2_smem.index(xs)
+            a = _chunk_a(w_c[c], s_c[c], BN, a_layout)
+            acc = warpgroup_mma(a, x_s.permute((1, 0)), acc, is_async=True)
+            if X_LO > 0:  # chunk c - 1's two groups retire here
+                acc2 = warpgroup_mma(a, x2_s.permute((1, 0)), acc2, is_async=True)
+                acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if X_STAGES > 0:
                 if num_warps > 4:
                     gl.thread_barrier()  # both warpgroups retired chunk j - 1 (and read step i - 1's W words)
@@ -240,20 +272,24 @@ def nvfp4_gluon_kernel(
                 # i - 1's W slot takes step i + STAGES - 1 (predicated, not branched: a branch between the wgmmas
                 # makes ptxas serialize them, advisory C7513)
                 nx = j + X_STAGES - 1
-                _issue_x(x_desc, x_smem.index(nx % X_STAGES), x_ready.index(nx % X_STAGES), off_m, k0 + nx * 64,
-                         nx < n_chunks)
+                _issue_x(x_desc, x2_desc, x_smem.index(nx % X_STAGES), x2_smem.index(nx % X_STAGES),
+                         x_ready.index(nx % X_STAGES), off_m, k0 + nx * 64, nx < n_chunks)
                 if c == 0:
                     nw = i + STAGES - 1
-                    _issue_w(w_desc, s_desc, x_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES), x_s,
-                             w_ready.index(nw % STAGES), off_n, off_m, k0 + nw * BK, nw < k_steps, X_STAGES)
+                    _issue_w(w_desc, s_desc, x_desc, x2_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES),
+                             x_s, x2_s, w_ready.index(nw % STAGES), off_n, off_m, k0 + nw * BK, nw < k_steps,
+                             X_STAGES)
         if X_STAGES == 0:
             if num_warps > 4:
                 gl.thread_barrier()  # both warpgroups retired step i - 1
             nw = i + STAGES - 1  # step i - 1's wgmmas retired: its slot takes step i + STAGES - 1
-            _issue_w(w_desc, s_desc, x_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES),
-                     x_smem.index(nw % STAGES), w_ready.index(nw % STAGES), off_n, off_m, k0 + nw * BK, nw < k_steps,
-                     X_STAGES)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _issue_w(w_desc, s_desc, x_desc, x2_desc, w_smem.index(nw % STAGES), s_smem.index(nw % STAGES),
+                     x_smem.index(nw % STAGES), x2_smem.index(nw % STAGES), w_ready.index(nw % STAGES), off_n, off_m,
+                     k0 + nw * BK, nw < k_steps, X_STAGES)
+    if X_LO > 0:
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     acc = acc * 256.0  # undo the decode's 2^-8 (exact: every product carries the same power of two)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(w_ready.index(i))
@@ -263,9 +299,14 @@ def nvfp4_gluon_kernel(
 
     # the shared epilogue (kernels/_gluon.py): 16-byte stores, or the fixed-order split-K sum; then the epilogue
     # scale fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16
-    accb = gl.convert_layout(acc, store_layout(BN, BM, num_warps))
+    gdec = gl.load(gdec_ptr + 1)
+    accb = gl.convert_layout(acc, store_layout(BN, XH, num_warps))
     store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, off_m,
-                    pid_m * gl.num_programs(0) + pid_n, pid_k, gl.load(gdec_ptr + 1), BN, BM, SPLIT_K, True, num_warps)
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, gdec, BN, XH, SPLIT_K, True, num_warps)
+    if X_LO > 0:  # (a two-part BM has SPLIT_K 1: GluonConfig)
+        accb = gl.convert_layout(acc2 * 256.0, store_layout(BN, X_LO, num_warps))
+        store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m + XH, off_m, 0, 0, gdec, BN,
+                        X_LO, 1, True, num_warps)
 
 
 class GluonLaunch:
@@ -296,15 +337,18 @@ class GluonLaunch:
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
-                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl), n_desc=3, launch_pdl=pdl)
+                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl, X_LO=m_parts(config.BM)[1]),
+            n_desc=4, launch_pdl=pdl)
 
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
-        wl, sl, xl = self.layouts
+        wl, sl, xl, x2l = self.layouts
+        hi, lo = m_parts(cfg.BM)
         # store_or_reduce's tile-major split-K workspace and the per-tile arrival counters
         part, cnt = splitk_buffers(device, stream, self.split_k,
                                    workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles, out)
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            Desc(deq, (self.x_rows, K), (K, 1), (cfg.BM, x_block_k(cfg)), xl), gdec, out, part, cnt, M, N, K)
+            Desc(deq, (self.x_rows, K), (K, 1), (hi, x_block_k(cfg)), xl),
+            Desc(deq, (self.x_rows, K), (K, 1), (lo or hi, x_block_k(cfg)), x2l), gdec, out, part, cnt, M, N, K)
