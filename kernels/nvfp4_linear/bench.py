@@ -136,7 +136,8 @@ def _gluon_candidates(m: int):
         tiles = [(64, 256, 1, t, 4, x) for t in (2, 3) for x in (4, 6)] + [(128, 128, 1, 3, 8, 8)] + [
             (64, bm, 1, t, 4, 6) for bm in (160, 192) for t in (2, 3)]
     else:
-        tiles = [(128, 256, 1, 2, 8, 4), (128, 256, 1, 2, 8, 5), (128, 256, 1, 3, 8, 4), (64, 256, 1, 3, 4, 6)]
+        tiles = [(128, 256, 1, 2, 8, 4), (128, 256, 1, 2, 8, 5), (128, 256, 1, 3, 8, 4), (64, 256, 1, 3, 4, 6),
+                 (128, 160, 1, 3, 8, 6), (64, 192, 1, 3, 4, 6)]  # two-part x tiles
     return [G(bn, bm, sk, st, num_warps=nw, X_STAGES=xs) for bn, bm, sk, st, nw, xs in tiles]
 
 

@@ -275,7 +275,9 @@ CONFIGS = ConfigTable(
         (160, GluonConfig(BN=64, BM=160, SPLIT_K=1, STAGES=3, X_STAGES=6)),
         (192, GluonConfig(BN=64, BM=192, SPLIT_K=1, STAGES=3, X_STAGES=6)),
         (256, _X256_W64),
+        (320, GluonConfig(BN=128, BM=160, SPLIT_K=1, STAGES=3, num_warps=8, X_STAGES=6)),  # two 128 + 32 tiles
         (512, _X256_W128),
+        (576, GluonConfig(BN=64, BM=192, SPLIT_K=1, STAGES=3, X_STAGES=6)),  # three 128 + 64 tiles
         # three 256-row x tiles: 384 programs of 64 weight rows take ~3 short waves, where 192 of 128 rows leave a
         # half-empty second long one (docs/benchmarks.md, "x rows padded to the tile")
         (768, _X256_W64),
