@@ -122,8 +122,11 @@ def test_quantizer_writes_the_permuted_k_order():
 def test_gluon_config_checks_and_model():
     with pytest.raises(ValueError, match="BN"):
         G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps
-    for bm in (512, 4, 100, 112, 0, 264, True, 64.0):
+    for bm in (512, 4, 100, 112, 0, -64, 264):
         with pytest.raises(ValueError, match="BM"):
+            G(BN=64, BM=bm, SPLIT_K=1, STAGES=3)
+    for bm in (True, 64.0, "64"):
+        with pytest.raises(TypeError, match="BM"):
             G(BN=64, BM=bm, SPLIT_K=1, STAGES=3)
     with pytest.raises(ValueError, match="two wgmma parts"):
         G(BN=64, BM=96, SPLIT_K=2, STAGES=3)

@@ -132,9 +132,10 @@ class GluonConfig:
         if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
             raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
                              "BN = 16 * num_warps (64 rows per warpgroup)")
-        lo = self.BM - (1 << (self.BM.bit_length() - 1)) if isinstance(self.BM, int) and self.BM > 0 else 0
-        if isinstance(self.BM, bool) or not isinstance(self.BM, int) or not 8 <= self.BM <= 256 or lo & (lo - 1) \
-                or 0 < lo < 8:
+        if isinstance(self.BM, bool) or not isinstance(self.BM, int):
+            raise TypeError(f"BM={self.BM!r}: expected an int, got {type(self.BM).__name__}")
+        lo = self.BM - (1 << (self.BM.bit_length() - 1)) if self.BM > 0 else 0
+        if not 8 <= self.BM <= 256 or lo & (lo - 1) or 0 < lo < 8:
             raise ValueError(f"BM={self.BM!r}: expected a power of two in 8..256 or the sum of two such (the wgmma N "
                              f"widths)")
         if lo and self.SPLIT_K != 1:
