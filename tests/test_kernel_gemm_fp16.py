@@ -246,6 +246,18 @@ def test_config_table_is_sorted_and_covers_every_m():
     assert mod.pick_config(300, 3072, 2048, interpreter=True) == mod.pick_config(300, 3072, 2048, interpreter=False)
 
 
+def test_pick_config_checks_sizes():
+    """Sizes that gemm_fp16 would never plan are refused, not mapped to the first row (M = -1 and 1.5 used to give
+    a GemvConfig)."""
+    ok = dict(M=16, N=3072, K=2048)
+    for bad in (dict(M=-1), dict(M=0), dict(N=0), dict(K=-8)):
+        with pytest.raises(ValueError, match="expected ints >= 1"):
+            mod.pick_config(**{**ok, **bad})
+    for bad in (dict(M=1.5), dict(M=True), dict(K=2048.0)):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            mod.pick_config(**{**ok, **bad})
+
+
 @pytest.mark.parametrize("K", [8, 64, 264, 2048])
 def test_declared_model_bounds_every_config(K):
     """The contract's single model (what ``fp4ref verify`` uses) is at least as loose as every config's own

@@ -99,15 +99,19 @@ def test_dp4a_pdl_build_waits_before_x():
 
 
 def test_dp4a_config_checks_and_model():
-    for bm in (3, 16, 0, True):
+    for bm in (3, 16, 0):
         with pytest.raises(ValueError, match="BM"):
             D(BM=bm)
+    for bad in (dict(BM=True), dict(BM=2.0), dict(STAGES=4.0), dict(BN=64.0)):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            D(**bad)
     with pytest.raises(ValueError, match="BN"):
         D(BN=16, num_warps=8)  # 8 warps of 4 row lanes need 32 rows
     with pytest.raises(ValueError, match="num_warps"):
         D(BN=64, num_warps=2)  # warp specialization: whole warpgroups
-    with pytest.raises(ValueError, match="STAGES"):
-        D(STAGES=1)
+    for st in (1, 0):  # one message for both: an int >= 2
+        with pytest.raises(ValueError, match=f"STAGES={st}: expected an int >= 2"):
+            D(STAGES=st)
     with pytest.raises(ValueError, match="SPLIT_K"):
         D(SPLIT_K=3)
     with pytest.raises(TypeError, match="EARLY_START"):

@@ -132,11 +132,16 @@ def test_gluon_config_checks_and_model():
         G(BN=64, BM=96, SPLIT_K=2, STAGES=3)
     assert [gluon.m_parts(G(BN=64, BM=bm, SPLIT_K=1, STAGES=3).BM) for bm in (24, 48, 80, 96, 160, 192, 256)] == [
         (16, 8), (32, 16), (64, 16), (64, 32), (128, 32), (128, 64), (256, 0)]
-    for xs in (1, -1, 2.0, True):
+    for xs in (1, -1):
         with pytest.raises(ValueError, match="X_STAGES"):
             G(BN=64, BM=16, SPLIT_K=1, STAGES=2, X_STAGES=xs)
-    with pytest.raises(ValueError, match="STAGES"):
-        G(BN=64, BM=16, SPLIT_K=1, STAGES=1)
+    for bad in (dict(X_STAGES=2.0), dict(X_STAGES=True), dict(BN=64.0), dict(num_warps=4.0), dict(STAGES=3.0),
+                dict(STAGES=True)):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            G(**{**dict(BN=64, BM=16, SPLIT_K=1, STAGES=2), **bad})
+    for st in (1, 0):  # one message for both: an int >= 2
+        with pytest.raises(ValueError, match=f"STAGES={st}: expected an int >= 2"):
+            G(BN=64, BM=16, SPLIT_K=1, STAGES=st)
     with pytest.raises(TypeError, match="W_SWIZZLE"):
         G(BN=64, BM=16, SPLIT_K=1, STAGES=2, W_SWIZZLE=1)
     with pytest.raises(TypeError, match="EARLY_START"):

@@ -340,7 +340,14 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> (
         SplitKConfig | TmaConfig | GluonConfig | PersistentConfig | GemvConfig):
     """gemm_fp16's config for an [M, K] x [N, K]^T call: the ``CONFIGS`` entry for M on a GPU, the
     ``INTERPRETER_CONFIGS`` entry in the CPU interpreter (None means ``_runtime.interpreting()``). N and K do not
-    change the choice."""
+    change the choice.
+
+    Raises:
+        TypeError: M, N or K is not an int. ValueError: M, N or K below 1 (``gemm_fp16`` itself takes M = 0 and
+            launches nothing)."""
+    _runtime.check_ints(M=M, N=N, K=K)
+    if M < 1 or N < 1 or K < 1:
+        raise ValueError(f"M={M}, N={N}, K={K}: expected ints >= 1")
     if interpreter is None:
         interpreter = _runtime.interpreting()
     return (INTERPRETER_CONFIGS if interpreter else CONFIGS).pick(M)

@@ -48,11 +48,13 @@ def _check_sizes(M, K) -> None:
         raise ValueError(f"M={M}, K={K}: expected M >= 1 and K a positive multiple of 16")
 
 
-def _check_positive(cfg, *names):
+def _check_positive(cfg, *names, minimum: int = 1):
     for name in names:
         v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r}: expected an int >= 1")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}={v!r}: expected an int >= {minimum}, got {type(v).__name__}")
+        if v < minimum:
+            raise ValueError(f"{name}={v!r}: expected an int >= {minimum}")
 
 
 def _steps_split_evenly(K: int, split_k: int) -> bool:
@@ -115,7 +117,12 @@ class GluonConfig:
     memory). W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no bank conflicts on the decode's 16-byte
     loads). EARLY_START: under nvfp4_linear the kernel is launched with programmatic dependent launch, and the
     quantizer lets it start when the quantizer starts (True: its W prologue loads run under the quantizer) or only
-    after the quantizer's stores (False). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``)."""
+    after the quantizer's stores (False). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
+
+    Raises:
+        TypeError: a size that is not an int (bools are not), W_SWIZZLE or EARLY_START not a bool. ValueError: BN
+            not 16 * num_warps (num_warps 4 or 8), BM not a power of two in 8..256 or the sum of two such, a
+            two-part BM with SPLIT_K > 1, SPLIT_K not a power of two, STAGES < 2, X_STAGES 1 or negative."""
 
     BN: int
     BM: int
@@ -127,27 +134,23 @@ class GluonConfig:
     EARLY_START: bool = True
 
     def __post_init__(self):
+        check_ints(BN=self.BN, BM=self.BM, num_warps=self.num_warps, X_STAGES=self.X_STAGES)
         _check_pow2(self, "SPLIT_K")
-        _check_positive(self, "STAGES")
+        _check_positive(self, "STAGES", minimum=2)
         if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
             raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
                              "BN = 16 * num_warps (64 rows per warpgroup)")
-        if isinstance(self.BM, bool) or not isinstance(self.BM, int):
-            raise TypeError(f"BM={self.BM!r}: expected an int, got {type(self.BM).__name__}")
         lo = self.BM - (1 << (self.BM.bit_length() - 1)) if self.BM > 0 else 0
         if not 8 <= self.BM <= 256 or lo & (lo - 1) or 0 < lo < 8:
             raise ValueError(f"BM={self.BM!r}: expected a power of two in 8..256 or the sum of two such (the wgmma N "
                              f"widths)")
         if lo and self.SPLIT_K != 1:
             raise ValueError(f"BM={self.BM} (two wgmma parts): expected SPLIT_K=1, got {self.SPLIT_K}")
-        if self.STAGES < 2:
-            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
         for name in ("W_SWIZZLE", "EARLY_START"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
-        x = self.X_STAGES
-        if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x == 1:
-            raise ValueError(f"X_STAGES={x!r}: expected 0 (x in the W ring) or an int >= 2")
+        if self.X_STAGES < 0 or self.X_STAGES == 1:
+            raise ValueError(f"X_STAGES={self.X_STAGES!r}: expected 0 (x in the W ring) or an int >= 2")
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
@@ -165,7 +168,7 @@ class Dp4aConfig:
 
     Raises:
         ValueError: a size that is not a power of two, BM not 1/2/4/8, num_warps not 4 or 8, BN not a multiple of
-            4 num_warps, STAGES < 2. TypeError: EARLY_START not a bool."""
+            4 num_warps, STAGES < 2. TypeError: a size that is not an int, EARLY_START not a bool."""
 
     BN: int = 64
     BM: int = 1
@@ -175,15 +178,14 @@ class Dp4aConfig:
     EARLY_START: bool = True
 
     def __post_init__(self):
+        check_ints(BM=self.BM)
         _check_pow2(self, "BN", "SPLIT_K", "num_warps")
-        _check_positive(self, "STAGES")
-        if self.BM not in (1, 2, 4, 8) or isinstance(self.BM, bool):
+        _check_positive(self, "STAGES", minimum=2)
+        if self.BM not in (1, 2, 4, 8):
             raise ValueError(f"BM={self.BM!r}: expected 1, 2, 4 or 8")
         if self.num_warps not in (4, 8) or self.BN % (4 * self.num_warps):
             raise ValueError(f"BN={self.BN}, num_warps={self.num_warps}: expected num_warps 4 or 8 (whole warpgroups "
                              "beside the producer warp) and BN a multiple of 4 * num_warps")
-        if self.STAGES < 2:
-            raise ValueError(f"STAGES={self.STAGES}: expected >= 2")
         if not isinstance(self.EARLY_START, bool):
             raise TypeError(f"EARLY_START={self.EARLY_START!r}: expected a bool")
 
