@@ -300,6 +300,7 @@ CONFIGS = ConfigTable(
         (8, _G(BLOCK_N=64, BLOCK_M=8, BLOCK_K=128, STAGES=10)),
         (16, _G(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, STAGES=7)),
         (32, _G(BLOCK_N=64, BLOCK_M=32, BLOCK_K=128, STAGES=8)),
+        (64, _G(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, STAGES=7)),  # one M tile: a deeper ring
         (128, _G(BLOCK_N=64, BLOCK_M=64, BLOCK_K=128, STAGES=6)),
         (160, _G(BLOCK_N=64, BLOCK_M=80, BLOCK_K=128, STAGES=6)),  # two M tiles of 64 + 16 rows
         (192, _G(BLOCK_N=64, BLOCK_M=96, BLOCK_K=128, STAGES=5)),  # two M tiles of 64 + 32 rows
