@@ -1,8 +1,8 @@
-"""Gluon helpers shared by the kernels of gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear: the c^T tile's store
-layout and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue scale;
-the wait of a programmatic dependent launch; the shared memory, grouped tile walk, TMA producer partition, slot
-release and TMA-store epilogue of a persistent, warp-specialized C = A @ B^T (sparse_gemm_fp4_fp8's expand path,
-gemm_fp16's persistent path).
+"""Gluon helpers shared by the kernels of gemm_fp16, sparse_gemm_fp4_fp8 and nvfp4_linear: the c^T tile's store layout
+and its epilogue, a plain store or the deterministic split-K reduction, with an optional epilogue scale; the wait of a
+programmatic dependent launch; the widths of a two-part swap-AB tile (``m_parts``); the shared memory, grouped tile
+walk, TMA producer partition, slot release and TMA-store epilogue of a persistent, warp-specialized C = A @ B^T
+(sparse_gemm_fp4_fp8's expand path, gemm_fp16's persistent path).
 
 Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the tile's arrival counter (atomic,
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
@@ -15,8 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-__all__ = ["grouped_tile", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
-           "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
+__all__ = ["grouped_tile", "m_parts", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer",
+           "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
 
 
 @gluon.jit
@@ -24,6 +24,15 @@ def wait_primary():
     """griddepcontrol.wait: block until the grid this one depends on under programmatic dependent launch has
     completed and its writes are visible; a no-op in a grid launched without it."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+def m_parts(width: int) -> tuple[int, int]:
+    """(high, low) wgmma N widths of a swap-AB tile ``width`` rows wide: the largest power of two <= width and the
+    rest (0 when width is a power of two; the configs take a rest that is itself a power of two). Triton's tensors
+    and TMA blocks are powers of two, so a two-part tile is two boxes and two accumulators (gemm_fp16's and
+    nvfp4_linear's Gluon kernels)."""
+    hi = 1 << (width.bit_length() - 1)
+    return hi, width - hi
 
 
 def workspace_elements(tiles: int, split_k: int, block_n: int, block_m: int) -> int:

@@ -31,16 +31,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout, store_or_reduce
+from .._gluon import m_parts, store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
-
-
-def m_parts(block_m: int) -> tuple[int, int]:
-    """(high, low) wgmma N widths of a BLOCK_M: the largest power of two <= BLOCK_M and the rest (0 when BLOCK_M is
-    a power of two; a config's rest is itself a power of two, ``GluonConfig``)."""
-    hi = 1 << (block_m.bit_length() - 1)
-    return hi, block_m - hi
 
 
 def operand_layouts(config):

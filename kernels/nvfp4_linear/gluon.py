@@ -53,8 +53,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout, store_or_reduce, wait_primary, workspace_elements
-from ..gemm_fp16.gluon import m_parts
+from .._gluon import m_parts, store_layout, store_or_reduce, wait_primary, workspace_elements
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
