@@ -1,13 +1,14 @@
 """gemm_fp16's Gluon path (GluonConfig, kernels/gemm_fp16/gluon.py): the swap-AB wgmma kernel for M <= 256.
 
-CPU: every GluonConfig of CONFIGS, and the split-K, warp-specialized and two-part BLOCK_M variants, is built for sm_90 with triton's
-compiler (there is no Gluon interpreter): wgmma and TMA in the PTX, HGMMA and UTMALDG in the SASS, no register
-spills, shared memory within the sm_90 limit; config, table and accumulation-model checks.
+CPU: every GluonConfig of CONFIGS, the split-K, warp-specialized and two-part BLOCK_M variants and the sweep's Gluon
+candidates, is built for sm_90 with triton's compiler (there is no Gluon interpreter): wgmma and TMA in the PTX, HGMMA
+and UTMALDG in the SASS, no register spills, shared memory within the sm_90 limit; config, table and
+accumulation-model checks.
 GPU (``-m gpu``): every workload M <= 256 against fp4ref's exact reference under the config's declared model,
 NaN-poisoned outputs, randn inputs, bitwise equality run to run; exact-accumulation inputs must give the correctly
 rounded result; shapes off the workload (N and K tails, several M tiles, split-K, warp specialization, two-part
-BLOCK_M); a two-part tile's output bitwise equal to the power-of-two tile's (each output element sees the same
-wgmma K order).
+BLOCK_M); a two-part tile's output bitwise equal to the power-of-two tile's (each output element sees the same wgmma K
+order).
 """
 from __future__ import annotations
 
@@ -56,8 +57,16 @@ def _gluon_config(M: int) -> GluonConfig:
     return cfg
 
 
-@pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)
+def _sweep_candidates():
+    from fp4ref.kernels.gemm_fp16.bench import gluon_candidates
+
+    return [c for c in dict.fromkeys(c for m in range(3, 257) for c in gluon_candidates(m))
+            if c not in TABLE + VARIANTS]
+
+
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS + _sweep_candidates(), ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
+    """Every tabled config, the variants the GPU tests run and every Gluon config ``bench --sweep`` may time."""
     assert_gluon_build(_build(cfg))
 
 
