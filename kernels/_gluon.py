@@ -15,6 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
+from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
+
 __all__ = ["grouped_tile", "m_parts", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer",
            "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
 
@@ -24,15 +26,6 @@ def wait_primary():
     """griddepcontrol.wait: block until the grid this one depends on under programmatic dependent launch has
     completed and its writes are visible; a no-op in a grid launched without it."""
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-def m_parts(width: int) -> tuple[int, int]:
-    """(high, low) wgmma N widths of a swap-AB tile ``width`` rows wide: the largest power of two <= width and the
-    rest (0 when width is a power of two; the configs take a rest that is itself a power of two). Triton's tensors
-    and TMA blocks are powers of two, so a two-part tile is two boxes and two accumulators (gemm_fp16's and
-    nvfp4_linear's Gluon kernels)."""
-    hi = 1 << (width.bit_length() - 1)
-    return hi, width - hi
 
 
 def workspace_elements(tiles: int, split_k: int, block_n: int, block_m: int) -> int:

@@ -156,6 +156,28 @@ def check_int_fields(config, *names: str) -> None:
     check_ints(**{name: getattr(config, name) for name in names})
 
 
+# The wgmma N widths a swap-AB tile may take: a power of two in 8..256 or the sum of two such (at most 256). Triton's
+# tensors and TMA blocks are powers of two, so a two-part width runs as two boxes and two accumulators (gemm_fp16's
+# and nvfp4_linear's Gluon kernels).
+TILE_WIDTHS = tuple(sorted({a + b for a in (8, 16, 32, 64, 128, 256) for b in (0, 8, 16, 32, 64, 128)
+                            if b < a and a + b <= 256}))
+
+
+def m_parts(width: int) -> tuple[int, int]:
+    """(high, low) wgmma N widths of a ``TILE_WIDTHS`` width: the largest power of two <= width and the rest (0 when
+    width is a power of two)."""
+    hi = 1 << (width.bit_length() - 1)
+    return hi, width - hi
+
+
+def check_tile_width(name: str, width: int) -> tuple[int, int]:
+    """``m_parts(width)``, or ValueError naming ``name`` when ``width`` (an int) is not one of ``TILE_WIDTHS``."""
+    if width not in TILE_WIDTHS:
+        raise ValueError(f"{name}={width!r}: expected a power of two in 8..256 or the sum of two such (the wgmma N "
+                         f"widths)")
+    return m_parts(width)
+
+
 def k_split(steps: int, split_k: int) -> tuple[int, int]:
     """(K steps per slice, slices launched) for ``steps`` K steps cut into at most ``split_k`` slices of equal
     length: the last slice may be shorter, none is empty (the split-K kernels launch no empty slice)."""

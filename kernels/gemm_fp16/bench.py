@@ -263,14 +263,13 @@ def gluon_candidates(M: int):
     """Gluon swap-AB candidates at M (3..256): for one and two M tiles, the narrowest BLOCK_M that covers M (a power
     of two or the sum of two, ``GluonConfig``) with 128- and 64-wide K tiles, each with the deepest ring that fits
     the shared memory (12 stages at most); and the table's row for M."""
+    from .._runtime import TILE_WIDTHS
     from .._sm90 import SM90_MAX_SHARED_BYTES
     from . import GluonConfig, pick_config
-    from .gluon import m_parts
 
-    widths = [w for w in range(8, 257, 8) if not m_parts(w)[1] & (m_parts(w)[1] - 1)]
     out = []
     for tiles in (1, 2):
-        bm = min(w for w in widths if w >= -(-M // tiles))
+        bm = min(w for w in TILE_WIDTHS if w >= -(-M // tiles))
         for bk in (128, 64):
             stages = min(12, (SM90_MAX_SHARED_BYTES - 1024) // ((64 + bm) * bk * 2))
             out.append(GluonConfig(BLOCK_N=64, BLOCK_M=bm, BLOCK_K=bk, STAGES=stages))

@@ -151,10 +151,7 @@ class GluonConfig:
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128, 256) or self.BLOCK_N < 16 * self.num_warps:
             raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 and >= 16 * num_warps")
-        lo = self.BLOCK_M - (1 << (self.BLOCK_M.bit_length() - 1)) if self.BLOCK_M > 0 else 0
-        if not 8 <= self.BLOCK_M <= 256 or lo & (lo - 1) or 0 < lo < 8:
-            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected a power of two in 8..256 or the sum of two such "
-                             f"(the wgmma N widths)")
+        _hi, lo = _runtime.check_tile_width("BLOCK_M", self.BLOCK_M)
         if lo and (self.SPLIT_K != 1 or self.WARP_SPEC):
             raise ValueError(f"BLOCK_M={self.BLOCK_M} (two wgmma parts): expected SPLIT_K=1 and WARP_SPEC=False, "
                              f"got SPLIT_K={self.SPLIT_K}, WARP_SPEC={self.WARP_SPEC}")

@@ -18,7 +18,7 @@ import triton
 
 from fp4ref.bounds import NumericContract
 
-from .._runtime import ConfigTable, check_ints, interpreting
+from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
@@ -140,10 +140,7 @@ class GluonConfig:
         if self.num_warps not in (4, 8) or self.BN != 16 * self.num_warps:
             raise ValueError(f"BN={self.BN!r}, num_warps={self.num_warps!r}: expected num_warps 4 or 8 and "
                              "BN = 16 * num_warps (64 rows per warpgroup)")
-        lo = self.BM - (1 << (self.BM.bit_length() - 1)) if self.BM > 0 else 0
-        if not 8 <= self.BM <= 256 or lo & (lo - 1) or 0 < lo < 8:
-            raise ValueError(f"BM={self.BM!r}: expected a power of two in 8..256 or the sum of two such (the wgmma N "
-                             f"widths)")
+        _hi, lo = check_tile_width("BM", self.BM)
         if lo and self.SPLIT_K != 1:
             raise ValueError(f"BM={self.BM} (two wgmma parts): expected SPLIT_K=1, got {self.SPLIT_K}")
         for name in ("W_SWIZZLE", "EARLY_START"):
