@@ -279,10 +279,11 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
         ce = plan.launch.constexprs
         b_layout, a_layout, a2_layout = plan.blocks
         hi, lo = m_parts(ce["BLOCK_M"])
-        plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout),
-                           Desc(A, (M, K), (sa, 1), (hi, ce["BLOCK_K"]), a_layout),
-                           Desc(A, (M, K), (sa, 1), (lo or hi, ce["BLOCK_K"]), a2_layout), C, ws, cnt, M, N,
-                           -(-K // ce["BLOCK_K"]), N)
+        a_desc = Desc(A, (M, K), (sa, 1), (hi, ce["BLOCK_K"]), a_layout)
+        # a one-part tile never reads its third descriptor: A's own stands in for it
+        a2_desc = Desc(A, (M, K), (sa, 1), (lo, ce["BLOCK_K"]), a2_layout) if lo else a_desc
+        plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout), a_desc,
+                           a2_desc, C, ws, cnt, M, N, -(-K // ce["BLOCK_K"]), N)
         return
     if plan.path == "persistent":
         ce = plan.launch.constexprs

@@ -58,10 +58,10 @@ def _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k, a2
     """TMA: B[off_n:+BLOCK_N, k:+BLOCK_K] and A[off_m:+BLOCK_M, k:+BLOCK_K] into ring slot ``slot`` (with
     ``a2_desc``, A's rows in two parts: a_desc's block rows from off_m, then a2_desc's)."""
     bar = bars.index(slot)
-    if a2_desc is None:
-        mbarrier.expect(bar, b_desc.block_type.nbytes + a_desc.block_type.nbytes)
-    else:
-        mbarrier.expect(bar, b_desc.block_type.nbytes + a_desc.block_type.nbytes + a2_desc.block_type.nbytes)
+    # the stage's bytes: B's box, A's high part and, when there is one, its low part
+    NBYTES: gl.constexpr = b_desc.block_type.nbytes + a_desc.block_type.nbytes + (
+        0 if a2_desc is None else a2_desc.block_type.nbytes)
+    mbarrier.expect(bar, NBYTES)
     tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(slot))
     tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(slot))
     if a2_desc is not None:

@@ -346,8 +346,10 @@ class GluonLaunch:
         # store_or_reduce's tile-major split-K workspace and the per-tile arrival counters
         part, cnt = splitk_buffers(device, stream, self.split_k,
                                    workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles, out)
+        x_desc = Desc(deq, (self.x_rows, K), (K, 1), (hi, x_block_k(cfg)), xl)
+        # a one-part tile never reads its fourth descriptor: x's own stands in for it
+        x2_desc = Desc(deq, (self.x_rows, K), (K, 1), (lo, x_block_k(cfg)), x2l) if lo else x_desc
         self.launch.launch(
             stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
             Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            Desc(deq, (self.x_rows, K), (K, 1), (hi, x_block_k(cfg)), xl),
-            Desc(deq, (self.x_rows, K), (K, 1), (lo or hi, x_block_k(cfg)), x2l), gdec, out, part, cnt, M, N, K)
+            x_desc, x2_desc, gdec, out, part, cnt, M, N, K)
