@@ -262,7 +262,7 @@ _X256_W128 = GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STA
 CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
-        (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=6, num_warps=8)),
+        (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=4, num_warps=8)),
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
