@@ -122,7 +122,7 @@ def _gluon_candidates(m: int):
     from fp4ref.kernels.nvfp4_linear import GluonConfig as G
 
     if m <= 8:
-        tiles = [(64, 8, s, t, 4, 0) for s in (2, 4, 8) for t in (3, 4)]
+        tiles = [(64, 8, s, t, 4, 0) for s in (2, 4, 8) for t in (3, 4, 6)]
     elif m <= 16:
         tiles = [(64, 16, s, t, 4, 0) for s in (1, 2, 4) for t in (3, 4)]
     elif m <= 32:

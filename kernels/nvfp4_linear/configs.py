@@ -263,7 +263,7 @@ CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
         (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=4, num_warps=8)),
-        (8, GluonConfig(BN=64, BM=8, SPLIT_K=4, STAGES=4)),
+        (8, GluonConfig(BN=64, BM=8, SPLIT_K=2, STAGES=6)),
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
