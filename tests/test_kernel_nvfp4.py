@@ -702,12 +702,12 @@ def test_pick_config_serves_each_M_by_its_path():
     assert type(nvl.pick_config(1024, 8192, 8192 + 64, interpreter=False)) is nvl.PrepassConfig  # K % 256 != 0
     # K not a multiple of 256 (or of 256 * SPLIT_K): the tl paths serve it on a GPU too
     assert type(nvl.pick_config(1, 8192, 8192 + 128, interpreter=False)) is nvl.GemvConfig
-    assert type(nvl.pick_config(8, 4096, 768, interpreter=False)) is nvl.TensorCoreConfig  # 3 steps, SPLIT_K 4
+    assert type(nvl.pick_config(8, 4096, 768, interpreter=False)) is nvl.TensorCoreConfig  # 3 steps, SPLIT_K 2
     c = nvl.NUMERIC_CONTRACT
     assert c.config_for(1, 8192, 8192, True) == nvl.pick_config(1, 8192, 8192, interpreter=True)
     assert c.model_for(c.config_for(1, 8192, 8192, True), 8192, M=1, N=8192).name == "splitk(fp32_rn_block16, 2048)"
     assert c.model_for(c.config_for(1, 8192, 8192, False), 8192).name == "splitk(fp32_rn_block16, 4096)"
-    assert c.model_for(c.config_for(3, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 2048)"
+    assert c.model_for(c.config_for(3, 8192, 8192, False), 8192).name == "splitk(hopper_fp16_wgmma, 4096)"
     assert c.model_for(c.config_for(64, 8192, 8192, True), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(64, 8192, 8192, False), 8192).name == "hopper_fp16_wgmma"
     assert c.model_for(c.config_for(4096, 8192, 8192, True), 8192, interpreter=True).name == "fp32_rn"
