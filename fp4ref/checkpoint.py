@@ -1166,35 +1166,42 @@ def find_quantized_layers(ckpt) -> tuple:
     """(checkpoint format, format, option, {name: :class:`Layer`}) of a quantized checkpoint: a :class:`Checkpoint`
     or a path (opened with :func:`fp4ref.checkpoint_io.open_checkpoint`).
 
-    The layers are those ``fp4ref.tensors`` lists where the shards carry it (every checkpoint fp4ref writes, in any
-    layout: so a tensor kept unquantized with a scale-like name of its own is not taken for a layer), else those
-    found from their scale tensors (``*weight_scale``). Raises QuantizeFileError as :func:`detect_format`, or when
-    a scale has no codes."""
+    The layers are those ``fp4ref.tensors`` lists in the shards that carry it (every shard fp4ref writes, in any
+    layout: so a tensor kept unquantized with a scale-like name of its own is not taken for a layer), and in the
+    ModelOpt and compressed-tensors layouts those found from their scale tensors (``*weight_scale``) in the shards
+    that do not (all of them for a checkpoint another tool wrote; a shard re-saved without fp4ref's metadata).
+    Raises QuantizeFileError as :func:`detect_format`; when a scale has no codes; when a shard's fp4ref.tensors is
+    not JSON; in the fp4ref layout, when a shard lacks fp4ref.tensors (its layers cannot be told from its other
+    tensors, and none may be left unchecked)."""
     if not isinstance(ckpt, Checkpoint):
         ckpt = open_checkpoint(ckpt)
     cf, fmt, option = detect_format(ckpt)
     layers = {}
     recorded = {}
+    unrecorded = set()  # file names of the shards without fp4ref.tensors
     for s in ckpt.shards:
         if "fp4ref.tensors" in s.metadata:
             try:
                 recorded.update(json.loads(s.metadata["fp4ref.tensors"]))
             except json.JSONDecodeError:
                 raise QuantizeFileError(f"{str(s.path)!r}: metadata fp4ref.tensors is not JSON") from None
+        else:
+            unrecorded.add(s.path.name)
+            if cf == "fp4ref":
+                raise QuantizeFileError(
+                    f"{str(s.path)!r} has no fp4ref.tensors metadata (a shard re-saved by another tool?): in the "
+                    "fp4ref layout its quantized tensors cannot be told from its other tensors")
     names = set(ckpt.weight_map)
-    candidates = []
-    if cf == "fp4ref" or recorded:  # written by fp4ref: the layers it records (a tensor kept unquantized may bear
-        candidates = sorted(recorded)  # a scale-like name of its own)
-    else:
-        for n in sorted(names):
-            if n.endswith("weight_scale"):
-                base = n[: -len("weight_scale")]
-                if base.endswith(".") or base == "":
-                    orig = base + "weight"
-                else:
-                    orig = base[:-1]  # 3-D expert parameter P: P_weight_scale
-                candidates.append(orig)
-    for orig in candidates:
+    candidates = set(recorded)
+    for n in sorted(names):
+        if n.endswith("weight_scale") and ckpt.weight_map[n] in unrecorded:
+            base = n[: -len("weight_scale")]
+            if base.endswith(".") or base == "":
+                orig = base + "weight"
+            else:
+                orig = base[:-1]  # 3-D expert parameter P: P_weight_scale
+            candidates.add(orig)
+    for orig in sorted(candidates):
         on = output_names(cf, fmt, orig)
         if on["codes"] not in names:
             raise QuantizeFileError(f"scale tensor {on['scale']!r} has no codes tensor {on['codes']!r}")

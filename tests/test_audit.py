@@ -474,3 +474,51 @@ def test_python_recipe_or_mode_without_reference_is_refused_as_the_cli_refuses(m
         with pytest.raises(ValueError, match=rf"recipe={bad!r} \(--recipe\) is not one of \['te', "):
             audit_checkpoint(made / "mo", reference=made / "in", recipe=bad)
     assert audit_checkpoint(made / "mo", reference=made / "in", recipe="modelopt").clean
+
+
+def strip_fp4ref_metadata(shard: Path) -> None:
+    """Rewrite ``shard``'s header ``__metadata__`` without fp4ref's entries (a shard re-saved by another tool)."""
+    data = shard.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8: 8 + n])
+    header["__metadata__"] = {k: v for k, v in header["__metadata__"].items() if not k.startswith("fp4ref.")}
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    shard.write_bytes(len(h).to_bytes(8, "little") + h + data[8 + n:])
+
+
+@pytest.mark.parametrize("layout", ["mo", "ct"])
+def test_a_shard_without_fp4ref_metadata_is_still_audited_and_dequantized(made, tmp_path, layout):
+    """A shard that lost fp4ref's metadata while the others keep it: its layers are found from their scale tensors,
+    so a planted NaN scale there is flagged and --dequantize decodes them (neither skips the shard)."""
+    bad = copy(made, layout, tmp_path)
+    _, _, _, layers = C.find_quantized_layers(made / layout)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    second = sorted(n for n, L in layers.items() if L.shard == shards[1])
+    assert len(shards) == 2 and second and len(second) < len(layers)
+    strip_fp4ref_metadata(bad / shards[1])
+    _, _, _, found = C.find_quantized_layers(bad)
+    assert sorted(found) == sorted(layers)
+    assert found[second[0]].shard == shards[1] and found[second[0]].dtype is None  # no record: dtype unknown
+    patch(bad, layers[second[0]].scale, lambda a: a.__setitem__(0, 0x7F))
+    rep = audit_checkpoint(bad)
+    assert len(rep.tensors) == len(layers) and findings(rep) == {second[0]: ["scale-nan"]}
+    patch(bad, layers[second[0]].scale, lambda a: a.__setitem__(0, 0x38))  # 1.0: a valid scale again
+    C.dequantize_checkpoint(bad, tmp_path / "deq", dtype="bfloat16")
+    out = json.loads((tmp_path / "deq" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(layers) <= set(out) and not {L.scale for L in layers.values()} & set(out)
+
+
+def test_an_fp4ref_layout_shard_without_its_record_is_an_error(made, made_fp4ref, tmp_path, capsys):
+    """In fp4ref's own layout the layers are known from fp4ref.tensors only: a shard without it is refused (exit 2
+    for audit and --dequantize), never audited or decoded in part."""
+    bad = copy(made, "fp", tmp_path)
+    shard = sorted(bad.glob("*.safetensors"))[1]
+    strip_fp4ref_metadata(shard)
+    with pytest.raises(C.QuantizeFileError, match=rf"{re.escape(shard.name)}' has no fp4ref.tensors metadata"):
+        audit_checkpoint(bad)
+    assert main(["audit", str(bad)]) == 2
+    assert main(["quantize", str(bad), "-o", str(tmp_path / "deq"), "--dequantize"]) == 2
+    assert "has no fp4ref.tensors metadata" in capsys.readouterr().err
+    assert not (tmp_path / "deq").exists()
