@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import is_int
+from ._validate import is_int, is_real
 from .gemm import OutputFormat, Reference
 
 __all__ = [
@@ -83,8 +83,18 @@ DEFAULT_MODEL = "tc_fp32_universal"
 
 
 def gamma(n, u) -> float:
-    """gamma_n(u) = n u / (1 - n u) (Higham 2002, Lemma 3.1); +inf once n u >= 1."""
-    nu = n * u
+    """gamma_n(u) = n u / (1 - n u) (Higham 2002, Lemma 3.1); +inf once n u >= 1.
+
+    ``n``: the number of rounding errors, an int >= 0 (a numpy integer is one; a bool is not); ``u``: the unit
+    roundoff, a finite real >= 0. TypeError / ValueError naming the argument otherwise (a negative n or u would give
+    a negative, meaningless bound)."""
+    if not is_int(n):
+        raise TypeError(f"n={n!r}: expected an int >= 0 (a count of roundings), got {type(n).__name__}")
+    if not is_real(u):
+        raise TypeError(f"u={u!r}: expected a real number (the unit roundoff), got {type(u).__name__}")
+    if n < 0 or not (math.isfinite(u) and u >= 0):
+        raise ValueError(f"n={n!r}, u={u!r}: expected n >= 0 and a finite unit roundoff u >= 0")
+    nu = int(n) * float(u)
     return math.inf if nu >= 1 else nu / (1 - nu)
 
 

@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import positive_float32
+from ._validate import is_int, positive_float32
 from .packing import decompress_2to4
 
 __all__ = [
@@ -134,6 +134,20 @@ def _get_format(fmt) -> OutputFormat:
     return OUTPUT_FORMATS[name]
 
 
+def _is_float_dtype(dt: np.dtype) -> bool:
+    """numpy's float16 / float32 / float64 and ml_dtypes' floats (bfloat16, the float8 / float6 / float4 formats):
+    the dtypes whose every value float64 holds exactly (not longdouble)."""
+    if dt.kind == "f":
+        return dt.itemsize <= 8
+    if dt.kind != "V" or dt.type.__module__ != "ml_dtypes":
+        return False
+    try:
+        ml_dtypes.finfo(dt)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def round_float64(x, fmt) -> np.ndarray:
     """Round float64 values to ``fmt`` with ONE round-to-nearest-even step; return float64 values of ``fmt``.
 
@@ -145,10 +159,18 @@ def round_float64(x, fmt) -> np.ndarray:
         float64 array, same shape, each value exactly representable in ``fmt``: RNE with gradual underflow and
         IEEE overflow (|x| >= max + ulp(max)/2 -> +-inf). Exact: frexp, ldexp and rint are exact operations.
 
+    Raises:
+        TypeError: ``x`` not of a floating dtype (an integer, bool, str or object array is not converted: an int
+            beyond 2^53 would be rounded once on the way in; :func:`round_exact` rounds exact integers).
+        ValueError: ``fmt`` not one of the output formats.
+
     Source: IEEE 754-2019 §4.3.1 (roundTiesToEven), §7.4 (overflow).
     """
     f = _get_format(fmt)
-    x = np.asarray(x, dtype=np.float64)
+    a = np.asarray(x)
+    if not _is_float_dtype(a.dtype):
+        raise TypeError(f"x must be a floating array (its values held exactly in float64), got dtype {a.dtype}")
+    x = a.astype(np.float64)
     _, e = np.frexp(x)
     q = np.maximum(e - 1, f.emin) - (f.p - 1)  # exponent of the format's ulp at x
     with np.errstate(invalid="ignore", over="ignore"):
@@ -161,7 +183,15 @@ def round_exact(n: int, s: int, fmt) -> float:
     """Round the exact value n * 2^s (python ints) to ``fmt`` with RNE; return a python float.
 
     Zero (n == 0) gives +0.0; a nonzero value that rounds to zero keeps its sign. Overflow gives +-inf.
+
+    Raises:
+        TypeError: ``n`` or ``s`` not an int (numpy integers are; bools and floats are not). ValueError: ``fmt``
+            not one of the output formats.
     """
+    for name, v in (("n", n), ("s", s)):
+        if not is_int(v):
+            raise TypeError(f"{name}={v!r}: expected an int (the value is n * 2**s, exact), got {type(v).__name__}")
+    n, s = int(n), int(s)
     f = _get_format(fmt)
     if n == 0:
         return 0.0

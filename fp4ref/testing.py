@@ -17,11 +17,13 @@ Arguments may be numpy arrays, ml_dtypes arrays or torch tensors (converted with
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._interop import to_numpy
+from ._validate import is_real
 from .bounds import DEFAULT_MODEL, Report, check
 from .gemm import Reference
 
@@ -88,12 +90,28 @@ def _pair(out, ref):
     r = to_numpy(ref, "ref")
     o = np.asarray(o)
     r = np.asarray(r)
-    if o.shape != r.shape:
-        raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
     for name, a in (("out", o), ("ref", r)):
         if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
             raise TypeError(f"{name} must be a floating array, got dtype {a.dtype}")
+    if o.shape != r.shape:
+        raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
     return o.astype(np.float64), r.astype(np.float64)
+
+
+def _tolerance(v, name: str, upper: float | None = None) -> float:
+    """A checker's tolerance ``v`` as a float: a real number (not a bool), finite, >= 0 (and <= ``upper``).
+
+    A NaN tolerance would pass every element (every comparison with NaN is False), a negative one fail them all."""
+    if not is_real(v):
+        raise TypeError(f"{name}={v!r}: expected a real number, got {type(v).__name__}")
+    try:
+        f = float(v)
+    except OverflowError:  # a Python int beyond float64
+        f = math.inf
+    if not (math.isfinite(f) and f >= 0 and (upper is None or f <= upper)):
+        bound = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
+        raise ValueError(f"{name}={v!r}: expected a real number {bound}")
+    return f
 
 
 def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> AllcloseResult:
@@ -101,7 +119,12 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
 
     An element fails iff |o - r| > atol AND |o - r| / (|r| + 1e-8) > rtol; the output fails if any element
     fails or holds NaN/Inf. ``ref`` is an array or a :class:`Reference` (its correctly rounded ``out``).
+
+    Raises:
+        TypeError: ``out`` / ``ref`` not floating arrays, a tolerance not a real number (a bool is not).
+        ValueError: shapes differ; ``atol`` or ``rtol`` NaN, infinite or negative.
     """
+    atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
     o, r = _pair(out, ref)
     nonfinite = ~np.isfinite(o)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -123,7 +146,14 @@ def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required:
 
     An element matches iff |o - r| <= atol + rtol * |r| (NaN never matches); the output passes when at least
     ``required`` (99%) of the elements match.
+
+    Raises:
+        TypeError: ``out`` / ``ref`` not floating arrays, a tolerance or ``required`` not a real number (a bool is
+            not). ValueError: shapes differ; ``atol`` or ``rtol`` NaN, infinite or negative; ``required`` outside
+            [0, 1].
     """
+    atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
+    required = _tolerance(required, "required", upper=1.0)
     o, r = _pair(out, ref)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(o - r)

@@ -494,3 +494,18 @@ def test_parameterised_names_allow_inner_spaces_and_name_a_bad_parameter():
             bounds.get_model(name)
     with pytest.raises(ValueError, match="is not a known accumulation model"):
         bounds.get_model("promote(3)")
+
+
+def test_gamma_values_and_refusals():
+    """gamma_n(u) = n u / (1 - n u), correctly rounded where n u and 1 - n u are exact in float64 (u a power of two:
+    one IEEE division), inf once n u >= 1;
+    a negative, non-integer or bool n and a negative or NaN u are refused rather than giving a meaningless bound."""
+    for n, u in ((0, 2.0**-24), (3, 2.0**-3), (7, 2.0**-11), (np.int64(512), np.float32(2.0**-24))):
+        nu = int(n) * Fraction(float(u))
+        assert bounds.gamma(n, u) == float(nu / (1 - nu))
+    assert bounds.gamma(8, 2.0**-3) == math.inf and bounds.gamma(9, 2.0**-3) == math.inf
+    for n, u, err in ((-1, 2.0**-24, ValueError), (10, -1.0, ValueError), (10, float("nan"), ValueError),
+                      (10, float("inf"), ValueError), (True, 2.0**-24, TypeError), (10.5, 2.0**-24, TypeError),
+                      (10, "u", TypeError)):
+        with pytest.raises(err):
+            bounds.gamma(n, u)

@@ -653,3 +653,20 @@ def test_nvfp4_linear_weight_global_decode_scale_takes_a_0d_array_or_tensor():
         out = w.reference(x=x, weight_fp4=codes, weight_scales=scales, weight_global_decode_scale=np.array(3.0),
                           x_global_amax=amax).out
         assert out.astype(np.float64).tolist() == [[48.0]]
+
+
+def test_rounding_helpers_refuse_what_they_would_cast():
+    """round_exact takes ints (numpy ones too) and refuses floats and bools (it read 3.5 as an int and failed deep
+    inside); round_float64 takes floating arrays and refuses ints, bools and strings (np.asarray(.., float64) had
+    parsed '1' and rounded ints above 2^53 on the way in)."""
+    assert gemm.round_exact(np.int64(3), np.int64(-1), "bfloat16") == 1.5
+    assert gemm.round_exact(-(2**60 + 1), -60, "float32") == -1.0  # a big int: still one rounding
+    for n, s in ((3.5, -1), (True, 0), (3, 1.0), (3, False)):
+        with pytest.raises(TypeError, match=r"^(n|s)=.*expected an int"):
+            gemm.round_exact(n, s, "bfloat16")
+    got = gemm.round_float64(np.array([1 + 2.0**-8, 3.0], ml_dtypes.bfloat16).astype(np.float32), "bfloat16")
+    assert got.dtype == np.float64 and got.tolist() == [1.0, 3.0]
+    assert gemm.round_float64(np.array([1.5], ml_dtypes.bfloat16), "float16").tolist() == [1.5]
+    for x in (np.array(["1"]), np.array([2**53 + 1]), np.array([True]), [1, 2]):
+        with pytest.raises(TypeError, match=r"^x must be a floating array"):
+            gemm.round_float64(x, "bfloat16")

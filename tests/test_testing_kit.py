@@ -461,3 +461,26 @@ def test_summary_leads_with_what_failed_and_how_many():
     rep2 = bounds.check(bad, ref, poison=float("nan"), model="fp32_rn", exact_accumulation=True)
     assert rep2.summary().startswith(f"FAILED: 3 / {out.size} (") and "3 / " in rep2.failures()[1]
     assert "unwritten" in rep2.failures()[1]
+
+
+@pytest.mark.parametrize("checker", [testing.fib_allclose, testing.sol_allclose])
+def test_public_checkers_refuse_tolerances_that_would_pass_everything(checker):
+    """A NaN tolerance compares False with every error, so the checkers would pass -ref against ref: refused, as
+    are negative and infinite tolerances and a ``required`` share outside [0, 1]; bools and strings are TypeErrors.
+    Valid edge values keep their meaning: zero tolerances pass ref against itself and fail -ref."""
+    ref = np.array([1.0, -2.0, 3.5, 0.25], np.float32)
+    for name, bad, err in (("atol", float("nan"), ValueError), ("rtol", float("nan"), ValueError),
+                           ("atol", -1e-3, ValueError), ("rtol", float("inf"), ValueError),
+                           ("atol", True, TypeError), ("rtol", "0.01", TypeError)):
+        with pytest.raises(err, match=rf"^{name}="):
+            checker(-ref, ref, **{name: bad})
+    if checker is testing.sol_allclose:
+        for bad in (-1, 2, float("nan")):
+            with pytest.raises(ValueError, match=r"^required=.*in \[0, 1\]"):
+                checker(-ref, ref, required=bad)
+        with pytest.raises(TypeError, match=r"^required=False"):
+            checker(-ref, ref, required=False)
+    assert checker(ref, ref, atol=0, rtol=np.float32(0)).ok
+    assert not checker(-ref, ref, atol=0.0, rtol=0.0).ok
+    with pytest.raises(TypeError, match=r"^out must be a floating array, got dtype <U1"):
+        checker("a", ref)
