@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-rounding", choices=("rne", "faithful"),
                    help="default: the kernel's declared rounding (rne on GPU)")
     p.add_argument("--max-check-rows", type=int, default=256,
-                   help="check at most this many rows of a large-M output (default 256; 0 = all)")
+                   help="check at most this many rows of a large-M output: 0 (all rows) or >= 129, so that the "
+                        "first and last 64 rows and one between are always in (default 256)")
     p.add_argument("--shapes", choices=("fixed", "sweep"), default="fixed",
                    help="fixed: the workload's N and K (default); sweep: N and K around tile boundaries (K not a "
                         "multiple of 64/128, N tails, below one tile), for a kernel that claims general shapes")
