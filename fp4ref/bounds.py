@@ -53,7 +53,7 @@ import numpy as np
 
 from ._interop import to_numpy
 from ._validate import is_int, is_real
-from .gemm import OutputFormat, Reference
+from .gemm import OutputFormat, Reference, _is_float_dtype
 
 __all__ = [
     "AccumulationModel",
@@ -94,7 +94,12 @@ def gamma(n, u) -> float:
         raise TypeError(f"u={u!r}: expected a real number (the unit roundoff), got {type(u).__name__}")
     if n < 0 or not (math.isfinite(u) and u >= 0):
         raise ValueError(f"n={n!r}, u={u!r}: expected n >= 0 and a finite unit roundoff u >= 0")
-    nu = int(n) * float(u)
+    if u == 0:
+        return 0.0
+    try:
+        nu = int(n) * float(u)
+    except OverflowError:  # n beyond float64 (and u > 0): n u >= 1
+        return math.inf
     return math.inf if nu >= 1 else nu / (1 - nu)
 
 
@@ -104,6 +109,8 @@ def _check_K(K) -> int:
         raise TypeError(f"K={K!r}: the reduction length must be an int, got {type(K).__name__}")
     if K < 1:
         raise ValueError(f"K={K!r}: the reduction length must be >= 1")
+    if K > 2**62:  # the bounds are floats: a K beyond 2^62 is no GEMM, and overflows them
+        raise ValueError(f"K={K!r}: the reduction length must be at most 2**62")
     return int(K)
 
 
@@ -156,16 +163,50 @@ class AccumulationModel:
     source: str = ""
 
     def __post_init__(self):
+        # every field is checked here: a bound built from a negative, NaN or non-integer parameter is meaningless,
+        # and check() would report OK under it
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name}={getattr(self, name)!r}: expected a str")
+        if not self.name:
+            raise ValueError("name='': a model needs a name (the registry's key)")
         if self.kind not in ("exact", "recursive", "block_fma", "linear", "splitk"):
             raise ValueError(f"kind={self.kind!r}: expected exact, recursive, block_fma, linear or splitk")
-        if self.kind == "block_fma" and (self.k < 1 or self.F < 1 or self.acc_p < 2):
-            raise ValueError(f"block_fma model {self.name!r} needs k >= 1, F >= 1, acc_p >= 2")
+        for name in ("k", "F", "acc_p"):
+            v = getattr(self, name)
+            if not is_int(v):
+                raise TypeError(f"{name}={v!r}: expected an int, got {type(v).__name__}")
+            object.__setattr__(self, name, int(v))
+        if self.k < 1 or (self.kind == "block_fma" and (self.F < 1 or self.acc_p < 2)):
+            raise ValueError(f"model {self.name!r}: needs k >= 1, and for block_fma F >= 1, acc_p >= 2 (got k="
+                             f"{self.k}, F={self.F}, acc_p={self.acc_p})")
         if self.acc_rounding not in ("rz", "rn"):
             raise ValueError(f"acc_rounding={self.acc_rounding!r}: expected 'rz' or 'rn'")
-        if self.promote_every is not None and self.promote_every < 1:
-            raise ValueError(f"promote_every={self.promote_every} must be >= 1")
-        if self.kind == "splitk" and (self.inner is None or not self.chunk or self.chunk < 1):
+        for name in ("u", "slope"):
+            v = getattr(self, name)
+            if not is_real(v):
+                raise TypeError(f"{name}={v!r}: expected a real number, got {type(v).__name__}")
+            if not (math.isfinite(v) and 0 <= v < (1 if name == "u" else math.inf)):
+                raise ValueError(f"{name}={v!r}: expected a finite real >= 0" + (" and < 1" if name == "u" else ""))
+            object.__setattr__(self, name, float(v))
+        if self.kind == "recursive" and not self.u > 0:
+            raise ValueError(f"model {self.name!r}: a recursive model needs its unit roundoff u > 0 (kind 'exact' "
+                             "is the error-free one)")
+        for name in ("promote_every", "chunk"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if not is_int(v):
+                raise TypeError(f"{name}={v!r}: expected None or an int >= 1, got {type(v).__name__}")
+            if v < 1:
+                raise ValueError(f"{name}={v!r}: expected None or an int >= 1")
+            object.__setattr__(self, name, int(v))
+        if self.inner is not None and not isinstance(self.inner, AccumulationModel):
+            raise TypeError(f"inner={self.inner!r}: expected None or an AccumulationModel, got "
+                            f"{type(self.inner).__name__}")
+        if self.kind == "splitk" and (self.inner is None or self.chunk is None):
             raise ValueError("a splitk model needs inner (a model) and chunk >= 1")
+        object.__setattr__(self, "epilogue_multiplies", _check_epilogue_multiplies(self.epilogue_multiplies))
 
     def eps(self, K: int) -> float:
         """eps_acc(K): |computed - exact| <= eps_acc(K) * (|A||B|) for a length-K dot product (rigorous).
@@ -251,7 +292,10 @@ MODELS: dict[str, AccumulationModel] = {}
 
 
 def register_model(model: AccumulationModel) -> AccumulationModel:
-    """Add ``model`` to the registry under ``model.name`` (ValueError if the name is taken by another model)."""
+    """Add ``model`` to the registry under ``model.name`` (ValueError if the name is taken by another model;
+    TypeError if ``model`` is not an :class:`AccumulationModel`)."""
+    if not isinstance(model, AccumulationModel):
+        raise TypeError(f"model: expected an AccumulationModel, got {type(model).__name__}")
     if model.name in MODELS and MODELS[model.name] != model:
         raise ValueError(f"model name {model.name!r} is already registered with different parameters")
     MODELS[model.name] = model
@@ -289,7 +333,9 @@ MODELS["tensor_core_fp32_universal"] = MODELS["tc_fp32_universal"]
 def hopper_fp8_wgmma_promote(n: int) -> AccumulationModel:
     """Hopper fp8 wgmma with the 14-bit accumulator added into fp32 every ``n`` products (Triton's
     ``max_num_imprecise_acc=n``; DeepSeek-V3 promotes every 128)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n):
+        raise TypeError(f"n={n!r}: the promotion interval must be a positive int, got {type(n).__name__}")
+    if n < 1:
         raise ValueError(f"n={n!r}: the promotion interval must be a positive int")
     base = MODELS["hopper_fp8_wgmma"]
     return AccumulationModel(f"hopper_fp8_wgmma_promote({int(n)})", "block_fma", k=base.k, F=base.F,
@@ -299,7 +345,10 @@ def hopper_fp8_wgmma_promote(n: int) -> AccumulationModel:
 def splitk(model, chunk: int) -> AccumulationModel:
     """Split-K: chunks of ``chunk`` products accumulated by ``model``, partials summed in fp32 (RN, fixed order)."""
     inner = get_model(model)
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    if not is_int(chunk):
+        raise TypeError(f"chunk={chunk!r}: the split-K chunk length must be a positive int, got "
+                        f"{type(chunk).__name__}")
+    if chunk < 1:
         raise ValueError(f"chunk={chunk!r}: the split-K chunk length must be a positive int")
     return AccumulationModel(f"splitk({inner.name}, {int(chunk)})", "splitk", chunk=int(chunk), inner=inner,
                              source=f"{inner.name} per chunk + fp32 RN sum of the partials (Higham §3.1)")
@@ -313,7 +362,8 @@ _SPLITK_RE = re.compile(r"^splitk\(\s*(.+?)\s*,\s*([^(),]*?)\s*\)$", re.IGNORECA
 
 def _parameter(text: str, name: str) -> int:
     """The positive int written in a parameterised model name, or a ValueError naming the name."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+    # (at most 18 digits: Python refuses to parse very long digit strings, and no interval is that long)
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < 1:
         raise ValueError(f"model={name!r}: the parameter {text!r} must be a positive int (e.g. "
                          "'hopper_fp8_wgmma_promote(128)', 'splitk(fp32_rn, 512)')")
     return int(text)
@@ -345,6 +395,8 @@ def get_model(model) -> AccumulationModel:
         return hopper_fp8_wgmma_promote(_parameter(m.group(1), model))
     m = _SPLITK_RE.match(name)
     if m:
+        if name.lower().count("splitk(") > 8:  # nesting is recursion here: refuse what no kernel would declare
+            raise ValueError(f"model={model[:80]!r}...: split-K models nested more than 8 deep")
         return splitk(m.group(1), _parameter(m.group(2), model))
     raise ValueError(
         f"model={model!r} is not a known accumulation model; expected one of {sorted(MODELS)}, "
@@ -543,6 +595,8 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
         approximation of the exact value is still sound).
     """
+    if not isinstance(ref, Reference):
+        raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
     m = get_model(model)
     if output_rounding not in OUTPUT_ROUNDINGS:
         raise ValueError(f"output_rounding={output_rounding!r}: expected one of {OUTPUT_ROUNDINGS}")
@@ -734,6 +788,8 @@ def _as_out_array(out, fmt: OutputFormat) -> np.ndarray:
         raise TypeError(f"out must be a numpy array or torch tensor, got {type(out).__name__}")
     if out.dtype.name != fmt.name:
         raise TypeError(f"out must have the reference's output dtype {fmt.name}, got {out.dtype}")
+    if not out.dtype.isnative:  # the poison check compares bytes: the same values in native byte order
+        out = out.astype(out.dtype.newbyteorder("="))
     return out
 
 
@@ -785,14 +841,19 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     out_nan = np.isnan(o64)
     unwritten_mask = np.zeros(o.shape, bool)
     if poison is not None:
-        p = float(poison)
+        try:
+            p = float(poison)
+        except OverflowError:  # a Python int beyond float64: its value as the buffer holds it, +-inf
+            p = math.inf if poison > 0 else -math.inf
         if math.isnan(p):
             unwritten_mask = out_nan & ~ref_nan
         else:
-            pbits = np.array([p]).astype(fmt.dtype).view(np.uint8)
+            with np.errstate(over="ignore"):
+                stored = np.array([p]).astype(fmt.dtype)  # the poison as the buffer holds it (RNE to the format)
+            pbits = stored.view(np.uint8)
             itemsize = np.dtype(fmt.dtype).itemsize
             ob = np.ascontiguousarray(o).view(np.uint8).reshape(o.shape + (itemsize,))
-            unwritten_mask = np.all(ob == pbits, axis=-1) & (r64 != p)
+            unwritten_mask = np.all(ob == pbits, axis=-1) & (r64 != float(stored[0]))
     nan_mm = (ref_nan != out_nan) & ~unwritten_mask
 
     both = ~ref_nan & ~out_nan & ~unwritten_mask
@@ -937,14 +998,15 @@ def _recursive_chain(P: np.ndarray, u: float) -> np.ndarray:
         raise ValueError("the simulator models recursive summation in fp32 only")
     acc = np.zeros(P.shape[0], dtype=np.float32)
     for k in range(P.shape[1]):
-        acc = acc + P[:, k].astype(np.float32)  # products must be exact in fp32 (checked by the caller)
+        acc = acc + P[:, k].astype(np.float32)  # the products are exact in fp32 (simulate checks it)
     return acc.astype(np.float64)
 
 
 def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
     K = P.shape[1]
     if m.kind == "exact":
-        return np.sum(P, axis=1)  # exact only when the float64 conditions hold (the caller's inputs)
+        # fsum: the exact sum of the (exact) products, rounded once to float64 (np.sum loses 1 in 1 + 2^60 - 2^60)
+        return np.array([math.fsum(row) for row in P], dtype=np.float64)
     if m.kind == "recursive":
         return _recursive_chain(P, m.u)
     if m.kind == "splitk":
@@ -964,26 +1026,80 @@ def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
     raise ValueError(f"model {m.name!r} (kind {m.kind}) has no simulator")
 
 
+def _sim_operand(x, name: str) -> np.ndarray:
+    """``x`` as float64 values: a floating array (float16 / 32 / 64, ml_dtypes floats), finite, any byte order."""
+    arr = np.asarray(to_numpy(x, name))
+    if not _is_float_dtype(arr.dtype):
+        raise TypeError(f"{name} must be a floating array (float16 / bfloat16 / float32 / float64 / float8 values), "
+                        f"got dtype {arr.dtype}")
+    x64 = arr.astype(np.float64)
+    if not np.all(np.isfinite(x64)):
+        raise ValueError(f"{name} holds NaN or inf: the simulator models finite arithmetic")
+    return x64
+
+
+def _bits(x: np.ndarray) -> tuple:
+    """(significant bits, exponent of the leading bit, exponent of the lowest set bit) of finite float64 values;
+    a zero has 0 bits (its exponents are never read)."""
+    f, e = np.frexp(x)
+    mant = (np.abs(f) * 2.0**53).astype(np.int64)  # exact: |f| < 1 has 53 significant bits at most
+    low_bit = np.where(mant > 0, mant & -mant, 1)
+    tz = np.round(np.log2(low_bit.astype(np.float64))).astype(np.int64)  # exact: a power of two
+    nbits = np.where(mant > 0, 53 - tz, 0)
+    return nbits, e.astype(np.int64) - 1, e.astype(np.int64) - 53 + tz
+
+
+def _check_exact_products(a64: np.ndarray, b64: np.ndarray, p: int, emax: int, emin_low: int, what: str) -> None:
+    """Raise ValueError unless every product a[i, k] * b[j, k] is provably exact in a format of ``p`` significant
+    bits, leading-bit exponent <= ``emax`` and lowest-bit exponent >= ``emin_low``: the operands' significant bits
+    sum to at most p (a sufficient condition) and the exponents stay in range."""
+    na, ta, la = _bits(a64)
+    nb, tb, lb = _bits(b64)
+    nz = (na[:, None, :] > 0) & (nb[None, :, :] > 0)
+    ok = ~nz | ((na[:, None, :] + nb[None, :, :] <= p) & (ta[:, None, :] + tb[None, :, :] + 1 <= emax)
+                & (la[:, None, :] + lb[None, :, :] >= emin_low))
+    if not np.all(ok):
+        i, j, k = (int(v) for v in np.argwhere(~ok)[0])
+        raise ValueError(f"a[{i}, {k}] * b[{j}, {k}] = {a64[i, k]!r} * {b64[j, k]!r} is not provably exact in {what} "
+                         f"(operands of {int(na[i, k])} + {int(nb[j, k])} significant bits, at most {p}; or out of its "
+                         "exponent range): the simulator adds exact products only")
+
+
 def simulate(a, b, model) -> np.ndarray:
     """Accumulate a @ b.T the way ``model`` says (before any output rounding); float64 [M, N].
 
     Block FMA: per step of k products, the exact products and the accumulator are aligned to the largest exponent
     E, truncated toward zero to multiples of 2^(E - F), summed exactly and rounded (RZ) to ``acc_p`` significant
     bits; promotion adds each chunk into an fp32 accumulator (RN); split-K sums chunk results in fp32 (RN) in
-    order; ``fp32_rn`` adds the products one by one in fp32. The exponent range of the accumulator is not modelled
-    (keep results in the fp32 normal range). ``tc_fp32_universal`` has no simulator (it is a bound, not a machine).
+    order; ``fp32_rn`` adds the products one by one in fp32; ``exact`` is the exact sum rounded once to float64
+    (``math.fsum``). The exponent range of the accumulator is not modelled (keep results in the fp32 normal range).
+    ``tc_fp32_universal`` and recursive models other than fp32's have no simulator (they are bounds, not machines).
 
     Args:
-        a: float array [M, K] (fp16 / bf16 / fp32 / float64 values; the products must be exact in float64, and for
-            fp32 summation exact in fp32 too, e.g. fp16 x fp16, e4m3 x e4m3).
-        b: float array [N, K].
+        a: floating array [M, K] (float16 / bfloat16 / float32 / float64 / float8 values, numpy, ml_dtypes or
+            torch; any byte order), finite.
+        b: floating array [N, K], the same.
         model: name or :class:`AccumulationModel`.
+
+    Raises:
+        TypeError: ``a`` / ``b`` not of a floating dtype (ints, bools, strings, complex are not converted); ``model``
+            as :func:`get_model`.
+        ValueError: not 2-D or K differs; NaN or inf in an operand; a product not provably exact in float64 (the
+            operands' significant bits must sum to at most 53), or for a model that adds the products in fp32
+            (recursive, and split-K over one) in fp32 (at most 24, within fp32's exponent range): e.g. fp16 x fp16,
+            bf16 x bf16, e4m3 x e4m3 pass; fp32 x fp32 under ``fp32_rn`` does not; a model without a simulator.
     """
     m = get_model(model)
-    a64 = np.asarray(to_numpy(a, "a")).astype(np.float64)
-    b64 = np.asarray(to_numpy(b, "b")).astype(np.float64)
+    a64, b64 = _sim_operand(a, "a"), _sim_operand(b, "b")
     if a64.ndim != 2 or b64.ndim != 2 or a64.shape[1] != b64.shape[1]:
         raise ValueError(f"a [M, K] and b [N, K] must be 2-D and share K, got {a64.shape} and {b64.shape}")
+    inner = m
+    while inner.kind == "splitk":
+        inner = inner.inner
+    if inner.kind == "recursive":
+        _check_exact_products(a64, b64, 24, 127, -149, "fp32")
+    else:
+        _check_exact_products(a64, b64, 53, 1023, -1074, "float64")
     M, K = a64.shape
     N = b64.shape[0]
     P = (a64[:, None, :] * b64[None, :, :]).reshape(M * N, K)

@@ -509,3 +509,87 @@ def test_gamma_values_and_refusals():
                       (10, "u", TypeError)):
         with pytest.raises(err):
             bounds.gamma(n, u)
+
+
+def test_accumulation_model_fields_are_checked():
+    """A model built from a negative, NaN, huge or non-integer parameter gave a meaningless bound that check()
+    reported OK under (epilogue_multiplies=10**8: 8144 ulp passed); every field is checked when the model is made."""
+    A = bounds.AccumulationModel
+    for kw, err in ((dict(kind="exact", epilogue_multiplies=10**8), ValueError),
+                    (dict(kind="exact", epilogue_multiplies=-3), ValueError),
+                    (dict(kind="linear", slope=-1.0), ValueError), (dict(kind="linear", slope=float("nan")), ValueError),
+                    (dict(kind="linear", slope="1"), TypeError), (dict(kind="recursive", u=0.0), ValueError),
+                    (dict(kind="recursive", u=1.5), ValueError), (dict(kind="block_fma", k=1.5, F=13), TypeError),
+                    (dict(kind="block_fma", k=32, F=13, promote_every=2.5), TypeError),
+                    (dict(kind="block_fma", k=32, F=13, promote_every=0), ValueError),
+                    (dict(kind="block_fma", k=True, F=13), TypeError),
+                    (dict(kind="splitk", chunk=64, inner="fp32_rn"), TypeError),
+                    (dict(kind="splitk", chunk=0, inner=bounds.get_model("fp32_rn")), ValueError),
+                    (dict(kind="exact", source=3), TypeError)):
+        with pytest.raises(err):
+            A("m", **kw)
+    with pytest.raises(ValueError, match="name=''"):
+        A("", "exact")
+    m = A("m", "block_fma", k=np.int64(32), F=np.int32(13), acc_p=14, promote_every=np.int64(128),
+          epilogue_multiplies=np.int64(2))
+    assert (type(m.k), type(m.promote_every), type(m.epilogue_multiplies)) == (int, int, int)
+    assert m.eps(256) == bounds.hopper_fp8_wgmma_promote(128).eps(256)
+    with pytest.raises(TypeError, match="expected an AccumulationModel, got str"):
+        bounds.register_model("foo")
+    ref = gemm.gemm_fp16(np.ones((2, 4), np.float16), np.ones((2, 4), np.float16))
+    with pytest.raises(TypeError, match="ref must be an fp4ref.gemm.Reference"):
+        bounds.bound(None, "fp32_rn")
+
+
+def test_parameters_and_names_beyond_range_are_named_errors():
+    """Ints beyond float64 and deeply nested or very long names give the module's own errors (they gave
+    OverflowError, RecursionError and Python's digit-limit error); a wrong parameter type is a TypeError."""
+    assert bounds.gamma(10**400, 2.0**-24) == math.inf and bounds.gamma(10**400, 0.0) == 0.0
+    with pytest.raises(ValueError, match=r"at most 2\*\*62"):
+        bounds.get_model("fp32_rn").eps(10**400)
+    with pytest.raises(ValueError, match="nested more than 8 deep"):
+        bounds.get_model("splitk(" * 500 + "fp32_rn" + ", 2)" * 500)
+    assert bounds.get_model("splitk(" * 3 + "fp32_rn" + ", 2)" * 3).eps(8) > 0
+    with pytest.raises(ValueError, match="must be a positive int"):
+        bounds.get_model(f"hopper_fp8_wgmma_promote({'9' * 5000})")
+    for bad in (1.5, True, "8"):
+        with pytest.raises(TypeError, match="promotion interval must be a positive int"):
+            bounds.hopper_fp8_wgmma_promote(bad)
+        with pytest.raises(TypeError, match="chunk length must be a positive int"):
+            bounds.splitk("fp32_rn", bad)
+
+
+def test_poison_is_compared_as_the_output_holds_it():
+    """poison=0.1 is stored in fp16 as 0.0999755859375: an element equal to the reference there is written (it was
+    counted unwritten against the unrounded 0.1); a big-endian output is compared in its values, not its bytes."""
+    r = gemm.gemm_fp16(np.array([[0.1, 0.2]], np.float16), np.eye(2, dtype=np.float16))
+    assert bounds.check(r.out, r, poison=0.1).ok
+    out = np.full(r.out.shape, 0.5, np.float16)
+    assert bounds.check(out, r, poison=0.5).unwritten == 2
+    assert bounds.check(out.astype(">f2"), r, poison=0.5).unwritten == 2  # was 0: bytes compared across orders
+    assert bounds.check(out, r, poison=10**400).unwritten == 0  # beyond float64: +inf, held by no element
+
+
+def test_simulate_refuses_what_it_cannot_model_and_sums_exactly():
+    """simulate adds exact products only: NaN/inf, non-float dtypes and products not provably exact in the chain's
+    format are refused; the exact model is the exact sum (1 + 2^60 - 2^60 = 1, which np.sum lost)."""
+    a = np.array([[1.0, 2.0**60, -(2.0**60)]])
+    assert bounds.simulate(a, np.ones((1, 3)), "exact")[0, 0] == 1.0
+    x = np.array([[1.5, 2.0]], np.float16)
+    for bad, err, what in ((np.array([[np.nan, 1.0]]), ValueError, "NaN or inf"),
+                           (np.array([[1, 2]]), TypeError, "floating array"),
+                           (np.array([[True, False]]), TypeError, "floating array"),
+                           (np.array([["1.5", "2"]]), TypeError, "floating array"),
+                           (np.array([[1 + 1j, 2]]), TypeError, "floating array")):
+        with pytest.raises(err, match=what):
+            bounds.simulate(bad, x, "fp32_rn")
+    f32 = np.array([[1 + 2.0**-23, 1.0]], np.float32)  # 24 + 24 significant bits: not exact in fp32
+    with pytest.raises(ValueError, match=r"not provably exact in fp32"):
+        bounds.simulate(f32, f32, "fp32_rn")
+    with pytest.raises(ValueError, match=r"not provably exact in fp32"):
+        bounds.simulate(f32, f32, "splitk(fp32_rn, 1)")
+    assert bounds.simulate(f32, f32, "hopper_fp16_wgmma").shape == (1, 1)  # exact in float64: the block chain
+    with pytest.raises(ValueError, match=r"not provably exact in float64"):
+        bounds.simulate(np.array([[1 + 2.0**-40]]), np.array([[1 + 2.0**-40]]), "exact")
+    big = x.astype(">f2")
+    assert bounds.simulate(big, big, "fp32_rn") == bounds.simulate(x, x, "fp32_rn") == 1.5**2 + 4

@@ -458,3 +458,17 @@ def test_out_must_have_the_reference_dtype():
     assert diagnose(sref.out, sref, workload=SPARSE, operands=sops) == []
     with pytest.raises(TypeError, match=r"^out must have the reference's output dtype bfloat16, got float32$"):
         diagnose(sref.out.astype(np.float32), sref, workload=SPARSE, operands=sops)
+
+
+def test_sparse_nan_b_is_diagnosed_without_the_accumulator_candidate():
+    """b with NaN bytes (the sparse workload's nan_b family): the 14-bit accumulator simulator models finite
+    arithmetic and refuses NaN operands, so that candidate is left out (diagnose raised through it); a correct
+    output names no bug, and a planted truncating store is still named."""
+    ops = _ops(SPARSE, "nan_b", 4, 64, 256)
+    assert np.isnan(E4M3[ops["b_fp8"].view(np.uint8)]).any()
+    with pytest.raises(ValueError, match=r"^b holds NaN or inf"):
+        bounds.simulate(_sparse_A(ops["a_vals"], ops["a_meta"]), E4M3[ops["b_fp8"].view(np.uint8)], "exact")
+    ref = SPARSE.reference(**ops)
+    assert diagnose(ref.out.copy(), ref, workload=SPARSE, operands=ops) == []
+    names = {d.bug for d in diagnose(truncating_store(SPARSE, ops, ref), ref, workload=SPARSE, operands=ops)}
+    assert names == {"rounded_toward_zero"}, names
