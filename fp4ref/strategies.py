@@ -40,6 +40,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise ModuleNotFoundError("fp4ref.strategies needs hypothesis, which is not installed: pip install "
                               "'fp4ref[testing]'", name="hypothesis") from exc
 
+from ._validate import is_int, positive_float32
 from .blockscale import NVFP4Tensor, _mx_element
 from .packing import CANONICAL_META
 
@@ -100,11 +101,13 @@ def gemm_shapes(*, min_m=1, max_m=64, min_n=1, max_n=64, min_k=1, max_k=256, m_m
 
 
 def _shape_strategy(shape):
+    """``shape`` (a non-negative int, a tuple of them, or a strategy) as a strategy of shape tuples; called when a
+    strategy is built, so a bad fixed shape (2.0, a bool, -1, a list) is an InvalidArgument then, not at draw time."""
     if isinstance(shape, st.SearchStrategy):
         return shape
-    if isinstance(shape, (int, np.integer)):
+    if is_int(shape):
         shape = (int(shape),)
-    if not isinstance(shape, tuple) or not all(isinstance(s, (int, np.integer)) and s >= 0 for s in shape):
+    if not isinstance(shape, tuple) or not all(is_int(s) and s >= 0 for s in shape):
         raise InvalidArgument(f"shape={shape!r} must be a tuple of non-negative ints or a strategy")
     return st.just(tuple(int(s) for s in shape))
 
@@ -113,10 +116,11 @@ def _array_from_choices(shape, choices, dtype=np.uint8):
     """uint8 array of ``shape`` drawn from ``choices`` (a sequence of ints) with a random generator seeded by
     Hypothesis (fast for large arrays; shrinks through the seed) and a few explicitly drawn cells."""
     choices = np.asarray(list(choices), dtype=np.int64)
+    shapes = _shape_strategy(shape)  # validated now, when the strategy is built
 
     @st.composite
     def _draw(draw):
-        shp = draw(_shape_strategy(shape))
+        shp = draw(shapes)
         seed = draw(st.integers(0, 2**32 - 1))
         rng = np.random.default_rng(seed)
         arr = choices[rng.integers(0, len(choices), size=shp)].astype(dtype)
@@ -176,8 +180,15 @@ def sparse_a_operands(m, k, *, canonical=False, int8=False) -> st.SearchStrategy
     """(a_vals, a_meta) for the sparse workload, shape [m, k/4] each (``k`` a multiple of 4; ints or strategies).
 
     ``canonical=False`` draws any bytes (the public benchmark's randint(-128, 128) int8 inputs); ``int8=True``
-    returns int8 views of the same bytes."""
-    if isinstance(k, (int, np.integer)) and k % 4:
+    returns int8 views of the same bytes.
+
+    Raises:
+        InvalidArgument: (when built) a fixed ``m`` or ``k`` that is not an int >= 0, or ``k`` not a multiple of 4;
+            a drawn ``k`` not a multiple of 4 is one at draw time."""
+    for nm, v in (("m", m), ("k", k)):
+        if not isinstance(v, st.SearchStrategy):
+            _check_int(nm, v, 0)
+    if not isinstance(k, st.SearchStrategy) and k % 4:
         raise InvalidArgument(f"k={k} must be a multiple of 4")
 
     @st.composite
@@ -221,34 +232,83 @@ def _pattern(rng, shape, pattern, max_exp, min_exp):
     return y
 
 
+#: fp16's largest finite exponent (65504 = 1.999 * 2^15): the largest ``max_exponent`` of :func:`fp16_matrices`.
+_FP16_MAX_EXPONENT = 15
+_FP16_MAX = float(np.finfo(np.float16).max)
+
+
 def fp16_matrices(shape, *, patterns=MAGNITUDE_PATTERNS, max_exponent=6, min_exponent=-20,
                   allow_nonfinite=False) -> st.SearchStrategy[np.ndarray]:
     """float16 2-D arrays with adversarial magnitude patterns (``MAGNITUDE_PATTERNS``): wide exponent spread,
     per-row scales, cancelling pairs, subnormal-range (``tiny``), near-overflow (``huge``) and one dominant element
-    per row. ``allow_nonfinite`` sprinkles +-inf / NaN. Values are float16 RNE casts of float64 draws."""
+    per row. ``allow_nonfinite`` sprinkles +-inf / NaN; without it every value is finite. Values are float16 RNE
+    casts of float64 draws (standard normals times powers of two), those beyond fp16's range clamped to +-65504.
+
+    Args:
+        shape: (rows, cols), non-negative ints, or a strategy of such 2-tuples (its draws are checked when drawn).
+        patterns: a non-empty subset of ``MAGNITUDE_PATTERNS``.
+        max_exponent: int in [-30, 15] (15: fp16's largest finite exponent): ``wide`` / ``rows`` scale by 2^e,
+            e in [min_exponent, max_exponent); ``huge`` by 2^(max_exponent - 3).
+        min_exponent: int >= -40, below ``max_exponent``: the smallest such e; ``tiny`` scales by 2^min_exponent.
+
+    Returns:
+        a strategy of float16 arrays of ``shape``.
+
+    Raises:
+        InvalidArgument: (when built) an unknown pattern; an exponent not an int or out of range; a fixed shape
+            that is not a 2-tuple of non-negative ints.
+    """
     bad = [p for p in patterns if p not in MAGNITUDE_PATTERNS]
     if bad or not patterns:
         raise InvalidArgument(f"patterns={patterns!r}: each must be one of {MAGNITUDE_PATTERNS}")
     _check_int("max_exponent", max_exponent, -30)
+    if max_exponent > _FP16_MAX_EXPONENT:
+        raise InvalidArgument(f"max_exponent={max_exponent} must be <= {_FP16_MAX_EXPONENT} (fp16's largest finite "
+                              f"exponent: 2^16 overflows)")
     _check_int("min_exponent", min_exponent, -40)
     if min_exponent >= max_exponent:
         raise InvalidArgument(f"min_exponent={min_exponent} is not smaller than max_exponent={max_exponent}")
+    shapes = _shape_strategy(shape)
+    if not isinstance(shape, st.SearchStrategy) and (is_int(shape) or len(shape) != 2):
+        raise InvalidArgument(f"shape={shape!r}: fp16_matrices needs a 2-D shape (rows, cols)")
 
     @st.composite
     def _draw(draw):
-        shp = draw(_shape_strategy(shape))
+        shp = draw(shapes)
         if len(shp) != 2:
             raise InvalidArgument(f"fp16_matrices needs a 2-D shape, got {shp}")
         pattern = draw(st.sampled_from(list(patterns)))
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-        with np.errstate(over="ignore"):
-            a = _pattern(rng, shp, pattern, max_exponent, min_exponent).astype(np.float16)
+        x = _pattern(rng, shp, pattern, max_exponent, min_exponent)
+        a = np.clip(x, -_FP16_MAX, _FP16_MAX).astype(np.float16)  # |x| * 2^14 can pass 65520 (inf) at 15
         if allow_nonfinite and a.size and draw(st.booleans()):
             i = draw(st.integers(0, a.size - 1))
             a.reshape(-1)[i] = draw(st.sampled_from([np.inf, -np.inf, np.nan]))
         return a
 
     return _draw()
+
+
+def _check_arrays_args(rng, m, n, k, *, sparse=False, promote_every=None):
+    """The arguments of a plain-numpy ``*_arrays`` construction (no Hypothesis, so TypeError / ValueError, not
+    InvalidArgument): ``rng`` a numpy Generator, ``m``, ``n`` ints >= 0, ``k`` an int >= 1 (``sparse``: a multiple
+    of 4), ``promote_every`` None or an int >= 1. Each error names the argument."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator (np.random.default_rng(seed)), got {type(rng).__name__}")
+    for nm, v, lo in (("m", m, 0), ("n", n, 0), ("k", k, 1)):
+        if not is_int(v):
+            raise TypeError(f"{nm}={v!r} must be an int, got {type(v).__name__}")
+        if v < lo:
+            raise ValueError(f"{nm}={v} must be >= {lo}")
+    if sparse and k % 4:
+        raise ValueError(f"k={k} must be a multiple of 4 (2:4 sparsity: a_vals and a_meta hold one byte per 4 "
+                         f"K-columns)")
+    if promote_every is not None:
+        if not is_int(promote_every):
+            raise TypeError(f"promote_every={promote_every!r} must be None or an int, got "
+                            f"{type(promote_every).__name__}")
+        if promote_every < 1:
+            raise ValueError(f"promote_every={promote_every} must be >= 1 (products per promotion to fp32)")
 
 
 def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
@@ -285,7 +345,18 @@ def exact_accumulation_fp16_arrays(rng, m, n, k) -> tuple:
     monotonically to at least ``_fp16_run_floor(k)`` (>= 2^11: there an fp16 accumulator's ulp is >= 2, bf16's
     >= 16, while the products lie on 2^-(sa+sb) Z, so fp16/bf16 accumulation cannot keep them); the second run
     holds -A and B of the first, so it brings every sum back to exactly 0 and the results are those of the
-    remaining columns, uniform in [-imax, imax] (cancellation, exact fp16 output ties)."""
+    remaining columns, uniform in [-imax, imax] (cancellation, exact fp16 output ties).
+
+    Args:
+        rng: a ``np.random.Generator``. m, n: ints >= 0. k: an int >= 1.
+
+    Returns:
+        (A, B): float16 arrays [m, k] and [n, k].
+
+    Raises:
+        TypeError: ``rng`` not a Generator; ``m``, ``n`` or ``k`` not an int (a bool, 8.0).
+        ValueError: ``m`` or ``n`` < 0, ``k`` < 1, or ``k`` too large for the family (k * 2^2 >= 2^24)."""
+    _check_arrays_args(rng, m, n, k)
     imax = min(2047, int(np.floor(np.sqrt((2**24 - 1) / k))))
     if imax < 2:
         raise ValueError(f"k={k} is too large for an exact-accumulation family (k * imax^2 < 2^24)")
@@ -376,7 +447,21 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
     half-odd products (0.5 b, 1.5 b, b odd) keep bits on the 2^-1 grid: an unpromoted 14-bit accumulator (ulp >= 1 above
     2^13) drops them. The rest is
     uniform over the allowed codes (cancellation, output ties). The 128-product chunk bound of ``promote_every``
-    holds everywhere (the run uses the same B bytes, |v0| + |v1| <= 12)."""
+    holds everywhere (the run uses the same B bytes, |v0| + |v1| <= 12).
+
+    Args:
+        rng: a ``np.random.Generator``. m, n: ints >= 0. k: an int >= 1, a multiple of 4. promote_every: None or an
+            int >= 1.
+
+    Returns:
+        (a_vals, a_meta, b_fp8): uint8 arrays [m, k/4] (packed E2M1 pairs), [m, k/4] (2:4 metadata) and [n, k]
+        (E4M3FN bytes).
+
+    Raises:
+        TypeError: ``rng`` not a Generator; ``m``, ``n``, ``k`` or ``promote_every`` not an int (a bool, 8.0).
+        ValueError: ``m`` or ``n`` < 0, ``k`` < 1 or not a multiple of 4, ``promote_every`` < 1, or no room for the
+            family at that ``k`` / ``promote_every``."""
+    _check_arrays_args(rng, m, n, k, sparse=True, promote_every=promote_every)
     ok = _exact_sparse_b_bytes(k, promote_every, positive)
     val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
     pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
@@ -440,11 +525,24 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
     E4M3FN bytes, ``global_decode_scale`` float32; pass two of them to ``gemm.nvfp4_gemm(xq, wq)`` as they are.
     Block scale classes: zero blocks (scale 0x00), subnormal scales (0x01..0x07), typical, near-overflow
     (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes only with ``allow_nan_scale``.
-    ``global_scale``: a float, or None to draw one (powers of two and odd float32s)."""
+    ``global_scale``: a real scalar (a float or int, a numpy scalar, a 0-d array or tensor), rounded to float32 once
+    and finite and > 0 there, as the quantizers' global decode scale must be; or None to draw one (powers of two
+    and odd float32s).
+
+    Raises:
+        InvalidArgument: (when built) ``rows`` or ``k`` not an int, ``rows`` < 1, ``k`` not a positive multiple of
+            16; ``global_scale`` not a real number (a bool, a str) or not finite and > 0 as float32 (0, -1, NaN,
+            inf, 1e-50, 1e39).
+    """
     _check_int("rows", rows, 1)
     _check_int("k", k, 16)
     if k % 16:
         raise InvalidArgument(f"k={k} must be a multiple of 16")
+    if global_scale is not None:
+        try:  # the rule of fp4ref.blockscale's global decode scale (fp4ref._validate.positive_float32)
+            global_scale = positive_float32(global_scale, "global_scale")
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(str(exc)) from None
     scale_choices = [0x00] * 4 + list(range(0x01, 0x08)) + list(range(0x08, 0x7E)) + [0x7E] * 8
     if allow_nan_scale:
         scale_choices += [0x7F] * 2
@@ -497,17 +595,24 @@ def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.
     [rows, k/block] UE8M0 bytes, "elem": the canonical name (:data:`fp4ref.blockscale.MX_ELEMENTS`; ``elem`` may
     be any case, "e4m3" for "e4m3fn")}. Scale bytes cover 0 (2^-127, an fp32 subnormal), small, 127 (1.0),
     large and 254 (2^127); 255 (NaN) only with ``allow_nan_scale``. Element codes: every code of the element format
-    (E4M3FN NaN codes excluded)."""
+    (E4M3FN NaN codes excluded).
+
+    Raises:
+        InvalidArgument: (when built) ``rows``, ``k`` or ``block`` not an int >= 1; ``k`` not a multiple of
+            ``block``; an odd ``k`` for e2m1 (two codes per packed byte); an unknown ``elem``.
+    """
     _check_int("rows", rows, 1)
     _check_int("k", k, 1)
     _check_int("block", block, 1)
-    if k % block:
-        raise InvalidArgument(f"k={k} must be a multiple of block={block}")
     widths = {"e2m1": 4, "e2m3": 6, "e3m2": 6, "e4m3fn": 8, "e5m2": 8}
     try:
         elem = _mx_element(elem)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(str(exc)) from None
+    if k % block:
+        raise InvalidArgument(f"k={k} must be a multiple of block={block}")
+    if elem == "e2m1" and k % 2:
+        raise InvalidArgument(f"k={k} must be even for elem='e2m1' (codes are packed two per byte, [rows, k/2])")
     scale_choices = [0, 1, 2, 100, 120, 126, 127, 128, 134, 200, 253, 254] + list(range(256 - 1))
     if allow_nan_scale:
         scale_choices += [255] * 4

@@ -9,7 +9,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -211,3 +211,109 @@ def test_exact_accumulation_sparse_promoted_family():
     with pytest.raises(InvalidArgument):
         fst.exact_accumulation_sparse(2, 2, 6)
     assert math.isfinite(float(np.max(ref.exact)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# argument validation when BUILT (module docstring): shapes, exponents, scales, the plain-numpy constructions
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k, block", [(3, 1), (1, 1), (5, 5)])
+def test_mx_operands_e2m1_needs_even_k(k, block):
+    # e2m1 codes are packed two per byte: an odd k gave codes (1, k // 2) that no longer hold k codes
+    with pytest.raises(InvalidArgument, match=rf"^k={k} must be even for elem='e2m1'"):
+        fst.mx_operands(1, k, block=block)
+
+
+@pytest.mark.parametrize("k, block, elem, codes, scales", [(6, 3, "e2m1", (1, 3), (1, 2)),
+                                                           (3, 1, "e4m3", (1, 3), (1, 3)),
+                                                           (5, 5, "e3m2", (1, 5), (1, 1))])
+def test_mx_operands_shapes_follow_k_and_block(k, block, elem, codes, scales):
+    op = find(fst.mx_operands(1, k, block=block, elem=elem), lambda op: True)
+    assert op["codes"].shape == codes and op["scales"].shape == scales
+
+
+@pytest.mark.parametrize("g", [-1, 0, -0.0, float("nan"), float("inf"), 1e-50, 1e39])
+def test_nvfp4_operands_global_scale_finite_positive_when_built(g):
+    with pytest.raises(InvalidArgument, match=r"^global_scale=.*expected a finite positive float"):
+        fst.nvfp4_operands(2, 16, global_scale=g)
+
+
+@pytest.mark.parametrize("g", [True, np.bool_(False), "x", "1.0", np.array([1.0, 2.0])])
+def test_nvfp4_operands_global_scale_type_when_built(g):
+    with pytest.raises(TypeError, match=r"^global_scale must be a real number") as info:
+        fst.nvfp4_operands(2, 16, global_scale=g)
+    assert isinstance(info.value, InvalidArgument)
+
+
+@given(fst.nvfp4_operands(1, 16, global_scale=np.float64(0.1)), fst.nvfp4_operands(1, 16, global_scale=3))
+def test_nvfp4_operands_global_scale_rounded_to_float32_once(a, b):
+    assert a.global_decode_scale == np.float32(0.1) and b.global_decode_scale == np.float32(3.0)
+    assert isinstance(a.global_decode_scale, np.float32)
+
+
+@pytest.mark.parametrize("max_exponent", [16, 20, 10**6])
+def test_fp16_matrices_max_exponent_at_most_15(max_exponent):
+    with pytest.raises(InvalidArgument, match=rf"^max_exponent={max_exponent} must be <= 15"):
+        fst.fp16_matrices((2, 2), max_exponent=max_exponent)
+
+
+@settings(max_examples=30, deadline=None)
+@given(fst.fp16_matrices((64, 512), patterns=("wide", "rows", "huge"), max_exponent=15, min_exponent=13))
+def test_fp16_matrices_finite_without_allow_nonfinite(a):
+    # randn * 2^14 passes fp16's overflow threshold 65520 for |randn| > 4: such values clamp to +-65504
+    assert a.dtype == np.float16 and a.shape == (64, 512) and np.all(np.isfinite(a))
+
+
+@pytest.mark.parametrize("build, match", [
+    (lambda: fst.fp16_matrices((2.0, 2)), r"^shape=\(2\.0, 2\) must be a tuple of non-negative ints"),
+    (lambda: fst.fp16_matrices([2, 2]), r"^shape=\[2, 2\] must be a tuple"),
+    (lambda: fst.fp16_matrices((2, 2, 2)), r"^shape=\(2, 2, 2\): fp16_matrices needs a 2-D shape"),
+    (lambda: fst.fp16_matrices(4), r"^shape=4: fp16_matrices needs a 2-D shape"),
+    (lambda: fst.e2m1_codes((2.0, 2)), r"^shape=\(2\.0, 2\)"),
+    (lambda: fst.e4m3_bytes((True, 2)), r"^shape=\(True, 2\)"),
+    (lambda: fst.packed_fp4(-1), r"^shape=\(-1,\)"),
+    (lambda: fst.meta_bytes((2, -3)), r"^shape=\(2, -3\)"),
+    (lambda: fst.sparse_a_operands(2.0, 8), r"^m=2\.0 must be an int"),
+    (lambda: fst.sparse_a_operands(2, 8.0), r"^k=8\.0 must be an int"),
+])
+def test_shapes_validated_when_built(build, match):
+    with pytest.raises(InvalidArgument, match=match):
+        build()  # building raises: nothing is drawn
+
+
+def test_drawn_shapes_still_checked_when_drawn():
+    s = fst.fp16_matrices(st.just((2, 2, 2)))  # a strategy: its draws are checked when drawn
+    with pytest.raises(InvalidArgument, match="needs a 2-D shape"):
+        find(s, lambda a: True)
+    assert find(fst.fp16_matrices(st.just((3, 0))), lambda a: True).shape == (3, 0)
+
+
+_RNG = np.random.default_rng
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: fst.exact_accumulation_fp16_arrays(_RNG(0), 2, 2, 0), ValueError, r"^k=0 must be >= 1"),
+    (lambda: fst.exact_accumulation_fp16_arrays(None, 2, 2, 8), TypeError, r"^rng must be a numpy Generator"),
+    (lambda: fst.exact_accumulation_fp16_arrays(0, 2, 2, 8), TypeError, r"^rng must be a numpy Generator"),
+    (lambda: fst.exact_accumulation_fp16_arrays(_RNG(0), -1, 2, 8), ValueError, r"^m=-1 must be >= 0"),
+    (lambda: fst.exact_accumulation_fp16_arrays(_RNG(0), 2, 2.0, 8), TypeError, r"^n=2\.0 must be an int"),
+    (lambda: fst.exact_accumulation_fp16_arrays(_RNG(0), 2, 2, True), TypeError, r"^k=True must be an int"),
+    (lambda: fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 2, 0), ValueError, r"^k=0 must be >= 1"),
+    (lambda: fst.exact_accumulation_sparse_arrays(None, 2, 2, 8), TypeError, r"^rng must be a numpy Generator"),
+    (lambda: fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 2, 8, promote_every=0), ValueError,
+     r"^promote_every=0 must be >= 1"),
+    (lambda: fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 2, 8, promote_every=True), TypeError,
+     r"^promote_every=True must be None or an int"),
+    (lambda: fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 2, 6), ValueError, r"^k=6 must be a multiple of 4"),
+    (lambda: fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 2, 8.0), TypeError, r"^k=8\.0 must be an int"),
+])
+def test_exact_accumulation_arrays_validate_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_exact_accumulation_sparse_arrays_shapes():
+    vals, meta, b = fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 3, 12, promote_every=np.int64(128))
+    assert vals.shape == meta.shape == (2, 3) and b.shape == (3, 12)
+    assert vals.dtype == meta.dtype == b.dtype == np.uint8
