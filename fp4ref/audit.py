@@ -15,7 +15,8 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``code-nan``: MXFP8 element codes 0x7F / 0xFF (E4M3FN NaN).
 * ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
 * ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
-* ``global-scale``: finite and positive; members of a fused group (q/k/v, gate/up, w1/w3) must share it.
+* ``global-scale``: finite and positive (compressed-tensors' encode scale: its fp32 reciprocal finite too); members
+  of a fused group (q/k/v, gate/up, w1/w3) must share it.
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
   detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8). An ``fp4ref.format``
   fp4ref does not know is an error (exit 2) when the layout has no other record of the format.
@@ -87,37 +88,8 @@ class AuditReport:
                 "clean": self.clean, "tensors": [asdict(t) for t in self.tensors]}
 
 
-def _expect(layer, ckpt, cf: str):
-    """(name, dtype, shape) the layout requires for each of the layer's tensors."""
-    fmt = layer.fmt
-    block = C.FORMATS[fmt][0]
-    lead, k = tuple(layer.shape[:-1]), layer.shape[-1]
-    kp = layer.k_padded
-    out = [(layer.codes, "F8_E4M3" if fmt == "mxfp8" else "U8", lead + ((kp if fmt == "mxfp8" else kp // 2),)),
-           (layer.scale, "F8_E4M3" if fmt == "nvfp4" else "U8", lead + (kp // block,))]
-    if fmt == "nvfp4":
-        gname = C.output_names(cf, fmt, layer.name)["global"]
-        gshape = (1,) if cf == "compressed-tensors" else ((layer.shape[0],) if len(layer.shape) == 3 else ())
-        out.append((gname, "F32", gshape))
-    if not (k <= kp < k + block and kp % block == 0):
-        out.append((None, None, f"stored K={kp} is not the original K={k} rounded up to a multiple of {block}"))
-    return out
-
-
 def _check_layout(layer, ckpt, cf: str) -> list:
-    bad = []
-    for name, dt, shape in _expect(layer, ckpt, cf):
-        if name is None:
-            bad.append(Finding("layout", 1, shape))
-            continue
-        if name not in ckpt.weight_map:
-            bad.append(Finding("layout", 1, f"{name} is missing"))
-            continue
-        info = ckpt.shard_of(name).tensors[name]
-        if info.dtype != dt or tuple(info.shape) != tuple(shape):
-            bad.append(Finding("layout", 1, f"{name} is {info.dtype} {list(info.shape)}, expected {dt} "
-                                            f"{list(shape)}"))
-    return bad
+    return [Finding("layout", 1, text) for text in C.layout_problems(layer, ckpt, cf)]
 
 
 def _check_bytes(layer, ckpt) -> list:
@@ -183,13 +155,18 @@ def _global_values(layer, ckpt, cf: str):
 def _bad_global(layer, cf: str, g) -> Finding | None:
     """The global-scale finding for values ``g`` that are not finite and positive (naming the tensor and them)."""
     bad = ~(np.isfinite(g) & (g > 0))
+    what = "not finite and positive"
+    if cf == "compressed-tensors" and not bad.any():  # an encode scale: its fp32 reciprocal decodes the layer
+        with np.errstate(divide="ignore", over="ignore"):
+            bad = ~np.isfinite(np.float32(1) / g.astype(np.float32))
+        what = "with no finite fp32 reciprocal (the decode scale)"
     if not bad.any():
         return None
     gname = C.output_names(cf, layer.fmt, layer.name)["global"]
     vals = ", ".join(str(v) for v in g[bad][:8].tolist()) + (", ..." if bad.sum() > 8 else "")
     where = "" if g.size == 1 else f" (first at index {int(np.flatnonzero(bad)[0])})"
-    return Finding("global-scale", int(bad.sum()), f"{gname}: {int(bad.sum())} of {g.size} value(s) not finite and "
-                                                   f"positive: {vals}{where}")
+    return Finding("global-scale", int(bad.sum()), f"{gname}: {int(bad.sum())} of {g.size} value(s) {what}: "
+                                                   f"{vals}{where}")
 
 
 def _metadata_findings(ckpt, fmt: str) -> dict:

@@ -1179,32 +1179,35 @@ def find_quantized_layers(ckpt) -> tuple:
     layers = {}
     recorded = {}
     unrecorded = set()  # file names of the shards without fp4ref.tensors
+    names = set(ckpt.weight_map)
     for s in ckpt.shards:
         if "fp4ref.tensors" in s.metadata:
-            try:
-                recorded.update(json.loads(s.metadata["fp4ref.tensors"]))
-            except json.JSONDecodeError:
-                raise QuantizeFileError(f"{str(s.path)!r}: metadata fp4ref.tensors is not JSON") from None
+            own = _tensors_record(s, cf, fmt, names)
+            for orig in own:  # a record copied from another shard lists layers whose codes are not here
+                codes = output_names(cf, fmt, orig)["codes"]
+                if ckpt.weight_map.get(codes) != s.path.name:
+                    raise QuantizeFileError(
+                        f"{str(s.path)!r}: metadata fp4ref.tensors lists {orig!r}, whose codes tensor {codes!r} is "
+                        f"{'missing' if codes not in names else 'in ' + ckpt.weight_map[codes]} (the metadata of "
+                        "another shard?)")
+            recorded.update(own)
         else:
             unrecorded.add(s.path.name)
             if cf == "fp4ref":
                 raise QuantizeFileError(
                     f"{str(s.path)!r} has no fp4ref.tensors metadata (a shard re-saved by another tool?): in the "
                     "fp4ref layout its quantized tensors cannot be told from its other tensors")
-    names = set(ckpt.weight_map)
     candidates = set(recorded)
     for n in sorted(names):
         if n.endswith("weight_scale") and ckpt.weight_map[n] in unrecorded:
-            base = n[: -len("weight_scale")]
-            if base.endswith(".") or base == "":
-                orig = base + "weight"
-            else:
-                orig = base[:-1]  # 3-D expert parameter P: P_weight_scale
-            candidates.add(orig)
+            candidates.add(_layer_of_scale(n))
     for orig in sorted(candidates):
         on = output_names(cf, fmt, orig)
         if on["codes"] not in names:
             raise QuantizeFileError(f"scale tensor {on['scale']!r} has no codes tensor {on['codes']!r}")
+        if orig != on["codes"] and orig in names:  # (compressed-tensors: X.weight beside X.weight_packed)
+            raise QuantizeFileError(f"tensor {orig!r} is stored beside the codes {on['codes']!r} of the quantized "
+                                    "layer of that name: its dequantized weight would collide with it")
         shard = ckpt.weight_map[on["codes"]]
         cinfo = ckpt.shard_of(on["codes"]).tensors[on["codes"]]
         kp = cinfo.shape[-1] * (1 if fmt == "mxfp8" else 2) if cinfo.shape else 0
@@ -1213,7 +1216,102 @@ def find_quantized_layers(ckpt) -> tuple:
         layers[orig] = Layer(orig, fmt, cf, on["codes"], on["scale"],
                              on.get("global") if on.get("global") in names else None, shard, shape,
                              rec["dtype"] if rec else None, kp)
+    _check_nothing_left_out(ckpt, cf, fmt, layers)
     return cf, fmt, option, layers
+
+
+def _layer_of_scale(n: str) -> str:
+    """The quantized tensor whose ModelOpt / compressed-tensors scale tensor is ``n`` (``*weight_scale``)."""
+    base = n[: -len("weight_scale")]
+    if base.endswith(".") or base == "":
+        return base + "weight"
+    return base[:-1]  # 3-D expert parameter P: P_weight_scale
+
+
+def _tensors_record(shard, cf: str, fmt: str, names: set) -> dict:
+    """A shard's fp4ref.tensors record, checked: a JSON object {tensor: {"shape": [ints >= 0, ...], "dtype": one of
+    DTYPES}} whose tensors are not themselves outputs (codes, scale or global) of another recorded layer."""
+    where = f"{str(shard.path)!r}: metadata fp4ref.tensors"
+    try:
+        rec = json.loads(shard.metadata["fp4ref.tensors"])
+    except json.JSONDecodeError:
+        raise QuantizeFileError(f"{where} is not JSON") from None
+    if not isinstance(rec, dict):
+        raise QuantizeFileError(f"{where} is not a JSON object of tensors (got {type(rec).__name__})")
+    for name, entry in rec.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if (not isinstance(shape, list) or not shape
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+                or dtype not in DTYPES or dtype == "F64"):
+            raise QuantizeFileError(f"{where}: entry {name!r} is {entry!r}, expected {{'shape': [ints >= 0], "
+                                    f"'dtype': one of {[d for d in DTYPES if d != 'F64']}}}")
+    for name in rec:
+        for other in rec:
+            outs = output_names(cf, fmt, other)
+            if name != other and name in (outs["scale"], outs.get("global")):
+                raise QuantizeFileError(f"{where} lists {name!r}, the {'scale' if name == outs['scale'] else 'global'}"
+                                        f" tensor of the layer {other!r} it lists too")
+    return rec
+
+
+def _check_nothing_left_out(ckpt, cf: str, fmt: str, layers: dict) -> None:
+    """Raise QuantizeFileError for a tensor that looks like part of a quantized layer but belongs to none found:
+    a scale-named tensor of the format's scale dtype beside a codes tensor (a layer its shard's fp4ref.tensors does
+    not list), or, in the ModelOpt and compressed-tensors layouts, a codes-named tensor of the codes dtype without
+    its scale. Either would be skipped by audit and copied by --dequantize as if it were a weight."""
+    owned = {nm for L in layers.values() for nm in (L.codes, L.scale, L.global_) if nm is not None}
+    scale_dt = "F8_E4M3" if fmt == "nvfp4" else "U8"
+    codes_dt = "F8_E4M3" if fmt == "mxfp8" else "U8"
+    suffix = "_scale" if cf == "fp4ref" else "weight_scale"
+    for n, shard_name in sorted(ckpt.weight_map.items()):
+        if n in owned:
+            continue
+        dt = ckpt.shard_of(n).tensors[n].dtype
+        if n.endswith(suffix) and dt == scale_dt:
+            orig = n[: -len(suffix)] if cf == "fp4ref" else _layer_of_scale(n)
+            if output_names(cf, fmt, orig)["codes"] in ckpt.weight_map:
+                raise QuantizeFileError(f"{shard_name}: {n!r} ({dt}) is the scale of a quantized layer {orig!r} that "
+                                        "the shard's fp4ref.tensors metadata does not list (metadata copied or "
+                                        "edited by another tool?)")
+        if cf != "fp4ref" and dt == codes_dt and (n.endswith(".weight_packed") or n.endswith(".weight")
+                                                  or cf == "modelopt" and n.endswith("weight")):
+            orig = n[: -len("_packed")] if n.endswith(".weight_packed") else n
+            scale = output_names(cf, fmt, orig)["scale"]
+            if scale in ckpt.weight_map:
+                raise QuantizeFileError(f"{shard_name}: {n!r} ({dt}) and {scale!r} are a quantized layer {orig!r} "
+                                        "that the shard's fp4ref.tensors metadata does not list (metadata copied or "
+                                        "edited by another tool?)")
+            raise QuantizeFileError(f"{shard_name}: {n!r} ({dt}) looks like the codes of a quantized layer, but its "
+                                    f"scale tensor {scale!r} is missing")
+
+
+def layout_problems(layer: Layer, ckpt, cf: str) -> list:
+    """What is wrong with the tensors of quantized ``layer`` against its layout, as text (empty: nothing): each of
+    its codes / scale / global tensors must exist with the dtype and shape of the layout (codes U8 [.., N, K/2] or
+    F8_E4M3 [.., N, K] for mxfp8; NVFP4 scales F8_E4M3, MX scales U8 [.., N, K/block]; the global scale F32 [] / [E]
+    (ModelOpt, fp4ref) or [1] (compressed-tensors)), and the stored K must be the original K rounded up to the
+    block. fp4ref audit reports them; --dequantize refuses a layer with any."""
+    fmt = layer.fmt
+    block = FORMATS[fmt][0]
+    lead, k = tuple(layer.shape[:-1]), layer.shape[-1]
+    kp = layer.k_padded
+    expect = [(layer.codes, "F8_E4M3" if fmt == "mxfp8" else "U8", lead + ((kp if fmt == "mxfp8" else kp // 2),)),
+              (layer.scale, "F8_E4M3" if fmt == "nvfp4" else "U8", lead + (kp // block,))]
+    if fmt == "nvfp4":
+        gshape = (1,) if cf == "compressed-tensors" else ((layer.shape[0],) if len(layer.shape) == 3 else ())
+        expect.append((output_names(cf, fmt, layer.name)["global"], "F32", gshape))
+    bad = []
+    if not (k <= kp < k + block and kp % block == 0):
+        bad.append(f"stored K={kp} is not the original K={k} rounded up to a multiple of {block}")
+    for name, dt, shape in expect:
+        if name not in ckpt.weight_map:
+            bad.append(f"{name} is missing")
+            continue
+        info = ckpt.shard_of(name).tensors[name]
+        if info.dtype != dt or tuple(info.shape) != tuple(shape):
+            bad.append(f"{name} is {info.dtype} {list(info.shape)}, expected {dt} {list(shape)}")
+    return bad
 
 
 def scale_byte_defects(fmt: str, sb: np.ndarray) -> tuple:
@@ -1238,6 +1336,11 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
     codes = cs.read_rows(layer.codes, row0 + r0, row0 + r1)
     sb = ss.read_rows(layer.scale, row0 + r0, row0 + r1).view(np.uint8)
     if layer.fmt == "mxfp8":
+        cb = codes.view(np.uint8).reshape(-1)
+        nan_codes = np.flatnonzero((cb & 0x7F) == 0x7F)
+        if nan_codes.size:  # E4M3FN NaN: no quantizer writes it, and it would decode to a NaN weight
+            raise QuantizeFileError(f"{layer.codes}: element code {int(cb[nan_codes[0]]):#04x} at flat index "
+                                    f"{int(nan_codes[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN")
         vals = codes.astype(np.float64)
     else:
         c = codes.view(np.uint8)
@@ -1259,7 +1362,11 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
             raise QuantizeFileError(f"{layer.global_}: global scale {float(gv)!r}{which} is not a finite positive "
                                     "number")
         if layer.checkpoint_format == "compressed-tensors":
-            gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
+            with np.errstate(divide="ignore", over="ignore"):
+                gv = float(np.float32(1.0) / np.float32(gv))  # stored ENCODE scale; decode with its fp32 reciprocal
+            if not math.isfinite(gv):
+                raise QuantizeFileError(f"{layer.global_}: global encode scale has no finite fp32 reciprocal (the "
+                                        "decode scale)")
         out = vals.reshape(r1 - r0, -1, block) * scale[..., None] * gv
     else:
         out = vals.reshape(r1 - r0, -1, block) * np.ldexp(1.0, sb.astype(np.int64) - 127)[..., None]
@@ -1378,6 +1485,11 @@ def _dequant_plan(ckpt: Checkpoint, dtype: str | None):
         raw = ckpt.config.get("torch_dtype") or ckpt.config.get("dtype")
         if isinstance(raw, str) and raw.lower() in _DTYPE_ALIASES:
             cfg_dtype = _DTYPE_ALIASES[raw.lower()]
+    for L in layers.values():  # (audit reports these; decoding through them would misread or crash)
+        bad = layout_problems(L, ckpt, cf)
+        if bad:
+            raise QuantizeFileError(f"{L.name}: {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                                    + "; fp4ref audit lists every layout problem")
     owned = {}
     for L in layers.values():
         for nm in (L.codes, L.scale, L.global_):

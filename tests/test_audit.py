@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -16,7 +17,7 @@ from fp4ref import checkpoint as C
 from fp4ref.audit import audit_checkpoint
 from fp4ref.cli import main
 
-from _checkpoints import QKV, make_checkpoint
+from _checkpoints import EXPERTS_3D, QKV, make_checkpoint
 
 O_PROJ = "model.layers.0.self_attn.o_proj.weight"
 
@@ -522,3 +523,130 @@ def test_an_fp4ref_layout_shard_without_its_record_is_an_error(made, made_fp4ref
     assert main(["quantize", str(bad), "-o", str(tmp_path / "deq"), "--dequantize"]) == 2
     assert "has no fp4ref.tensors metadata" in capsys.readouterr().err
     assert not (tmp_path / "deq").exists()
+
+
+def rewrite_shard(shard: Path, *, drop=(), add=None, metadata=None) -> None:
+    """Rewrite a shard's header and data: without the tensors ``drop``, with ``add`` ({name: (dtype, shape, raw
+    bytes)}) and, when given, ``metadata`` as its ``__metadata__``; the index follows the tensors."""
+    data = shard.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8: 8 + n])
+    meta = header.pop("__metadata__", {}) if metadata is None else metadata
+    header.pop("__metadata__", None)
+    body = data[8 + n:]
+    tensors = {k: (v["dtype"], v["shape"], body[v["data_offsets"][0]: v["data_offsets"][1]])
+               for k, v in header.items() if k not in drop}
+    tensors.update(add or {})
+    out, blob = {"__metadata__": meta}, b""
+    for k, (dt, shape, raw) in sorted(tensors.items()):
+        out[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(out, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    shard.write_bytes(len(h).to_bytes(8, "little") + h + blob)
+    index_path = shard.parent / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    wm = {k: v for k, v in index["weight_map"].items() if k not in drop}
+    wm.update({k: shard.name for k in add or {}})
+    index["weight_map"] = wm
+    index_path.write_text(json.dumps(index))
+
+
+def _shards(d: Path) -> list:
+    return sorted(d.glob("*.safetensors"))
+
+
+def _header(shard: Path) -> dict:
+    data = shard.read_bytes()
+    return json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])
+
+
+def _refused(tmp_path, capsys, d: Path, words: str) -> None:
+    """audit_checkpoint raises QuantizeFileError with ``words``; the CLI's audit and --dequantize exit 2 and write
+    nothing."""
+    with pytest.raises(C.QuantizeFileError, match=words):
+        audit_checkpoint(d)
+    assert main(["audit", str(d)]) == 2
+    out = tmp_path / f"deq-{d.name}"
+    assert main(["quantize", str(d), "-o", str(out), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert re.search(words, capsys.readouterr().err) and not out.exists()
+
+
+@pytest.mark.parametrize("layout", ["mo", "ct", "fp"])
+def test_a_shard_with_another_shards_record_is_refused(made, made_fp4ref, tmp_path, capsys, layout):
+    """A tool that copies shard 1's __metadata__ onto shard 2 leaves shard 2's layers out of its record: audit said
+    clean over them and --dequantize copied their codes as weights. Such a record (or an emptied one) is refused."""
+    d = copy(made, layout, tmp_path)
+    s1, s2 = _shards(d)
+    rewrite_shard(s2, metadata=_header(s1)["__metadata__"])
+    _refused(tmp_path, capsys, d, "fp4ref.tensors lists .*codes tensor .* is in model-00001")
+    d2 = copy(made, layout, tmp_path / "empty")
+    s2 = _shards(d2)[1]
+    rewrite_shard(s2, metadata={**_header(s2)["__metadata__"], "fp4ref.tensors": "{}"})
+    _refused(tmp_path, capsys, d2, "quantized layer .* that the shard's fp4ref.tensors metadata does not list")
+
+
+@pytest.mark.parametrize("record", ['[1, 2]', '5', '"x"', '{"a.weight": {"shape": 5, "dtype": "BF16"}}',
+                                    '{"a.weight": {"shape": [4, 16], "dtype": "I8"}}',
+                                    '{"a.weight": {"shape": [4, true], "dtype": "BF16"}}'])
+def test_a_malformed_record_is_refused(made, tmp_path, capsys, record):
+    d = copy(made, "mo", tmp_path)
+    s1 = _shards(d)[0]
+    rewrite_shard(s1, metadata={**_header(s1)["__metadata__"], "fp4ref.tensors": record})
+    _refused(tmp_path, capsys, d, "metadata fp4ref.tensors")
+
+
+@pytest.mark.parametrize("layout", ["mo", "ct"])
+def test_codes_without_their_scale_are_refused(made, tmp_path, capsys, layout):
+    """A shard without fp4ref's record whose layer lost its scale tensor: the codes were copied as a weight."""
+    d = copy(made, layout, tmp_path)
+    _, _, _, layers = C.find_quantized_layers(made / layout)
+    s2 = _shards(d)[1]
+    name = sorted(n for n, L in layers.items() if L.shard == s2.name and n.endswith(".weight"))[0]
+    strip_fp4ref_metadata(s2)
+    rewrite_shard(s2, drop=(layers[name].scale,))
+    _refused(tmp_path, capsys, d, "looks like the codes of a quantized layer, but its scale tensor .* is missing")
+
+
+def test_a_tensor_beside_its_layers_codes_is_refused(made, tmp_path, capsys):
+    """compressed-tensors: an X.weight beside X.weight_packed would collide with the dequantized X.weight (the
+    output shard had a duplicate key)."""
+    d = copy(made, "ct", tmp_path)
+    s1 = _shards(d)[0]
+    raw = np.ones((4, 4), ml_dtypes.bfloat16).tobytes()
+    rewrite_shard(s1, add={O_PROJ: ("BF16", [4, 4], raw)})
+    _refused(tmp_path, capsys, d, "is stored beside the codes")
+
+
+def test_dequantize_refuses_layout_problems_that_audit_reports(made, tmp_path, capsys):
+    """--dequantize checks each layer's layout first (it read a missing global as a KeyError, a [2] per-expert global
+    of 4 experts as an IndexError, and reused a scalar one for every expert)."""
+    d = copy(made, "mo", tmp_path)
+    s = next(p for p in _shards(d) if O_PROJ + "_scale_2" in _header(p))
+    rewrite_shard(s, drop=(O_PROJ + "_scale_2",))
+    assert findings(audit_checkpoint(d))[O_PROJ] == ["layout"]
+    assert main(["quantize", str(d), "-o", str(tmp_path / "deq"), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert "weight_scale_2 is missing" in capsys.readouterr().err and not (tmp_path / "deq").exists()
+    d2 = copy(made, "mo", tmp_path / "moe")
+    g = EXPERTS_3D[0] + "_weight_scale_2"
+    s = next(p for p in _shards(d2) if g in _header(p))
+    rewrite_shard(s, drop=(g,), add={g: ("F32", [], np.float32(0.01).tobytes())})
+    assert findings(audit_checkpoint(d2))[EXPERTS_3D[0]] == ["layout"]
+    assert main(["quantize", str(d2), "-o", str(tmp_path / "deq2"), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert "expected F32 [4]" in capsys.readouterr().err
+
+
+def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, capsys):
+    """A compressed-tensors global encode scale whose fp32 reciprocal is inf (1e-39, a subnormal) is an audit
+    finding and a --dequantize error (it wrote NaN and inf weights); so is an MXFP8 NaN element code."""
+    d = copy(made, "ct", tmp_path)
+    patch(d, O_PROJ[: -len("weight")] + "weight_global_scale",
+          lambda a: a.view(np.float32).__setitem__(0, np.float32(1e-39)))
+    assert findings(audit_checkpoint(d)) == {O_PROJ: ["global-scale"]}
+    assert main(["quantize", str(d), "-o", str(tmp_path / "deq"), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert "no finite fp32 reciprocal" in capsys.readouterr().err and not (tmp_path / "deq").exists()
+    mx = copy(made, "mx8", tmp_path)
+    patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0x7F))
+    assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan"]}
+    assert main(["quantize", str(mx), "-o", str(tmp_path / "deq8"), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert "element code 0x7f" in capsys.readouterr().err and not (tmp_path / "deq8").exists()
