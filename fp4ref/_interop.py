@@ -15,6 +15,10 @@ float8_e8m0fnu             uint8 (the UE8M0 bytes)
 float4_e2m1fn_x2           uint8 (two packed E2M1 codes per byte, element 2i low)
 anything numpy has         the same dtype (``tensor.numpy()``)
 =========================  =======================================================
+
+A numpy array of non-native byte order (``'>f8'`` on a little-endian machine, as read from a file) is converted
+to native order here too, value for value: every later dtype test (``arr.dtype == np.float64`` is False for
+``'>f8'``) and bit view (``.view(np.uint16)`` reads swapped bytes) then sees the same array a native one gives.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-__all__ = ["is_torch_tensor", "to_numpy"]
+__all__ = ["is_torch_tensor", "to_numpy", "native_byte_order"]
 
 
 def is_torch_tensor(x) -> bool:
@@ -31,12 +35,24 @@ def is_torch_tensor(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
 
 
+def native_byte_order(arr: np.ndarray) -> np.ndarray:
+    """``arr`` itself when its dtype has native byte order (one-byte dtypes always do), else a copy in native order
+    holding the same values (lossless: only the bytes of each element are reordered)."""
+    if arr.dtype.isnative:
+        return arr
+    return arr.astype(arr.dtype.newbyteorder("="))
+
+
 def to_numpy(x, name: str = "x"):
-    """Return ``x`` unchanged unless it is a torch tensor; then a numpy array holding the same bits (a copy).
+    """Return ``x`` unchanged unless it is a torch tensor or a numpy array of non-native byte order: a torch tensor
+    becomes a numpy array holding the same bits (a copy), a non-native numpy array a native-order copy holding the
+    same values (:func:`native_byte_order`); the caller's array is never modified.
 
     Raises:
         TypeError: ``x`` is a torch tensor of a dtype with no lossless numpy view here (e.g. complex32).
     """
+    if isinstance(x, np.ndarray):
+        return native_byte_order(x)
     if not is_torch_tensor(x):
         return x
     torch = sys.modules["torch"]

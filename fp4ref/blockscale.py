@@ -1007,6 +1007,19 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
     return codes, scales, positive_float32(g, f"{name}.global_decode_scale")
 
 
+def _dequantize_dtype(dtype) -> np.dtype:
+    """The output dtype of a dequantize: float32 or float64, as :func:`fp4ref.decode` takes it. None is refused
+    (np.dtype(None) would silently be float64), and so is anything else; TypeError naming ``dtype``."""
+    try:
+        dt = None if dtype is None else np.dtype(dtype)
+    except TypeError:  # a str numpy does not know, an arbitrary object
+        dt = None
+    # "is None" first: np.dtype(np.float64) == None is True, so membership alone would let None through
+    if dt is None or dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
+    return dt
+
+
 def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
     """Decode an :class:`NVFP4Tensor`: value = e2m1(code) * ue4m3(scale) * global_decode_scale.
 
@@ -1016,23 +1029,22 @@ def nvfp4_dequantize(t: NVFP4Tensor, dtype=np.float32) -> np.ndarray:
 
     Args:
         t: the tensor.
-        dtype: ``np.float32`` (default) or ``np.float64``.
+        dtype: ``np.float32`` (default) or ``np.float64`` (None is refused, as :func:`fp4ref.decode` refuses it).
 
     Returns:
         array of ``dtype`` with shape ``t.shape``.
 
     Raises:
-        TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64; ``t.global_decode_scale`` not a
-            real number (a bool too) or an array / tensor of one; codes / scales not integer byte arrays (uint8,
-            or int8, read as unsigned bytes with the bits unchanged, as :func:`fp4ref.decode` reads it).
+        TypeError: ``t`` is not an NVFP4Tensor or ``dtype`` is not float32/float64 (None too);
+            ``t.global_decode_scale`` not a real number (a bool too) or an array / tensor of one; codes / scales
+            not integer byte arrays (uint8, or int8, read as unsigned bytes with the bits unchanged, as
+            :func:`fp4ref.decode` reads it).
         ValueError: inconsistent shapes in ``t``; ``t.axis`` out of range, ``t.block`` not (1, 16) / (16, 16);
             ``t.global_decode_scale`` inf, NaN or <= 0 as float32. Errors about a field name it (``t.axis``, ...).
     """
     if not isinstance(t, NVFP4Tensor):
         raise TypeError(f"t must be an NVFP4Tensor, got {type(t).__name__}")
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    dt = _dequantize_dtype(dtype)
     codes, scales, g = _nvfp4_parts(t, "t")
     shape, ax = _shape_and_axis(t, "t")
     k = shape[ax]
@@ -1295,25 +1307,25 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
     2^-149.
 
     Args:
-        t: the tensor. dtype: ``np.float32`` (default) or ``np.float64``.
+        t: the tensor. dtype: ``np.float32`` (default) or ``np.float64`` (None is refused, as
+            :func:`fp4ref.decode` refuses it).
 
     Returns:
         array of ``dtype`` with shape ``t.shape``.
 
     Raises:
-        TypeError: ``t`` not an MXTensor, or bad ``dtype``; ``t.elem`` / ``t.mode`` not a str (nor an MXMode for
-            ``t.mode``: None too), ``t.block`` / ``t.axis`` not an int, ``t.shape`` not a tuple of ints; codes /
-            scales not integer byte arrays (uint8, or int8, read as unsigned bytes with the bits unchanged, as
-            :func:`fp4ref.decode` reads it).
+        TypeError: ``t`` not an MXTensor, or ``dtype`` not float32/float64 (None too); ``t.elem`` / ``t.mode``
+            not a str (nor an MXMode for ``t.mode``: None too), ``t.block`` / ``t.axis`` not an int, ``t.shape``
+            not a tuple of ints; codes / scales not integer arrays (uint8, or int8 for an 8-bit element and for
+            the scales, read as unsigned bytes with the bits unchanged, as :func:`fp4ref.decode` reads it).
         ValueError: unknown ``t.elem`` or ``t.mode`` (the names :func:`mx_quantize` takes are accepted, any case;
             the message lists them), ``t.block`` <= 0 or not dividing the length along ``t.axis``, ``t.axis`` out
-            of range, or codes / scales of other shapes than ``t.shape`` implies. Each names the field.
+            of range, codes / scales of other shapes than ``t.shape`` implies, or a code outside the element's
+            range (0..15 for E2M1, 0..63 for E2M3 / E3M2). Each names the field (``t.codes``, ...).
     """
     if not isinstance(t, MXTensor):
         raise TypeError(f"t must be an MXTensor, got {type(t).__name__}")
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    dt = _dequantize_dtype(dtype)
     fmt = MX_ELEMENTS[_mx_element(t.elem, "t.elem")]
     _parse_enum(t.mode, MXMode, "t.mode")  # not used to decode, but a tensor claiming an unknown mode is bad
     shape, ax = _shape_and_axis(t, "t")
@@ -1327,7 +1339,9 @@ def mx_dequantize(t: MXTensor, dtype=np.float32) -> np.ndarray:
         raise ValueError(f"t.shape={shape} has length {k} along t.axis={t.axis}; it must be a multiple of "
                          f"t.block={block}")
     want_s = shape[:ax] + (k // block,) + shape[ax + 1:]
-    codes = as_code_array(t.codes, "t.codes", nbits=8, allow_int8=True)  # int8: bytes, as decode reads them
+    # the element's own code range (4 / 6 / 8 bits), checked here so that the error names t.codes; int8 codes of
+    # an 8-bit element are bytes, as decode reads them
+    codes = as_code_array(t.codes, "t.codes", nbits=fmt.nbits, allow_int8=fmt.nbits == 8)
     scales = as_code_array(t.scales, "t.scales", nbits=8, allow_int8=True)
     if codes.shape != shape or scales.shape != want_s:
         raise ValueError(f"t is inconsistent: shape {shape} along axis {ax} with block {block} needs codes {shape} "

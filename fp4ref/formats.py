@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validate import as_code_array, as_float_array
+from ._validate import as_code_array, as_float_array, is_int
 
 __all__ = [
     "FloatFormat",
@@ -67,6 +67,18 @@ class FloatFormat:
         special: how the all-ones exponent field is used: ``"none"`` (all codes finite), ``"ieee"`` (inf and NaN as in
             IEEE 754), ``"fn"`` (only the all-ones code is NaN, "finite + NaN"), ``"ue8m0"`` (byte 0xFF is NaN).
         source: the specification the format's definition comes from.
+
+    Raises (on construction, each naming the field):
+        TypeError: ``name`` or ``source`` not a str; ``ebits``, ``mbits`` or ``bias`` not an int (a bool is not);
+            ``signed`` or ``has_subnormals`` not a bool.
+        ValueError: an empty ``name``; ``special`` not one of the four; ``ebits`` < 1 or ``mbits`` < 0; more than 8
+            bits in all (``signed + ebits + mbits``: codes are stored as uint8); ``special="ieee"`` with
+            ``mbits`` = 0 (no NaN codes) or ``ebits`` < 2 (no normal binade); ``special="fn"`` with ``mbits`` = 0
+            (the NaN would be the only code of the top binade); ``special="ue8m0"`` not unsigned with
+            ``mbits`` = 0 and no subnormals; ``has_subnormals=False`` with another ``special`` (the encoder has no
+            rule for values below the smallest normal then); a ``bias`` that puts a value outside float32 (every
+            value must be exact in float32, as :func:`decode` returns it: max < 2^128, smallest magnitude
+            >= 2^-149).
     """
 
     name: str
@@ -90,7 +102,45 @@ class FloatFormat:
     nan_codes: tuple = field(init=False)
     inf_codes: tuple = field(init=False)
 
+    def _check_fields(self):
+        """The field checks of __post_init__ (see the class docstring): each error names the field."""
+        for fname in ("name", "source"):
+            if not isinstance(getattr(self, fname), str):
+                raise TypeError(f"FloatFormat.{fname}={getattr(self, fname)!r}: expected a str")
+        if not self.name:
+            raise ValueError("FloatFormat.name is empty: the format needs a name")
+        for fname in ("ebits", "mbits", "bias"):
+            if not is_int(getattr(self, fname)):
+                raise TypeError(f"FloatFormat {self.name!r}: {fname}={getattr(self, fname)!r} is not an int")
+        for fname in ("signed", "has_subnormals"):
+            if not isinstance(getattr(self, fname), (bool, np.bool_)):
+                raise TypeError(f"FloatFormat {self.name!r}: {fname}={getattr(self, fname)!r} is not a bool")
+        if self.special not in ("none", "ieee", "fn", "ue8m0"):
+            raise ValueError(f"FloatFormat {self.name!r}: special={self.special!r} is not one of 'none', 'ieee', "
+                             "'fn', 'ue8m0'")
+        if self.ebits < 1:
+            raise ValueError(f"FloatFormat {self.name!r}: ebits={self.ebits} must be >= 1")
+        if self.mbits < 0:
+            raise ValueError(f"FloatFormat {self.name!r}: mbits={self.mbits} must be >= 0")
+        nbits = int(self.signed) + self.ebits + self.mbits
+        if nbits > 8:  # encode returns uint8 codes and decode reads codes as uint8: a wider code would wrap
+            raise ValueError(f"FloatFormat {self.name!r}: signed + ebits + mbits = {nbits} bits; codes are stored "
+                             "as uint8, so at most 8 bits")
+        if self.special == "ieee" and (self.mbits < 1 or self.ebits < 2):
+            raise ValueError(f"FloatFormat {self.name!r}: special='ieee' needs mbits >= 1 (NaN codes) and ebits >= 2 "
+                             f"(a normal binade below inf/NaN), got ebits={self.ebits}, mbits={self.mbits}")
+        if self.special == "fn" and self.mbits < 1:
+            raise ValueError(f"FloatFormat {self.name!r}: special='fn' needs mbits >= 1, got mbits={self.mbits}")
+        if self.special == "ue8m0" and (self.signed or self.mbits or self.has_subnormals):
+            raise ValueError(f"FloatFormat {self.name!r}: special='ue8m0' needs signed=False, mbits=0 and "
+                             f"has_subnormals=False, got signed={self.signed}, mbits={self.mbits}, "
+                             f"has_subnormals={self.has_subnormals}")
+        if not self.has_subnormals and self.special != "ue8m0":
+            raise ValueError(f"FloatFormat {self.name!r}: has_subnormals=False is supported only with "
+                             "special='ue8m0' (the encoder has no rule below the smallest normal otherwise)")
+
     def __post_init__(self):
+        self._check_fields()
         s = object.__setattr__
         m = self.mbits
         nbits = int(self.signed) + self.ebits + m
@@ -101,12 +151,14 @@ class FloatFormat:
             emax_field, mant_max = eall, (1 << m) - 2
         elif self.special == "ue8m0":
             emax_field, mant_max = eall - 1, 0
-        elif self.special == "none":
+        else:  # "none" (_check_fields refused anything else)
             emax_field, mant_max = eall, (1 << m) - 1
-        else:
-            raise ValueError(f"special={self.special!r} is not one of 'none', 'ieee', 'fn', 'ue8m0'")
         emin = (1 if self.has_subnormals else 0) - self.bias
         emax = emax_field - self.bias
+        low = emin - m if self.has_subnormals else emin
+        if emax > 127 or low < -149:  # decode promises every value exact in float32
+            raise ValueError(f"FloatFormat {self.name!r}: bias={self.bias} puts values outside float32 (largest "
+                             f"binade 2^{emax}, smallest magnitude 2^{low}; need <= 2^127 and >= 2^-149)")
         s(self, "nbits", nbits)
         s(self, "emin", emin)
         s(self, "emax", emax)
@@ -304,17 +356,32 @@ def _value_of(code: int, fmt: FloatFormat) -> float:
 
 
 def _table(fmt: FloatFormat) -> np.ndarray:
-    t = _TABLES.get(fmt.name)
+    # keyed by the whole (frozen, hashable) format: a user format that reuses a name ("e2m1") has other values
+    t = _TABLES.get(fmt)
     if t is None:
         t = np.array([_value_of(c, fmt) for c in range(fmt.num_codes)], dtype=np.float64)
         t.flags.writeable = False
-        _TABLES[fmt.name] = t
+        _TABLES[fmt] = t
     return t
 
 
 def code_class(code: int, fmt) -> str:
-    """Class of one code: 'zero', 'subnormal', 'normal', 'max', 'nan' or 'inf' (used by the format tables)."""
+    """Class of one code: 'zero', 'subnormal', 'normal', 'max', 'nan' or 'inf' (used by the format tables).
+
+    Args:
+        code: a Python or numpy int in 0 .. 2**fmt.nbits - 1 (a bool is not a code).
+        fmt: a :class:`FloatFormat` or its name.
+
+    Raises:
+        TypeError: ``code`` is not an int. ValueError: ``code`` is outside the format's code range; unknown ``fmt``.
+    """
     fmt = get_format(fmt)
+    if not is_int(code):
+        raise TypeError(f"code={code!r}: expected an int code of {fmt.name.upper()}, got {type(code).__name__}")
+    if not 0 <= code < fmt.num_codes:
+        raise ValueError(f"code={code!r} is outside the {fmt.nbits}-bit code range 0..{fmt.num_codes - 1} of "
+                         f"{fmt.name.upper()}")
+    code = int(code)
     if code in fmt.nan_codes:
         return "nan"
     if code in fmt.inf_codes:

@@ -273,9 +273,36 @@ class Reference:
     def shape(self) -> tuple:
         return self.out.shape
 
+    def _element_index(self, index) -> tuple:
+        """``index`` checked as one element's index of ``out``, as a tuple of non-negative Python ints."""
+        shape = self.out.shape
+        want = f"a tuple of {len(shape)} int(s) (one element of shape {shape})"
+        if is_int(index) and len(shape) == 1:  # a 1-D output is indexed by an int, as numpy does
+            index = (index,)
+        if not isinstance(index, tuple):
+            raise TypeError(f"index={index!r}: expected {want}, got {type(index).__name__}")
+        if len(index) != len(shape):
+            raise ValueError(f"index={index!r} has {len(index)} entries; expected {want}")
+        for i in index:
+            if not is_int(i):  # 1.7 is not truncated to 1, and True is not 1
+                raise TypeError(f"index={index!r}: expected {want}, got an entry {i!r} of type {type(i).__name__}")
+        if not all(-n <= i < n for i, n in zip(index, shape)):  # negative entries count from the end, as in numpy
+            raise IndexError(f"index={index!r} is out of range for shape {shape}")
+        return tuple(int(i) % n for i, n in zip(index, shape))
+
     def exact_fraction(self, index) -> Fraction:
-        """The exact value of one element as a ``fractions.Fraction`` (integer arithmetic). NaN/inf raise."""
-        index = tuple(int(i) for i in np.atleast_1d(index))
+        """The exact value of one element as a ``fractions.Fraction`` (integer arithmetic).
+
+        Args:
+            index: the element, a tuple of ``out.ndim`` Python or numpy ints (an int alone for a 1-D ``out``);
+                negative entries count from the end, as in numpy.
+
+        Raises:
+            TypeError: ``index`` is not a tuple, or an entry is not an int (1.7 and True are refused, not read as
+                1). ValueError: a tuple of another length than ``out.ndim``; the element is NaN or +-inf.
+            IndexError: an entry is out of range for ``out.shape`` (the message gives the index and the shape).
+        """
+        index = self._element_index(index)
         v = self.exact[index]
         if not np.isfinite(v):
             raise ValueError(f"element {index} is {v}: not a finite rational")
@@ -821,15 +848,17 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         :class:`Reference`, ``out`` ml_dtypes.bfloat16 [..., N].
 
     Raises:
-        TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1]);
+        TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1],
+            K > 0); an unknown ``recipe``;
             ``weight_global_decode_scale`` not a real scalar (TypeError: a bool, a complex, an array or tensor
             with ndim > 0 too), or inf, NaN or <= 0 as float32
             (ValueError: 1e39 and an int beyond float64, 10**400, too).
 
     Source: SOL-ExecBench nvfp4_linear_layer (docs/verify.md).
     """
-    from .blockscale import nvfp4_quantize
+    from .blockscale import _parse_recipe, nvfp4_quantize
 
+    rec = _parse_recipe(recipe)  # its name (rec.value) goes in messages and the description, whatever was passed
     x = to_numpy(x, "x")
     wc = to_numpy(weight_fp4, "weight_fp4")
     ws = to_numpy(weight_scales, "weight_scales")
@@ -845,6 +874,9 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         raise ValueError(f"weight_fp4 and weight_scales must be 2-D, got {wc.shape} and {ws.shape}")
     K = x.shape[-1]
     N = wc.shape[0]
+    if K == 0:
+        raise ValueError(f"x has shape {x.shape}: its last dimension K is 0, and NVFP4 needs K a positive multiple "
+                         "of 16")
     if wc.shape != (N, K // 2) or ws.shape != (N, K // 16) or K % 16:
         raise ValueError(
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
@@ -852,17 +884,18 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         )
     wg = positive_float32(weight_global_decode_scale, "weight_global_decode_scale")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)
+    x2 = x.reshape(int(np.prod(lead, dtype=np.int64)), K)
     bad = ~np.isfinite(x2.astype(np.float32))
     if bad.any():
         first = np.unravel_index(int(np.flatnonzero(bad)[0]), x2.shape)
         raise ValueError(f"x holds {int(bad.sum())} NaN/inf value(s) (first at row {int(first[0])}, column "
-                         f"{int(first[1])}): the layer quantizes x with the {recipe!r} recipe, which has no NaN/inf "
-                         "policy, so there is no reference output for such x")
-    xq = nvfp4_quantize(x2, recipe=recipe)
+                         f"{int(first[1])}): the layer quantizes x with the {rec.value!r} recipe, which has no "
+                         "NaN/inf policy, so there is no reference output for such x")
+    xq = nvfp4_quantize(x2, recipe=rec)
     ref = _nvfp4_core(np.asarray(xq.codes, np.uint8), np.asarray(xq.scales, np.uint8), float(xq.global_decode_scale),
                       wc, ws, wg, K, {
-                          "workload": "nvfp4_linear", "x_shape": tuple(x.shape), "N": N, "K": K, "recipe": str(recipe),
+                          "workload": "nvfp4_linear", "x_shape": tuple(x.shape), "N": N, "K": K,
+                          "recipe": rec.value,
                           "x_global_decode_scale": float(xq.global_decode_scale),
                           "weight_global_decode_scale": wg,
                           "out": "bfloat16 [..., N] = RNE(exact NVFP4 product with both global scales)",

@@ -116,7 +116,8 @@ def from_blocked(blocked, rows: int, cols: int, layout: str = "128x4", *, check_
         check_padding: raise if a padding byte is not zero (default True; a non-zero padding byte is a layout bug).
 
     Returns:
-        uint8 array [rows, cols].
+        a new uint8 array [rows, cols] (C order), never a view of ``blocked``: writing to it leaves ``blocked``
+        unchanged.
 
     Raises:
         TypeError / ValueError: bad dtype, wrong byte count, unknown layout, or non-zero padding (with the count and
@@ -147,4 +148,5 @@ def from_blocked(blocked, rows: int, cols: int, layout: str = "128x4", *, check_
                 f"blocked has {int(bad.sum())} non-zero padding byte(s) (first at padded position {first}, value "
                 f"{int(padded[first])}); padding must be zero. Pass check_padding=False to ignore it"
             )
-    return np.ascontiguousarray(padded[:rows, :cols])
+    # a copy always: when no reordering is needed (one column tile) the slice is a view of the caller's bytes
+    return np.array(padded[:rows, :cols], dtype=np.uint8, order="C", copy=True)

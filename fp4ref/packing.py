@@ -115,6 +115,11 @@ def _e2m1_codes_from(a, name: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind in "ui":
         return as_code_array(arr, name, nbits=4)
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 8:  # float64 (the test below) would round 1 + 2**-60 to 1.0
+        raise TypeError(
+            f"{name} has dtype {arr.dtype}, wider than float64, which is not read here (its values would be "
+            f"rounded); pass E2M1 codes or a float16/32/64 array (convert explicitly if that is what you mean)"
+        )
     if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16", "float4_e2m1fn", "float8_e4m3fn", "float8_e5m2"):
         x = arr.astype(np.float64)
         if not np.all(np.isfinite(x)):
@@ -166,7 +171,8 @@ def compress_2to4(a, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
         (0, 1), (0, 1), (0, 2), (0, 3).
 
     Raises:
-        TypeError: ``a`` is neither an integer nor a floating array.
+        TypeError: ``a`` is neither an integer nor a floating array, or is a float wider than float64
+            (longdouble: float64 would round its values).
         ValueError: a code is outside 0..15, a float is not E2M1-representable (or not finite), K is not a
             multiple of 4, ``axis`` is out of range, or a group holds more than 2 nonzeros (the message names
             the row index and the group).

@@ -1249,3 +1249,87 @@ def test_nvfp4_tensor_global_decode_scale_is_a_finite_positive_float32():
     # nvfp4_gemm with a shape-[1] scale: 16 products 1 * 1, times 0.375 * 2 = 12 exactly
     ref = gemm.nvfp4_gemm(_one_block(np.array([0.375], np.float32)), _one_block(np.array([2.0], np.float32)))
     assert np.asarray(ref.exact, np.float64).tolist() == [[12.0]]
+
+
+# ------------------------------------------------------------------------------------ non-native byte order
+
+def _swapped(a: np.ndarray) -> np.ndarray:
+    out = a.astype(a.dtype.newbyteorder("S"))
+    assert not out.dtype.isnative and np.array_equal(out, a)
+    return out
+
+
+def _same_tensor(t1, t0):
+    assert type(t1) is type(t0) and t1.shape == t0.shape and t1.axis == t0.axis and t1.block == t0.block
+    assert t1.codes.dtype == t0.codes.dtype == np.uint8 and np.array_equal(t1.codes, t0.codes)
+    assert t1.scales.dtype == t0.scales.dtype == np.uint8 and np.array_equal(t1.scales, t0.scales)
+    if isinstance(t0, NVFP4Tensor):
+        assert np.float32(t1.global_decode_scale).view(np.uint32) == np.float32(t0.global_decode_scale).view(np.uint32)
+
+
+def test_float64_not_float32_big_endian_is_a_value_error():
+    # '>f8' was not "float64" to a dtype == test, so 0.1 (not a float32 value) was rounded to float32 silently
+    x = np.full((1, 32), 0.1)
+    for f in (lambda a: nvfp4_quantize(a), lambda a: mx_quantize(a)):
+        for a in (x, _swapped(x)):
+            with pytest.raises(ValueError, match=r"^x is float64 and 32 value\(s\) are not float32 values"):
+                f(a)
+
+
+@pytest.mark.parametrize("dt", ["f2", "f4", "f8"])
+def test_quantize_non_native_byte_order_is_bit_identical(dt):
+    rng = np.random.default_rng(31)
+    x = (rng.standard_normal((4, 64)) * np.exp2(rng.integers(-6, 6, (4, 64)))).astype(np.float32).astype(dt)
+    for recipe in RECIPES:
+        _same_tensor(nvfp4_quantize(_swapped(x), recipe=recipe), nvfp4_quantize(x, recipe=recipe))
+    for elem in MX_ELEMENTS:
+        for mode in MXMode:
+            _same_tensor(mx_quantize(_swapped(x), elem, mode=mode), mx_quantize(x, elem, mode=mode))
+    _same_tensor(nvfp4_quantize(x, global_amax=_swapped(np.array(7.5))), nvfp4_quantize(x, global_amax=7.5))
+
+
+def test_dequantize_non_native_fields():
+    import dataclasses
+
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    q = nvfp4_quantize(x, recipe="sol")
+    q_be = dataclasses.replace(q, codes=_swapped(q.codes.astype(np.uint16)),
+                               scales=_swapped(q.scales.astype(np.uint32)),
+                               global_decode_scale=_swapped(np.array(q.global_decode_scale)))
+    assert np.array_equal(nvfp4_dequantize(q_be).view(np.uint32), nvfp4_dequantize(q).view(np.uint32))
+    m = mx_quantize(x, "e4m3fn")
+    m_be = dataclasses.replace(m, codes=_swapped(m.codes.astype(np.uint16)), scales=_swapped(m.scales.astype(np.int16)))
+    assert np.array_equal(mx_dequantize(m_be).view(np.uint32), mx_dequantize(m).view(np.uint32))
+
+
+def test_dequantize_dtype_none_is_refused_as_decode_refuses_it():
+    # np.dtype(None) is float64: dtype=None silently gave float64 where fp4ref.decode raises
+    q = nvfp4_quantize(np.ones((1, 16), np.float32), recipe="sol")
+    m = mx_quantize(np.ones((1, 32), np.float32))
+    for f, t in ((nvfp4_dequantize, q), (mx_dequantize, m)):
+        for bad in (None, np.float16, "int32", "nope", object, ml_dtypes.bfloat16):
+            with pytest.raises(TypeError, match=rf"^dtype must be float32 or float64, got {re.escape(repr(bad))}$"):
+                f(t, dtype=bad)
+        assert f(t, dtype="float64").dtype == np.float64 and f(t, dtype=np.float32).dtype == np.float32
+        assert f(t).dtype == np.float32
+    with pytest.raises(TypeError, match="dtype must be float32 or float64, got None"):
+        from fp4ref import decode
+        decode(np.array([1], np.uint8), "e2m1", dtype=None)
+
+
+@pytest.mark.parametrize("elem, nbits", [("e2m1", 4), ("e2m3", 6), ("e3m2", 6)])
+def test_mx_dequantize_names_t_codes_for_out_of_range_codes(elem, nbits):
+    import dataclasses
+
+    m = mx_quantize(np.ones((1, 32), np.float32), elem)
+    for bad, dt in ((1 << nbits, np.uint8), (255, np.uint8), (-1, np.int8), (-1, np.int16)):
+        codes = m.codes.astype(dt)
+        codes[0, 5] = bad
+        with pytest.raises(ValueError, match=rf"^t\.codes holds 1 value\(s\) outside the {nbits}-bit code range "
+                                             rf"0\.\.{(1 << nbits) - 1} \(first {bad} at index \(0, 5\)\)"):
+            mx_dequantize(dataclasses.replace(m, codes=codes))
+    # the element's whole range decodes, from uint8 and int8 alike
+    codes = np.arange(32, dtype=np.uint8).reshape(1, 32) % (1 << nbits)
+    want = mx_dequantize(dataclasses.replace(m, codes=codes), dtype=np.float64)
+    assert np.array_equal(mx_dequantize(dataclasses.replace(m, codes=codes.view(np.int8)), dtype=np.float64), want)

@@ -911,3 +911,53 @@ def test_ue8m0_other_libraries_as_documented():
                                    f32_from_bits(0x005FFFFF), f32_from_bits(0x007FFFFF)], np.float32))
     got = t.to(torch.float8_e8m0fnu).view(torch.uint8).tolist()
     assert got == [0x81, 0x7F, 0x80, 0x00, 0xFF, 0xFF, 0x01, 0x01, 0x01]
+
+
+# ------------------------------------------------------------------------------------ non-native byte order
+
+def _swapped(a: np.ndarray) -> np.ndarray:
+    """``a`` in the other byte order (same values): '>f8' on a little-endian machine."""
+    out = a.astype(a.dtype.newbyteorder("S"))
+    assert not out.dtype.isnative and np.array_equal(out, a, equal_nan=True)
+    return out
+
+
+def test_encode_big_endian_float64_rounds_once():
+    # 1 + 2^-4 is the tie between E4M3FN 1.0 (0x38 = 56) and 1.125 (0x39 = 57); + 2^-40 is above it, so RNE gives
+    # 57. Read through float32 first (the old '>f8' path) the 2^-40 is lost and the tie goes to even 56.
+    x = np.array([1 + 2**-4 + 2**-40])
+    assert encode(x, E4M3FN).tolist() == [57]
+    assert encode(_swapped(x), E4M3FN).tolist() == [57]
+    assert encode(_swapped(x), "e4m3fn", rounding="rz").tolist() == [56]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encode_non_native_byte_order_is_bit_identical(name):
+    # exhaustive over float16 (every bit pattern), random bit patterns of float32 and float64, every rounding mode
+    fmt = FORMATS[name]
+    rng = np.random.default_rng(7)
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    f = rng.integers(0, 1 << 32, 4096, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    d = rng.integers(0, 1 << 63, 4096, dtype=np.uint64).view(np.float64)
+    d[:64] = 1 + np.ldexp(rng.integers(1, 1 << 20, 64), -40)  # near ties: bits below float32 decide them
+    for x in (h, f, d):
+        if not fmt.signed:
+            x = np.abs(x)
+        kw = {} if fmt.has_nan else {"nan": "zero"}  # NaN bit patterns: formats without a NaN refuse them
+        for mode in ("rne", "rna", "rz", "ru", "rd"):
+            want = encode(x, fmt, rounding=mode, **kw)
+            got = encode(_swapped(x), fmt, rounding=mode, **kw)
+            assert got.dtype == np.uint8 and np.array_equal(got, want), (name, x.dtype, mode)
+
+
+def test_decode_non_native_codes():
+    # codes given as big-endian uint16 are read by value (0x0100 would be read as 1 if its bytes were taken raw)
+    codes = np.arange(256, dtype=np.uint16)
+    for name in NAMES:
+        fmt = FORMATS[name]
+        c = codes[: fmt.num_codes]
+        want = decode(c.astype(np.uint8), fmt, dtype=np.float64)
+        got = decode(_swapped(c), fmt, dtype=np.float64)
+        assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    with pytest.raises(ValueError, match="codes holds 1 value"):
+        decode(_swapped(np.array([0x0100], np.uint16)), E4M3FN)

@@ -309,3 +309,92 @@ def test_decode_dtype_none_and_scalar_codes():
         decode(np.array([1], np.uint8), "e2m1", dtype=None)
     out = decode(np.uint8(7), "e2m1")
     assert isinstance(out, np.ndarray) and out.shape == () and out.dtype == np.float32 and float(out) == 6.0
+
+
+# ------------------------------------------------------------------------------------ FloatFormat field checks
+
+def _fmt(name="t", ebits=3, mbits=2, bias=3, signed=True, has_subnormals=True, special="none", source="test"):
+    return FloatFormat(name, ebits, mbits, bias, signed=signed, has_subnormals=has_subnormals, special=special,
+                       source=source)
+
+
+@pytest.mark.parametrize("kw, match", [
+    # codes are uint8: E5M10 (16 bits) decoded 0x3C00 as 0, an unsigned 9-bit format encoded 3.0 as 8 (not 264)
+    (dict(name="e5m10", ebits=5, mbits=10, bias=15, special="ieee"), r"'e5m10': signed \+ ebits \+ mbits = 16 bits"),
+    (dict(ebits=4, mbits=5, bias=7, signed=False), r"= 9 bits; codes are stored as uint8"),
+    (dict(ebits=8, mbits=1, bias=127), r"= 10 bits"),
+    (dict(ebits=0, mbits=1, bias=0), r"ebits=0 must be >= 1"),
+    (dict(mbits=-1), r"mbits=-1 must be >= 0"),
+    (dict(special="IEEE"), r"special='IEEE' is not one of"),
+    (dict(mbits=0, special="ieee"), r"special='ieee' needs mbits >= 1"),
+    (dict(ebits=1, mbits=2, bias=0, special="ieee"), r"special='ieee' needs .* ebits >= 2"),
+    (dict(mbits=0, special="fn"), r"special='fn' needs mbits >= 1"),
+    (dict(ebits=7, mbits=0, bias=63, signed=True, has_subnormals=False, special="ue8m0"), r"special='ue8m0' needs"),
+    (dict(ebits=6, mbits=1, bias=31, signed=False, has_subnormals=False, special="ue8m0"), r"special='ue8m0' needs"),
+    (dict(has_subnormals=False), r"has_subnormals=False is supported only with special='ue8m0'"),
+    (dict(ebits=8, mbits=0, bias=0, signed=False, has_subnormals=False, special="ue8m0"), r"bias=0 puts values"),
+    (dict(ebits=5, mbits=2, bias=160), r"bias=160 puts values outside float32"),
+    (dict(name=""), r"name is empty"),
+])
+def test_floatformat_refuses_bad_fields(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _fmt(**kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(ebits=3.0), r"ebits=3.0 is not an int"),
+    (dict(mbits=True), r"mbits=True is not an int"),
+    (dict(bias="3"), r"bias='3' is not an int"),
+    (dict(signed=1), r"signed=1 is not a bool"),
+    (dict(has_subnormals=None), r"has_subnormals=None is not a bool"),
+    (dict(name=None), r"FloatFormat.name=None: expected a str"),
+    (dict(source=1), r"FloatFormat.source=1: expected a str"),
+])
+def test_floatformat_refuses_bad_field_types(kw, match):
+    with pytest.raises(TypeError, match=match):
+        _fmt(**kw)
+
+
+def test_floatformat_registry_formats_pass_the_checks():
+    for fmt in FORMATS.values():
+        assert dataclasses.replace(fmt) == fmt  # rebuilt through __post_init__
+
+
+def test_user_format_8bit_roundtrip_exhaustive():
+    # a signed E3M4 (bias 3, no inf/NaN): every code decodes to k/16 * 2^(e-3) and encodes back to itself
+    fmt = _fmt(name="e3m4", ebits=3, mbits=4, bias=3)
+    assert fmt.nbits == 8 and fmt.max == 31.0 and fmt.min_subnormal == 2.0**-6  # (1 + 15/16) 2^4, 1/16 2^-2
+    codes = np.arange(256, dtype=np.uint8)
+    v = decode(codes, fmt, dtype=np.float64)
+    for c in range(256):
+        e, m = (c >> 4) & 7, c & 15
+        want = (m / 16 * 2.0**-2) if e == 0 else (1 + m / 16) * 2.0 ** (e - 3)
+        assert v[c] == (-want if c & 0x80 else want) and math.copysign(1, v[c]) == (-1 if c & 0x80 else 1), c
+    assert np.array_equal(encode(v, fmt), codes)
+
+
+def test_user_format_reusing_a_registry_name_has_its_own_table():
+    # decode tables were cached by name: a user "e2m1" with 2 mantissa bits read E2M1's values (code 2 -> 1.0)
+    decode(np.array([2], np.uint8), E2M1)  # E2M1's table is cached first
+    mine = _fmt(name="e2m1", ebits=2, mbits=2, bias=1)
+    assert decode(np.arange(8, dtype=np.uint8), mine, dtype=np.float64).tolist() == [
+        0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75]
+    assert decode(np.array([2], np.uint8), E2M1).tolist() == [1.0]
+
+
+def test_code_class_refuses_codes_outside_the_format():
+    # code_class(16, 'e2m1') said 'zero', -1 'max', 0x17F for E4M3FN 'normal' (bits above the format were masked)
+    for name, fmt in FORMATS.items():
+        for bad in (-1, fmt.num_codes, fmt.num_codes + 0x7F, 1 << 20):
+            with pytest.raises(ValueError, match=rf"code={bad} is outside the {fmt.nbits}-bit code range"):
+                formats.code_class(bad, name)
+    for bad in (True, 1.0, "1", None, np.float32(1)):
+        with pytest.raises(TypeError, match=r"code=.*expected an int code"):
+            formats.code_class(bad, "e2m1")
+    assert formats.code_class(np.uint8(0x7F), "e4m3fn") == "nan" and formats.code_class(np.int64(7), "e2m1") == "max"
+    # exhaustive: every in-range code of every format has one class, the same for a numpy int
+    for name, fmt in FORMATS.items():
+        for c in range(fmt.num_codes):
+            assert formats.code_class(c, fmt) == formats.code_class(np.uint16(c), name)
+    assert [formats.code_class(c, "e2m1") for c in range(16)] == (
+        ["zero", "subnormal"] + ["normal"] * 5 + ["max"] + ["zero", "subnormal"] + ["normal"] * 5 + ["max"])

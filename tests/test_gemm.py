@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from fractions import Fraction
 from functools import lru_cache
 
@@ -343,7 +344,7 @@ def test_absprod_sparse_duplicate_index_adds_magnitudes():
 # NVFP4
 # ---------------------------------------------------------------------------------------------------------------
 
-from fp4ref.blockscale import NVFP4Tensor, nvfp4_dequantize, nvfp4_quantize  # noqa: E402
+from fp4ref.blockscale import NVFP4Recipe, NVFP4Tensor, nvfp4_dequantize, nvfp4_quantize  # noqa: E402
 from fp4ref.packing import pack_fp4  # noqa: E402
 
 
@@ -670,3 +671,132 @@ def test_rounding_helpers_refuse_what_they_would_cast():
     for x in (np.array(["1"]), np.array([2**53 + 1]), np.array([True]), [1, 2]):
         with pytest.raises(TypeError, match=r"^x must be a floating array"):
             gemm.round_float64(x, "bfloat16")
+
+
+# ------------------------------------------------------------------------------------ non-native byte order
+
+def _swapped(a: np.ndarray) -> np.ndarray:
+    out = a.astype(a.dtype.newbyteorder("S"))
+    assert not out.dtype.isnative
+    return out
+
+
+def _same_reference(r1, r0):
+    assert r1.out.dtype == r0.out.dtype and r1.out.shape == r0.out.shape
+    assert np.array_equal(r1.out.view(np.uint8), r0.out.view(np.uint8))
+    assert np.array_equal(np.asarray(r1.exact).view(np.uint64), np.asarray(r0.exact).view(np.uint64))
+    assert np.array_equal(np.asarray(r1.exact_err, np.float64), np.asarray(r0.exact_err, np.float64))
+    assert r1.is_exact == r0.is_exact
+
+
+def test_gemm_fp16_big_endian_operands():
+    # 0x78FF = (1 + 255/1024) 2^15 = 40928 and 0x0070 = 112 * 2^-24: the exact A @ A.T = 40928^2 + 12544 * 2^-48
+    # spans 65 bits, so float64 is not exact. Read as native uint16, '>f2' bits made the grid test see 0x7000 (8192)
+    # as the smallest magnitude and flag the inexact float64 sum is_exact=True.
+    A = np.array([[0x78FF, 0x0070]], np.uint16).view(np.float16)
+    want = Fraction(40928) ** 2 + Fraction(112, 2**24) ** 2
+    for a in (A, _swapped(A)):
+        ref = gemm.gemm_fp16(a, a)
+        assert not ref.is_exact and ref.exact_fraction((0, 0)) == want
+        assert np.isinf(ref.out[0, 0]) and ref.out[0, 0] > 0  # 1.675e9 overflows fp16
+    _same_reference(gemm.gemm_fp16(_swapped(A), _swapped(A)), gemm.gemm_fp16(A, A))
+    rng = np.random.default_rng(21)
+    for _ in range(5):
+        A = rng.integers(0, 1 << 16, (5, 24), dtype=np.uint64).astype(np.uint16).view(np.float16)
+        B = rng.integers(0, 1 << 16, (4, 24), dtype=np.uint64).astype(np.uint16).view(np.float16)
+        A[~np.isfinite(A)] = 0
+        B[~np.isfinite(B)] = 0
+        r0 = gemm.gemm_fp16(A, B)
+        _same_reference(gemm.gemm_fp16(_swapped(A), B), r0)
+        r1 = gemm.gemm_fp16(_swapped(A), _swapped(B))
+        _same_reference(r1, r0)
+        assert all(r1.exact_fraction(idx) == frac_dot(A[idx[0]], B[idx[1]]) for idx in [(0, 0), (4, 3)])
+
+
+def test_nvfp4_big_endian_inputs():
+    rng = np.random.default_rng(22)
+    K, N = 32, 3
+    wq = nvfp4_quantize(rng.standard_normal((N, K)).astype(np.float32), recipe="sol")
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    g = np.float32(wq.global_decode_scale)
+    r0 = gemm.nvfp4_linear(x, wq.codes, wq.scales, g)
+    _same_reference(gemm.nvfp4_linear(_swapped(x), wq.codes, wq.scales, _swapped(np.array(g))), r0)
+    xq = nvfp4_quantize(x, recipe="sol")
+    r0 = gemm.nvfp4_gemm(xq, wq)
+    xq_be = NVFP4Tensor(codes=_swapped(xq.codes.astype(np.uint16)), scales=_swapped(xq.scales.astype(np.uint16)),
+                        global_decode_scale=_swapped(np.array(xq.global_decode_scale)), shape=xq.shape,
+                        recipe=xq.recipe, block=xq.block, axis=xq.axis)
+    _same_reference(gemm.nvfp4_gemm(xq_be, wq), r0)
+
+
+def test_round_float64_big_endian():
+    x = np.array([1 + 2.0**-8 + 2.0**-40, -(1 + 2.0**-11), 65520.0, 2.0**-25 * 1.5])
+    for name in ("bfloat16", "float16", "float32"):
+        want = gemm.round_float64(x, name)
+        assert np.array_equal(gemm.round_float64(_swapped(x), name).view(np.uint64), want.view(np.uint64))
+
+
+# ------------------------------------------------------------------------------------ exact_fraction's index
+
+def test_exact_fraction_index_checks():
+    A = np.array([[1, 2, 3], [0.5, -1, 4]], np.float16)
+    B = np.array([[1, 1, 1], [2, 0, 0.25], [-1, 3, 0], [0, 0, 1]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert ref.exact_fraction((1, 2)) == Fraction(-1, 2) - 3  # 0.5 * -1 + -1 * 3 + 4 * 0
+    assert ref.exact_fraction((np.int64(0), np.uint8(1))) == 2 + Fraction(3, 4)
+    assert ref.exact_fraction((-1, -1)) == ref.exact_fraction((1, 3)) == 4  # negative: from the end, as numpy
+    assert ref.exact_fraction((-2, 0)) == 6
+    for bad in ((1.7, 2.9), (True, False), (1, 2.0), (np.float64(1), 0), ("1", 0)):
+        with pytest.raises(TypeError, match=r"^index=.*expected a tuple of 2 int\(s\) .*shape \(2, 4\).*got an entry"):
+            ref.exact_fraction(bad)
+    for bad in (1, [1, 2], np.array([1, 2]), None):
+        with pytest.raises(TypeError, match=r"^index=.*expected a tuple of 2 int\(s\)"):
+            ref.exact_fraction(bad)
+    for bad in ((1,), (0, 1, 2), ()):
+        with pytest.raises(ValueError, match=r"^index=.* has \d entries; expected a tuple of 2"):
+            ref.exact_fraction(bad)
+    for bad in ((2, 0), (0, 4), (-3, 0), (0, -5), (10**30, 0)):
+        with pytest.raises(IndexError, match=rf"^index={re.escape(repr(bad))} is out of range for shape \(2, 4\)"):
+            ref.exact_fraction(bad)
+
+
+def test_exact_fraction_negative_index_nd_nvfp4_linear():
+    rng = np.random.default_rng(23)
+    K, N = 32, 3
+    wq = nvfp4_quantize(rng.standard_normal((N, K)).astype(np.float32), recipe="sol")
+    x = rng.standard_normal((2, 3, K)).astype(ml_dtypes.bfloat16)
+    ref = gemm.nvfp4_linear(x, wq.codes, wq.scales, float(wq.global_decode_scale))
+    xq = nvfp4_quantize(x.reshape(6, K), recipe="sol")
+    for idx in np.ndindex(ref.shape):
+        want = _nv_exact(xq, wq, idx[0] * 3 + idx[1], idx[2])
+        neg = tuple(i - n for i, n in zip(idx, ref.shape))
+        assert ref.exact_fraction(idx) == ref.exact_fraction(neg) == want, idx
+    with pytest.raises(IndexError, match=r"index=\(0, 3, 0\) is out of range for shape \(2, 3, 3\)"):
+        ref.exact_fraction((0, 3, 0))
+    with pytest.raises(ValueError, match=r"expected a tuple of 3 int"):
+        ref.exact_fraction((0, 0))
+    r1 = gemm.nvfp4_linear(x[0, 0], wq.codes, wq.scales, float(wq.global_decode_scale))  # x [K]: out [N]
+    assert r1.shape == (N,)
+    want = _nv_exact(nvfp4_quantize(x[0, :1], recipe="sol"), wq, 0, 2)  # x[0, 0] alone: its own global amax
+    assert r1.exact_fraction(-1) == r1.exact_fraction((2,)) == r1.exact_fraction(np.int32(2)) == want
+
+
+def test_nvfp4_linear_k0_and_recipe_name():
+    with pytest.raises(ValueError, match=r"^x has shape \(2, 0\): its last dimension K is 0"):
+        gemm.nvfp4_linear(np.zeros((2, 0), np.float32), np.zeros((3, 0), np.uint8), np.zeros((3, 0), np.uint8), 1.0)
+    rng = np.random.default_rng(24)
+    wq = nvfp4_quantize(rng.standard_normal((2, 16)).astype(np.float32), recipe="sol")
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    outs = []
+    for recipe in (NVFP4Recipe.TE, "te", "TE"):
+        ref = gemm.nvfp4_linear(x, wq.codes, wq.scales, 1.0, recipe=recipe)
+        assert ref.description["recipe"] == "te"
+        outs.append(ref.out.view(np.uint16))
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    assert gemm.nvfp4_linear(x, wq.codes, wq.scales, 1.0).description["recipe"] == "sol"
+    with pytest.raises(ValueError, match=r"recipe='nope' is not one of"):
+        gemm.nvfp4_linear(x, wq.codes, wq.scales, 1.0, recipe="nope")
+    xn = x.copy()
+    xn[0, 3] = np.inf
+    with pytest.raises(ValueError, match=r"with the 'te' recipe"):
+        gemm.nvfp4_linear(xn, wq.codes, wq.scales, 1.0, recipe=NVFP4Recipe.TE)

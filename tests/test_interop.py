@@ -40,3 +40,24 @@ def test_fp8_and_fp4_storage_tensors_are_read_as_their_bytes():
 def test_ragged_sequence_names_the_argument():
     with pytest.raises(ValueError, match="x: not a rectangular array"):
         fp4ref.encode([[1.0, 2.0], [3.0]], "e2m1")
+
+
+def test_to_numpy_gives_native_byte_order_same_values():
+    from fp4ref._interop import native_byte_order, to_numpy
+
+    x = np.array([[1 + 2.0**-40, -0.0], [np.inf, 3e-310]])
+    be = x.astype(x.dtype.newbyteorder("S"))
+    before = be.tobytes()
+    n = to_numpy(be, "x")
+    assert n.dtype.isnative and n.dtype == np.float64 and n.shape == be.shape
+    assert np.array_equal(n.view(np.uint64), x.view(np.uint64))  # every bit of every value, -0.0 included
+    assert be.tobytes() == before and not be.dtype.isnative  # the caller's array is not touched
+    assert to_numpy(x, "x") is x and native_byte_order(x) is x  # native: no copy
+    u1 = np.arange(4, dtype=np.uint8)
+    assert to_numpy(u1, "x") is u1  # one-byte dtypes have no byte order
+    for dt in ("i2", "u4", "f2", "f4", "c16"):
+        a = np.arange(6).astype(dt)
+        b = to_numpy(a.astype(a.dtype.newbyteorder("S")), "x")
+        assert b.dtype == a.dtype and np.array_equal(b, a) and b.tobytes() == a.tobytes()
+    t = torch.tensor([1.5, -2.0])
+    assert to_numpy(t, "t").dtype == np.float32

@@ -85,3 +85,21 @@ def test_int8_input_and_errors():
     np.testing.assert_array_equal(from_blocked(b2, 2, 2, check_padding=False), np.ones((2, 2), np.uint8))
     with pytest.raises(TypeError, match="rows"):
         from_blocked(b, 2.0, 2)
+
+
+@pytest.mark.parametrize("layout", ["128x4", "8x4"])
+def test_from_blocked_returns_a_new_array(layout):
+    # with one column tile (cols <= 4) and no reordering, the result was a view of the caller's bytes
+    tr, _ = {"128x4": (128, 4), "8x4": (8, 4)}[layout]
+    for rows in (1, tr - 1, tr, tr + 1):
+        for cols in (1, 3, 4, 5, 8):
+            plain = np.arange(rows * cols, dtype=np.uint32).reshape(rows, cols) % 251 + 1
+            for blocked in (to_blocked(plain.astype(np.uint8), layout),
+                            to_blocked(plain.astype(np.uint8), layout).view(np.int8)):
+                before = blocked.copy()
+                out = from_blocked(blocked, rows, cols, layout)
+                assert out.dtype == np.uint8 and out.flags.c_contiguous and out.flags.writeable
+                assert not np.shares_memory(out, blocked), (layout, rows, cols)
+                np.testing.assert_array_equal(out, plain)
+                out[...] = 0
+                np.testing.assert_array_equal(blocked, before)

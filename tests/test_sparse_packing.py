@@ -187,3 +187,34 @@ def test_compress_decompress_round_trip(rows, groups, rnd):
     assert check_meta(meta).ok
     dense = decompress_2to4(vals, meta)
     np.testing.assert_array_equal(dense, np.array(E2M1, np.float32)[a])
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="longdouble is float64 on this platform")
+def test_compress_refuses_longdouble():
+    # 1 + 2^-60 is not E2M1-representable, but longdouble -> float64 rounded it to 1.0 (code 2) silently
+    a = np.array([[1 + np.longdouble(2) ** -60, 0, 0, 0]], dtype=np.longdouble)
+    assert a[0, 0] != 1
+    with pytest.raises(TypeError, match=r"^a has dtype float\d+, wider than float64"):
+        compress_2to4(a)
+    with pytest.raises(TypeError, match=r"^a has dtype"):
+        compress_2to4(np.array([[1, 0, 0, 0]], dtype=np.longdouble))  # exact values too: the dtype is refused
+
+
+def test_compress_non_native_byte_order_same_bytes():
+    rng = np.random.default_rng(11)
+    vals = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -6])
+    a = np.zeros((8, 16))
+    for r in range(8):
+        for g in range(4):
+            pos = rng.choice(4, 2, replace=False)
+            a[r, 4 * g + pos] = rng.choice(vals, 2)
+    want = compress_2to4(a)
+    for dt in ("f2", "f4", "f8"):
+        x = a.astype(dt)
+        got = compress_2to4(x.astype(x.dtype.newbyteorder("S")))
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), dt
+    codes = compress_2to4(a)  # integer codes as big-endian uint16 too
+    dense_codes = np.array([[0 if v == 0 else list(vals).index(v) if v > 0 else 8 + list(vals[:8]).index(-v)
+                             for v in row] for row in a], dtype=np.uint16)
+    got = compress_2to4(dense_codes.astype(">u2" if np.little_endian else "<u2"))
+    assert all(np.array_equal(g, w) for g, w in zip(got, codes))
