@@ -15,8 +15,9 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``code-nan``: MXFP8 element codes 0x7F / 0xFF (E4M3FN NaN).
 * ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
 * ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
-* ``global-scale``: finite and positive (compressed-tensors' encode scale: its fp32 reciprocal finite too); members
-  of a fused group (q/k/v, gate/up, w1/w3) must share it.
+* ``global-scale``: finite and positive, and the decode scale (compressed-tensors' stored encode scale: its fp32
+  reciprocal) times 6 x 448 (the largest code at the largest block scale) finite in fp32; members of a fused group
+  (q/k/v, gate/up, w1/w3) must share it.
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
   detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8). An ``fp4ref.format``
   fp4ref does not know is an error (exit 2) when the layout has no other record of the format.
@@ -156,10 +157,13 @@ def _bad_global(layer, cf: str, g) -> Finding | None:
     """The global-scale finding for values ``g`` that are not finite and positive (naming the tensor and them)."""
     bad = ~(np.isfinite(g) & (g > 0))
     what = "not finite and positive"
-    if cf == "compressed-tensors" and not bad.any():  # an encode scale: its fp32 reciprocal decodes the layer
+    if not bad.any():
         with np.errstate(divide="ignore", over="ignore"):
-            bad = ~np.isfinite(np.float32(1) / g.astype(np.float32))
-        what = "with no finite fp32 reciprocal (the decode scale)"
+            # compressed-tensors stores the encode scale: its fp32 reciprocal decodes the layer
+            dec = np.float32(1) / g.astype(np.float32) if cf == "compressed-tensors" else g.astype(np.float32)
+            # the largest code (6) at the largest block scale (448) must decode to a finite fp32 value
+            bad = ~np.isfinite(dec) | ~np.isfinite(dec * np.float32(6 * 448))
+        what = "whose decode scale (the fp32 reciprocal, in compressed-tensors) overflows fp32 at 6 x 448"
     if not bad.any():
         return None
     gname = C.output_names(cf, layer.fmt, layer.name)["global"]

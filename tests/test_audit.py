@@ -645,6 +645,9 @@ def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, cap
     assert findings(audit_checkpoint(d)) == {O_PROJ: ["global-scale"]}
     assert main(["quantize", str(d), "-o", str(tmp_path / "deq"), "--dequantize", "--dtype", "bfloat16"]) == 2
     assert "no finite fp32 reciprocal" in capsys.readouterr().err and not (tmp_path / "deq").exists()
+    mo = copy(made, "mo", tmp_path)  # 3e38 is finite, but 6 x 448 x 3e38 is not: no code of the layer decodes
+    patch(mo, O_PROJ[: -len("weight")] + "weight_scale_2", lambda a: a.view(np.float32).__setitem__(0, 3e38))
+    assert findings(audit_checkpoint(mo)) == {O_PROJ: ["global-scale"]}
     mx = copy(made, "mx8", tmp_path)
     patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0x7F))
     assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan"]}
