@@ -24,6 +24,16 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
   scale and global-scale bytes.
 
+Checks of the whole checkpoint (``AuditReport.findings``):
+
+* ``config``: what the serving stacks read agrees with the tensors. ModelOpt: hf_quant_config.json and / or
+  config.json's ``quantization_config`` present, every ``quant_algo`` given naming the detected format, every
+  ``group_size`` given the block size, ``quant_algo`` "NVFP4" (weights and activations) with an ``input_scale`` beside
+  every 2-D layer; compressed-tensors: ``quantization_config`` present, each ``config_groups`` weight scheme with the
+  format's ``num_bits`` and ``group_size``. Both: no quantized layer's module listed in ``exclude_modules`` /
+  ``ignore`` (names, ``fnmatch`` patterns, or compressed-tensors' ``re:`` regular expressions): a loader would read
+  its codes as an unquantized weight.
+
 Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint, 130 on
 Ctrl-C, 143 on SIGTERM (no partial --json report is left; an existing one is replaced only with --force, and
 never an input: the checkpoint, the reference, a file in their directories or a link to one).
@@ -31,7 +41,9 @@ never an input: the checkpoint, the reference, a file in their directories or a 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 
@@ -73,20 +85,23 @@ class TensorAudit:
 
 @dataclass
 class AuditReport:
-    """Result of :func:`audit_checkpoint`: ``clean`` iff no tensor has a finding."""
+    """Result of :func:`audit_checkpoint`: ``clean`` iff no tensor has a finding and the checkpoint-wide
+    ``findings`` (the ``config`` check) are empty."""
 
     path: str
     checkpoint_format: str
     fmt: str
     tensors: list
+    findings: list = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return all(t.clean for t in self.tensors)
+        return not self.findings and all(t.clean for t in self.tensors)
 
     def to_json(self) -> dict:
         return {"path": self.path, "checkpoint_format": self.checkpoint_format, "format": self.fmt,
-                "clean": self.clean, "tensors": [asdict(t) for t in self.tensors]}
+                "clean": self.clean, "findings": [asdict(f) for f in self.findings],
+                "tensors": [asdict(t) for t in self.tensors]}
 
 
 def _check_layout(layer, ckpt, cf: str) -> list:
@@ -173,9 +188,89 @@ def _bad_global(layer, cf: str, g) -> Finding | None:
                                                    f"{vals}{where}")
 
 
-def _metadata_findings(ckpt, fmt: str) -> dict:
-    """{shard file name: [Finding]} for fp4ref shard metadata that disagrees with the detected format ``fmt``:
-    ``fp4ref.format`` another format, ``fp4ref.block`` not that format's block (as fp4ref writes them)."""
+def _listed(module: str, patterns: list) -> str | None:
+    """The first of ``patterns`` (exclude_modules / ignore entries) that names ``module``: the name itself, an
+    ``fnmatch`` pattern (ModelOpt's wildcards), or compressed-tensors' ``re:`` regular expression (re.match)."""
+    for pat in patterns:
+        if pat.startswith("re:"):
+            try:
+                if re.match(pat[3:], module):
+                    return pat
+            except re.error:
+                continue
+        elif fnmatch.fnmatchcase(module, pat):
+            return pat
+    return None
+
+
+def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
+    """The ``config`` check (module docstring): what hf_quant_config.json and config.json's quantization_config
+    tell a loader, against the layers found."""
+    if cf == "fp4ref":
+        return []  # fp4ref's own layout is read from the shard metadata; no loader config is written
+    block = C.FORMATS[fmt][0]
+    hf = ckpt.json_files.get("hf_quant_config.json")
+    qc = (ckpt.config or {}).get("quantization_config")
+    out = []
+
+    def bad(text):
+        out.append(Finding("config", 1, text))
+
+    hq = (hf or {}).get("quantization") if isinstance(hf, dict) else None
+    sources = [("hf_quant_config.json quantization", hq), ("config.json quantization_config", qc)]
+    sources = [(where, d) for where, d in sources if isinstance(d, dict)]
+    if not sources:
+        bad("no hf_quant_config.json and no config.json quantization_config: a loader cannot tell the checkpoint is "
+            "quantized" if cf == "modelopt" else "config.json has no quantization_config: a loader cannot tell the "
+            "checkpoint is quantized")
+        return out
+    if cf == "modelopt":
+        algos = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "NVFP4_AWQ": "nvfp4", "MXFP8": "mxfp8"}
+        for where, d in sources:
+            algo = d.get("quant_algo")
+            if algo is not None and algos.get(algo) != fmt:
+                bad(f"{where} quant_algo={algo!r}, but the tensors are {fmt}")
+            if d.get("group_size", block) != block:
+                bad(f"{where} group_size={d.get('group_size')!r}, but the {fmt} block is {block}")
+            if algo == "NVFP4":  # weights and activations: a loader needs each layer's activation scale
+                missing = sorted(n for n, L in layers.items() if len(L.shape) == 2 and L.scale.endswith(
+                    "weight_scale") and L.scale[: -len("weight_scale")] + "input_scale" not in ckpt.weight_map)
+                if missing:
+                    bad(f"{where} quant_algo 'NVFP4' (activations quantized too), but {len(missing)} layer(s) have "
+                        f"no input_scale, e.g. {missing[0]!r} (fp4ref writes 'W4A16_NVFP4')")
+    groups = (qc or {}).get("config_groups") if isinstance(qc, dict) else None
+    for gname, g in (groups.items() if isinstance(groups, dict) else ()):
+        w = g.get("weights") if isinstance(g, dict) else None
+        if not isinstance(w, dict):
+            continue
+        bits = 8 if fmt == "mxfp8" else 4
+        if w.get("num_bits", bits) != bits:
+            bad(f"config.json quantization_config config_groups.{gname}.weights.num_bits={w.get('num_bits')!r}, but "
+                f"{fmt} elements have {bits} bits")
+        if w.get("group_size", block) != block:
+            bad(f"config.json quantization_config config_groups.{gname}.weights.group_size={w.get('group_size')!r}, "
+                f"but the {fmt} block is {block}")
+    for where, key, d in (("hf_quant_config.json quantization", "exclude_modules", hq),
+                          ("config.json quantization_config", "ignore", qc),
+                          ("config.json quantization_config", "exclude_modules", qc)):
+        pats = d.get(key) if isinstance(d, dict) else None
+        if pats is None:
+            continue
+        if not isinstance(pats, list) or not all(isinstance(p, str) for p in pats):
+            bad(f"{where} {key} is {pats!r}, not a list of module names")
+            continue
+        hits = [(n, _listed(C._module_of(n), pats)) for n in sorted(layers)]
+        hits = [(n, pat) for n, pat in hits if pat is not None]
+        if hits:
+            bad(f"{where} {key} lists {len(hits)} quantized layer(s) (e.g. {hits[0][0]!r} by {hits[0][1]!r}): a "
+                "loader would read their codes as unquantized weights")
+    return out
+
+
+def _metadata_findings(ckpt, fmt: str, cf: str | None = None) -> dict:
+    """{shard file name: [Finding]} for fp4ref shard metadata that disagrees with the detected format ``fmt`` and
+    layout ``cf``: ``fp4ref.format`` another format, ``fp4ref.checkpoint_format`` another layout, ``fp4ref.block``
+    not that format's block (as fp4ref writes them)."""
     block = str(C.FORMATS[fmt][0])
     out = {}
     for s in ckpt.shards:
@@ -183,6 +278,9 @@ def _metadata_findings(ckpt, fmt: str) -> dict:
         if "fp4ref.format" in meta and meta["fp4ref.format"] != fmt:
             bad.append(f"{s.path.name}: metadata fp4ref.format={meta['fp4ref.format']!r}, but the checkpoint is "
                        f"{fmt}")
+        if "fp4ref.checkpoint_format" in meta and cf is not None and meta["fp4ref.checkpoint_format"] != cf:
+            bad.append(f"{s.path.name}: metadata fp4ref.checkpoint_format={meta['fp4ref.checkpoint_format']!r}, but "
+                       f"the checkpoint's layout is {cf}")
         if "fp4ref.block" in meta and meta["fp4ref.block"] != block:
             bad.append(f"{s.path.name}: metadata fp4ref.block={meta['fp4ref.block']!r}, expected {block!r} "
                        f"(the {fmt} block size)")
@@ -224,7 +322,7 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
                              f"with that {arg} and compared byte for byte); pass reference=... or leave {arg} out")
     ckpt = open_checkpoint(path)
     cf, fmt, option, layers = C.find_quantized_layers(ckpt)
-    meta_bad = _metadata_findings(ckpt, fmt)
+    meta_bad = _metadata_findings(ckpt, fmt, cf)
     rows = []
     globals_ = {}
     for name in sorted(layers):
@@ -255,7 +353,7 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
                                                                       f"differ ({vals})"))
     if reference is not None:
         _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
-    return AuditReport(str(path), cf, fmt, rows)
+    return AuditReport(str(path), cf, fmt, rows, _config_findings(ckpt, cf, fmt, layers))
 
 
 def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> None:
@@ -406,8 +504,12 @@ def _print_table(report: AuditReport) -> None:
         t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(ref))
     console = Console()
     print_table(console, t, whole=("shape",))
+    for f in report.findings:  # the checkpoint-wide checks, below the per-tensor table
+        console.print(escape(f"checkpoint {f.check}: {f.detail}"))
     bad = sum(not r.clean for r in report.tensors)
-    console.print("clean" if report.clean else f"{bad} of {len(report.tensors)} tensor(s) FAIL")
+    what = [f"{bad} of {len(report.tensors)} tensor(s) FAIL"] if bad else []
+    what += [f"{len(report.findings)} checkpoint finding(s)"] if report.findings else []
+    console.print("clean" if report.clean else "; ".join(what))
 
 
 def main(argv=None) -> int:

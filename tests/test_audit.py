@@ -653,3 +653,72 @@ def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, cap
     assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan"]}
     assert main(["quantize", str(mx), "-o", str(tmp_path / "deq8"), "--dequantize", "--dtype", "bfloat16"]) == 2
     assert "element code 0x7f" in capsys.readouterr().err and not (tmp_path / "deq8").exists()
+
+
+def _edit_json(path: Path, fn) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+def _config_details(d: Path) -> list:
+    rep = audit_checkpoint(d)
+    assert not findings(rep), findings(rep)  # the tensors are fine: only the checkpoint-wide check fails
+    return [f.detail for f in rep.findings if f.check == "config"]
+
+
+@pytest.mark.parametrize("edit, words", [
+    # (hf_quant_config.json decides the detected format: config.json's quant_algo is the one checked against it)
+    (lambda h, c: c["quantization_config"].__setitem__("quant_algo", "MXFP8"), "config.json quantization_config "
+                                                                               "quant_algo='MXFP8', but the tensors "
+                                                                               "are nvfp4"),
+    (lambda h, c: h["quantization"].__setitem__("group_size", 32), "group_size=32, but the nvfp4 block is 16"),
+    (lambda h, c: h["quantization"]["exclude_modules"].append("model.layers.0.self_attn.o_proj"),
+     "exclude_modules lists 1 quantized layer"),
+    (lambda h, c: c["quantization_config"]["ignore"].append("model.layers.*.mlp.*_proj"),
+     r"ignore lists \d+ quantized layer\(s\) \(e.g. 'model.layers.0.mlp.gate_proj.weight' by "
+     r"'model.layers.\*.mlp.\*_proj'\)"),
+    (lambda h, c: (h["quantization"].__setitem__("quant_algo", "NVFP4"),
+                   c["quantization_config"].__setitem__("quant_algo", "NVFP4")),
+     "quant_algo 'NVFP4' .* have no input_scale"),
+])
+def test_loader_config_that_disagrees_with_the_tensors_is_a_finding(made, tmp_path, capsys, edit, words):
+    """A loader reads hf_quant_config.json / config.json, not the shards: a wrong format, block or exclusion there
+    misreads a checkpoint whose tensors are all fine (the audit said clean; exit 0)."""
+    d = copy(made, "mo", tmp_path)
+    hf, cfg = json.loads((d / "hf_quant_config.json").read_text()), json.loads((d / "config.json").read_text())
+    edit(hf, cfg)
+    (d / "hf_quant_config.json").write_text(json.dumps(hf))
+    (d / "config.json").write_text(json.dumps(cfg))
+    details = _config_details(d)
+    assert len(details) >= 1 and any(re.search(words, t) for t in details), details
+    assert main(["audit", str(d), "--json", "-"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["clean"] is False and rep["findings"][0]["check"] == "config"
+    assert main(["audit", str(d)]) == 1
+    assert "checkpoint config:" in capsys.readouterr().out
+
+
+def test_compressed_tensors_config_is_checked(made, tmp_path):
+    d = copy(made, "ct", tmp_path)
+    _edit_json(d / "config.json", lambda c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(
+        num_bits=8, group_size=32))
+    details = _config_details(d)
+    assert any("num_bits=8, but nvfp4 elements have 4 bits" in t for t in details), details
+    assert any("group_size=32, but the nvfp4 block is 16" in t for t in details), details
+    d2 = copy(made, "ct", tmp_path / "re")
+    _edit_json(d2 / "config.json", lambda c: c["quantization_config"]["ignore"].append("re:.*self_attn\\.[qkv]_proj$"))
+    assert any("ignore lists 3 quantized layer(s)" in t for t in _config_details(d2))
+    d3 = copy(made, "ct", tmp_path / "none")
+    _edit_json(d3 / "config.json", lambda c: c.pop("quantization_config"))  # the shard metadata still says the layout
+    assert _config_details(d3) == ["config.json has no quantization_config: a loader cannot tell the checkpoint is "
+                                   "quantized"]
+
+
+def test_shard_metadata_naming_another_layout_is_a_finding(made, tmp_path):
+    d = copy(made, "mo", tmp_path)
+    s2 = _shards(d)[1]
+    rewrite_shard(s2, metadata={**_header(s2)["__metadata__"], "fp4ref.checkpoint_format": "compressed-tensors"})
+    rep = audit_checkpoint(d)
+    assert {c for v in findings(rep).values() for c in v} == {"metadata"}
+    assert all(t.name in C.find_quantized_layers(d)[3] for t in rep.tensors)
