@@ -472,3 +472,18 @@ def test_sparse_nan_b_is_diagnosed_without_the_accumulator_candidate():
     assert diagnose(ref.out.copy(), ref, workload=SPARSE, operands=ops) == []
     names = {d.bug for d in diagnose(truncating_store(SPARSE, ops, ref), ref, workload=SPARSE, operands=ops)}
     assert names == {"rounded_toward_zero"}, names
+
+
+def test_a_truncating_store_that_also_flushes_an_overflow_gets_both_names():
+    """A truncating store turns an overflow into 65504 as well: diagnose named only nonfinite_flushed (it stopped
+    there); the finite elements are analysed too now."""
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((4, 64)).astype(np.float16)
+    B = rng.standard_normal((16, 64)).astype(np.float16)
+    A[0], B[0] = 64, 64  # element (0, 0): 64 * 64 * 64 = 262144 overflows fp16
+    ref = gemm.gemm_fp16(A, B)
+    assert np.isinf(ref.out[0, 0])
+    out = truncating_store(GEMM, {}, ref)
+    out[0, 0] = np.float16(65504)
+    names = [d.bug for d in diagnose(out, ref)]
+    assert names == ["nonfinite_flushed", "rounded_toward_zero"], names
