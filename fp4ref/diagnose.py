@@ -403,6 +403,9 @@ def _check_operands(workload, operands, ref, subset):
     missing = [a for a in workload.args if a not in operands]
     if missing:
         raise ValueError(f"operands lacks {missing} of {workload.name}'s arguments {list(workload.args)}")
+    extra = [a for a in operands if a not in workload.args]
+    if extra:  # a misspelt or another workload's operand would be silently ignored
+        raise ValueError(f"operands has {extra}, which are not {workload.name}'s arguments {list(workload.args)}")
     shape = ref.out.shape
     N, K = shape[-1], int(ref.K)
     M = None if subset else int(np.prod(shape[:-1]))

@@ -208,6 +208,8 @@ def test_diagnose_rejects_a_shape_mismatch():
         diagnose(ref.out, ref, workload=GEMM, operands=(ops["A"], ops["B"]))
     with pytest.raises(ValueError, match=r"operands lacks \['A'\] of gemm_n3072_k2048's arguments"):
         diagnose(ref.out, ref, workload=GEMM, operands={"X": ops["A"], "B": ops["B"]})
+    with pytest.raises(ValueError, match=r"operands has \['C'\], which are not gemm_n3072_k2048's arguments"):
+        diagnose(ref.out, ref, workload=GEMM, operands={**ops, "C": ops["A"]})  # a misspelt one: not ignored
 
 
 def test_a_workload_of_another_output_dtype_than_ref_is_refused():
