@@ -1182,7 +1182,7 @@ def find_quantized_layers(ckpt) -> tuple:
     names = set(ckpt.weight_map)
     for s in ckpt.shards:
         if "fp4ref.tensors" in s.metadata:
-            own = _tensors_record(s, cf, fmt, names)
+            own = _tensors_record(s, cf, fmt)
             for orig in own:  # a record copied from another shard lists layers whose codes are not here
                 codes = output_names(cf, fmt, orig)["codes"]
                 if ckpt.weight_map.get(codes) != s.path.name:
@@ -1198,8 +1198,9 @@ def find_quantized_layers(ckpt) -> tuple:
                     f"{str(s.path)!r} has no fp4ref.tensors metadata (a shard re-saved by another tool?): in the "
                     "fp4ref layout its quantized tensors cannot be told from its other tensors")
     candidates = set(recorded)
+    scale_suffix = ".weight_scale" if cf == "compressed-tensors" else "weight_scale"  # (no P_weight_scale there)
     for n in sorted(names):
-        if n.endswith("weight_scale") and ckpt.weight_map[n] in unrecorded:
+        if n.endswith(scale_suffix) and ckpt.weight_map[n] in unrecorded:
             candidates.add(_layer_of_scale(n))
     for orig in sorted(candidates):
         on = output_names(cf, fmt, orig)
@@ -1228,9 +1229,10 @@ def _layer_of_scale(n: str) -> str:
     return base[:-1]  # 3-D expert parameter P: P_weight_scale
 
 
-def _tensors_record(shard, cf: str, fmt: str, names: set) -> dict:
+def _tensors_record(shard, cf: str, fmt: str) -> dict:
     """A shard's fp4ref.tensors record, checked: a JSON object {tensor: {"shape": [ints >= 0, ...], "dtype": one of
-    DTYPES}} whose tensors are not themselves outputs (codes, scale or global) of another recorded layer."""
+    DTYPES}} whose tensors are names the layout can quantize (compressed-tensors: X.weight) and not themselves the
+    scale or global tensor of another recorded layer."""
     where = f"{str(shard.path)!r}: metadata fp4ref.tensors"
     try:
         rec = json.loads(shard.metadata["fp4ref.tensors"])
@@ -1246,12 +1248,17 @@ def _tensors_record(shard, cf: str, fmt: str, names: set) -> dict:
                 or dtype not in DTYPES or dtype == "F64"):
             raise QuantizeFileError(f"{where}: entry {name!r} is {entry!r}, expected {{'shape': [ints >= 0], "
                                     f"'dtype': one of {[d for d in DTYPES if d != 'F64']}}}")
+        if cf == "compressed-tensors" and not name.endswith(".weight"):
+            raise QuantizeFileError(f"{where}: entry {name!r} is no X.weight tensor, the only kind compressed-tensors "
+                                    "quantizes")
+    side = {}  # scale / global tensor name -> the recorded layer it belongs to
+    for other in rec:
+        outs = output_names(cf, fmt, other)
+        side.update({outs[k]: other for k in ("scale", "global") if k in outs})
     for name in rec:
-        for other in rec:
-            outs = output_names(cf, fmt, other)
-            if name != other and name in (outs["scale"], outs.get("global")):
-                raise QuantizeFileError(f"{where} lists {name!r}, the {'scale' if name == outs['scale'] else 'global'}"
-                                        f" tensor of the layer {other!r} it lists too")
+        if name in side:
+            raise QuantizeFileError(f"{where} lists {name!r}, a scale or global tensor of the layer {side[name]!r} it "
+                                    "lists too")
     return rec
 
 
@@ -1263,7 +1270,7 @@ def _check_nothing_left_out(ckpt, cf: str, fmt: str, layers: dict) -> None:
     owned = {nm for L in layers.values() for nm in (L.codes, L.scale, L.global_) if nm is not None}
     scale_dt = "F8_E4M3" if fmt == "nvfp4" else "U8"
     codes_dt = "F8_E4M3" if fmt == "mxfp8" else "U8"
-    suffix = "_scale" if cf == "fp4ref" else "weight_scale"
+    suffix = {"fp4ref": "_scale", "compressed-tensors": ".weight_scale"}.get(cf, "weight_scale")
     for n, shard_name in sorted(ckpt.weight_map.items()):
         if n in owned:
             continue
