@@ -80,6 +80,13 @@ def _check_int(name, v, lo=0):
         raise InvalidArgument(f"{name}={v} must be >= {lo}")
 
 
+def _check_bools(**flags):
+    """InvalidArgument naming the first of ``flags`` that is not a bool (1, "no" and None are not read as flags)."""
+    for name, v in flags.items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise InvalidArgument(f"{name}={v!r} must be a bool, got {type(v).__name__}")
+
+
 def _range(name, lo, hi, mult):
     _check_int(f"min_{name}", lo, 1)
     _check_int(f"max_{name}", hi, 1)
@@ -136,6 +143,7 @@ def _array_from_choices(shape, choices, dtype=np.uint8):
 
 def e2m1_codes(shape, *, allow_negative_zero=True) -> st.SearchStrategy[np.ndarray]:
     """uint8 arrays of E2M1 codes 0..15 (code 8 = -0.0 unless ``allow_negative_zero=False``)."""
+    _check_bools(allow_negative_zero=allow_negative_zero)
     codes = [c for c in range(16) if allow_negative_zero or c != 8]
     return _array_from_choices(shape, codes)
 
@@ -153,6 +161,7 @@ _E4M3_CLASSES = {
 def e4m3_bytes(shape, *, allow_nan=False, allow_subnormal=True, allow_negative=True) -> st.SearchStrategy[np.ndarray]:
     """uint8 arrays of E4M3FN bytes. Every finite byte can occur; zero, subnormal and max bytes are over-weighted
     (one class in ~8 draws each); NaN bytes 0x7F / 0xFF only with ``allow_nan``."""
+    _check_bools(allow_nan=allow_nan, allow_subnormal=allow_subnormal, allow_negative=allow_negative)
     mags = list(_E4M3_CLASSES["normal"]) + _E4M3_CLASSES["max"] * 8 + _E4M3_CLASSES["zero"] * 8
     if allow_subnormal:
         mags += _E4M3_CLASSES["subnormal"] * 2
@@ -164,6 +173,7 @@ def e4m3_bytes(shape, *, allow_nan=False, allow_subnormal=True, allow_negative=T
 
 def packed_fp4(shape, *, allow_negative_zero=True) -> st.SearchStrategy[np.ndarray]:
     """uint8 arrays of packed E2M1 pairs (``shape`` is the PACKED shape; element 2i in the low nibble)."""
+    _check_bools(allow_negative_zero=allow_negative_zero)
     codes = [c for c in range(16) if allow_negative_zero or c != 8]
     return _array_from_choices(shape, [lo | (hi << 4) for lo in codes for hi in codes])
 
@@ -171,6 +181,7 @@ def packed_fp4(shape, *, allow_negative_zero=True) -> st.SearchStrategy[np.ndarr
 def meta_bytes(shape, *, canonical=True) -> st.SearchStrategy[np.ndarray]:
     """2:4 metadata bytes: only the six canonical bytes, or (``canonical=False``) any byte 0..255 with the
     non-canonical kinds (duplicate index, idx0 > idx1, bits 7:4 set) well represented."""
+    _check_bools(canonical=canonical)
     if canonical:
         return _array_from_choices(shape, CANONICAL_META)
     return _array_from_choices(shape, list(range(256)) + list(CANONICAL_META) * 8)
@@ -185,6 +196,7 @@ def sparse_a_operands(m, k, *, canonical=False, int8=False) -> st.SearchStrategy
     Raises:
         InvalidArgument: (when built) a fixed ``m`` or ``k`` that is not an int >= 0, or ``k`` not a multiple of 4;
             a drawn ``k`` not a multiple of 4 is one at draw time."""
+    _check_bools(canonical=canonical, int8=int8)
     for nm, v in (("m", m), ("k", k)):
         if not isinstance(v, st.SearchStrategy):
             _check_int(nm, v, 0)
@@ -261,6 +273,7 @@ def fp16_matrices(shape, *, patterns=MAGNITUDE_PATTERNS, max_exponent=6, min_exp
     bad = [p for p in patterns if p not in MAGNITUDE_PATTERNS]
     if bad or not patterns:
         raise InvalidArgument(f"patterns={patterns!r}: each must be one of {MAGNITUDE_PATTERNS}")
+    _check_bools(allow_nonfinite=allow_nonfinite)
     _check_int("max_exponent", max_exponent, -30)
     if max_exponent > _FP16_MAX_EXPONENT:
         raise InvalidArgument(f"max_exponent={max_exponent} must be <= {_FP16_MAX_EXPONENT} (fp16's largest finite "
@@ -416,6 +429,7 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
     drops bits. The output check catches that where the dropped bits change the rounded output: every seed tried at
     k >= 1024, some draws not at k = 512, and below that nothing forces it (docs/bounds.md). ``positive``: only
     positive values (no cancellation)."""
+    _check_bools(positive=positive)
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
     if k % 4:
@@ -462,6 +476,9 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
         ValueError: ``m`` or ``n`` < 0, ``k`` < 1 or not a multiple of 4, ``promote_every`` < 1, or no room for the
             family at that ``k`` / ``promote_every``."""
     _check_arrays_args(rng, m, n, k, sparse=True, promote_every=promote_every)
+    for nm, v in (("positive", positive), ("canonical", canonical)):
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{nm}={v!r} must be a bool, got {type(v).__name__}")
     ok = _exact_sparse_b_bytes(k, promote_every, positive)
     val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
     pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
@@ -532,8 +549,9 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
     Raises:
         InvalidArgument: (when built) ``rows`` or ``k`` not an int, ``rows`` < 1, ``k`` not a positive multiple of
             16; ``global_scale`` not a real number (a bool, a str) or not finite and > 0 as float32 (0, -1, NaN,
-            inf, 1e-50, 1e39).
+            inf, 1e-50, 1e39); ``allow_nan_scale`` not a bool.
     """
+    _check_bools(allow_nan_scale=allow_nan_scale)
     _check_int("rows", rows, 1)
     _check_int("k", k, 16)
     if k % 16:
@@ -601,6 +619,7 @@ def mx_operands(rows, k, *, elem="e2m1", block=32, allow_nan_scale=False) -> st.
         InvalidArgument: (when built) ``rows``, ``k`` or ``block`` not an int >= 1; ``k`` not a multiple of
             ``block``; an odd ``k`` for e2m1 (two codes per packed byte); an unknown ``elem``.
     """
+    _check_bools(allow_nan_scale=allow_nan_scale)
     _check_int("rows", rows, 1)
     _check_int("k", k, 1)
     _check_int("block", block, 1)

@@ -317,3 +317,26 @@ def test_exact_accumulation_sparse_arrays_shapes():
     vals, meta, b = fst.exact_accumulation_sparse_arrays(_RNG(0), 2, 3, 12, promote_every=np.int64(128))
     assert vals.shape == meta.shape == (2, 3) and b.shape == (3, 12)
     assert vals.dtype == meta.dtype == b.dtype == np.uint8
+
+
+def test_flags_must_be_bools_when_built():
+    """A flag given as 1, "no" or None was read by truthiness ("no" is truthy: NaN bytes drawn); each is an
+    InvalidArgument naming it when the strategy is built (TypeError for the plain-numpy helper)."""
+    from hypothesis.errors import InvalidArgument
+
+    builds = [lambda v: fst.e2m1_codes((4,), allow_negative_zero=v), lambda v: fst.e4m3_bytes((4,), allow_nan=v),
+              lambda v: fst.e4m3_bytes((4,), allow_subnormal=v), lambda v: fst.e4m3_bytes((4,), allow_negative=v),
+              lambda v: fst.packed_fp4((4,), allow_negative_zero=v), lambda v: fst.meta_bytes((4,), canonical=v),
+              lambda v: fst.sparse_a_operands(2, 8, canonical=v), lambda v: fst.sparse_a_operands(2, 8, int8=v),
+              lambda v: fst.exact_accumulation_sparse(2, 2, 8, positive=v),
+              lambda v: fst.nvfp4_operands(2, 16, allow_nan_scale=v), lambda v: fst.mx_operands(2, 32, allow_nan_scale=v),
+              lambda v: fst.fp16_matrices((2, 2), allow_nonfinite=v)]
+    for build in builds:
+        for bad in (1, "no", None):
+            with pytest.raises(InvalidArgument, match=r"must be a bool"):
+                build(bad)
+        build(np.bool_(True))
+        build(False)
+    for kw in (dict(positive=1), dict(canonical="yes")):
+        with pytest.raises(TypeError, match=r"must be a bool"):
+            fst.exact_accumulation_sparse_arrays(np.random.default_rng(0), 2, 2, 8, **kw)
