@@ -329,7 +329,8 @@ def test_flags_must_be_bools_when_built():
               lambda v: fst.packed_fp4((4,), allow_negative_zero=v), lambda v: fst.meta_bytes((4,), canonical=v),
               lambda v: fst.sparse_a_operands(2, 8, canonical=v), lambda v: fst.sparse_a_operands(2, 8, int8=v),
               lambda v: fst.exact_accumulation_sparse(2, 2, 8, positive=v),
-              lambda v: fst.nvfp4_operands(2, 16, allow_nan_scale=v), lambda v: fst.mx_operands(2, 32, allow_nan_scale=v),
+              lambda v: fst.nvfp4_operands(2, 16, allow_nan_scale=v),
+              lambda v: fst.mx_operands(2, 32, allow_nan_scale=v),
               lambda v: fst.fp16_matrices((2, 2), allow_nonfinite=v)]
     for build in builds:
         for bad in (1, "no", None):
