@@ -798,6 +798,15 @@ def test_bench_picks_install_and_check(monkeypatch):
         _runtime.clear_plans()  # plans made with the installed picks
 
 
+def test_sweep_candidates_include_the_shipped_row():
+    """bench --sweep times the CONFIGS row of every M it sweeps (the M = 9-16 row, EARLY_START=False, was in no
+    candidate, so a sweep could only replace it with a slower one)."""
+    from fp4ref.kernels.nvfp4_linear import bench as b
+
+    for m in (1, 2, 3, 4, 8, 9, 16, 17, 64, 100, 256, 300, 512, 768, 1024, 16384):
+        assert nvl.pick_config(m, 8192, 8192, interpreter=False) in b.linear_candidates(m), m
+
+
 # ----------------------------------------------------------------------------------------- sm_90 compilation
 
 

@@ -359,6 +359,7 @@ def test_sweep_candidates_at_every_bucket():
         assert bool(gemv) == (M <= 4) and all(M <= c.max_m for c in gemv)
         assert any(isinstance(c, ExpandConfig) and c.gemm == "gluon" for c, _ in cands) == (M > 16)
         assert any(isinstance(c, mod.FusedWSConfig) for c, _ in cands) == (M >= 1024)
+        assert mod.pick_config(M, 2048, 2048, False) in [c for c, _ in cands]  # the shipped row always competes
 
 
 def test_sweep_pick_keeps_fused_at_small_m_unless_expand_event_time_is_lower():
