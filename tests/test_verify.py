@@ -721,3 +721,24 @@ def test_json_dash_writes_the_report_to_stdout_and_repro_dash_is_refused(tmp_pat
            "with --force)" \
            in help_text
     assert "'-' is refused (two files go in a directory, not to stdout)" in help_text
+
+
+@pytest.mark.parametrize("argv", [
+    ["verify", "--json", "a.json", "--json", "b.json"],
+    ["verify", "--repro", "r1", "--repro", "r2"],
+    ["verify", "--workload", "gemm_n3072_k2048", "--kernel", "m:f", "--kernel", "m:g"],
+    ["audit", "ckpt", "--json", "a.json", "--json", "b.json"],
+    ["audit", "ckpt", "--reference", "orig1", "--reference", "orig2"],
+    ["quantize", "in.safetensors", "-o", "a.safetensors", "--output", "b.safetensors"],
+])
+def test_an_option_naming_one_thing_given_twice_is_a_usage_error(argv, capsys, tmp_path, monkeypatch):
+    """The last of two --json (or -o, --reference, --kernel) silently won: a report asked for was not written.
+    Now exit status 2 naming both values, before any work (nothing is created)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(r"(--json|--repro|--kernel|--reference|-o|--output) given twice \('.*' and '.*'\): give it "
+                     r"once", err), err
+    assert list(tmp_path.iterdir()) == []
