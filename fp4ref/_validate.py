@@ -1,6 +1,7 @@
 """Argument checks shared by the public functions: clear errors naming the argument, no silent casts."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -202,22 +203,18 @@ def path_option(text: str) -> str:
     return text
 
 
-def once_action():
-    """An argparse ``action`` for an option that names one thing (an output path, the kernel, the reference): given
+class OnceAction(argparse.Action):
+    """argparse ``action`` of an option that names one thing (an output path, the kernel, the reference): given
     twice it is a usage error naming both values, not the last one silently (a report asked for would not be
     written, a kernel asked for not run)."""
-    import argparse
 
-    class Once(argparse.Action):
-        def __call__(self, parser, namespace, values, option_string=None):
-            seen = f"_{self.dest}_given"
-            if getattr(namespace, seen, False):
-                parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}): give "
-                             "it once")
-            setattr(namespace, seen, True)
-            setattr(namespace, self.dest, values)
-
-    return Once
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = f"_{self.dest}_given"
+        if getattr(namespace, seen, False):
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}): give it "
+                         "once")
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, values)
 
 
 def help_description(doc: str | None) -> str:

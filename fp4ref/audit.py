@@ -51,7 +51,7 @@ import numpy as np
 
 from . import checkpoint as C
 from .blockscale import _parse_mode, _parse_recipe
-from ._validate import (STDOUT, check_report_path, emit_report, help_description, once_action, path_option,
+from ._validate import (STDOUT, OnceAction, check_report_path, emit_report, help_description, path_option,
                         sigterm_as_interrupt)
 from .checkpoint_io import CheckpointError, open_checkpoint, path_arg
 
@@ -435,12 +435,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("path", metavar="PATH", type=path_option,
                    help="quantized checkpoint: .safetensors file, index or directory")
-    p.add_argument("--reference", metavar="ORIGINAL", type=path_option, action=once_action(),
+    p.add_argument("--reference", metavar="ORIGINAL", type=path_option, action=OnceAction,
                    help="original checkpoint: re-quantize and compare bytes")
     p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], help="NVFP4 recipe for --reference "
                                                                          "(default: the recorded one)")
     p.add_argument("--mode", choices=[m.value for m in MXMode], help="MX mode for --reference (default: recorded)")
-    p.add_argument("--json", metavar="FILE", type=path_option, action=once_action(),
+    p.add_argument("--json", metavar="FILE", type=path_option, action=OnceAction,
                    help="write the report as JSON to FILE ('-' for stdout; an existing FILE only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json output")
     p.add_argument("--quiet", action="store_true", help="no table")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._validate import STDOUT, once_action, path_option
+from ._validate import STDOUT, OnceAction, path_option
 from .formats import FORMATS
 
 __all__ = ["main", "build_parser"]
@@ -252,9 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--workload", action="append", choices=list(WORKLOADS),
                    help="workload to verify (repeatable, each counts once; default all)")
-    p.add_argument("--kernel", metavar="MODULE:FUNCTION", action=once_action(),
+    p.add_argument("--kernel", metavar="MODULE:FUNCTION", action=OnceAction,
                    help="your kernel, taking the workload's signature (needs --workload or --definition)")
-    p.add_argument("--definition", metavar="FILE.json", action=once_action(), help="FlashInfer-Bench definition file naming the workload")
+    p.add_argument("--definition", metavar="FILE.json", action=OnceAction,
+                   help="FlashInfer-Bench definition file naming the workload")
     p.add_argument("--examples", type=int, default=1, help="seeds per workload, size and input family (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu (interpreter)")
@@ -278,11 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-integrity", action="store_true",
                    help="skip the integrity verdicts (no mutation or aliasing, fresh inputs in the same buffers, "
                         "repeatable, mid-run output kept, plain dense output)")
-    p.add_argument("--repro", metavar="DIR", type=path_option, action=once_action(),
+    p.add_argument("--repro", metavar="DIR", type=path_option, action=OnceAction,
                    help="on the first failing row, shrink the case and write DIR/inputs.npz + DIR/repro.py (exits "
                         "non-zero while the bug is there); DIR is checked before the run, and existing files there "
                         "are kept unless --force; '-' is refused (two files go in a directory, not to stdout)")
-    p.add_argument("--json", metavar="PATH", type=path_option, action=once_action(),
+    p.add_argument("--json", metavar="PATH", type=path_option, action=OnceAction,
                    help="write the full report as JSON to PATH ('-' for stdout, which then holds the JSON alone: "
                         "the progress, the table, the notes and the kernels' own prints during the run go to stderr; "
                         "an existing file only with --force)")

@@ -50,7 +50,7 @@ from .checkpoint import (
     print_report,
     quantize_checkpoint,
 )
-from ._validate import Stop, help_description, once_action, sigterm_as_interrupt
+from ._validate import OnceAction, Stop, help_description, sigterm_as_interrupt
 from .checkpoint_io import CheckpointError
 
 __all__ = [
@@ -136,7 +136,7 @@ def _jobs(text: str) -> int:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN", help="a .safetensors file, a *.safetensors.index.json or a model directory "
                                               "(never modified)")
-    p.add_argument("-o", "--output", metavar="OUT", default=None, action=once_action(),
+    p.add_argument("-o", "--output", metavar="OUT", default=None, action=OnceAction,
                    help="output directory, or a .safetensors file when IN is one file (fp4ref layout; a trailing / "
                         "makes it a directory whatever its name); built under a temporary name and renamed on "
                         "success (required unless --dry-run)")
