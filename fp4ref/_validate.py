@@ -27,20 +27,27 @@ def is_real(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
+def _ml_dtypes_kind(dt: np.dtype, info) -> bool:
+    """Whether ``dt`` is an ml_dtypes dtype that ``info`` (ml_dtypes.finfo or ml_dtypes.iinfo) describes."""
+    if dt.kind != "V" or dt.type.__module__ != "ml_dtypes":
+        return False
+    try:
+        info(dt)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _real_dtype(dt: np.dtype) -> bool:
     """Whether ``dt`` holds real numbers: numpy's integer and floating dtypes and ml_dtypes' (bfloat16, the float8
     / float6 / float4 formats, int4 / uint4); not bool, complex, object, str, bytes, datetime or void."""
-    if dt.kind in "iuf":
-        return True
-    if dt.kind != "V" or dt.type.__module__ != "ml_dtypes":
-        return False
-    for info in (ml_dtypes.finfo, ml_dtypes.iinfo):
-        try:
-            info(dt)
-            return True
-        except (TypeError, ValueError):
-            pass
-    return False
+    return dt.kind in "iuf" or _ml_dtypes_kind(dt, ml_dtypes.finfo) or _ml_dtypes_kind(dt, ml_dtypes.iinfo)
+
+
+def exact_float_dtype(dt: np.dtype) -> bool:
+    """numpy's float16 / float32 / float64 and ml_dtypes' floats (bfloat16, the float8 / float6 / float4 formats):
+    the dtypes whose every value float64 holds exactly (not longdouble)."""
+    return (dt.kind == "f" and dt.itemsize <= 8) or _ml_dtypes_kind(dt, ml_dtypes.finfo)
 
 
 def _not_scalar(size: int, name: str) -> str:

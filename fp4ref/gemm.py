@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import is_int, positive_float32
+from ._validate import exact_float_dtype, is_int, positive_float32
 from .packing import decompress_2to4
 
 __all__ = [
@@ -134,20 +134,6 @@ def _get_format(fmt) -> OutputFormat:
     return OUTPUT_FORMATS[name]
 
 
-def _is_float_dtype(dt: np.dtype) -> bool:
-    """numpy's float16 / float32 / float64 and ml_dtypes' floats (bfloat16, the float8 / float6 / float4 formats):
-    the dtypes whose every value float64 holds exactly (not longdouble)."""
-    if dt.kind == "f":
-        return dt.itemsize <= 8
-    if dt.kind != "V" or dt.type.__module__ != "ml_dtypes":
-        return False
-    try:
-        ml_dtypes.finfo(dt)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def round_float64(x, fmt) -> np.ndarray:
     """Round float64 values to ``fmt`` with ONE round-to-nearest-even step; return float64 values of ``fmt``.
 
@@ -168,7 +154,7 @@ def round_float64(x, fmt) -> np.ndarray:
     """
     f = _get_format(fmt)
     a = np.asarray(x)
-    if not _is_float_dtype(a.dtype):
+    if not exact_float_dtype(a.dtype):
         raise TypeError(f"x must be a floating array (its values held exactly in float64), got dtype {a.dtype}")
     x = a.astype(np.float64)
     _, e = np.frexp(x)

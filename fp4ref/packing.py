@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_code_array, normalize_axis
+from ._validate import as_code_array, exact_float_dtype, normalize_axis
 from .formats import E2M1, decode
 
 __all__ = [
@@ -115,7 +115,7 @@ def _e2m1_codes_from(a, name: str) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype.kind in "ui":
         return as_code_array(arr, name, nbits=4)
-    if arr.dtype.kind == "f" and arr.dtype.itemsize > 8:  # float64 (the test below) would round 1 + 2**-60 to 1.0
+    if arr.dtype.kind == "f" and not exact_float_dtype(arr.dtype):  # longdouble: float64 would round 1 + 2**-60
         raise TypeError(
             f"{name} has dtype {arr.dtype}, wider than float64, which is not read here (its values would be "
             f"rounded); pass E2M1 codes or a float16/32/64 array (convert explicitly if that is what you mean)"
