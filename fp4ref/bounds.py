@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import is_int, is_real
-from .gemm import OutputFormat, Reference, _is_float_dtype
+from ._validate import exact_float_dtype, is_int, is_real
+from .gemm import OutputFormat, Reference
 
 __all__ = [
     "AccumulationModel",
@@ -788,8 +788,6 @@ def _as_out_array(out, fmt: OutputFormat) -> np.ndarray:
         raise TypeError(f"out must be a numpy array or torch tensor, got {type(out).__name__}")
     if out.dtype.name != fmt.name:
         raise TypeError(f"out must have the reference's output dtype {fmt.name}, got {out.dtype}")
-    if not out.dtype.isnative:  # the poison check compares bytes: the same values in native byte order
-        out = out.astype(out.dtype.newbyteorder("="))
     return out
 
 
@@ -1029,7 +1027,7 @@ def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
 def _sim_operand(x, name: str) -> np.ndarray:
     """``x`` as float64 values: a floating array (float16 / 32 / 64, ml_dtypes floats), finite, any byte order."""
     arr = np.asarray(to_numpy(x, name))
-    if not _is_float_dtype(arr.dtype):
+    if not exact_float_dtype(arr.dtype):
         raise TypeError(f"{name} must be a floating array (float16 / bfloat16 / float32 / float64 / float8 values), "
                         f"got dtype {arr.dtype}")
     x64 = arr.astype(np.float64)
