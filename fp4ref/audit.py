@@ -217,7 +217,7 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
     def bad(text):
         out.append(Finding("config", 1, text))
 
-    hq = (hf or {}).get("quantization") if isinstance(hf, dict) else None
+    hq = hf.get("quantization") if isinstance(hf, dict) else None
     sources = [("hf_quant_config.json quantization", hq), ("config.json quantization_config", qc)]
     sources = [(where, d) for where, d in sources if isinstance(d, dict)]
     if not sources:
@@ -239,7 +239,7 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
                 if missing:
                     bad(f"{where} quant_algo 'NVFP4' (activations quantized too), but {len(missing)} layer(s) have "
                         f"no input_scale, e.g. {missing[0]!r} (fp4ref writes 'W4A16_NVFP4')")
-    groups = (qc or {}).get("config_groups") if isinstance(qc, dict) else None
+    groups = qc.get("config_groups") if isinstance(qc, dict) else None
     for gname, g in (groups.items() if isinstance(groups, dict) else ()):
         w = g.get("weights") if isinstance(g, dict) else None
         if not isinstance(w, dict):

@@ -99,6 +99,9 @@ __all__ = [
 
 #: --format name -> (block, MX element or None)
 FORMATS = {"nvfp4": (16, None), "mxfp4": (32, "e2m1"), "mxfp8": (32, "e4m3fn")}
+#: format -> (codes dtype, scale dtype) as every layout stores them (safetensors names): written by the quantizer,
+#: required by the reader (layout_problems)
+_STORED_DTYPES = {"nvfp4": ("U8", "F8_E4M3"), "mxfp4": ("U8", "U8"), "mxfp8": ("F8_E4M3", "U8")}
 CHECKPOINT_FORMATS = ("fp4ref", "modelopt", "compressed-tensors")
 MODELOPT_VERSION = "0.47.0"
 COMPRESSED_TENSORS_VERSION = "0.20.1"
@@ -499,13 +502,11 @@ def _outputs(it: Item, target: Target) -> list:
     names = output_names(target.checkpoint_format, target.fmt, it.name)
     lead, kp = it.shape[:-1], it.k_padded
     rows = int(np.prod(lead, dtype=np.int64))
-    out = []
-    if target.fmt == "mxfp8":
-        out.append(("codes", names["codes"], "F8_E4M3", lead + (kp,), rows * kp))
-    else:
-        out.append(("codes", names["codes"], "U8", lead + (kp // 2,), rows * kp // 2))
+    codes_dt, scale_dt = _STORED_DTYPES[target.fmt]
+    kc = kp if target.fmt == "mxfp8" else kp // 2  # codes bytes per row: one per element, or two E2M1 per byte
     nb = kp // target.block
-    out.append(("scale", names["scale"], "F8_E4M3" if target.fmt == "nvfp4" else "U8", lead + (nb,), rows * nb))
+    out = [("codes", names["codes"], codes_dt, lead + (kc,), rows * kc),
+           ("scale", names["scale"], scale_dt, lead + (nb,), rows * nb)]
     if target.fmt == "nvfp4":
         if target.checkpoint_format == "compressed-tensors":
             gshape = (1,)
@@ -1198,10 +1199,10 @@ def find_quantized_layers(ckpt) -> tuple:
                     f"{str(s.path)!r} has no fp4ref.tensors metadata (a shard re-saved by another tool?): in the "
                     "fp4ref layout its quantized tensors cannot be told from its other tensors")
     candidates = set(recorded)
-    scale_suffix = ".weight_scale" if cf == "compressed-tensors" else "weight_scale"  # (no P_weight_scale there)
-    for n in sorted(names):
-        if n.endswith(scale_suffix) and ckpt.weight_map[n] in unrecorded:
-            candidates.add(_layer_of_scale(n))
+    for n in sorted(names):  # (unrecorded shards exist only outside fp4ref's layout: refused above)
+        orig = _layer_of_scale(cf, n)
+        if orig is not None and ckpt.weight_map[n] in unrecorded:
+            candidates.add(orig)
     for orig in sorted(candidates):
         on = output_names(cf, fmt, orig)
         if on["codes"] not in names:
@@ -1221,8 +1222,14 @@ def find_quantized_layers(ckpt) -> tuple:
     return cf, fmt, option, layers
 
 
-def _layer_of_scale(n: str) -> str:
-    """The quantized tensor whose ModelOpt / compressed-tensors scale tensor is ``n`` (``*weight_scale``)."""
+def _layer_of_scale(cf: str, n: str) -> str | None:
+    """The quantized tensor whose scale tensor in layout ``cf`` would be named ``n`` (output_names' rule read
+    backwards), or None when ``n`` is no scale name there: fp4ref ``X_scale``; compressed-tensors
+    ``X.weight_scale``; ModelOpt ``X.weight_scale`` or, for a 3-D expert parameter P, ``P_weight_scale``."""
+    if cf == "fp4ref":
+        return n[: -len("_scale")] if n.endswith("_scale") else None
+    if not n.endswith(".weight_scale" if cf == "compressed-tensors" else "weight_scale"):
+        return None
     base = n[: -len("weight_scale")]
     if base.endswith(".") or base == "":
         return base + "weight"
@@ -1268,15 +1275,14 @@ def _check_nothing_left_out(ckpt, cf: str, fmt: str, layers: dict) -> None:
     not list), or, in the ModelOpt and compressed-tensors layouts, a codes-named tensor of the codes dtype without
     its scale. Either would be skipped by audit and copied by --dequantize as if it were a weight."""
     owned = {nm for L in layers.values() for nm in (L.codes, L.scale, L.global_) if nm is not None}
-    scale_dt = "F8_E4M3" if fmt == "nvfp4" else "U8"
-    codes_dt = "F8_E4M3" if fmt == "mxfp8" else "U8"
-    suffix = {"fp4ref": "_scale", "compressed-tensors": ".weight_scale"}.get(cf, "weight_scale")
+    codes_dt, scale_dt = _STORED_DTYPES[fmt]
+    shards = ckpt.shards_by_name  # (a property that builds the map: once, not per tensor)
     for n, shard_name in sorted(ckpt.weight_map.items()):
         if n in owned:
             continue
-        dt = ckpt.shard_of(n).tensors[n].dtype
-        if n.endswith(suffix) and dt == scale_dt:
-            orig = n[: -len(suffix)] if cf == "fp4ref" else _layer_of_scale(n)
+        dt = shards[shard_name].tensors[n].dtype
+        orig = _layer_of_scale(cf, n)
+        if orig is not None and dt == scale_dt:
             if output_names(cf, fmt, orig)["codes"] in ckpt.weight_map:
                 raise QuantizeFileError(f"{shard_name}: {n!r} ({dt}) is the scale of a quantized layer {orig!r} that "
                                         "the shard's fp4ref.tensors metadata does not list (metadata copied or "
@@ -1303,8 +1309,9 @@ def layout_problems(layer: Layer, ckpt, cf: str) -> list:
     block = FORMATS[fmt][0]
     lead, k = tuple(layer.shape[:-1]), layer.shape[-1]
     kp = layer.k_padded
-    expect = [(layer.codes, "F8_E4M3" if fmt == "mxfp8" else "U8", lead + ((kp if fmt == "mxfp8" else kp // 2),)),
-              (layer.scale, "F8_E4M3" if fmt == "nvfp4" else "U8", lead + (kp // block,))]
+    codes_dt, scale_dt = _STORED_DTYPES[fmt]
+    expect = [(layer.codes, codes_dt, lead + ((kp if fmt == "mxfp8" else kp // 2),)),
+              (layer.scale, scale_dt, lead + (kp // block,))]
     if fmt == "nvfp4":
         gshape = (1,) if cf == "compressed-tensors" else ((layer.shape[0],) if len(layer.shape) == 3 else ())
         expect.append((output_names(cf, fmt, layer.name)["global"], "F32", gshape))
