@@ -302,10 +302,10 @@ def fp16_matrices(shape, *, patterns=MAGNITUDE_PATTERNS, max_exponent=6, min_exp
     return _draw()
 
 
-def _check_arrays_args(rng, m, n, k, *, sparse=False, promote_every=None):
+def _check_arrays_args(rng, m, n, k, *, sparse=False, promote_every=None, **flags):
     """The arguments of a plain-numpy ``*_arrays`` construction (no Hypothesis, so TypeError / ValueError, not
     InvalidArgument): ``rng`` a numpy Generator, ``m``, ``n`` ints >= 0, ``k`` an int >= 1 (``sparse``: a multiple
-    of 4), ``promote_every`` None or an int >= 1. Each error names the argument."""
+    of 4), ``promote_every`` None or an int >= 1, each of ``flags`` a bool. Each error names the argument."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator (np.random.default_rng(seed)), got {type(rng).__name__}")
     for nm, v, lo in (("m", m, 0), ("n", n, 0), ("k", k, 1)):
@@ -322,6 +322,9 @@ def _check_arrays_args(rng, m, n, k, *, sparse=False, promote_every=None):
                             f"{type(promote_every).__name__}")
         if promote_every < 1:
             raise ValueError(f"promote_every={promote_every} must be >= 1 (products per promotion to fp32)")
+    for nm, v in flags.items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{nm}={v!r} must be a bool, got {type(v).__name__}")
 
 
 def exact_accumulation_fp16(m, n, k) -> st.SearchStrategy[tuple]:
@@ -475,10 +478,8 @@ def exact_accumulation_sparse_arrays(rng, m, n, k, *, promote_every=None, positi
         TypeError: ``rng`` not a Generator; ``m``, ``n``, ``k`` or ``promote_every`` not an int (a bool, 8.0).
         ValueError: ``m`` or ``n`` < 0, ``k`` < 1 or not a multiple of 4, ``promote_every`` < 1, or no room for the
             family at that ``k`` / ``promote_every``."""
-    _check_arrays_args(rng, m, n, k, sparse=True, promote_every=promote_every)
-    for nm, v in (("positive", positive), ("canonical", canonical)):
-        if not isinstance(v, (bool, np.bool_)):
-            raise TypeError(f"{nm}={v!r} must be a bool, got {type(v).__name__}")
+    _check_arrays_args(rng, m, n, k, sparse=True, promote_every=promote_every, positive=positive,
+                       canonical=canonical)
     ok = _exact_sparse_b_bytes(k, promote_every, positive)
     val_codes = [1, 2, 3, 4, 5, 6, 7] if positive else list(range(16))
     pair = np.array([lo | (hi << 4) for lo in val_codes for hi in val_codes], dtype=np.uint8)
