@@ -8,6 +8,15 @@ Split-K: each K slice writes its fp32 partial tile to a workspace and bumps the 
 acq_rel, gpu scope); the LAST to arrive sums the partials in the fixed order s = 0, 1, ..., SPLIT_K - 1 (fp32, RN),
 multiplies by the scale (HAS_SCALE; fp32 RN), rounds once to c's dtype (RNE) and resets the counter for the next
 launch. Bitwise reproducible run to run.
+
+Split-K in a thread-block cluster (CLUSTER > 1): the K slices of a tile are the CLUSTER CTAs of one cluster (the
+launch's ``num_ctas``; ``gl.program_id`` then numbers clusters, ``cluster_rank`` is the slice). ``cluster_sum``
+passes the partials through distributed shared memory, rank 0 adds them in the same fixed order s = 0, 1, ... and
+stores: the bits equal the workspace reduction's, without the workspace round trips. Triton 3.6's Gluon has no
+cross-CTA operation (``gl.convert_layout`` / ``gl.sum`` over a cluster-spread layout fail to build), so the
+exchange is inline PTX (``mapa``, ``ld.shared::cluster``, ``barrier.cluster``) over the start of each CTA's dynamic
+shared memory, free once the K loop is done; in such a kernel every register layout holds the whole tile in each
+CTA (``in_cluster``) and the CTAs share nothing else.
 """
 from __future__ import annotations
 
@@ -17,8 +26,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
 
-__all__ = ["grouped_tile", "m_parts", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer",
-           "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
+__all__ = ["cluster_rank", "cluster_sum", "exchange_bytes", "grouped_tile", "in_cluster", "m_parts", "release_slot",
+           "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile", "wait_primary",
+           "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
 
 
 @gluon.jit
@@ -34,11 +44,110 @@ def workspace_elements(tiles: int, split_k: int, block_n: int, block_m: int) -> 
 
 
 @gluon.constexpr_function
-def store_layout(BLOCK_N, BLOCK_M, num_warps):
+def store_layout(BLOCK_N, BLOCK_M, num_warps, CLUSTER=1):
     """Blocked layout of a [BLOCK_N, BLOCK_M] c^T tile with N fastest: 8 consecutive N per thread (16 bytes of a
-    16-bit c, 32 of fp32), so that a warp writes whole rows of c (and of the workspace) with wide stores."""
+    16-bit c, 32 of fp32), so that a warp writes whole rows of c (and of the workspace) with wide stores. CLUSTER:
+    ``in_cluster``'s form for a kernel launched in clusters of that many CTAs."""
     tpw_n = min(32, BLOCK_N // 8)
-    return gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1])
+    return in_cluster(gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1]), CLUSTER)
+
+
+@gluon.constexpr_function
+def in_cluster(layout, CLUSTER):
+    """``layout`` for a kernel launched in clusters of CLUSTER CTAs (a power of two), each CTA holding the whole
+    tensor (every CTA-tiling basis zero): Triton requires every register layout of such a kernel, and every shared
+    layout loaded into one, to say how the cluster's CTAs share a tensor. ``layout`` itself when CLUSTER is 1.
+    Takes blocked, linear, NVMMA-distributed, NVMMA-shared and swizzled shared layouts (a dot operand or slice
+    layout follows its parent's; an ``MBarrierLayout`` comes back as the swizzled layout it is). A shared buffer
+    the kernel slices (``.slice``) keeps its layout as it is: triton 3.6 refuses to slice one with CTA bases
+    ("non-trivial block dimension not supported")."""
+    if CLUSTER == 1:
+        return layout
+    L = layout
+    bases = CLUSTER.bit_length() - 1
+    if isinstance(L, gl.BlockedLayout):
+        return gl.BlockedLayout(L.size_per_thread, L.threads_per_warp, L.warps_per_cta, L.order,
+                                [[0] * len(L.order)] * bases)
+    if isinstance(L, gl.NVMMADistributedLayout):
+        return gl.NVMMADistributedLayout(L.version, L.warps_per_cta, L.instr_shape,
+                                         [[0] * len(L.warps_per_cta)] * bases)
+    if isinstance(L, gl.DistributedLinearLayout):
+        return gl.DistributedLinearLayout(L.reg_bases, L.lane_bases, L.warp_bases, [[0] * L.rank] * bases, L.shape)
+    if isinstance(L, gl.NVMMASharedLayout):
+        return gl.NVMMASharedLayout(L.swizzle_byte_width, L.element_bitwidth, L.rank, L.transposed, L.fp4_padded,
+                                    [[0] * L.rank] * bases)
+    if isinstance(L, gl.SwizzledSharedLayout):  # MBarrierLayout too
+        return gl.SwizzledSharedLayout(L.vec, L.per_phase, L.max_phase, L.order, [[0] * len(L.order)] * bases)
+    raise TypeError(f"in_cluster: unsupported layout {L!r}")
+
+
+@gluon.jit
+def cluster_rank():
+    """This CTA's rank in its thread-block cluster (``%cluster_ctarank``; 0 in a launch without clusters)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.constexpr_function
+def _cluster_sum_ptx(PACK, CLUSTER):
+    """The PTX of one ``cluster_sum`` exchange of PACK fp32 values per thread ($0.. outputs, $PACK.. inputs): each
+    thread stores its inputs at its own offset from the start of the CTA's dynamic shared memory (Triton's
+    ``global_smem``, at the same address in every CTA of the cluster), a cluster barrier (release / acquire)
+    publishes them, rank 0 loads ranks 1 .. CLUSTER - 1's values at its offset through ``mapa`` and adds them in
+    rank order (fp32 RN), and a second cluster barrier keeps every CTA's values in place until rank 0 has read
+    them. Other ranks return their inputs."""
+    n = PACK * (CLUSTER - 1)
+    lines = ["{", ".reg .u32 %off, %addr, %rank;", ".reg .pred %lead;", f".reg .f32 %x<{n}>;",
+             "mov.u32 %off, %tid.x;", f"mul.lo.u32 %off, %off, {PACK * 4};", "mov.u32 %addr, global_smem;",
+             "add.u32 %off, %off, %addr;"]
+    for c in range(PACK // 4):
+        ins = ", ".join(f"${PACK + 4 * c + j}" for j in range(4))
+        lines.append(f"st.shared.v4.f32 [%off+{16 * c}], {{{ins}}};")
+    lines += [f"mov.b32 ${i}, ${PACK + i};" for i in range(PACK)]
+    lines += ["barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;",
+              "mov.u32 %rank, %cluster_ctarank;", "setp.eq.u32 %lead, %rank, 0;"]
+    for r in range(1, CLUSTER):
+        lines.append(f"@%lead mapa.shared::cluster.u32 %addr, %off, {r};")
+        for c in range(PACK // 4):
+            xs = ", ".join(f"%x{(r - 1) * PACK + 4 * c + j}" for j in range(4))
+            lines.append(f"@%lead ld.shared::cluster.v4.f32 {{{xs}}}, [%addr+{16 * c}];")
+    for r in range(1, CLUSTER):
+        lines += [f"@%lead add.rn.f32 ${i}, ${i}, %x{(r - 1) * PACK + i};" for i in range(PACK)]
+    lines += ["barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;", "}"]
+    return "\n".join(lines)
+
+
+@gluon.constexpr_function
+def _cluster_sum_pack(numel, num_warps):
+    """Values per thread in one exchange: all of a thread's, at most 16 (then several exchanges run in turn)."""
+    per_thread = numel // (32 * num_warps)
+    if per_thread < 4 or per_thread & (per_thread - 1):
+        raise ValueError(f"cluster_sum: {per_thread} values per thread; expected a power of two >= 4")
+    return min(per_thread, 16)
+
+
+@gluon.constexpr_function
+def _cluster_sum_constraints(PACK):
+    return ",".join(["=f"] * PACK + ["f"] * PACK)
+
+
+@gluon.jit
+def cluster_sum(part, CLUSTER: gl.constexpr, num_warps: gl.constexpr):
+    """The fp32 tile ``part`` summed over the CLUSTER CTAs of this CTA's cluster in rank order ((p0 + p1) + p2)
+    + ... (fp32 RN), in rank 0; the other ranks get their own ``part`` back. Every CTA of the cluster calls it
+    with the same tile shape and layout, one whose elements each sit in exactly one thread (a wgmma accumulator's
+    ``NVMMADistributedLayout``), so that a thread's values in every CTA are the same elements. The exchange uses
+    the first 32 x num_warps x min(values per thread, 16) x 4 bytes of the CTA's dynamic shared memory: call it
+    once every buffer there is dead (TMA copies landed, wgmmas retired; ``exchange_bytes``)."""
+    PACK: gl.constexpr = _cluster_sum_pack(part.numel, num_warps)
+    gl.thread_barrier()  # Triton orders its own shared-memory uses, not this PTX's: every warp is done with them
+    return gl.inline_asm_elementwise(_cluster_sum_ptx(PACK, CLUSTER), _cluster_sum_constraints(PACK), [part],
+                                     dtype=gl.float32, is_pure=False, pack=PACK)
+
+
+def exchange_bytes(numel: int, num_warps: int) -> int:
+    """Bytes of dynamic shared memory ``cluster_sum`` writes for a tile of ``numel`` fp32 values: a config must
+    give its kernel at least that much (its rings do)."""
+    return 32 * num_warps * min(numel // (32 * num_warps), 16) * 4
 
 
 @gluon.constexpr_function
@@ -53,20 +162,23 @@ def _reduce_cols(BLOCK_N, BLOCK_M, SPLIT_K, num_warps):
 @gluon.jit
 def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, m_own, tile, pid_k, scale,
                     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr, HAS_SCALE: gl.constexpr,
-                    num_warps: gl.constexpr):
+                    num_warps: gl.constexpr, CLUSTER: gl.constexpr = 1):
     """Write the fp32 c^T tile ``part`` [BLOCK_N, BLOCK_M] (``store_layout``) of K slice ``pid_k`` to c[off_m +
     m, off_n + n] (rows m_own <= off_m + m < M, columns n < N; row stride ``stride_cm``): directly when
     SPLIT_K == 1, else through the workspace ``ws_ptr`` (fp32 [tiles, SPLIT_K, BLOCK_M, BLOCK_N],
     ``workspace_elements``) and ``cnt_ptr[tile]`` (module docstring). With HAS_SCALE the full sum is multiplied by
     the fp32 ``scale`` before the one rounding to c's dtype (``scale`` is not read otherwise). Rows outside
     [m_own, M) (padding, or rows another tile stores) are written neither to c nor to the workspace; the
-    reduction loads their unwritten workspace rows with the rest of a chunk and drops them."""
-    st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
+    reduction loads their unwritten workspace rows with the rest of a chunk and drops them. CLUSTER > 1: ``part``
+    is a ``cluster_sum`` (SPLIT_K 1 here), stored by the cluster's rank 0 only."""
+    st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps, CLUSTER)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     # 64-bit row offsets: M x N may exceed 2^31 elements (nvfp4_linear at large M)
     c_ptrs = c_ptr + gl.expand_dims(rm, 0).to(gl.int64) * stride_cm + gl.expand_dims(off_n + rn, 1)
     c_mask = gl.expand_dims((rm >= m_own) & (rm < M), 0) & gl.expand_dims(off_n + rn < N, 1)
+    if CLUSTER > 1:
+        c_mask = c_mask & (cluster_rank() == 0)
     if SPLIT_K == 1:
         if HAS_SCALE:
             part = part * scale  # fp32 RN

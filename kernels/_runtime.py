@@ -369,8 +369,8 @@ def raw_launcher(ck, n_desc: int):
     """A direct launcher for CompiledKernel ``ck`` whose first ``n_desc`` parameters are host descriptors, or False
     when this Triton's launcher does not have the expected shape: ``CudaLauncher.launch`` is the C function itself
     (no descriptors) or ``wrap_handle_tensordesc``'s closure over it (free variable ``launcher``), the base
-    argument format has 13 entries, ``make_tensordesc_arg`` exists; no global or profile scratch; one CTA per
-    program."""
+    argument format has 13 entries, ``make_tensordesc_arg`` exists; no global or profile scratch (the cluster
+    size travels in ``packed_metadata``)."""
     try:
         run = ck.run
         inner = run.launch
@@ -383,7 +383,7 @@ def raw_launcher(ck, n_desc: int):
         else:  # no descriptor: Triton uses the C function itself (a builtin, no Python code object)
             fn = None if hasattr(inner, "__code__") else inner
         ok = (fn is not None and len(tmeta) == n_desc and _BASE_ARGS_FORMAT_LEN == 13 and not run.global_scratch_size
-              and not run.profile_scratch_size and run.num_ctas == 1)
+              and not run.profile_scratch_size)
     except Exception:  # pragma: no cover - depends on the Triton version
         return False
     return _Direct(fn, ck, run) if ok else False

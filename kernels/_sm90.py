@@ -47,8 +47,8 @@ class Sm90CompileError(RuntimeError):
 
 class Sm90Build(types.SimpleNamespace):
     """Result of a build in the helper process: ``asm`` (dict: "cubin" bytes, "ptx", "ttgir", ... str) and
-    ``metadata`` (namespace: shared bytes, num_warps, num_stages, name, launch_cooperative_grid), like triton's
-    CompiledKernel."""
+    ``metadata`` (namespace: shared bytes, num_warps, num_ctas, num_stages, name, launch_cooperative_grid), like
+    triton's CompiledKernel."""
 
 
 def compile_for_sm90(
@@ -264,7 +264,7 @@ while True:
             obj = getattr(obj, part)
         ck = sm90._compile(obj, ordered, ce, attrs, opts)
         asm = {k: v for k, v in ck.asm.items() if isinstance(v, (bytes, str))}
-        meta = {k: getattr(ck.metadata, k) for k in ("shared", "num_warps", "num_stages", "name",
+        meta = {k: getattr(ck.metadata, k) for k in ("shared", "num_warps", "num_ctas", "num_stages", "name",
                                                       "launch_cooperative_grid") if hasattr(ck.metadata, k)}
         reply = ("ok", asm, meta)
     except BaseException as e:
