@@ -17,6 +17,7 @@ import torch
 
 from fp4ref.bounds import get_model
 from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
+from fp4ref.kernels._gluon import exchange_bytes
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.sparse_gemm_fp4_fp8.gluon import gluon_constexprs, shared_layouts, sparse_swapab_kernel
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
@@ -28,13 +29,15 @@ N, K = 2048, 2048
 TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
 VARIANTS = [GluonConfig(64, 8, 2, 1), GluonConfig(64, 32, 6, 3), GluonConfig(128, 16, 3, 16),
             GluonConfig(64, 64, 4, 2, num_warps=4)]
+CLUSTERED = [GluonConfig(64, 8, 5, 4, CLUSTER=True), GluonConfig(128, 16, 3, 8, CLUSTER=True),
+             GluonConfig(128, 32, 9, 2, num_warps=8, CLUSTER=True)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: builds, configs, picks, errors
 # ---------------------------------------------------------------------------------------------------------------
 def _build(cfg):
-    fp8, raw = shared_layouts(cfg)
+    fp8, raw = shared_layouts(cfg.cluster_size(K))
     sig = {"b_desc": gluon_tensordesc("fp8e4nv", [cfg.BLOCK_N, 128], fp8),
            "v_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
            "t_desc": gluon_tensordesc("i8", [cfg.BLOCK_M, 32], raw),
@@ -42,6 +45,7 @@ def _build(cfg):
            "cnt_ptr": "*i32", "lut_ptr": "*i32", "M": "i32", "N": "i32", "k_steps": "i32", "stride_bn": "i32",
            "stride_am": "i32", "stride_cm": "i32"}
     return compile_for_sm90(sparse_swapab_kernel, sig, gluon_constexprs(cfg, K), num_warps=cfg.num_warps,
+                            num_ctas=cfg.cluster_size(K),
                             divisible_by_16=["b_ptr", "vals_ptr", "meta_ptr", "c_ptr", "ws_ptr", "cnt_ptr", "lut_ptr",
                                              "N", "stride_bn", "stride_am", "stride_cm"])
 
@@ -60,6 +64,36 @@ def test_gluon_config_builds_for_sm90(cfg):
     loop = ck.asm["ttgir"].split("scf.for", 1)[1]
     assert re.search(r"ttng\.warp_group_dot [^\n]*, %false \{", loop)
     assert re.search(rf"arith.addf .*: tensor<{cfg.BLOCK_N}x{cfg.BLOCK_M}xf32, #mma", loop)
+
+
+@pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
+def test_cluster_config_builds_a_dsmem_reduction(cfg):
+    """CLUSTER: a cluster of SPLIT_K CTAs per tile; rank 0 reads the others' partials through distributed shared
+    memory (one mapa + ld.shared::cluster per other rank, two cluster barriers) and no workspace atomics remain."""
+    ck = _build(cfg)
+    assert_gluon_build(ck)
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
+    exchanges = cfg.BLOCK_N * cfg.BLOCK_M // (32 * cfg.num_warps) // 16 or 1  # values per thread, 16 per exchange
+    assert ptx.count("mapa.shared::cluster") == exchanges * (cfg.SPLIT_K - 1)
+    assert ptx.count("barrier.cluster.wait") == 2 * exchanges
+    assert "atom." not in ptx  # no arrival counter
+
+
+def test_cluster_config_rules():
+    with pytest.raises(ValueError, match="SPLIT_K=3"):
+        GluonConfig(SPLIT_K=3, CLUSTER=True)
+    with pytest.raises(ValueError, match="SPLIT_K=16"):
+        GluonConfig(SPLIT_K=16, CLUSTER=True)
+    with pytest.raises(TypeError, match="CLUSTER"):
+        GluonConfig(SPLIT_K=2, CLUSTER=1)
+    cfg = GluonConfig(64, 8, 3, 4, CLUSTER=True)
+    assert cfg.cluster_size(512) == cfg.cluster_size(2048) == 4  # 4 or 16 steps: 4 slices
+    # 3 steps: 3 slices; 5 steps: 3 slices of 2, 2, 1: the workspace reduction (the same sums)
+    assert cfg.cluster_size(384) == cfg.cluster_size(640) == 1 and cfg.fits(384)
+    assert GluonConfig(64, 8, 3, 4).cluster_size(2048) == 1
+    for c in CLUSTERED:  # the exchange reuses the start of the kernel's shared memory
+        assert c.shared_bytes(2048) >= exchange_bytes(c.BLOCK_N * c.BLOCK_M, c.num_warps)
 
 
 def test_decode_table_every_vals_byte_and_meta_nibble():
@@ -92,13 +126,15 @@ def test_fits_bounds_the_shared_memory():
     assert mod.pick_config(16, N, 65536, interpreter=False) is mod.TL_CONFIGS.pick(16)  # a slice too long
 
 
-def test_the_gpu_table_serves_m_3_to_16_with_gluon():
+def test_the_gpu_table_serves_m_3_to_32_with_gluon():
     for M in range(1, 65):
         cfg = mod.pick_config(M, N, K, interpreter=False)
         if M <= 2:  # the GEMV path (test_kernel_sparse_gemv.py)
             assert isinstance(cfg, mod.GemvConfig)
-        elif M <= 16:
-            assert isinstance(cfg, GluonConfig) and cfg.BLOCK_M >= M and cfg.fits(K)
+        elif M <= 8:  # K slices summed in a cluster
+            assert isinstance(cfg, GluonConfig) and cfg.BLOCK_M >= M and cfg.fits(K) and cfg.CLUSTER
+        elif M <= 32:  # one or two M tiles
+            assert isinstance(cfg, GluonConfig) and 2 * cfg.BLOCK_M >= M and cfg.fits(K)
         else:  # the expand path's Gluon GEMM, 64 x 64 tiles
             assert cfg.gemm == "gluon" and (cfg.block_m, cfg.block_n) == (64, 64)
         assert mod.pick_config(M, N, K, interpreter=True) is mod.INTERPRETER_CONFIG
@@ -153,7 +189,8 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (Hopper)")
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cfg", [GluonConfig(128, 64, 4, 4, num_warps=8), GluonConfig(64, 32, 2, 1)], ids=repr)
+@pytest.mark.parametrize("cfg", [GluonConfig(128, 64, 4, 4, num_warps=8), GluonConfig(64, 32, 2, 1),
+                                 GluonConfig(64, 16, 3, 4, CLUSTER=True)], ids=repr)
 def test_every_vals_byte_with_every_meta_byte(cfg):
     """Row r, group g: vals byte g, meta byte r (all 65536 pairs, duplicate indices and bits 7:4 included)."""
     vals = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
@@ -176,7 +213,8 @@ def test_nan_selected_vs_pruned():
     meta[:, 0] = [0x0D, 0x0E, 0x04, 0x08]  # selects {1,3}, {2,3}, {0,1} (values 0), {0,2}
     vals[:, 63] = 0x22  # 1.0 and 1.0 at positions 0 and 2 of the last group (another K slice): + (1 + 4)
     meta[:, 1:] = 0x08
-    for cfg in (GluonConfig(64, 8, 2, 1), GluonConfig(64, 8, 2, 2), GluonConfig(128, 8, 4, 1)):
+    for cfg in (GluonConfig(64, 8, 2, 1), GluonConfig(64, 8, 2, 2), GluonConfig(128, 8, 4, 1),
+                GluonConfig(64, 8, 2, 2, CLUSTER=True)):
         c = run_poisoned(vals, meta, b, cfg).float().numpy()
         rest = 5.0
         assert np.isnan(c[0, 5]) and np.isnan(c[2, 5])
@@ -193,9 +231,28 @@ def test_nan_selected_vs_pruned():
     (100, 520, 2048, GluonConfig(64, 32, 4, 4)),  # 4 M tiles
     (200, 256, 4096, GluonConfig(128, 64, 4, 4, num_warps=8)),  # M tail in the last M tile, 8 steps per slice
     (256, 2048, 2048, GluonConfig(64, 64, 3, 2, num_warps=4)),
+    (13, 136, 1280, GluonConfig(64, 16, 6, 2, CLUSTER=True)),  # clusters of 2, 5 steps each, N tail
+    (100, 520, 2048, GluonConfig(128, 32, 3, 8, num_warps=8, CLUSTER=True)),  # clusters of 8, 4 M tiles
+    (5, 200, 640, GluonConfig(64, 8, 3, 4, CLUSTER=True)),  # 5 steps, 3 slices: the workspace reduction
 ])
 def test_shapes_any_bytes_and_nan(M, n, k, cfg):
     check_any_bytes(M, n, k, cfg, 2e-4)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M, n, k, split", [(7, 2048, 2048, 4), (16, 392, 1024, 8), (40, 264, 768, 2)])
+def test_cluster_reduction_has_the_workspace_bits(M, n, k, split):
+    """The DSMEM sum adds the slices in the workspace reduction's order: bitwise the same c, NaN tiles (whose
+    slices are recomputed on CUDA cores) included."""
+    rng = np.random.default_rng(M)
+    vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
+    b = b_bytes(rng, n, k, nan_rate=1e-4)
+    bm = min(64, max(8, 1 << (M - 1).bit_length()))
+    want = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split)).view(torch.int16)
+    got = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split, CLUSTER=True)).view(torch.int16)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ Policies (each a tested choice):
 Paths (configs.py; the config's type picks the path): ``GemvConfig`` (gemv.py: CUDA cores, b read as int32 words
 by many small programs, every row of A per program, no split-K, one launch; a `tl` kernel the interpreter runs
 too) serves M <= 2 on a GPU; ``GluonConfig`` (gluon.py, sm_90: swap-AB fp8 wgmma, b by TMA, the K slice's A
-decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M = 3 .. 16 on a GPU;
+decoded while b streams in, promotion overlapping the next wgmma, one launch) serves M = 3 .. 32 on a GPU;
 ``FusedConfig`` (fused.py: A decoded in the GEMM's K loop, one launch, split-K) serves the CPU interpreter and the
 calls the Gluon path cannot take; ``ExpandConfig`` (expand.py: decode pre-pass to a dense E4M3FN A, then a
 persistent TMA fp8 GEMM: on a GPU by default expand_gluon.py's warp-specialized Gluon kernel, launched with
@@ -193,9 +193,8 @@ class _GluonPlan:
 
     __slots__ = ("config", "main", "layouts", "ws_elems", "n_tiles")
 
-    def __init__(self, config, main, ws_elems, n_tiles):
-        self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
-        self.layouts = shared_layouts(config)
+    def __init__(self, config, main, ws_elems, n_tiles, layouts):
+        self.config, self.main, self.ws_elems, self.n_tiles, self.layouts = config, main, ws_elems, n_tiles, layouts
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
         cfg = self.config
@@ -411,11 +410,12 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                              f"{a_vals.stride()}, b_fp8 strides {b_fp8.stride()}")
         per, splits = config.k_split(k)
         tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
-        main = _runtime.Launch(sparse_swapab_kernel, (triton.cdiv(n, config.BLOCK_N), splits,
+        cluster = config.cluster_size(k)  # > 1: each program is a cluster of the tile's K slices
+        main = _runtime.Launch(sparse_swapab_kernel, (triton.cdiv(n, config.BLOCK_N), splits // cluster,
                                                       triton.cdiv(m, config.BLOCK_M)),
-                               gluon_constexprs(config, k), n_desc=3)
-        ws_elems = tiles * splits * config.BLOCK_M * config.BLOCK_N if splits > 1 else 0
-        return _GluonPlan(config, main, ws_elems, tiles)
+                               gluon_constexprs(config, k), n_desc=3, num_ctas=cluster)
+        ws_elems = tiles * splits * config.BLOCK_M * config.BLOCK_N if splits > 1 and cluster == 1 else 0
+        return _GluonPlan(config, main, ws_elems, tiles, shared_layouts(cluster))
     if isinstance(config, FusedWSConfig):
         if interp or b_fp8.device.type != "cuda":
             raise ValueError(f"config={config}: the fused Gluon kernel runs on CUDA (sm_90), not in the CPU "

@@ -151,7 +151,8 @@ def _cfg_name(cfg) -> str:
         return f"{cfg.block_m}x{cfg.block_n}x128/sb{cfg.b_stages}/sa{cfg.a_stages}" + (
             f"/g{cfg.group_m}" if cfg.group_m != 8 else "")
     if isinstance(cfg, GluonConfig):
-        return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x128/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.STAGES}"
+        return f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x128/S{cfg.SPLIT_K}/w{cfg.num_warps}/s{cfg.STAGES}" + (
+            "/cluster" if cfg.CLUSTER else "")
     if isinstance(cfg, ExpandConfig):
         name = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}/w{cfg.num_warps}/s{cfg.num_stages}"
         if cfg.gemm == "gluon":  # persistent on every SM, NaN tiles recomputed inline: only the tile and ring vary
@@ -339,6 +340,11 @@ def sweep_candidates(M: int):
         out += [G(128, bm, 4, 8, w), G(64, bm, 4, 4), G(128, bm, 4, 4, w), G(64, bm, 6, 2), G(64, bm, 4, 8)]
         # STAGES = K steps per slice + 1: every b tile of the slice is in flight from the start
         out += [G(64, bm, 5, 4), G(64, bm, 3, 8), G(128, bm, 3, 8, w), G(128, bm, 5, 4, w), G(64, bm, 9, 2)]
+        # the same with the K slices of a tile in one cluster, summed through distributed shared memory
+        out += [G(64, bm, 5, 4, CLUSTER=True), G(64, bm, 3, 8, CLUSTER=True), G(128, bm, 3, 8, w, CLUSTER=True),
+                G(128, bm, 5, 4, w, CLUSTER=True), G(64, bm, 9, 2, CLUSTER=True)]
+        if bm > 16:
+            out += [G(64, 16, 5, 4, CLUSTER=True), G(128, 16, 5, 4, CLUSTER=True)]
         if M > 64:
             out += [G(128, 64, 4, 2, 8), G(64, 64, 3, 2), G(128, 64, 3, 4, 8)]
     from . import pick_config

@@ -3,8 +3,8 @@
 Five paths (the config's type says which one serves a call):
 
 * ``GluonConfig`` (gluon.py, sm_90 only): swap-AB fp8 wgmma, b by TMA, the K slice's A decoded into shared
-  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K; M = 3 .. 16 on
-  a GPU.
+  memory while b streams in, promotion into fp32 overlapping the next wgmma, fixed-order split-K (through a
+  workspace, or within a thread-block cluster); M = 3 .. 32 on a GPU.
 
 * ``FusedConfig`` (fused.py): one launch; A is decoded from (vals, meta) inside the GEMM's K loop; split-K with a
   deterministic in-kernel reduction; the MMA engine is ``mma``: "fp8" (wgmma), "fp16" (tensor core) or "fma"
@@ -197,6 +197,10 @@ class GluonConfig:
     SPLIT_K: K slices per c tile; each covers ceil(K steps / SPLIT_K) steps (``k_split``), summed by the last
         arriving CTA in the fixed order s = 0, 1, ... (fp32 RN).
     num_warps: 4 (one warpgroup) or 8 (two warpgroups stacked along BLOCK_N).
+    CLUSTER: the SPLIT_K slices of a c tile run as one thread-block cluster and are summed in the same order
+        through distributed shared memory by its first CTA (kernels/_gluon.py ``cluster_sum``; same bits, no
+        workspace). SPLIT_K must then be 2, 4 or 8 (a portable cluster of a power-of-two size); at a K that gives
+        fewer slices the workspace reduction runs instead (``cluster_size``; the same bits).
 
     Raises:
         TypeError: a field that is not an int. ValueError: a value the kernel cannot take, or more than 32 fp32
@@ -209,9 +213,14 @@ class GluonConfig:
     STAGES: int = 4
     SPLIT_K: int = 1
     num_warps: int = 4
+    CLUSTER: bool = False
 
     def __post_init__(self):
         _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_M", "STAGES", "SPLIT_K", "num_warps")
+        if not isinstance(self.CLUSTER, bool):
+            raise TypeError(f"CLUSTER={self.CLUSTER!r}: expected a bool")
+        if self.CLUSTER and self.SPLIT_K not in (2, 4, 8):
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
         if self.num_warps not in (4, 8):
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128) or self.BLOCK_N < 16 * self.num_warps:
@@ -232,9 +241,15 @@ class GluonConfig:
 
     def shared_bytes(self, K: int) -> int:
         """Shared memory at reduction length K: the slice's A bytes and decoded A (K_PER x BLOCK_M x (64 + 128))
-        and the b ring (STAGES x BLOCK_N x 128)."""
+        and the b ring (STAGES x BLOCK_N x 128). With CLUSTER the slices' exchange reuses its first bytes (at most
+        16 KiB, kernels/_gluon.py ``exchange_bytes``; less than any ring)."""
         per, _ = self.k_split(K)
         return per * self.BLOCK_M * 192 + self.STAGES * self.BLOCK_N * PROMOTION_INTERVAL + 8 * (self.STAGES + 1)
+
+    def cluster_size(self, K: int) -> int:
+        """CTAs per thread-block cluster at reduction length K: SPLIT_K with CLUSTER where K gives SPLIT_K slices,
+        else 1 (no cluster: the workspace reduction, which adds the slices in the same order)."""
+        return self.SPLIT_K if self.CLUSTER and self.k_split(K)[1] == self.SPLIT_K else 1
 
     def fits(self, K: int) -> bool:
         """Whether the kernel takes reduction length K: whole 128-K steps (the TMA boxes of A's bytes and b) and
@@ -302,12 +317,14 @@ TL_CONFIGS = _runtime.ConfigTable(
 # per program and 128-group chunks at M = 1, 4.96 us; 8 rows and 256-group chunks at M = 2, 5.47 us; against 6.38 /
 # 6.30 for the Gluon row and 4.99 / 4.90 for cuBLAS fp8; 8 x 256 at M = 1, 4.83 us, spills one register in the
 # sm_90 build; from M = 4 the Gluon path is faster), then
-# the Gluon kernel where it is the fastest path (M <= 16; per-bucket winners of the H200 CUPTI
-# sweep `python -m fp4ref.kernels.bench sparse_gemm_fp4_fp8 --sweep --paths gluon`, N = K = 2048: BLOCK_N = 64
-# and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a slice at once),
-# then the expand path with the Gluon GEMM (the least GPU time per M in `--sweep --paths expand` and in same-run
-# comparisons: 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 17 .. 64 it took 7.4-7.5 us against
-# 7.4-10.2 for the swap-AB kernel, whose per-N-tile decode of A grows with M, and won on event time too).
+# the Gluon kernel where it is the fastest path (M <= 32; per-bucket winners of H200 CUPTI sweeps, N = K = 2048:
+# BLOCK_N = 64 and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a
+# slice at once; at M = 3-8 the slices of a tile run as one cluster, summed through distributed shared memory:
+# 5.3-5.5 us against 5.8-6.1 for the workspace reduction in the same run; at M = 9-16 the cluster was not faster;
+# at M = 17-32 two 16-row M tiles of 128 columns, 6.9-7.1 us against 7.3-7.4 for the expand path), then the
+# expand path with the Gluon GEMM (the least GPU time per M in `--sweep --paths expand` and in same-run
+# comparisons: 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 33 .. 64 it took 7.5 us against 7.9-10.8
+# for the swap-AB kernel, whose per-N-tile decode of A grows with M, and won on event time too).
 # docs/benchmarks.md.
 def _gluon_gemm(block_m, block_n, stages, group_m=8):
     """The expand path with the Gluon GEMM (expand_gluon.py)."""
@@ -319,8 +336,9 @@ CONFIGS = _runtime.ConfigTable(
     rows=(
         (1, GemvConfig(block_n=4, block_g=128, num_warps=4)),
         (2, GemvConfig(block_n=8, block_g=256, num_warps=4)),
-        (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4)),
+        (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4, CLUSTER=True)),
         (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
+        (32, GluonConfig(BLOCK_N=128, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
         (256, _gluon_gemm(64, 64, 8)),
         (512, _gluon_gemm(64, 128, 6)),
     ),

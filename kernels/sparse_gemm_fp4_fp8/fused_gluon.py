@@ -51,7 +51,7 @@ def fused_ws_layouts(config):
     """Shared-memory layouts: the b [block_n, 128] and decoded A [block_m, 128] E4M3FN tiles (128-byte swizzle,
     the wgmma operand layout), the vals / meta byte tiles [block_m, 32] (no swizzle) and the c tile [block_m,
     block_n] bf16 (the TMA store's source)."""
-    fp8, raw = shared_layouts(config)  # the swap-AB kernel's operand and byte-tile layouts
+    fp8, raw = shared_layouts()  # the swap-AB kernel's operand and byte-tile layouts
     _, c = expand_gluon_layouts(config)  # the expand GEMM's c tile layout (block_m x block_n bf16)
     return fp8, raw, c
 

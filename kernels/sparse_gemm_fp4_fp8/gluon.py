@@ -23,7 +23,9 @@ reading b at full bandwidth on every SM and spending as little as possible on A:
   not. A tile whose fp32 accumulator holds a NaN is recomputed, for this program's K range, on CUDA cores from the
   selected positions only (exact products, fp32 sums: within the same model), so a NaN reaches c iff the
   metadata selects it. No NaN in b: the check costs one reduction per tile.
-* split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (bitwise reproducible).
+* split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (bitwise reproducible),
+  or with CLUSTER the slices of a tile as one thread-block cluster, summed in the same order through distributed
+  shared memory (``cluster_sum``; the same bits without the workspace's global-memory round trips).
 
 There is no CPU interpreter for Gluon: CPU tests build every config for sm_90 (kernels/_sm90.py), GPU tests run it.
 """
@@ -36,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import store_layout, store_or_reduce
+from .._gluon import cluster_rank, cluster_sum, in_cluster, store_layout, store_or_reduce
 from .decode import _e4m3_of_e2m1, _e4m3_of_e2m1_sum
 
 __all__ = ["STEP_K", "decode_table", "gluon_constexprs", "shared_layouts", "sparse_swapab_kernel"]
@@ -44,11 +46,12 @@ __all__ = ["STEP_K", "decode_table", "gluon_constexprs", "shared_layouts", "spar
 STEP_K = 128  # K per step = the promotion interval: one fresh wgmma accumulator per step
 
 
-def shared_layouts(config):
+def shared_layouts(cluster: int = 1):
     """The TMA destinations' layouts: b [BLOCK_N, 128] and decoded A [BLOCK_M, 128] E4M3FN tiles (128-byte
-    swizzle, the wgmma operand layout), vals / meta [BLOCK_M, 32] bytes (no swizzle)."""
-    fp8 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    raw = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    swizzle, the wgmma operand layout), vals / meta [BLOCK_M, 32] bytes (no swizzle); ``in_cluster``'s forms in a
+    kernel launched in clusters of ``cluster`` CTAs (``GluonConfig.cluster_size``)."""
+    fp8 = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2), cluster)
+    raw = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2), cluster)
     return fp8, raw
 
 
@@ -56,7 +59,7 @@ def gluon_constexprs(config, K: int) -> dict:
     """``sparse_swapab_kernel``'s constexpr arguments for ``config`` at reduction length K, in parameter order."""
     per, splits = config.k_split(K)
     return dict(BLOCK_N=config.BLOCK_N, BLOCK_M=config.BLOCK_M, STAGES=config.STAGES, SPLIT_K=splits, K_PER=per,
-                num_warps=config.num_warps)
+                CLUSTER=config.cluster_size(K), num_warps=config.num_warps)
 
 
 _TABLES: dict = {}
@@ -104,15 +107,16 @@ def _words_by_arithmetic(v, t):
 
 
 @gluon.jit
-def _decode_slice(v_smem, t_smem, a_smem, lut_ptr, nk, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+def _decode_slice(v_smem, t_smem, a_smem, lut_ptr, nk, BLOCK_M: gl.constexpr, num_warps: gl.constexpr,
+                  CLUSTER: gl.constexpr):
     """Decode the nk steps of A bytes in v_smem / t_smem [K_PER, BLOCK_M, 32] into a_smem [K_PER, BLOCK_M, 128]
     E4M3FN, stored in the wgmma's 128-byte-swizzled layout: by integer arithmetic for BLOCK_M <= 16 (a few
     groups per thread; no memory latency), else one load of the table word per group (``decode_table``; the
     first touch after an L2 flush costs one HBM round trip, then L1 hits)."""
     # a thread decodes 4 consecutive groups of a row: 4-byte shared loads, one 16-byte store of 16 E4M3FN bytes
-    dec_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    dec_layout: gl.constexpr = in_cluster(gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0]), CLUSTER)
     # the tile as int32 words [BLOCK_M, 32]: the 128-byte swizzle puts 16-byte chunk c of row r at c ^ (r % 8)
-    words_smem: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    words_smem: gl.constexpr = in_cluster(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), CLUSTER)
     for st in range(nk):
         v = v_smem.index(st).load(dec_layout).to(gl.uint8, bitcast=True).to(gl.int32)
         t = t_smem.index(st).load(dec_layout).to(gl.uint8, bitcast=True).to(gl.int32)
@@ -194,12 +198,15 @@ def sparse_swapab_kernel(
     # sizes and strides (elements): K steps of 128 in all
     M, N, k_steps, stride_bn, stride_am, stride_cm,
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPLIT_K: gl.constexpr,
-    K_PER: gl.constexpr, num_warps: gl.constexpr,
+    K_PER: gl.constexpr, CLUSTER: gl.constexpr, num_warps: gl.constexpr,
 ):
     BK: gl.constexpr = 128
     BG: gl.constexpr = 32  # groups per step
-    pid_n = gl.program_id(0)
-    pid_k = gl.program_id(1)
+    pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
+    if CLUSTER > 1:
+        pid_k = cluster_rank()
+    else:
+        pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads b (mostly from L2)
     off_n = pid_n * BLOCK_N
     off_m = pid_m * BLOCK_M
@@ -211,8 +218,9 @@ def sparse_swapab_kernel(
     t_smem = gl.allocate_shared_memory(gl.int8, [K_PER, BLOCK_M, BG], t_desc.layout)
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [K_PER, BLOCK_M, BK], b_desc.layout)
     b_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, BK], b_desc.layout)
-    a_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    bar_layout: gl.constexpr = in_cluster(mbarrier.MBarrierLayout(), CLUSTER)
+    a_bar = gl.allocate_shared_memory(gl.int64, [1, 1], bar_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     mbarrier.init(a_bar.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
@@ -229,11 +237,11 @@ def sparse_swapab_kernel(
 
     # ---- decode the slice's A while b streams in ------------------------------------------------------------
     mbarrier.wait(a_bar.index(0), 0)
-    _decode_slice(v_smem, t_smem, a_smem, lut_ptr, nk, BLOCK_M, num_warps)
+    _decode_slice(v_smem, t_smem, a_smem, lut_ptr, nk, BLOCK_M, num_warps, CLUSTER)
 
     # ---- main loop: one fresh-accumulator wgmma per step, the previous step promoted while it runs -----------
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 32])
+    acc_layout: gl.constexpr = in_cluster(gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 32]), CLUSTER)
     zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
     acc = zero
     pa = _step_mma(b_smem, a_smem, ready, 0, zero, STAGES)  # step 0, peeled: from here on one group is in flight
@@ -261,11 +269,13 @@ def sparse_swapab_kernel(
         mbarrier.invalidate(ready.index(i))
 
     # ---- NaN: recompute this program's share of a tile whose accumulator holds one ---------------------------
-    st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps)
-    tile_acc = gl.convert_layout(acc, st_layout)
-    has_nan = gl.max(gl.max((tile_acc != tile_acc).to(gl.int32), axis=1), axis=0)
+    st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps, CLUSTER)
+    has_nan = gl.max(gl.max((acc != acc).to(gl.int32), axis=1), axis=0)
     if has_nan != 0:
-        tile_acc = _selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, off_m, M, N,
-                                 ks0 * BG, (ks0 + nk) * BG, BLOCK_N, BLOCK_M, st_layout)
-    store_or_reduce(tile_acc, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, off_m,
-                    pid_m * gl.num_programs(0) + pid_n, pid_k, 1.0, BLOCK_N, BLOCK_M, SPLIT_K, False, num_warps)
+        acc = gl.convert_layout(_selected_sum(b_ptr, stride_bn, vals_ptr, meta_ptr, stride_am, off_n, off_m, M, N,
+                                              ks0 * BG, (ks0 + nk) * BG, BLOCK_N, BLOCK_M, st_layout), acc_layout)
+    if CLUSTER > 1:  # the slices' sum in rank order, in rank 0 (which alone stores)
+        acc = cluster_sum(acc, CLUSTER, num_warps)
+    store_or_reduce(gl.convert_layout(acc, st_layout), c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, off_m,
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, 1.0, BLOCK_N, BLOCK_M,
+                    SPLIT_K if CLUSTER == 1 else 1, False, num_warps, CLUSTER)
