@@ -34,6 +34,9 @@ VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=
             G(BN=64, BM=96, SPLIT_K=1, STAGES=3),  # two x parts (64 + 32) in the W ring
             G(BN=64, BM=192, SPLIT_K=1, STAGES=3, X_STAGES=6),  # 128 + 64 in the x ring
             G(BN=128, BM=48, SPLIT_K=1, STAGES=3, num_warps=8)]  # 32 + 16, two warpgroups
+# K slices in one thread-block cluster, summed through distributed shared memory
+CLUSTERED = [G(BN=64, BM=8, SPLIT_K=2, STAGES=6, CLUSTER=True), G(BN=64, BM=16, SPLIT_K=4, STAGES=4, CLUSTER=True),
+             G(BN=128, BM=32, SPLIT_K=8, STAGES=3, num_warps=8, X_STAGES=4, CLUSTER=True)]
 
 
 def _build(cfg, pdl=True):
@@ -44,23 +47,38 @@ def _build(cfg, pdl=True):
            "x2_desc": gluon_tensordesc("fp16", [lo or hi, gluon.x_block_k(cfg)], x2l), "gdec_ptr": "*fp32",
            "out_ptr": "*bf16",
            "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    cluster = cfg.SPLIT_K if cfg.CLUSTER else 1
     ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, X_STAGES=cfg.X_STAGES,
               W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps, PDL=pdl,  # nvfp4_linear launches it with PDL
-              X_LO=lo)
-    return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps,
+              X_LO=lo, CLUSTER=cluster)
+    return compile_for_sm90(gluon.nvfp4_gluon_kernel, sig, ce, num_warps=cfg.num_warps, num_ctas=cluster,
                             divisible_by_16=["gdec_ptr", "out_ptr", "part_ptr", "count_ptr", "N", "K"])
 
 
 def _sweep_candidates():
     from fp4ref.kernels.nvfp4_linear import bench
 
-    return [c for c in bench.all_linear_candidates() if isinstance(c, G) and c not in TABLE + VARIANTS]
+    return [c for c in bench.all_linear_candidates() if isinstance(c, G) and c not in TABLE + VARIANTS + CLUSTERED]
 
 
-@pytest.mark.parametrize("cfg", TABLE + VARIANTS + _sweep_candidates(), ids=repr)
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS + CLUSTERED + _sweep_candidates(), ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
     """Every tabled config, the variants the GPU tests run and every config the benchmark's sweep may pick."""
     assert_gluon_build(_build(cfg))
+
+
+@pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
+def test_cluster_config_builds_a_dsmem_reduction(cfg):
+    """CLUSTER: SPLIT_K CTAs per cluster; rank 0 reads the other slices' partials through distributed shared
+    memory (a mapa + ld.shared::cluster per other rank and exchange, two cluster barriers each), no arrival
+    counter; under PDL still one griddepcontrol.wait."""
+    ck = _build(cfg)
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
+    exchanges = max(1, cfg.BN * cfg.BM // (32 * cfg.num_warps) // 16)  # 16 values per thread per exchange
+    assert ptx.count("mapa.shared::cluster") == exchanges * (cfg.SPLIT_K - 1)
+    assert ptx.count("barrier.cluster.wait") == 2 * exchanges
+    assert "atom." not in ptx and ptx.count("griddepcontrol.wait") == 1
 
 
 @pytest.mark.parametrize("cfg", [TABLE[0], TABLE[-1]], ids=repr)
@@ -146,6 +164,11 @@ def test_gluon_config_checks_and_model():
         G(BN=64, BM=16, SPLIT_K=1, STAGES=2, W_SWIZZLE=1)
     with pytest.raises(TypeError, match="EARLY_START"):
         G(BN=64, BM=16, SPLIT_K=1, STAGES=2, EARLY_START="no")
+    with pytest.raises(TypeError, match="CLUSTER"):
+        G(BN=64, BM=16, SPLIT_K=2, STAGES=2, CLUSTER=1)
+    for sk in (1, 16):
+        with pytest.raises(ValueError, match=f"SPLIT_K={sk}: CLUSTER"):
+            G(BN=64, BM=16, SPLIT_K=sk, STAGES=2, CLUSTER=True)
     assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
     assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
     assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)
@@ -169,7 +192,7 @@ def weight():
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("m, cfg", [(m, c) for m in (1, 5, 16, 32, 64, 100, 256) for c in TABLE + VARIANTS
+@pytest.mark.parametrize("m, cfg", [(m, c) for m in (1, 5, 16, 32, 64, 100, 256) for c in TABLE + VARIANTS + CLUSTERED
                                     if m <= c.BM * 2 or c is nvl.pick_config(m, 2048, 8192, interpreter=False)])
 def test_gluon_within_bound_and_deterministic(m, cfg, weight):
     wq, wc, ws = weight
@@ -201,6 +224,23 @@ def test_gluon_two_part_x_tile_equals_the_power_of_two_tile(m, bm, x_stages, wei
     for cfg in (two, G(BN=64, BM=64, SPLIT_K=1, STAGES=4)):
         outs.append(torch.full((m, wc.shape[0]), float("nan"), dtype=torch.bfloat16, device="cuda"))
         nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=cfg, out=outs[-1])
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m, cfg", [(m, c) for c in CLUSTERED for m in (c.BM // 2 + 1, 2 * c.BM + 3)], ids=repr)
+def test_gluon_cluster_reduction_has_the_workspace_bits(m, cfg, weight):
+    """The DSMEM sum adds the K slices in the workspace reduction's order: bitwise the same output (NaN-poisoned
+    outputs and workspaces), with one and several x tiles."""
+    wq, wc, ws = weight
+    _, x = x_bf16(m, 8192, m + 11)
+    twin = G(cfg.BN, cfg.BM, cfg.SPLIT_K, cfg.STAGES, num_warps=cfg.num_warps, X_STAGES=cfg.X_STAGES)
+    outs = []
+    for c in (cfg, twin):
+        outs.append(torch.full((m, wc.shape[0]), float("nan"), dtype=torch.bfloat16, device="cuda"))
+        nvl.nvfp4_linear(x, wc, ws, float(wq.global_decode_scale), config=c, out=outs[-1])
+    assert not outs[0].isnan().any()
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 

@@ -142,6 +142,13 @@ def _gluon_candidates(m: int):
     if 8 < m <= 16:  # the GEMM started after the quantizer's stores measured faster here (docs/benchmarks.md)
         out += [G(bn, bm, sk, st, num_warps=nw, X_STAGES=xs, EARLY_START=False)
                 for bn, bm, sk, st, nw, xs in tiles if sk == 2]
+    # the K slices of a tile in one thread-block cluster, summed through distributed shared memory
+    cluster = {8: [(2, 4), (2, 6), (4, 4), (4, 6), (8, 3)], 16: [(2, 4), (2, 6), (4, 4)], 32: [(2, 4), (4, 4)]}
+    bm = next((b for b in cluster if m <= b), None)
+    if bm:
+        out += [G(64, bm, sk, st, CLUSTER=True) for sk, st in cluster[bm]]
+        if bm == 16:
+            out.append(G(64, 16, 2, 4, EARLY_START=False, CLUSTER=True))
     return out
 
 
@@ -234,7 +241,7 @@ def _cfg_label(cfg) -> str:
     if t == "GluonConfig":
         return (f"gluon {cfg.BN},{cfg.BM},{cfg.SPLIT_K},st{cfg.STAGES},w{cfg.num_warps}"
                 + (f",xs{cfg.X_STAGES}" if cfg.X_STAGES else "") + ("" if cfg.W_SWIZZLE else ",noswz")
-                + ("" if cfg.EARLY_START else ",late"))
+                + ("" if cfg.EARLY_START else ",late") + (",cluster" if cfg.CLUSTER else ""))
     return (f"tc {cfg.BLOCK_N},{cfg.BLOCK_M},{cfg.BLOCK_K},{cfg.SPLIT_K},{cfg.num_warps},{cfg.num_stages}"
             + (",bits" if cfg.DECODE_BITS else "") + (",words" if cfg.SCALE_WORDS else ""))
 

@@ -117,12 +117,15 @@ class GluonConfig:
     memory). W_SWIZZLE: the W codes' TMA uses the 128-byte swizzle (no bank conflicts on the decode's 16-byte
     loads). EARLY_START: under nvfp4_linear the kernel is launched with programmatic dependent launch, and the
     quantizer lets it start when the quantizer starts (True: its W prologue loads run under the quantizer) or only
-    after the quantizer's stores (False). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
+    after the quantizer's stores (False). CLUSTER: the SPLIT_K slices of a tile run as one thread-block cluster
+    and are summed in the same order through distributed shared memory (kernels/_gluon.py ``cluster_sum``: the
+    same bits, no workspace); SPLIT_K 2, 4 or 8. Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
 
     Raises:
-        TypeError: a size that is not an int (bools are not), W_SWIZZLE or EARLY_START not a bool. ValueError: BN
-            not 16 * num_warps (num_warps 4 or 8), BM not a power of two in 8..256 or the sum of two such, a
-            two-part BM with SPLIT_K > 1, SPLIT_K not a power of two, STAGES < 2, X_STAGES 1 or negative."""
+        TypeError: a size that is not an int (bools are not), W_SWIZZLE, EARLY_START or CLUSTER not a bool.
+            ValueError: BN not 16 * num_warps (num_warps 4 or 8), BM not a power of two in 8..256 or the sum of two
+            such, a two-part BM with SPLIT_K > 1, SPLIT_K not a power of two, STAGES < 2, X_STAGES 1 or negative,
+            CLUSTER with SPLIT_K not 2, 4 or 8."""
 
     BN: int
     BM: int
@@ -132,6 +135,7 @@ class GluonConfig:
     num_warps: int = 4
     X_STAGES: int = 0
     EARLY_START: bool = True
+    CLUSTER: bool = False
 
     def __post_init__(self):
         check_ints(BN=self.BN, BM=self.BM, num_warps=self.num_warps, X_STAGES=self.X_STAGES)
@@ -143,11 +147,13 @@ class GluonConfig:
         _hi, lo = check_tile_width("BM", self.BM)
         if lo and self.SPLIT_K != 1:
             raise ValueError(f"BM={self.BM} (two wgmma parts): expected SPLIT_K=1, got {self.SPLIT_K}")
-        for name in ("W_SWIZZLE", "EARLY_START"):
+        for name in ("W_SWIZZLE", "EARLY_START", "CLUSTER"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
         if self.X_STAGES < 0 or self.X_STAGES == 1:
             raise ValueError(f"X_STAGES={self.X_STAGES!r}: expected 0 (x in the W ring) or an int >= 2")
+        if self.CLUSTER and self.SPLIT_K not in (2, 4, 8):
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
@@ -252,19 +258,21 @@ class QuantizeConfig:
 # decode to fp16, no wgmma chain; 128 weight rows x 2 K halves = 128 programs of 8 consumer warps). M <= 256: the
 # Gluon path, per-bucket winners of an H200 CUPTI sweep of the kernel (docs/benchmarks.md): bound by the weight
 # bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
-# otherwise underfill the SMs. Larger M is bound by tensor-core
+# otherwise underfill the SMs; at M = 3..16 the two K slices of a tile run as one thread-block cluster and are
+# summed through distributed shared memory (CLUSTER: 0.4-0.7 us less per call than the workspace reduction in the
+# same run). Larger M is bound by tensor-core
 # throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
-# workspace. The GEMM starts under the quantizer (EARLY_START) except at M = 9..16, where that measured 11-14%
-# slower than starting after the quantizer's stores (docs/benchmarks.md). Shapes the Gluon path cannot take
-# (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
+# workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace reduction that measured 11-14%
+# slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it is the faster of the two
+# (docs/benchmarks.md). Shapes the Gluon path cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
 _X256_W64 = GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)  # 256 rows of x, 64 of W per program
 _X256_W128 = GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4)  # 128 of W, two warpgroups
 CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
         (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=4, num_warps=8)),
-        (8, GluonConfig(BN=64, BM=8, SPLIT_K=2, STAGES=6)),
-        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=4, EARLY_START=False)),
+        (8, GluonConfig(BN=64, BM=8, SPLIT_K=2, STAGES=6, CLUSTER=True)),
+        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=6, CLUSTER=True)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         # two-part x tiles (64 + 16, 64 + 32, 128 + 32, 128 + 64 rows): a program's wgmma work follows BM, so a

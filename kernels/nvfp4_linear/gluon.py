@@ -42,7 +42,9 @@ is most of the time, and the quantizer's runs under it.
 
 Epilogue: kernels/_gluon.py's ``store_or_reduce``, shared with the other swap-AB kernels: with split-K (SPLIT_K
 slices of the K steps) fp32 partials summed by the last arriving program of the tile in the fixed order s = 0, 1,
-... (fp32 RN); then acc * fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16.
+... (fp32 RN), or with CLUSTER in the same order by the first CTA of the thread-block cluster the tile's slices
+run in, through distributed shared memory (``cluster_sum``: the same bits); then acc * fp32(x_gdec * w_gdec)
+(fp32 RN) and one RNE rounding to bf16.
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import m_parts, store_layout, store_or_reduce, wait_primary, workspace_elements
+from .._gluon import (cluster_rank, cluster_sum, in_cluster, m_parts, store_layout, store_or_reduce, wait_primary,
+                      workspace_elements)
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
@@ -79,9 +82,12 @@ def x_block_k(config: GluonConfig) -> int:
 def shared_layouts(config: GluonConfig):
     """The TMA destinations' layouts: W codes (128-byte swizzle or none), block scales (none), x tiles of the
     high and of the low part of BM (``m_parts``; a one-part config's second is its first): the default NVMMA
-    layout of an fp16 [rows, x_block_k] tile (128-byte swizzle, the wgmma operand layout)."""
-    w = gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8, rank=2)
-    s = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+    layout of an fp16 [rows, x_block_k] tile (128-byte swizzle, the wgmma operand layout). With CLUSTER, W's and
+    the scales' take ``in_cluster``'s forms (they are loaded into registers); x's stay (the kernel slices them)."""
+    cl = config.SPLIT_K if config.CLUSTER else 1
+    w = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8,
+                                        rank=2), cl)
+    s = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2), cl)
     hi, lo = m_parts(config.BM)
     x = gl.NVMMASharedLayout.get_default_for([hi, x_block_k(config)], gl.float16)
     return w, s, x, gl.NVMMASharedLayout.get_default_for([lo, x_block_k(config)], gl.float16) if lo else x
@@ -169,12 +175,16 @@ def nvfp4_gluon_kernel(
     M, N, K,
     BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, X_STAGES: gl.constexpr,
     W_SWIZZLE: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False, X_LO: gl.constexpr = 0,
+    CLUSTER: gl.constexpr = 1,
 ):
     BK: gl.constexpr = 256
     XH: gl.constexpr = BM - X_LO  # the high part of BM (all of it when X_LO is 0; GluonConfig, m_parts)
-    pid_n = gl.program_id(0)
+    pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
     pid_m = gl.program_id(1)
-    pid_k = gl.program_id(2)
+    if CLUSTER > 1:
+        pid_k = cluster_rank()
+    else:
+        pid_k = gl.program_id(2)
     off_n = pid_n * BN
     off_m = pid_m * BM
     k_steps = K // BK // SPLIT_K  # the host launches SPLIT_K dividing K / 256
@@ -185,7 +195,8 @@ def nvfp4_gluon_kernel(
     # X_STAGES 64-K chunks (large tiles, where STAGES steps of x would not fit)
     w_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 2], w_desc.layout)
     s_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, BK // 16], s_desc.layout)
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    bar_layout: gl.constexpr = in_cluster(mbarrier.MBarrierLayout(), CLUSTER)
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_layout)
     for i in gl.static_range(STAGES):
         mbarrier.init(w_ready.index(i), count=1)
     XN: gl.constexpr = STAGES if X_STAGES == 0 else X_STAGES
@@ -197,7 +208,7 @@ def nvfp4_gluon_kernel(
         x2_desc = None
         x2_smem = x_smem  # never written or read
     if X_STAGES > 0:
-        x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], mbarrier.MBarrierLayout())
+        x_ready = gl.allocate_shared_memory(gl.int64, [X_STAGES, 1], bar_layout)
         for i in gl.static_range(X_STAGES):
             mbarrier.init(x_ready.index(i), count=1)
     fence_async_shared()
@@ -219,21 +230,21 @@ def nvfp4_gluon_kernel(
             _issue_x(x_desc, x2_desc, x_smem.index(jx), x2_smem.index(jx), x_ready.index(jx), off_m, k0 + jx * 64,
                      jx < n_chunks)
 
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, XH, 16])
+    acc_layout: gl.constexpr = in_cluster(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                                    instr_shape=[16, XH, 16]), CLUSTER)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     # lane 4 g + q of warp w: rows 16 w + g and 16 w + g + 8; code words [8 q, 8 q + 8) (bytes [32 q, 32 q + 32))
     # and scale bytes [4 q, 4 q + 4) of the step: exactly the A fragment after the K permutation
-    words_layout: gl.constexpr = gl.DistributedLinearLayout(
+    words_layout: gl.constexpr = in_cluster(gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [8, 0], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
-        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 8])
-    scale_layout: gl.constexpr = gl.DistributedLinearLayout(
+        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 8]), CLUSTER)
+    scale_layout: gl.constexpr = in_cluster(gl.DistributedLinearLayout(
         reg_bases=[[8, 0], [0, 1], [0, 2]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 16])
+        warp_bases=_warp_rows(num_warps), block_bases=[], shape=[BN, BK // 16]), CLUSTER)
     if W_SWIZZLE:  # the TMA's 128-byte swizzle: 16-byte chunk c of row r stored at chunk c ^ (r % 8)
-        words_smem: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+        words_smem: gl.constexpr = in_cluster(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), CLUSTER)
     else:
-        words_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        words_smem: gl.constexpr = in_cluster(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]), CLUSTER)
     acc = gl.zeros([BN, XH], gl.float32, acc_layout)
     if X_LO > 0:  # the low part's accumulator: the same A fragments, its own wgmma N width
         acc2 = gl.zeros([BN, X_LO], gl.float32, gl.NVMMADistributedLayout(
@@ -299,9 +310,12 @@ def nvfp4_gluon_kernel(
     # the shared epilogue (kernels/_gluon.py): 16-byte stores, or the fixed-order split-K sum; then the epilogue
     # scale fp32(x_gdec * w_gdec) (fp32 RN) and one RNE rounding to bf16
     gdec = gl.load(gdec_ptr + 1)
-    accb = gl.convert_layout(acc, store_layout(BN, XH, num_warps))
+    if CLUSTER > 1:  # the slices' sum in rank order, in rank 0 (which alone stores)
+        acc = cluster_sum(acc, CLUSTER, num_warps)
+    accb = gl.convert_layout(acc, store_layout(BN, XH, num_warps, CLUSTER))
     store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, off_m,
-                    pid_m * gl.num_programs(0) + pid_n, pid_k, gdec, BN, XH, SPLIT_K, True, num_warps)
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, gdec, BN, XH, SPLIT_K if CLUSTER == 1 else 1, True,
+                    num_warps, CLUSTER)
     if X_LO > 0:  # (a two-part BM has SPLIT_K 1: GluonConfig)
         accb = gl.convert_layout(acc2 * 256.0, store_layout(BN, X_LO, num_warps))
         store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m + XH, off_m, 0, 0, gdec, BN,
@@ -327,17 +341,21 @@ class GluonLaunch:
     __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K", "x_rows")
 
     def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False, x_rows: int | None = None):
-        grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
+        # CLUSTER: each program is a cluster of the tile's SPLIT_K slices (grid dimension x counts clusters)
+        cluster = config.SPLIT_K if config.CLUSTER else 1
+        grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K // cluster)
         self.M, self.N, self.K, self.config = M, N, K, config
         self.x_rows = M if x_rows is None else x_rows
         if self.x_rows < M:
             raise ValueError(f"x_rows={x_rows}: expected >= M={M}")
-        self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts(config)
+        # the workspace reduction's slices (1 in a cluster: no workspace)
+        self.split_k, self.tiles, self.layouts = grid[2], grid[0] * grid[1], shared_layouts(config)
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
-                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl, X_LO=m_parts(config.BM)[1]),
-            n_desc=4, launch_pdl=pdl)
+                 W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl, X_LO=m_parts(config.BM)[1],
+                 CLUSTER=cluster),
+            n_desc=4, launch_pdl=pdl, num_ctas=cluster)
 
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
