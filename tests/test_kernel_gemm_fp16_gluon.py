@@ -35,6 +35,10 @@ VARIANTS = [GluonConfig(BLOCK_N=128, BLOCK_M=8, BLOCK_K=64, STAGES=8, SPLIT_K=3)
             GluonConfig(BLOCK_N=64, BLOCK_M=24, BLOCK_K=128, STAGES=4),  # two parts: 16 + 8
             GluonConfig(BLOCK_N=128, BLOCK_M=96, BLOCK_K=64, STAGES=4, num_warps=8),  # 64 + 32, two warpgroups
             GluonConfig(BLOCK_N=64, BLOCK_M=192, BLOCK_K=64, STAGES=3)]  # 128 + 64: 96 accumulator registers
+# K slices in one thread-block cluster, summed through distributed shared memory
+CLUSTERED = [GluonConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, STAGES=3, SPLIT_K=2, CLUSTER=True),
+             GluonConfig(BLOCK_N=64, BLOCK_M=16, BLOCK_K=128, STAGES=4, SPLIT_K=4, CLUSTER=True),
+             GluonConfig(BLOCK_N=128, BLOCK_M=64, BLOCK_K=64, STAGES=4, SPLIT_K=8, num_warps=8, CLUSTER=True)]
 
 
 def _build(cfg: GluonConfig, n: int = N, k: int = K):
@@ -46,6 +50,7 @@ def _build(cfg: GluonConfig, n: int = N, k: int = K):
            "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "k_tiles": "i32",
            "stride_cm": "i32"}
     return compile_for_sm90(gemm_swapab_kernel, sig, gluon_constexprs(cfg, k), num_warps=cfg.num_warps,
+                            num_ctas=cfg.cluster_size(k),
                             divisible_by_16=["c_ptr", "ws_ptr", "cnt_ptr", "N", "stride_cm"])
 
 
@@ -61,13 +66,41 @@ def _sweep_candidates():
     from fp4ref.kernels.gemm_fp16.bench import gluon_candidates
 
     return [c for c in dict.fromkeys(c for m in range(3, 257) for c in gluon_candidates(m))
-            if c not in TABLE + VARIANTS]
+            if c not in TABLE + VARIANTS + CLUSTERED]
 
 
-@pytest.mark.parametrize("cfg", TABLE + VARIANTS + _sweep_candidates(), ids=repr)
+@pytest.mark.parametrize("cfg", TABLE + VARIANTS + CLUSTERED + _sweep_candidates(), ids=repr)
 def test_gluon_config_builds_for_sm90(cfg):
     """Every tabled config, the variants the GPU tests run and every Gluon config ``bench --sweep`` may time."""
     assert_gluon_build(_build(cfg))
+
+
+@pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
+def test_cluster_config_builds_a_dsmem_reduction(cfg):
+    """CLUSTER: SPLIT_K CTAs per cluster; rank 0 reads the other slices' accumulators through distributed shared
+    memory (a mapa + ld.shared::cluster per other rank and exchange of <= 16 values per thread, two cluster
+    barriers each), no workspace atomics."""
+    ck = _build(cfg)
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
+    exchanges = max(1, cfg.BLOCK_N * cfg.BLOCK_M // (32 * cfg.num_warps) // 16)
+    assert ptx.count("mapa.shared::cluster") == exchanges * (cfg.SPLIT_K - 1)
+    assert ptx.count("barrier.cluster.wait") == 2 * exchanges
+    assert "atom." not in ptx
+
+
+def test_cluster_config_rules():
+    for kw in (dict(SPLIT_K=3), dict(SPLIT_K=2, WARP_SPEC=True), dict(SPLIT_K=16)):
+        with pytest.raises(ValueError, match="CLUSTER=True needs"):
+            GluonConfig(CLUSTER=True, **kw)
+    with pytest.raises(ValueError, match="exchange"):  # 6 KiB of ring, 8 KiB of exchange (16 fp32 x 128 threads)
+        GluonConfig(BLOCK_M=32, BLOCK_K=16, STAGES=2, SPLIT_K=2, CLUSTER=True)
+    with pytest.raises(TypeError, match="CLUSTER"):
+        GluonConfig(SPLIT_K=2, CLUSTER="yes")
+    cfg = GluonConfig(BLOCK_K=128, SPLIT_K=4, CLUSTER=True)
+    assert cfg.cluster_size(2048) == cfg.cluster_size(512) == 4
+    assert cfg.cluster_size(640) == cfg.cluster_size(128) == 1  # 3 and 1 slices: the workspace reduction
+    assert mod.accumulation_model(cfg, K) == mod.accumulation_model(GluonConfig(BLOCK_K=128, SPLIT_K=4), K)
 
 
 def test_table_serves_small_m_with_gluon_on_the_gpu_and_tl_in_the_interpreter():
@@ -205,6 +238,23 @@ def test_other_shapes_split_k_and_warp_specialization():
         c = _run(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), cfg)
         check(c.cpu(), reference(a, b), mod.accumulation_model(cfg, k), output_rounding="rne",
               poison=NAN).assert_ok()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M, n, k, cfg", [(M, n, k, c) for c in CLUSTERED for M, n, k in (
+    (c.BLOCK_M // 2 + 1, 3072, 2048), (min(2 * c.BLOCK_M + 5, 250), 328, 1536), (3, 200, 640))], ids=repr)
+def test_cluster_reduction_has_the_workspace_bits(M, n, k, cfg):
+    """The DSMEM sum adds the slices in the workspace reduction's order: bitwise the same C (NaN-poisoned), with
+    one and several M tiles, an N tail, and a K whose slice count falls back to the workspace; within the model."""
+    rng = np.random.default_rng(M + n)
+    a = rng.standard_normal((M, k)).astype(np.float16)
+    b = rng.standard_normal((n, k)).astype(np.float16)
+    A, B = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    twin = GluonConfig(cfg.BLOCK_N, cfg.BLOCK_M, cfg.BLOCK_K, cfg.STAGES, cfg.SPLIT_K, cfg.num_warps)
+    got, want = _run(A, B, cfg), _run(A, B, twin)
+    assert not torch.isnan(got).any() and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    check(got.cpu(), reference(a, b), mod.accumulation_model(cfg, k), output_rounding="rne", poison=NAN).assert_ok()
 
 
 @pytest.mark.gpu

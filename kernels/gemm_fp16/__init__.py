@@ -239,11 +239,13 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         if M > 256:
             raise ValueError(f"config={config}: the Gluon path serves M <= 256, got M={M}")
         per, splits = config.k_split(K)
+        cluster = config.cluster_size(K)  # > 1: each program is a cluster of the tile's K slices
         tiles = -(-N // BN) * -(-M // BM)
-        launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits, -(-M // BM)), gluon_constexprs(config, K),
-                        n_desc=3)  # num_warps is one of the kernel's constexprs
-        return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config),
-                     tiles * splits * BM * BN if splits > 1 else 0, tiles if splits > 1 else 0)
+        launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits // cluster, -(-M // BM)),
+                        gluon_constexprs(config, K), n_desc=3, num_ctas=cluster)  # (num_warps: a constexpr)
+        ws = splits > 1 and cluster == 1  # the workspace reduction
+        return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config), tiles * splits * BM * BN if ws else 0,
+                     tiles if ws else 0)
     if isinstance(config, PersistentConfig):  # (CUDA tensors: gemm_fp16 checked)
         nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
         if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split

@@ -129,6 +129,10 @@ class GluonConfig:
         arriving CTA in the fixed order s = 0, 1, ... (fp32 RN).
     num_warps: 4 (one warpgroup) or 8 (two warpgroups stacked along BLOCK_N).
     WARP_SPEC: a 1-warp TMA producer partition (``gl.warp_specialize``) feeds the ring through "empty" barriers.
+    CLUSTER: the SPLIT_K slices of a C tile run as one thread-block cluster and are summed in the same order
+        through distributed shared memory by its first CTA (kernels/_gluon.py ``cluster_sum``; same bits, no
+        workspace); SPLIT_K 2, 4 or 8, one-part BLOCK_M, no WARP_SPEC. At a K that gives fewer slices the
+        workspace reduction runs instead (``cluster_size``; the same bits).
 
     Raises:
         TypeError: a field of the wrong type. ValueError: a value the kernel cannot take, or an accumulator of
@@ -142,10 +146,12 @@ class GluonConfig:
     SPLIT_K: int = 1
     num_warps: int = 4
     WARP_SPEC: bool = False
+    CLUSTER: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.WARP_SPEC, bool):
-            raise TypeError(f"WARP_SPEC={self.WARP_SPEC!r}: expected a bool")
+        for name in ("WARP_SPEC", "CLUSTER"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
         _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_M", "BLOCK_K", "STAGES", "SPLIT_K", "num_warps")
         if self.num_warps not in (4, 8):
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
@@ -164,6 +170,12 @@ class GluonConfig:
         acc_regs = self.BLOCK_N * self.BLOCK_M // (32 * self.num_warps)
         if acc_regs > 128:
             raise ValueError(f"{self}: {acc_regs} fp32 accumulator registers per thread (> 128 spills)")
+        if self.CLUSTER and (self.SPLIT_K not in (2, 4, 8) or self.WARP_SPEC):
+            raise ValueError(f"SPLIT_K={self.SPLIT_K}, WARP_SPEC={self.WARP_SPEC}: CLUSTER=True needs SPLIT_K 2, 4 or "
+                             "8 (the cluster's CTAs) and WARP_SPEC=False")
+        # the exchange reuses the ring's first bytes: up to 16 fp32 per thread at a time (_gluon.exchange_bytes)
+        if self.CLUSTER and self.shared_bytes < 128 * self.num_warps * min(acc_regs, 16):
+            raise ValueError(f"{self}: a ring of {self.shared_bytes} bytes is smaller than the cluster's exchange")
 
     @property
     def shared_bytes(self) -> int:
@@ -173,6 +185,11 @@ class GluonConfig:
     def k_split(self, K: int) -> tuple[int, int]:
         """(K tiles per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
         return _runtime.k_split(-(-K // self.BLOCK_K), self.SPLIT_K)
+
+    def cluster_size(self, K: int) -> int:
+        """CTAs per thread-block cluster at reduction length K: SPLIT_K with CLUSTER where K gives SPLIT_K slices,
+        else 1 (no cluster: the workspace reduction, which adds the slices in the same order)."""
+        return self.SPLIT_K if self.CLUSTER and self.k_split(K)[1] == self.SPLIT_K else 1
 
 
 @dataclasses.dataclass(frozen=True)

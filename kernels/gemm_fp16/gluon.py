@@ -16,8 +16,9 @@ B at full HBM bandwidth on every SM:
 * async ``warpgroup_mma`` with ``warpgroup_mma_wait(1)``: one wgmma group stays in flight while the next tile
   lands; the slot the retired group read is refilled at once.
 * optional split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (the LAST slice
-  to arrive sums the fp32 partials in the order s = 0, 1, ..., SPLIT_K-1 and rounds once to fp16). Bitwise
-  reproducible.
+  to arrive sums the fp32 partials in the order s = 0, 1, ..., SPLIT_K-1 and rounds once to fp16), or with CLUSTER
+  the same sum by the first CTA of the thread-block cluster the slices run in, through distributed shared memory
+  (``cluster_sum``). Bitwise reproducible.
 * optional warp specialization (WARP_SPEC): a 1-warp TMA producer partition.
 
 Numerics: exact fp16 products, fp32 accumulation on wgmma (``hopper_fp16_wgmma``), one RNE rounding to fp16
@@ -31,14 +32,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import m_parts, store_layout, store_or_reduce
+from .._gluon import cluster_rank, cluster_sum, in_cluster, m_parts, store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
 
 
 def operand_layouts(config):
     """The NVMMA shared-memory layouts of the B tile and of the two A parts' tiles (``m_parts``; a one-part
-    config's second is its first) (the TMA destinations and wgmma operands)."""
+    config's second is its first) (the TMA destinations and wgmma operands; the same in a cluster: the kernel
+    only hands them to TMA and wgmma)."""
     hi, lo = m_parts(config.BLOCK_M)
     a = gl.NVMMASharedLayout.get_default_for([hi, config.BLOCK_K], gl.float16)
     return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16), a,
@@ -50,7 +52,8 @@ def gluon_constexprs(config, K: int) -> dict:
     per, splits = config.k_split(K)
     return dict(BLOCK_N=config.BLOCK_N, BLOCK_M=config.BLOCK_M, BLOCK_M_LO=m_parts(config.BLOCK_M)[1],
                 BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
-                SPLIT_K=splits, K_PER=per, WARP_SPEC=config.WARP_SPEC, num_warps=config.num_warps)
+                SPLIT_K=splits, K_PER=per, WARP_SPEC=config.WARP_SPEC, CLUSTER=config.cluster_size(K),
+                num_warps=config.num_warps)
 
 
 @gluon.jit
@@ -112,11 +115,14 @@ def gemm_swapab_kernel(
     # K tiles per split (the last split takes the rest)
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_M_LO: gl.constexpr, BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr, SPLIT_K: gl.constexpr, K_PER: gl.constexpr, WARP_SPEC: gl.constexpr,
-    num_warps: gl.constexpr,
+    CLUSTER: gl.constexpr, num_warps: gl.constexpr,
 ):
     BM_HI: gl.constexpr = BLOCK_M - BLOCK_M_LO  # the first (power-of-two) part's wgmma N width
-    pid_n = gl.program_id(0)
-    pid_k = gl.program_id(1)
+    pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
+    if CLUSTER > 1:
+        pid_k = cluster_rank()
+    else:
+        pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
     tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
     off_n = pid_n * BLOCK_N
@@ -136,7 +142,7 @@ def gemm_swapab_kernel(
     else:
         a2_desc = None
         a2_bufs = None
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], in_cluster(mbarrier.MBarrierLayout(), CLUSTER))
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
@@ -158,8 +164,8 @@ def gemm_swapab_kernel(
                              a2_bufs)
 
         # ---- main loop: C^T tile [BLOCK_N, BLOCK_M] += B tile @ A tile^T on wgmma -----------------------------
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM_HI, 16])
+        acc_layout: gl.constexpr = in_cluster(gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BM_HI, 16]), CLUSTER)
         acc = gl.zeros([BLOCK_N, BM_HI], gl.float32, layout=acc_layout)
         if BLOCK_M_LO > 0:
             lo_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -192,9 +198,11 @@ def gemm_swapab_kernel(
 
     # ---- epilogue: a plain store, or the fixed-order split-K reduction (kernels/_gluon.py) ---------------------
     # (a two-part tile has SPLIT_K 1: GluonConfig)
-    part = gl.convert_layout(acc, store_layout(BLOCK_N, BM_HI, num_warps))
+    if CLUSTER > 1:  # the slices' sum in rank order, in rank 0 (which alone stores)
+        acc = cluster_sum(acc, CLUSTER, num_warps)
+    part = gl.convert_layout(acc, store_layout(BLOCK_N, BM_HI, num_warps, CLUSTER))
     store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, m_own, tile, pid_k, 1.0,
-                    BLOCK_N, BM_HI, SPLIT_K, False, num_warps)
+                    BLOCK_N, BM_HI, SPLIT_K if CLUSTER == 1 else 1, False, num_warps, CLUSTER)
     if BLOCK_M_LO > 0:
         part = gl.convert_layout(acc_lo, store_layout(BLOCK_N, BLOCK_M_LO, num_warps))
         store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m + BM_HI, m_own, tile, pid_k,
