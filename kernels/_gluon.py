@@ -11,12 +11,13 @@ launch. Bitwise reproducible run to run.
 
 Split-K in a thread-block cluster (CLUSTER > 1): the K slices of a tile are the CLUSTER CTAs of one cluster (the
 launch's ``num_ctas``; ``gl.program_id`` then numbers clusters, ``cluster_rank`` is the slice). ``cluster_sum``
-passes the partials through distributed shared memory, rank 0 adds them in the same fixed order s = 0, 1, ... and
-stores: the bits equal the workspace reduction's, without the workspace round trips. Triton 3.6's Gluon has no
-cross-CTA operation (``gl.convert_layout`` / ``gl.sum`` over a cluster-spread layout fail to build), so the
-exchange is inline PTX (``mapa``, ``ld.shared::cluster``, ``barrier.cluster``) over the start of each CTA's dynamic
-shared memory, free once the K loop is done; in such a kernel every register layout holds the whole tile in each
-CTA (``in_cluster``) and the CTAs share nothing else.
+sends the partials of ranks 1 .. CLUSTER - 1 into rank 0's shared memory (``st.async``, counted on an mbarrier
+there), rank 0 adds them in the same fixed order s = 0, 1, ... and stores: the bits equal the workspace
+reduction's, without the workspace round trips and without a cluster barrier at the end. Triton 3.6's Gluon has
+no cross-CTA operation (``gl.convert_layout`` / ``gl.sum`` over a cluster-spread layout fail to build), so the
+exchange is inline PTX over a buffer it declares in static shared memory (``cluster_sum_start``; the host lets
+such a kernel use more than 48 KiB of static + dynamic shared memory, ``_runtime.Launch``); in such a kernel
+every register layout holds the whole tile in each CTA (``in_cluster``) and the CTAs share nothing else.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
 
-__all__ = ["cluster_rank", "cluster_sum", "exchange_bytes", "grouped_tile", "in_cluster", "m_parts", "release_slot",
-           "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile", "wait_primary",
-           "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
+__all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes", "grouped_tile", "in_cluster",
+           "m_parts", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
+           "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
 
 
 @gluon.jit
@@ -88,41 +89,87 @@ def cluster_rank():
 
 
 @gluon.constexpr_function
-def _cluster_sum_ptx(PACK, CLUSTER):
-    """The PTX of one ``cluster_sum`` exchange of PACK fp32 values per thread ($0.. outputs, $PACK.. inputs): each
-    thread stores its inputs at its own offset from the start of the CTA's dynamic shared memory (Triton's
-    ``global_smem``, at the same address in every CTA of the cluster), a cluster barrier (release / acquire)
-    publishes them, rank 0 loads ranks 1 .. CLUSTER - 1's values at its offset through ``mapa`` and adds them in
-    rank order (fp32 RN), and a second cluster barrier keeps every CTA's values in place until rank 0 has read
-    them. Other ranks return their inputs."""
+def exchange_bytes(numel, cluster):
+    """Static shared memory a kernel using ``cluster_sum`` on tiles of ``numel`` fp32 values declares: a slot per
+    rank 1 .. cluster - 1 and the mbarrier, rounded up to whole KiB so that the dynamic shared memory after it
+    keeps the 1024-byte alignment the swizzled TMA destinations need (0 without a cluster). Callable on the host."""
+    return -(-(4 * numel * (cluster - 1) + 8) // 1024) * 1024 if cluster > 1 else 0
+
+
+STATIC_SHARED_MAX = 48 * 1024  # ptxas caps a kernel's static shared memory at 48 KiB
+
+
+def check_cluster(config, numel: int) -> None:
+    """A config's CLUSTER rule: SPLIT_K 2, 4 or 8 (a portable cluster of a power-of-two size) and an exchange buffer
+    for its tile of ``numel`` fp32 values within the 48 KiB of static shared memory a kernel may declare.
+
+    Raises:
+        ValueError: naming SPLIT_K or the buffer's size."""
+    if config.SPLIT_K not in (2, 4, 8):
+        raise ValueError(f"SPLIT_K={config.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
+    size = exchange_bytes(numel, config.SPLIT_K)
+    if size > STATIC_SHARED_MAX:
+        raise ValueError(f"{config}: CLUSTER=True needs a {size}-byte exchange buffer ((SPLIT_K - 1) tiles of fp32), "
+                         f"more than the {STATIC_SHARED_MAX} bytes of static shared memory a kernel may declare")
+
+
+@gluon.constexpr_function
+def _cluster_start_ptx(SLOTS_BYTES, STATIC_BYTES):
+    """``cluster_sum_start``'s PTX: the exchange buffer (static shared memory, at the same address in every CTA;
+    its mbarrier after the slots), initialized by thread 0 of rank 0 to expect SLOTS_BYTES, the init fenced for
+    the cluster, and every thread's arrival on the cluster barrier (relaxed)."""
+    return "\n".join([
+        f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{STATIC_BYTES}];",
+        "{", ".reg .pred %first;", ".reg .u32 %who, %bar;", f"mov.u32 %bar, fp4ref_cluster_xbuf+{SLOTS_BYTES};",
+        "mov.u32 %who, %cluster_ctarank;", "mov.u32 $0, %tid.x;", "or.b32 %who, %who, $0;",
+        "setp.eq.u32 %first, %who, 0;",
+        "@%first mbarrier.init.shared::cta.b64 [%bar], 1;",
+        f"@%first mbarrier.arrive.expect_tx.shared::cta.b64 _, [%bar], {SLOTS_BYTES};",
+        "fence.mbarrier_init.release.cluster;", "barrier.cluster.arrive.relaxed.aligned;", "}"])
+
+
+@gluon.constexpr_function
+def _cluster_sum_ptx(PACK, CLUSTER, THREADS):
+    """``cluster_sum``'s PTX for PACK fp32 values per thread ($0.. outputs, $PACK.. inputs). Ranks 1 .. CLUSTER - 1
+    wait for the cluster barrier of ``cluster_sum_start`` (every CTA of the cluster is running and rank 0's
+    mbarrier is initialized) and send their values into their slot of rank 0's buffer with ``st.async``, which
+    counts the bytes on rank 0's mbarrier; rank 0 waits on that mbarrier (phase 0) and adds the slots to its own
+    values in rank order (fp32 RN). Every rank returns its inputs except rank 0, which returns the sum."""
+    slot = THREADS * PACK * 4
     n = PACK * (CLUSTER - 1)
-    lines = ["{", ".reg .u32 %off, %addr, %rank;", ".reg .pred %lead;", f".reg .f32 %x<{n}>;",
-             "mov.u32 %off, %tid.x;", f"mul.lo.u32 %off, %off, {PACK * 4};", "mov.u32 %addr, global_smem;",
-             "add.u32 %off, %off, %addr;"]
+    lines = ["{", ".reg .u32 %off, %addr, %rank, %bar;", ".reg .pred %lead, %done;", f".reg .f32 %x<{n}>;",
+             "mov.u32 %rank, %cluster_ctarank;", "setp.eq.u32 %lead, %rank, 0;", "setp.ne.u32 %done, %rank, 0;",
+             "mov.u32 %off, %tid.x;", f"mul.lo.u32 %off, %off, {PACK * 4};",
+             "barrier.cluster.wait.aligned;",
+             "mov.u32 %addr, fp4ref_cluster_xbuf;", f"@!%lead mad.lo.u32 %addr, %rank, {slot}, %addr;",
+             f"@!%lead sub.u32 %addr, %addr, {slot};", "add.u32 %addr, %addr, %off;",
+             "@!%lead mapa.shared::cluster.u32 %addr, %addr, 0;",
+             f"mov.u32 %bar, fp4ref_cluster_xbuf+{slot * (CLUSTER - 1)};",
+             "@!%lead mapa.shared::cluster.u32 %bar, %bar, 0;"]
     for c in range(PACK // 4):
         ins = ", ".join(f"${PACK + 4 * c + j}" for j in range(4))
-        lines.append(f"st.shared.v4.f32 [%off+{16 * c}], {{{ins}}};")
+        lines.append(f"@!%lead st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%addr+{16 * c}], "
+                     f"{{{ins}}}, [%bar];")
     lines += [f"mov.b32 ${i}, ${PACK + i};" for i in range(PACK)]
-    lines += ["barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;",
-              "mov.u32 %rank, %cluster_ctarank;", "setp.eq.u32 %lead, %rank, 0;"]
+    lines += ["fp4ref_cluster_wait:", "@%lead mbarrier.try_wait.parity.shared::cta.b64 %done, [%bar], 0;",
+              "@!%done bra fp4ref_cluster_wait;"]
     for r in range(1, CLUSTER):
-        lines.append(f"@%lead mapa.shared::cluster.u32 %addr, %off, {r};")
         for c in range(PACK // 4):
             xs = ", ".join(f"%x{(r - 1) * PACK + 4 * c + j}" for j in range(4))
-            lines.append(f"@%lead ld.shared::cluster.v4.f32 {{{xs}}}, [%addr+{16 * c}];")
+            lines.append(f"@%lead ld.shared.v4.f32 {{{xs}}}, [%addr+{(r - 1) * slot + 16 * c}];")
     for r in range(1, CLUSTER):
         lines += [f"@%lead add.rn.f32 ${i}, ${i}, %x{(r - 1) * PACK + i};" for i in range(PACK)]
-    lines += ["barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;", "}"]
+    lines.append("}")
     return "\n".join(lines)
 
 
 @gluon.constexpr_function
 def _cluster_sum_pack(numel, num_warps):
-    """Values per thread in one exchange: all of a thread's, at most 16 (then several exchanges run in turn)."""
+    """Values per thread of a ``cluster_sum`` tile: a multiple of 4 (whole 16-byte stores)."""
     per_thread = numel // (32 * num_warps)
-    if per_thread < 4 or per_thread & (per_thread - 1):
-        raise ValueError(f"cluster_sum: {per_thread} values per thread; expected a power of two >= 4")
-    return min(per_thread, 16)
+    if per_thread < 4 or per_thread % 4 or per_thread * 32 * num_warps != numel:
+        raise ValueError(f"cluster_sum: {numel} values over {32 * num_warps} threads; expected a multiple of 4 each")
+    return per_thread
 
 
 @gluon.constexpr_function
@@ -131,23 +178,26 @@ def _cluster_sum_constraints(PACK):
 
 
 @gluon.jit
+def cluster_sum_start(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CLUSTER: gl.constexpr):
+    """Set up ``cluster_sum`` for a [BLOCK_N, BLOCK_M] fp32 tile: call once, at the start of the kernel, in every
+    thread (it declares the exchange buffer, ``exchange_bytes``, and arrives on the cluster barrier that
+    ``cluster_sum`` waits for)."""
+    gl.inline_asm_elementwise(_cluster_start_ptx(4 * BLOCK_N * BLOCK_M * (CLUSTER - 1),
+                                                 exchange_bytes(BLOCK_N * BLOCK_M, CLUSTER)),
+                              "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def cluster_sum(part, CLUSTER: gl.constexpr, num_warps: gl.constexpr):
     """The fp32 tile ``part`` summed over the CLUSTER CTAs of this CTA's cluster in rank order ((p0 + p1) + p2)
-    + ... (fp32 RN), in rank 0; the other ranks get their own ``part`` back. Every CTA of the cluster calls it
-    with the same tile shape and layout, one whose elements each sit in exactly one thread (a wgmma accumulator's
-    ``NVMMADistributedLayout``), so that a thread's values in every CTA are the same elements. The exchange uses
-    the first 32 x num_warps x min(values per thread, 16) x 4 bytes of the CTA's dynamic shared memory: call it
-    once every buffer there is dead (TMA copies landed, wgmmas retired; ``exchange_bytes``)."""
+    + ... (fp32 RN), in rank 0; the other ranks get their own ``part`` back. Call once per kernel, after
+    ``cluster_sum_start``, in every CTA of the cluster with the same tile shape and layout, one whose elements each
+    sit in exactly one thread (a wgmma accumulator's ``NVMMADistributedLayout``), so that a thread's values in
+    every CTA are the same elements. Ranks other than 0 may exit as soon as it returns: ``st.async``'s bytes are
+    counted on rank 0's mbarrier, which rank 0 waits for."""
     PACK: gl.constexpr = _cluster_sum_pack(part.numel, num_warps)
-    gl.thread_barrier()  # Triton orders its own shared-memory uses, not this PTX's: every warp is done with them
-    return gl.inline_asm_elementwise(_cluster_sum_ptx(PACK, CLUSTER), _cluster_sum_constraints(PACK), [part],
-                                     dtype=gl.float32, is_pure=False, pack=PACK)
-
-
-def exchange_bytes(numel: int, num_warps: int) -> int:
-    """Bytes of dynamic shared memory ``cluster_sum`` writes for a tile of ``numel`` fp32 values: a config must
-    give its kernel at least that much (its rings do)."""
-    return 32 * num_warps * min(numel // (32 * num_warps), 16) * 4
+    return gl.inline_asm_elementwise(_cluster_sum_ptx(PACK, CLUSTER, 32 * num_warps), _cluster_sum_constraints(PACK),
+                                     [part], dtype=gl.float32, is_pure=False, pack=PACK)
 
 
 @gluon.constexpr_function

@@ -389,6 +389,25 @@ def raw_launcher(ck, n_desc: int):
     return _Direct(fn, ck, run) if ok else False
 
 
+def _allow_static_shared(ck) -> None:
+    """Let a kernel that declares static shared memory in its PTX (kernels/_gluon.py's cluster exchange buffer) use
+    its dynamic shared memory beside it: CUDA refuses a launch whose static + dynamic shared memory exceeds 48 KiB
+    unless the function raises CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, which Triton does only when the
+    dynamic part alone exceeds 48 KiB. Sets it to the kernel's dynamic size (``metadata.shared``).
+
+    Raises:
+        RuntimeError: the driver refused the attribute (static + dynamic above the device's opt-in maximum)."""
+    import ctypes
+
+    ck._init_handles()  # loads the module (no-op once loaded)
+    max_dynamic_shared_size_bytes = 8  # CUfunction_attribute
+    err = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(
+        ctypes.c_void_p(ck.function), ctypes.c_int(max_dynamic_shared_size_bytes), ctypes.c_int(ck.metadata.shared))
+    if err:
+        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {ck.metadata.shared}) failed: "
+                           f"CUresult {err}")
+
+
 _MAX_ENCODINGS = 16  # descriptor encodings kept per Launch (a few operand pointers per plan: weights, buffers)
 
 
@@ -423,7 +442,12 @@ class Launch:
         ck = self.ck
         if ck is None:
             descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
-            ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
+            if self.options.get("num_ctas", 1) > 1 and not _INTERPRET:  # compile, opt in, then launch
+                ck = self.kernel.warmup(*descs, *args[nd:], grid=self.grid, **self.constexprs, **self.options)
+                _allow_static_shared(ck)
+                launch_compiled(ck, self.grid, stream, (*descs, *args[nd:], *self._tail))
+            else:
+                ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
             if ck is not None and _KEEP_COMPILED and not _INTERPRET and getattr(ck, "run", None) is not None:
                 self.ck = ck
             return

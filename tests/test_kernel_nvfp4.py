@@ -690,14 +690,14 @@ def test_gemv_model_is_registered_and_tighter():
 
 def test_pick_config_serves_each_M_by_its_path():
     """INTERPRETER_CONFIGS (the tl paths): the GEMV at M = 1, the tensor-core kernel up to M = 256, the pre-pass
-    above; on a GPU the DP4A path at M = 1-2 and the Gluon path at every other M where they fit N and K (the tl
+    above; on a GPU the DP4A path at M = 1 and the Gluon path at every other M where they fit N and K (the tl
     paths where they do not); the contract picks the same config and gives
     each its own model (what fp4ref verify asks)."""
     paths = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=True)) for m in (1, 2, 16, 64, 256, 257, 16384)}
     assert paths == {1: nvl.GemvConfig, 2: nvl.TensorCoreConfig, 16: nvl.TensorCoreConfig, 64: nvl.TensorCoreConfig,
                      256: nvl.TensorCoreConfig, 257: nvl.PrepassConfig, 16384: nvl.PrepassConfig}
     gpu = {m: type(nvl.pick_config(m, 8192, 8192, interpreter=False)) for m in (1, 2, 3, 16, 64, 256, 257, 16384)}
-    assert gpu == {1: nvl.Dp4aConfig, 2: nvl.Dp4aConfig, 3: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
+    assert gpu == {1: nvl.Dp4aConfig, 2: nvl.GluonConfig, 3: nvl.GluonConfig, 16: nvl.GluonConfig, 64: nvl.GluonConfig,
                    256: nvl.GluonConfig, 257: nvl.GluonConfig, 16384: nvl.GluonConfig}
     assert type(nvl.pick_config(1024, 8192, 8192 + 64, interpreter=False)) is nvl.PrepassConfig  # K % 256 != 0
     # K not a multiple of 256 (or of 256 * SPLIT_K): the tl paths serve it on a GPU too
@@ -891,7 +891,7 @@ def _compile_all():
     jobs = [(*job, False, 0) for job in jobs]
     # the one-launch forms: grid barrier (cooperative; the tiles of M = 2 .. 256 at K = 8192 on 132 SMs) and
     # read-all (M = 2 and 8: x padded to 2 or 8 rows x 8192), as nvfp4_quantize (packed), the Gluon path (permuted
-    # fp16, trigger at the start or after the stores) and the DP4A path (M <= 2) run them
+    # fp16, trigger at the start or after the stores) and the DP4A path (M = 1, or chosen at M = 2) run them
     for tiles, grid_sync in (([nvl.grid_sync_config(m, 8192, 132) for m in (2, 16, 65, 256)], True),
                              ([nvl.read_all_config(m, 8192) for m in (2, 8)], False)):
         for i, t in enumerate(sorted({dataclasses.astuple(c)[:3] for c in tiles})):

@@ -17,6 +17,7 @@ import torch
 
 import fp4ref.kernels.nvfp4_linear as nvl
 from fp4ref.blockscale import nvfp4_quantize as ref_quantize
+from fp4ref.kernels._gluon import exchange_bytes
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import gluon
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
@@ -36,7 +37,7 @@ VARIANTS = [G(BN=64, BM=16, SPLIT_K=2, STAGES=3, W_SWIZZLE=False), G(BN=128, BM=
             G(BN=128, BM=48, SPLIT_K=1, STAGES=3, num_warps=8)]  # 32 + 16, two warpgroups
 # K slices in one thread-block cluster, summed through distributed shared memory
 CLUSTERED = [G(BN=64, BM=8, SPLIT_K=2, STAGES=6, CLUSTER=True), G(BN=64, BM=16, SPLIT_K=4, STAGES=4, CLUSTER=True),
-             G(BN=128, BM=32, SPLIT_K=8, STAGES=3, num_warps=8, X_STAGES=4, CLUSTER=True)]
+             G(BN=128, BM=32, SPLIT_K=2, STAGES=3, num_warps=8, X_STAGES=4, CLUSTER=True)]
 
 
 def _build(cfg, pdl=True):
@@ -69,15 +70,17 @@ def test_gluon_config_builds_for_sm90(cfg):
 
 @pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
-    """CLUSTER: SPLIT_K CTAs per cluster; rank 0 reads the other slices' partials through distributed shared
-    memory (a mapa + ld.shared::cluster per other rank and exchange, two cluster barriers each), no arrival
-    counter; under PDL still one griddepcontrol.wait."""
+    """CLUSTER: SPLIT_K CTAs per cluster; ranks 1 .. SPLIT_K - 1 send their accumulator values to rank 0's shared
+    memory with st.async (16 bytes per store) counted on an mbarrier there, no arrival counter and no workspace; the
+    exchange buffer is a static shared array of whole KiB (the dynamic shared memory keeps its alignment)."""
     ck = _build(cfg)
     ptx = ck.asm["ptx"]
     assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
-    exchanges = max(1, cfg.BN * cfg.BM // (32 * cfg.num_warps) // 16)  # 16 values per thread per exchange
-    assert ptx.count("mapa.shared::cluster") == exchanges * (cfg.SPLIT_K - 1)
-    assert ptx.count("barrier.cluster.wait") == 2 * exchanges
+    per_thread = cfg.BN * cfg.BM // (32 * cfg.num_warps)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
+    assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
+    size = exchange_bytes(cfg.BN * cfg.BM, cfg.SPLIT_K)
+    assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
     assert "atom." not in ptx and ptx.count("griddepcontrol.wait") == 1
 
 
@@ -169,6 +172,8 @@ def test_gluon_config_checks_and_model():
     for sk in (1, 16):
         with pytest.raises(ValueError, match=f"SPLIT_K={sk}: CLUSTER"):
             G(BN=64, BM=16, SPLIT_K=sk, STAGES=2, CLUSTER=True)
+    with pytest.raises(ValueError, match="static shared memory"):  # 7 slots of 128 x 32 fp32: 113 KiB
+        G(BN=128, BM=32, SPLIT_K=8, STAGES=3, num_warps=8, X_STAGES=4, CLUSTER=True)
     assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
     assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
     assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)

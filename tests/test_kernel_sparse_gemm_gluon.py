@@ -29,7 +29,7 @@ N, K = 2048, 2048
 TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
 VARIANTS = [GluonConfig(64, 8, 2, 1), GluonConfig(64, 32, 6, 3), GluonConfig(128, 16, 3, 16),
             GluonConfig(64, 64, 4, 2, num_warps=4)]
-CLUSTERED = [GluonConfig(64, 8, 5, 4, CLUSTER=True), GluonConfig(128, 16, 3, 8, CLUSTER=True),
+CLUSTERED = [GluonConfig(64, 8, 5, 4, CLUSTER=True), GluonConfig(128, 8, 3, 8, CLUSTER=True),
              GluonConfig(128, 32, 9, 2, num_warps=8, CLUSTER=True)]
 
 
@@ -68,16 +68,18 @@ def test_gluon_config_builds_for_sm90(cfg):
 
 @pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
-    """CLUSTER: a cluster of SPLIT_K CTAs per tile; rank 0 reads the others' partials through distributed shared
-    memory (one mapa + ld.shared::cluster per other rank, two cluster barriers) and no workspace atomics remain."""
+    """CLUSTER: SPLIT_K CTAs per cluster; ranks 1 .. SPLIT_K - 1 send their accumulator values to rank 0's shared
+    memory with st.async (16 bytes per store) counted on an mbarrier there, no arrival counter and no workspace; the
+    exchange buffer is a static shared array of whole KiB (the dynamic shared memory keeps its alignment)."""
     ck = _build(cfg)
-    assert_gluon_build(ck)
     ptx = ck.asm["ptx"]
     assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
-    exchanges = cfg.BLOCK_N * cfg.BLOCK_M // (32 * cfg.num_warps) // 16 or 1  # values per thread, 16 per exchange
-    assert ptx.count("mapa.shared::cluster") == exchanges * (cfg.SPLIT_K - 1)
-    assert ptx.count("barrier.cluster.wait") == 2 * exchanges
-    assert "atom." not in ptx  # no arrival counter
+    per_thread = cfg.BLOCK_N * cfg.BLOCK_M // (32 * cfg.num_warps)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
+    assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
+    size = exchange_bytes(cfg.BLOCK_N * cfg.BLOCK_M, cfg.SPLIT_K)
+    assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
+    assert "atom." not in ptx
 
 
 def test_cluster_config_rules():
@@ -85,6 +87,8 @@ def test_cluster_config_rules():
         GluonConfig(SPLIT_K=3, CLUSTER=True)
     with pytest.raises(ValueError, match="SPLIT_K=16"):
         GluonConfig(SPLIT_K=16, CLUSTER=True)
+    with pytest.raises(ValueError, match="static shared memory"):  # 7 slots of 128 x 32 fp32: 113 KiB
+        GluonConfig(128, 32, 3, 8, num_warps=8, CLUSTER=True)
     with pytest.raises(TypeError, match="CLUSTER"):
         GluonConfig(SPLIT_K=2, CLUSTER=1)
     cfg = GluonConfig(64, 8, 3, 4, CLUSTER=True)
@@ -92,8 +96,9 @@ def test_cluster_config_rules():
     # 3 steps: 3 slices; 5 steps: 3 slices of 2, 2, 1: the workspace reduction (the same sums)
     assert cfg.cluster_size(384) == cfg.cluster_size(640) == 1 and cfg.fits(384)
     assert GluonConfig(64, 8, 3, 4).cluster_size(2048) == 1
-    for c in CLUSTERED:  # the exchange reuses the start of the kernel's shared memory
-        assert c.shared_bytes(2048) >= exchange_bytes(c.BLOCK_N * c.BLOCK_M, c.num_warps)
+    # the exchange buffer (3 slots of 64 x 8 fp32 and the mbarrier, in whole KiB) counts only in a cluster
+    assert cfg.shared_bytes(2048) == GluonConfig(64, 8, 3, 4).shared_bytes(2048) + 7 * 1024
+    assert cfg.shared_bytes(640) == GluonConfig(64, 8, 3, 4).shared_bytes(640)
 
 
 def test_decode_table_every_vals_byte_and_meta_nibble():
@@ -232,7 +237,7 @@ def test_nan_selected_vs_pruned():
     (200, 256, 4096, GluonConfig(128, 64, 4, 4, num_warps=8)),  # M tail in the last M tile, 8 steps per slice
     (256, 2048, 2048, GluonConfig(64, 64, 3, 2, num_warps=4)),
     (13, 136, 1280, GluonConfig(64, 16, 6, 2, CLUSTER=True)),  # clusters of 2, 5 steps each, N tail
-    (100, 520, 2048, GluonConfig(128, 32, 3, 8, num_warps=8, CLUSTER=True)),  # clusters of 8, 4 M tiles
+    (100, 520, 2048, GluonConfig(64, 16, 3, 8, CLUSTER=True)),  # clusters of 8, 7 M tiles
     (5, 200, 640, GluonConfig(64, 8, 3, 4, CLUSTER=True)),  # 5 steps, 3 slices: the workspace reduction
 ])
 def test_shapes_any_bytes_and_nan(M, n, k, cfg):

@@ -25,7 +25,9 @@ import dataclasses
 from typing import ClassVar
 
 from .. import _runtime
+from .._gluon import check_cluster, exchange_bytes
 from .._runtime import ConfigTable
+from .._sm90 import SM90_MAX_SHARED_BYTES
 
 __all__ = [
     "SplitKConfig", "TmaConfig", "GluonConfig", "PersistentConfig", "GemvConfig", "CONFIGS", "INTERPRETER_CONFIGS",
@@ -131,8 +133,9 @@ class GluonConfig:
     WARP_SPEC: a 1-warp TMA producer partition (``gl.warp_specialize``) feeds the ring through "empty" barriers.
     CLUSTER: the SPLIT_K slices of a C tile run as one thread-block cluster and are summed in the same order
         through distributed shared memory by its first CTA (kernels/_gluon.py ``cluster_sum``; same bits, no
-        workspace); SPLIT_K 2, 4 or 8, one-part BLOCK_M, no WARP_SPEC. At a K that gives fewer slices the
-        workspace reduction runs instead (``cluster_size``; the same bits).
+        workspace); SPLIT_K 2, 4 or 8, one-part BLOCK_M, no WARP_SPEC, the SPLIT_K - 1 fp32 tiles the first CTA
+        receives within 48 KiB (``_gluon.check_cluster``). At a K that gives fewer slices the workspace reduction
+        runs instead (``cluster_size``; the same bits).
 
     Raises:
         TypeError: a field of the wrong type. ValueError: a value the kernel cannot take, or an accumulator of
@@ -170,17 +173,19 @@ class GluonConfig:
         acc_regs = self.BLOCK_N * self.BLOCK_M // (32 * self.num_warps)
         if acc_regs > 128:
             raise ValueError(f"{self}: {acc_regs} fp32 accumulator registers per thread (> 128 spills)")
-        if self.CLUSTER and (self.SPLIT_K not in (2, 4, 8) or self.WARP_SPEC):
-            raise ValueError(f"SPLIT_K={self.SPLIT_K}, WARP_SPEC={self.WARP_SPEC}: CLUSTER=True needs SPLIT_K 2, 4 or "
-                             "8 (the cluster's CTAs) and WARP_SPEC=False")
-        # the exchange reuses the ring's first bytes: up to 16 fp32 per thread at a time (_gluon.exchange_bytes)
-        if self.CLUSTER and self.shared_bytes < 128 * self.num_warps * min(acc_regs, 16):
-            raise ValueError(f"{self}: a ring of {self.shared_bytes} bytes is smaller than the cluster's exchange")
+        if self.CLUSTER and self.WARP_SPEC:
+            raise ValueError("WARP_SPEC=True: CLUSTER=True needs WARP_SPEC=False")
+        if self.CLUSTER:  # the exchange buffer comes on top of the ring
+            check_cluster(self, self.BLOCK_N * self.BLOCK_M)
+            if self.shared_bytes > SM90_MAX_SHARED_BYTES:
+                raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
 
     @property
     def shared_bytes(self) -> int:
-        """Shared memory of the TMA ring and its barriers."""
-        return self.STAGES * (self.BLOCK_N + self.BLOCK_M) * self.BLOCK_K * 2 + 16 * self.STAGES
+        """Shared memory of the TMA ring and its barriers and, with CLUSTER, the exchange buffer (kernels/_gluon.py
+        ``exchange_bytes``; at a K that gives fewer slices it is not declared)."""
+        return (self.STAGES * (self.BLOCK_N + self.BLOCK_M) * self.BLOCK_K * 2 + 16 * self.STAGES
+                + exchange_bytes(self.BLOCK_N * self.BLOCK_M, self.SPLIT_K if self.CLUSTER else 1))
 
     def k_split(self, K: int) -> tuple[int, int]:
         """(K tiles per slice, slices launched) at this K: the last slice may be shorter, none is empty."""
@@ -276,8 +281,6 @@ class PersistentConfig:
             raise ValueError(f"GROUP_M={self.GROUP_M}: expected a power of two >= 1")
         if self.STREAM_K not in (0, 1, 2):
             raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, 1 or 2")
-        from .._sm90 import SM90_MAX_SHARED_BYTES
-
         if self.shared_bytes > SM90_MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for STAGES x (BLOCK_M + BLOCK_N) x "
                              f"BLOCK_K ring and the C tile (sm_90 limit {SM90_MAX_SHARED_BYTES})")

@@ -17,7 +17,7 @@ B at full HBM bandwidth on every SM:
   lands; the slot the retired group read is refilled at once.
 * optional split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (the LAST slice
   to arrive sums the fp32 partials in the order s = 0, 1, ..., SPLIT_K-1 and rounds once to fp16), or with CLUSTER
-  the same sum by the first CTA of the thread-block cluster the slices run in, through distributed shared memory
+  the same sum by the first CTA of the thread-block cluster the slices run in, in its shared memory
   (``cluster_sum``). Bitwise reproducible.
 * optional warp specialization (WARP_SPEC): a 1-warp TMA producer partition.
 
@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import cluster_rank, cluster_sum, in_cluster, m_parts, store_layout, store_or_reduce
+from .._gluon import cluster_rank, cluster_sum, cluster_sum_start, in_cluster, m_parts, store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
 
@@ -121,6 +121,7 @@ def gemm_swapab_kernel(
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
     if CLUSTER > 1:
         pid_k = cluster_rank()
+        cluster_sum_start(BLOCK_N, BLOCK_M, CLUSTER)
     else:
         pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)

@@ -8,7 +8,7 @@ A call: quantize x (quantize.py: amax, then codes * block scales, exact; one lau
 GPU, two above), then one path, chosen by M from
 ``CONFIGS`` (configs.py; the config's type names the path):
 
-* ``Dp4aConfig`` (dp4a.py, GPU): integer dot products of the doubled E2M1 codes on the CUDA cores (Gluon), M = 1-2;
+* ``Dp4aConfig`` (dp4a.py, GPU): integer dot products of the doubled E2M1 codes on the CUDA cores (Gluon), M = 1;
 * ``GluonConfig`` (gluon.py, GPU): W decoded in registers straight into the wgmma A operand (Gluon), every other M;
 * ``GemvConfig`` (gemv.py): the CUDA-core GEMV, batch-1 decode (the CPU interpreter's M = 1 path);
 * ``TensorCoreConfig`` (tensorcore.py): W decoded in registers, tensor cores, split-K;

@@ -18,6 +18,7 @@ import triton
 
 from fp4ref.bounds import NumericContract
 
+from .._gluon import check_cluster
 from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
 from ..gemm_fp16 import TmaConfig
 
@@ -119,13 +120,14 @@ class GluonConfig:
     quantizer lets it start when the quantizer starts (True: its W prologue loads run under the quantizer) or only
     after the quantizer's stores (False). CLUSTER: the SPLIT_K slices of a tile run as one thread-block cluster
     and are summed in the same order through distributed shared memory (kernels/_gluon.py ``cluster_sum``: the
-    same bits, no workspace); SPLIT_K 2, 4 or 8. Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
+    same bits, no workspace); SPLIT_K 2, 4 or 8, the SPLIT_K - 1 fp32 tiles the first CTA receives within 48 KiB
+    (``_gluon.check_cluster``). Needs K % 256 == 0 and (K / 256) % SPLIT_K == 0 (``fits``).
 
     Raises:
         TypeError: a size that is not an int (bools are not), W_SWIZZLE, EARLY_START or CLUSTER not a bool.
             ValueError: BN not 16 * num_warps (num_warps 4 or 8), BM not a power of two in 8..256 or the sum of two
             such, a two-part BM with SPLIT_K > 1, SPLIT_K not a power of two, STAGES < 2, X_STAGES 1 or negative,
-            CLUSTER with SPLIT_K not 2, 4 or 8."""
+            CLUSTER with SPLIT_K not 2, 4 or 8 or a tile too large to exchange."""
 
     BN: int
     BM: int
@@ -152,8 +154,8 @@ class GluonConfig:
                 raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
         if self.X_STAGES < 0 or self.X_STAGES == 1:
             raise ValueError(f"X_STAGES={self.X_STAGES!r}: expected 0 (x in the W ring) or an int >= 2")
-        if self.CLUSTER and self.SPLIT_K not in (2, 4, 8):
-            raise ValueError(f"SPLIT_K={self.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
+        if self.CLUSTER:
+            check_cluster(self, self.BN * self.BM)
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
@@ -254,14 +256,14 @@ class QuantizeConfig:
             raise ValueError(f"AMAX={self.AMAX!r}: expected one of {QUANTIZE_AMAX_FORMS}")
 
 
-# On a GPU, chosen by M (rows of x). M = 1-2: the DP4A path (integer block dot products on the CUDA cores: no
-# decode to fp16, no wgmma chain; 128 weight rows x 2 K halves = 128 programs of 8 consumer warps). M <= 256: the
+# On a GPU, chosen by M (rows of x). M = 1: the DP4A path (integer block dot products on the CUDA cores: no
+# decode to fp16, no wgmma chain; 128 weight rows x 2 K halves = 128 programs of 8 consumer warps; at M = 2 the
+# Gluon row below measured 19.7-19.8 us against 20.1-21.4 for it, at M = 1 19.7 against 19.6). M <= 256: the
 # Gluon path, per-bucket winners of an H200 CUPTI sweep of the kernel (docs/benchmarks.md): bound by the weight
 # bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
-# otherwise underfill the SMs; at M = 3..16 the two K slices of a tile run as one thread-block cluster and are
-# summed through distributed shared memory (CLUSTER: 0.4-0.7 us less per call than the workspace reduction in the
-# same run). Larger M is bound by tensor-core
-# throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
+# otherwise underfill the SMs; at M = 2..16 the two K slices of a tile run as one thread-block cluster and are
+# summed in the first CTA's shared memory (CLUSTER: 0.4-1.0 us less per call than the workspace reduction).
+# Larger M is bound by tensor-core throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
 # workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace reduction that measured 11-14%
 # slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it is the faster of the two
 # (docs/benchmarks.md). Shapes the Gluon path cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
@@ -270,7 +272,6 @@ _X256_W128 = GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STA
 CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
-        (2, Dp4aConfig(BN=128, BM=2, SPLIT_K=2, STAGES=4, num_warps=8)),
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=2, STAGES=6, CLUSTER=True)),
         (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=6, CLUSTER=True)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),

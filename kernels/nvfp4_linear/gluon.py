@@ -43,7 +43,7 @@ is most of the time, and the quantizer's runs under it.
 Epilogue: kernels/_gluon.py's ``store_or_reduce``, shared with the other swap-AB kernels: with split-K (SPLIT_K
 slices of the K steps) fp32 partials summed by the last arriving program of the tile in the fixed order s = 0, 1,
 ... (fp32 RN), or with CLUSTER in the same order by the first CTA of the thread-block cluster the tile's slices
-run in, through distributed shared memory (``cluster_sum``: the same bits); then acc * fp32(x_gdec * w_gdec)
+run in, in its shared memory (``cluster_sum``: the same bits); then acc * fp32(x_gdec * w_gdec)
 (fp32 RN) and one RNE rounding to bf16.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import (cluster_rank, cluster_sum, in_cluster, m_parts, store_layout, store_or_reduce, wait_primary,
-                      workspace_elements)
+from .._gluon import (cluster_rank, cluster_sum, cluster_sum_start, in_cluster, m_parts, store_layout,
+                      store_or_reduce, wait_primary, workspace_elements)
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
@@ -183,6 +183,7 @@ def nvfp4_gluon_kernel(
     pid_m = gl.program_id(1)
     if CLUSTER > 1:
         pid_k = cluster_rank()
+        cluster_sum_start(BN, XH, CLUSTER)
     else:
         pid_k = gl.program_id(2)
     off_n = pid_n * BN

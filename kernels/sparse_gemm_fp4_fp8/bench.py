@@ -340,11 +340,14 @@ def sweep_candidates(M: int):
         out += [G(128, bm, 4, 8, w), G(64, bm, 4, 4), G(128, bm, 4, 4, w), G(64, bm, 6, 2), G(64, bm, 4, 8)]
         # STAGES = K steps per slice + 1: every b tile of the slice is in flight from the start
         out += [G(64, bm, 5, 4), G(64, bm, 3, 8), G(128, bm, 3, 8, w), G(128, bm, 5, 4, w), G(64, bm, 9, 2)]
-        # the same with the K slices of a tile in one cluster, summed through distributed shared memory
-        out += [G(64, bm, 5, 4, CLUSTER=True), G(64, bm, 3, 8, CLUSTER=True), G(128, bm, 3, 8, w, CLUSTER=True),
-                G(128, bm, 5, 4, w, CLUSTER=True), G(64, bm, 9, 2, CLUSTER=True)]
-        if bm > 16:
-            out += [G(64, 16, 5, 4, CLUSTER=True), G(128, 16, 5, 4, CLUSTER=True)]
+        if bm <= 16:  # the K slices of a tile in one cluster, summed in its first CTA's shared memory
+            from .._gluon import STATIC_SHARED_MAX, exchange_bytes
+
+            out += [G(bn, bm, st, sk, w if bn == 128 else 4, CLUSTER=True)
+                    for bn, st, sk in ((64, 5, 4), (64, 3, 8), (128, 3, 8), (128, 5, 4), (64, 9, 2))
+                    if exchange_bytes(bn * bm, sk) <= STATIC_SHARED_MAX]
+        else:  # two 16-row M tiles (the table's row at M = 17-32)
+            out += [G(128, 16, 5, 4)]
         if M > 64:
             out += [G(128, 64, 4, 2, 8), G(64, 64, 3, 2), G(128, 64, 3, 4, 8)]
     from . import pick_config

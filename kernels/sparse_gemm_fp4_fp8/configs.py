@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from fp4ref.bounds import NumericContract
 
 from .. import _runtime
+from .._gluon import check_cluster, exchange_bytes
 from .._sm90 import SM90_MAX_SHARED_BYTES
 
 __all__ = ["CONFIGS", "ExpandConfig", "FALLBACK_CONFIG", "FusedConfig", "FusedWSConfig", "GemvConfig", "GluonConfig",
@@ -199,8 +200,9 @@ class GluonConfig:
     num_warps: 4 (one warpgroup) or 8 (two warpgroups stacked along BLOCK_N).
     CLUSTER: the SPLIT_K slices of a c tile run as one thread-block cluster and are summed in the same order
         through distributed shared memory by its first CTA (kernels/_gluon.py ``cluster_sum``; same bits, no
-        workspace). SPLIT_K must then be 2, 4 or 8 (a portable cluster of a power-of-two size); at a K that gives
-        fewer slices the workspace reduction runs instead (``cluster_size``; the same bits).
+        workspace). SPLIT_K must then be 2, 4 or 8 (a portable cluster of a power-of-two size) and the SPLIT_K - 1
+        fp32 tiles the first CTA receives fit in 48 KiB (``_gluon.check_cluster``); at a K that gives fewer slices
+        the workspace reduction runs instead (``cluster_size``; the same bits).
 
     Raises:
         TypeError: a field that is not an int. ValueError: a value the kernel cannot take, or more than 32 fp32
@@ -219,8 +221,8 @@ class GluonConfig:
         _runtime.check_int_fields(self, "BLOCK_N", "BLOCK_M", "STAGES", "SPLIT_K", "num_warps")
         if not isinstance(self.CLUSTER, bool):
             raise TypeError(f"CLUSTER={self.CLUSTER!r}: expected a bool")
-        if self.CLUSTER and self.SPLIT_K not in (2, 4, 8):
-            raise ValueError(f"SPLIT_K={self.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
+        if self.CLUSTER:
+            check_cluster(self, self.BLOCK_N * self.BLOCK_M)
         if self.num_warps not in (4, 8):
             raise ValueError(f"num_warps={self.num_warps}: expected 4 or 8 (whole warpgroups)")
         if self.BLOCK_N not in (64, 128) or self.BLOCK_N < 16 * self.num_warps:
@@ -240,11 +242,12 @@ class GluonConfig:
         return _runtime.k_split(-(-K // PROMOTION_INTERVAL), self.SPLIT_K)
 
     def shared_bytes(self, K: int) -> int:
-        """Shared memory at reduction length K: the slice's A bytes and decoded A (K_PER x BLOCK_M x (64 + 128))
-        and the b ring (STAGES x BLOCK_N x 128). With CLUSTER the slices' exchange reuses its first bytes (at most
-        16 KiB, kernels/_gluon.py ``exchange_bytes``; less than any ring)."""
+        """Shared memory at reduction length K: the slice's A bytes and decoded A (K_PER x BLOCK_M x (64 + 128)),
+        the b ring (STAGES x BLOCK_N x 128) and, in a cluster, the exchange buffer (kernels/_gluon.py
+        ``exchange_bytes``)."""
         per, _ = self.k_split(K)
-        return per * self.BLOCK_M * 192 + self.STAGES * self.BLOCK_N * PROMOTION_INTERVAL + 8 * (self.STAGES + 1)
+        return (per * self.BLOCK_M * 192 + self.STAGES * self.BLOCK_N * PROMOTION_INTERVAL + 8 * (self.STAGES + 1)
+                + exchange_bytes(self.BLOCK_N * self.BLOCK_M, self.cluster_size(K)))
 
     def cluster_size(self, K: int) -> int:
         """CTAs per thread-block cluster at reduction length K: SPLIT_K with CLUSTER where K gives SPLIT_K slices,

@@ -24,7 +24,7 @@ reading b at full bandwidth on every SM and spending as little as possible on A:
   selected positions only (exact products, fp32 sums: within the same model), so a NaN reaches c iff the
   metadata selects it. No NaN in b: the check costs one reduction per tile.
 * split-K (SPLIT_K slices): the fixed-order last-arrival reduction of kernels/_gluon.py (bitwise reproducible),
-  or with CLUSTER the slices of a tile as one thread-block cluster, summed in the same order through distributed
+  or with CLUSTER the slices of a tile as one thread-block cluster, summed in the same order in the first CTA's
   shared memory (``cluster_sum``; the same bits without the workspace's global-memory round trips).
 
 There is no CPU interpreter for Gluon: CPU tests build every config for sm_90 (kernels/_sm90.py), GPU tests run it.
@@ -38,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import cluster_rank, cluster_sum, in_cluster, store_layout, store_or_reduce
+from .._gluon import cluster_rank, cluster_sum, cluster_sum_start, in_cluster, store_layout, store_or_reduce
 from .decode import _e4m3_of_e2m1, _e4m3_of_e2m1_sum
 
 __all__ = ["STEP_K", "decode_table", "gluon_constexprs", "shared_layouts", "sparse_swapab_kernel"]
@@ -205,6 +205,7 @@ def sparse_swapab_kernel(
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
     if CLUSTER > 1:
         pid_k = cluster_rank()
+        cluster_sum_start(BLOCK_N, BLOCK_M, CLUSTER)
     else:
         pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads b (mostly from L2)
