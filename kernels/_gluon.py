@@ -27,9 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
 
-__all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes", "grouped_tile", "in_cluster",
-           "m_parts", "release_slot", "store_layout", "store_or_reduce", "tma_ring_producer", "tma_store_tile",
-           "wait_primary", "workspace_elements", "ws_shared", "ring_barriers", "invalidate_ring"]
+__all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes",
+           "grouped_tile", "in_cluster", "m_parts", "release_slot", "store_layout", "store_or_reduce",
+           "tma_ring_producer", "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers",
+           "invalidate_ring"]
 
 
 @gluon.jit

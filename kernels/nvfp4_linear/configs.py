@@ -263,10 +263,11 @@ class QuantizeConfig:
 # bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
 # otherwise underfill the SMs; at M = 2..16 the two K slices of a tile run as one thread-block cluster and are
 # summed in the first CTA's shared memory (CLUSTER: 0.4-1.0 us less per call than the workspace reduction).
-# Larger M is bound by tensor-core throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its own ring of 64-K chunks, no
-# workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace reduction that measured 11-14%
-# slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it is the faster of the two
-# (docs/benchmarks.md). Shapes the Gluon path cannot take (``GluonConfig.fits``) use INTERPRETER_CONFIGS.
+# Larger M is bound by tensor-core throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its
+# own ring of 64-K chunks, no workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace
+# reduction that measured 11-14% slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it
+# is the faster of the two (docs/benchmarks.md). Shapes the Gluon path cannot take (``GluonConfig.fits``) use
+# INTERPRETER_CONFIGS.
 _X256_W64 = GluonConfig(BN=64, BM=256, SPLIT_K=1, STAGES=3, X_STAGES=6)  # 256 rows of x, 64 of W per program
 _X256_W128 = GluonConfig(BN=128, BM=256, SPLIT_K=1, STAGES=2, num_warps=8, X_STAGES=4)  # 128 of W, two warpgroups
 CONFIGS = ConfigTable(
