@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
 
 __all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes",
-           "grouped_tile", "in_cluster", "m_parts", "release_slot", "store_layout", "store_or_reduce",
+           "grouped_tile", "in_cluster", "k_slice", "m_parts", "release_slot", "store_layout", "store_or_reduce",
            "tma_ring_producer", "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers",
            "invalidate_ring"]
 
@@ -186,6 +186,18 @@ def cluster_sum_start(BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CLUSTER: gl.
     gl.inline_asm_elementwise(_cluster_start_ptx(4 * BLOCK_N * BLOCK_M * (CLUSTER - 1),
                                                  exchange_bytes(BLOCK_N * BLOCK_M, CLUSTER)),
                               "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def k_slice(AXIS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CLUSTER: gl.constexpr):
+    """This program's K slice: its rank in the cluster when CLUSTER > 1 (then the grid's ids number clusters, and
+    ``cluster_sum_start`` runs for the [BLOCK_N, BLOCK_M] tile), else ``gl.program_id(AXIS)``."""
+    if CLUSTER > 1:
+        pid_k = cluster_rank()
+        cluster_sum_start(BLOCK_N, BLOCK_M, CLUSTER)
+    else:
+        pid_k = gl.program_id(AXIS)
+    return pid_k
 
 
 @gluon.jit

@@ -22,3 +22,22 @@ def assert_gluon_build(ck, max_spill_stores: int = 0, mma: str = "wgmma") -> dic
         if max_spill_stores == 0:
             assert info["spill_loads"] == 0, info
     return info
+
+
+def assert_cluster_build(ck, split_k: int, numel: int, num_warps: int) -> None:
+    """A ``CLUSTER`` config's build (kernels/_gluon.py ``cluster_sum``): ``split_k`` CTAs per cluster; ranks 1 ..
+    split_k - 1 send the accumulator's ``numel`` fp32 values (over 32 x ``num_warps`` threads) to rank 0 with
+    ``st.async`` (16 bytes per store) counted on an mbarrier there; one relaxed arrival on the cluster barrier and
+    one wait; the exchange buffer a static shared array of whole KiB (the dynamic shared memory keeps its
+    alignment); no arrival counter or workspace atomics."""
+    __tracebackhide__ = True
+    from fp4ref.kernels._gluon import exchange_bytes
+
+    ptx = ck.asm["ptx"]
+    assert ck.metadata.num_ctas == split_k and f".reqnctapercluster {split_k}" in ptx
+    per_thread = numel // (32 * num_warps)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
+    assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
+    size = exchange_bytes(numel, split_k)
+    assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
+    assert "atom." not in ptx

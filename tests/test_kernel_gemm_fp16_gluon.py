@@ -19,10 +19,9 @@ import torch
 import fp4ref.kernels.gemm_fp16 as mod
 from fp4ref.bounds import check, get_model
 from fp4ref.gemm import gemm_fp16 as reference
-from fp4ref.kernels._gluon import exchange_bytes
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
-from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
 
 GluonConfig = mod.GluonConfig
 ON_GPU = torch.cuda.is_available()
@@ -78,18 +77,9 @@ def test_gluon_config_builds_for_sm90(cfg):
 
 @pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
-    """CLUSTER: SPLIT_K CTAs per cluster; ranks 1 .. SPLIT_K - 1 send their accumulator values to rank 0's shared
-    memory with st.async (16 bytes per store) counted on an mbarrier there, no arrival counter and no workspace; the
-    exchange buffer is a static shared array of whole KiB (the dynamic shared memory keeps its alignment)."""
+    """CLUSTER: the slices' accumulators summed in the first CTA of a cluster (``assert_cluster_build``)."""
     ck = _build(cfg)
-    ptx = ck.asm["ptx"]
-    assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
-    per_thread = cfg.BLOCK_N * cfg.BLOCK_M // (32 * cfg.num_warps)
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
-    assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
-    size = exchange_bytes(cfg.BLOCK_N * cfg.BLOCK_M, cfg.SPLIT_K)
-    assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
-    assert "atom." not in ptx
+    assert_cluster_build(ck, cfg.SPLIT_K, cfg.BLOCK_N * cfg.BLOCK_M, cfg.num_warps)
 
 
 def test_cluster_config_rules():

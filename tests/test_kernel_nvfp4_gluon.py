@@ -17,14 +17,13 @@ import torch
 
 import fp4ref.kernels.nvfp4_linear as nvl
 from fp4ref.blockscale import nvfp4_quantize as ref_quantize
-from fp4ref.kernels._gluon import exchange_bytes
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.nvfp4_linear import gluon
 from fp4ref.kernels.nvfp4_linear.quantize import AMAX_MAX_PROGRAMS, QuantizeLaunches
 from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests/_nvfp4_gpu.py
                         assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
-from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
 
 G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()
@@ -70,18 +69,10 @@ def test_gluon_config_builds_for_sm90(cfg):
 
 @pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
-    """CLUSTER: SPLIT_K CTAs per cluster; ranks 1 .. SPLIT_K - 1 send their accumulator values to rank 0's shared
-    memory with st.async (16 bytes per store) counted on an mbarrier there, no arrival counter and no workspace; the
-    exchange buffer is a static shared array of whole KiB (the dynamic shared memory keeps its alignment)."""
+    """CLUSTER: the slices' accumulators summed in the first CTA of a cluster (``assert_cluster_build``)."""
     ck = _build(cfg)
-    ptx = ck.asm["ptx"]
-    assert ck.metadata.num_ctas == cfg.SPLIT_K and f".reqnctapercluster {cfg.SPLIT_K}" in ptx
-    per_thread = cfg.BN * cfg.BM // (32 * cfg.num_warps)
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32") == per_thread // 4
-    assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
-    size = exchange_bytes(cfg.BN * cfg.BM, cfg.SPLIT_K)
-    assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
-    assert "atom." not in ptx and ptx.count("griddepcontrol.wait") == 1
+    assert_cluster_build(ck, cfg.SPLIT_K, cfg.BN * cfg.BM, cfg.num_warps)
+    assert ck.asm["ptx"].count("griddepcontrol.wait") == 1  # the PDL wait, once
 
 
 @pytest.mark.parametrize("cfg", [TABLE[0], TABLE[-1]], ids=repr)

@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import cluster_rank, cluster_sum, cluster_sum_start, in_cluster, m_parts, store_layout, store_or_reduce
+from .._gluon import cluster_sum, in_cluster, k_slice, m_parts, store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
 
@@ -119,11 +119,7 @@ def gemm_swapab_kernel(
 ):
     BM_HI: gl.constexpr = BLOCK_M - BLOCK_M_LO  # the first (power-of-two) part's wgmma N width
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
-    if CLUSTER > 1:
-        pid_k = cluster_rank()
-        cluster_sum_start(BLOCK_N, BLOCK_M, CLUSTER)
-    else:
-        pid_k = gl.program_id(1)
+    pid_k = k_slice(1, BLOCK_N, BLOCK_M, CLUSTER)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
     tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
     off_n = pid_n * BLOCK_N

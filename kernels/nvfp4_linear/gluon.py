@@ -55,8 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import (cluster_rank, cluster_sum, cluster_sum_start, in_cluster, m_parts, store_layout,
-                      store_or_reduce, wait_primary, workspace_elements)
+from .._gluon import (cluster_sum, in_cluster, k_slice, m_parts, store_layout, store_or_reduce, wait_primary,
+                      workspace_elements)
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
@@ -181,11 +181,7 @@ def nvfp4_gluon_kernel(
     XH: gl.constexpr = BM - X_LO  # the high part of BM (all of it when X_LO is 0; GluonConfig, m_parts)
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
     pid_m = gl.program_id(1)
-    if CLUSTER > 1:
-        pid_k = cluster_rank()
-        cluster_sum_start(BN, XH, CLUSTER)
-    else:
-        pid_k = gl.program_id(2)
+    pid_k = k_slice(2, BN, XH, CLUSTER)
     off_n = pid_n * BN
     off_m = pid_m * BM
     k_steps = K // BK // SPLIT_K  # the host launches SPLIT_K dividing K / 256

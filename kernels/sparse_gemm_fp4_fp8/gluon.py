@@ -38,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import cluster_rank, cluster_sum, cluster_sum_start, in_cluster, store_layout, store_or_reduce
+from .._gluon import cluster_sum, in_cluster, k_slice, store_layout, store_or_reduce
 from .decode import _e4m3_of_e2m1, _e4m3_of_e2m1_sum
 
 __all__ = ["STEP_K", "decode_table", "gluon_constexprs", "shared_layouts", "sparse_swapab_kernel"]
@@ -203,11 +203,7 @@ def sparse_swapab_kernel(
     BK: gl.constexpr = 128
     BG: gl.constexpr = 32  # groups per step
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
-    if CLUSTER > 1:
-        pid_k = cluster_rank()
-        cluster_sum_start(BLOCK_N, BLOCK_M, CLUSTER)
-    else:
-        pid_k = gl.program_id(1)
+    pid_k = k_slice(1, BLOCK_N, BLOCK_M, CLUSTER)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads b (mostly from L2)
     off_n = pid_n * BLOCK_N
     off_m = pid_m * BLOCK_M
