@@ -40,4 +40,5 @@ def assert_cluster_build(ck, split_k: int, numel: int, num_warps: int) -> None:
     assert ptx.count("barrier.cluster.arrive.relaxed") == 1 and ptx.count("barrier.cluster.wait") == 1
     size = exchange_bytes(numel, split_k)
     assert size % 1024 == 0 and f".shared .align 1024 .b8 fp4ref_cluster_xbuf[{size}];" in ptx
+    assert ck.metadata.shared + size <= SM90_MAX_SHARED_BYTES  # (metadata.shared is the dynamic part only)
     assert "atom." not in ptx

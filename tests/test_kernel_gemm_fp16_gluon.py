@@ -242,8 +242,9 @@ def test_other_shapes_split_k_and_warp_specialization():
 @pytest.mark.parametrize("M, n, k, cfg", [(M, n, k, c) for c in CLUSTERED for M, n, k in (
     (c.BLOCK_M // 2 + 1, 3072, 2048), (min(2 * c.BLOCK_M + 5, 250), 328, 1536), (3, 200, 640))], ids=repr)
 def test_cluster_reduction_has_the_workspace_bits(M, n, k, cfg):
-    """The DSMEM sum adds the slices in the workspace reduction's order: bitwise the same C (NaN-poisoned), with
-    one and several M tiles, an N tail, and a K whose slice count falls back to the workspace; within the model."""
+    """The cluster sum adds the slices in the workspace reduction's order: bitwise the same C (NaN-poisoned), with
+    one and several M tiles, an N tail, and K = 640 (5 K tiles of 128: SPLIT_K 4 gives 3 slices, so
+    ``CLUSTERED[1]`` falls back to the workspace there; the others still form clusters); within the model."""
     rng = np.random.default_rng(M + n)
     a = rng.standard_normal((M, k)).astype(np.float16)
     b = rng.standard_normal((n, k)).astype(np.float16)

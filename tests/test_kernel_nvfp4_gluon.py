@@ -165,6 +165,10 @@ def test_gluon_config_checks_and_model():
             G(BN=64, BM=16, SPLIT_K=sk, STAGES=2, CLUSTER=True)
     with pytest.raises(ValueError, match="static shared memory"):  # 7 slots of 128 x 32 fp32: 113 KiB
         G(BN=128, BM=32, SPLIT_K=8, STAGES=3, num_warps=8, X_STAGES=4, CLUSTER=True)
+    # rings of 224 KiB fit alone, not beside a 33 KiB exchange buffer
+    assert G(BN=64, BM=128, SPLIT_K=2, STAGES=3).shared_bytes == 3 * 64 * 144 + 3 * 128 * 512 + 24
+    with pytest.raises(ValueError, match="227 KiB"):
+        G(BN=64, BM=128, SPLIT_K=2, STAGES=3, CLUSTER=True)
     assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
     assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
     assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)
@@ -227,8 +231,8 @@ def test_gluon_two_part_x_tile_equals_the_power_of_two_tile(m, bm, x_stages, wei
 @needs_gpu
 @pytest.mark.parametrize("m, cfg", [(m, c) for c in CLUSTERED for m in (c.BM // 2 + 1, 2 * c.BM + 3)], ids=repr)
 def test_gluon_cluster_reduction_has_the_workspace_bits(m, cfg, weight):
-    """The DSMEM sum adds the K slices in the workspace reduction's order: bitwise the same output (NaN-poisoned
-    outputs and workspaces), with one and several x tiles."""
+    """The cluster sum adds the K slices in the workspace reduction's order: bitwise the same output (NaN-poisoned
+    outputs), with one and several x tiles."""
     wq, wc, ws = weight
     _, x = x_bf16(m, 8192, m + 11)
     twin = G(cfg.BN, cfg.BM, cfg.SPLIT_K, cfg.STAGES, num_warps=cfg.num_warps, X_STAGES=cfg.X_STAGES)

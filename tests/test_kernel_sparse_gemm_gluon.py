@@ -29,7 +29,7 @@ TABLE = [c for c in mod.CONFIGS.configs() if isinstance(c, GluonConfig)]
 VARIANTS = [GluonConfig(64, 8, 2, 1), GluonConfig(64, 32, 6, 3), GluonConfig(128, 16, 3, 16),
             GluonConfig(64, 64, 4, 2, num_warps=4)]
 CLUSTERED = [GluonConfig(64, 8, 5, 4, CLUSTER=True), GluonConfig(128, 8, 3, 8, CLUSTER=True),
-             GluonConfig(128, 32, 9, 2, num_warps=8, CLUSTER=True)]
+             GluonConfig(128, 32, 5, 2, num_warps=8, CLUSTER=True)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -245,9 +245,10 @@ def test_cluster_reduction_has_the_workspace_bits(M, n, k, split):
     meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
     b = b_bytes(rng, n, k, nan_rate=1e-4)
     bm = min(64, max(8, 1 << (M - 1).bit_length()))
-    want = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split)).view(torch.int16)
-    got = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split, CLUSTER=True)).view(torch.int16)
-    assert torch.equal(got, want)
+    want = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split))
+    got = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split, CLUSTER=True))
+    assert torch.isnan(got).any()  # selected NaN bytes (233-1213 NaN outputs in the exact reference at these seeds)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.gpu

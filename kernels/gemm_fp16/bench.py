@@ -263,7 +263,7 @@ def gluon_candidates(M: int):
     """Gluon swap-AB candidates at M (3..256): for one and two M tiles, the narrowest BLOCK_M that covers M (a power
     of two or the sum of two, ``GluonConfig``) with 128- and 64-wide K tiles, each with the deepest ring that fits
     the shared memory (12 stages at most); and the table's row for M. (K slices summed in a thread-block cluster
-    measured 1.3-2x slower than the table's rows at M = 40-256, as slow as the same slices through the workspace:
+    measured 1.3-3.5x slower than the table's rows at M = 40-256, as slow as the same slices through the workspace:
     docs/benchmarks.md; not candidates.)"""
     from .._runtime import TILE_WIDTHS
     from .._sm90 import SM90_MAX_SHARED_BYTES

@@ -119,7 +119,8 @@ def gemm_swapab_kernel(
 ):
     BM_HI: gl.constexpr = BLOCK_M - BLOCK_M_LO  # the first (power-of-two) part's wgmma N width
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
-    pid_k = k_slice(1, BLOCK_N, BLOCK_M, CLUSTER)
+    gl.static_assert(CLUSTER == 1 or BLOCK_M_LO == 0, "a cluster sums one accumulator: a one-part BLOCK_M")
+    pid_k = k_slice(1, BLOCK_N, BM_HI, CLUSTER)  # (the tile cluster_sum sends)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
     tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
     off_n = pid_n * BLOCK_N

@@ -18,8 +18,9 @@ import triton
 
 from fp4ref.bounds import NumericContract
 
-from .._gluon import check_cluster
+from .._gluon import check_cluster, exchange_bytes
 from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
+from .._sm90 import SM90_MAX_SHARED_BYTES
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
@@ -127,7 +128,8 @@ class GluonConfig:
         TypeError: a size that is not an int (bools are not), W_SWIZZLE, EARLY_START or CLUSTER not a bool.
             ValueError: BN not 16 * num_warps (num_warps 4 or 8), BM not a power of two in 8..256 or the sum of two
             such, a two-part BM with SPLIT_K > 1, SPLIT_K not a power of two, STAGES < 2, X_STAGES 1 or negative,
-            CLUSTER with SPLIT_K not 2, 4 or 8 or a tile too large to exchange."""
+            CLUSTER with SPLIT_K not 2, 4 or 8, a tile too large to exchange or more than 227 KiB of shared memory
+            with the exchange buffer."""
 
     BN: int
     BM: int
@@ -154,8 +156,19 @@ class GluonConfig:
                 raise TypeError(f"{name}={getattr(self, name)!r}: expected a bool")
         if self.X_STAGES < 0 or self.X_STAGES == 1:
             raise ValueError(f"X_STAGES={self.X_STAGES!r}: expected 0 (x in the W ring) or an int >= 2")
-        if self.CLUSTER:
+        if self.CLUSTER:  # the exchange buffer comes on top of the rings
             check_cluster(self, self.BN * self.BM)
+            if self.shared_bytes > SM90_MAX_SHARED_BYTES:
+                raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
+
+    @property
+    def shared_bytes(self) -> int:
+        """Shared memory in bytes: the W ring (STAGES x BN x (128 code + 16 scale bytes)), x (STAGES x BM x 256
+        fp16 in that ring, or X_STAGES x BM x 64 in its own), the barriers and, with CLUSTER, the exchange buffer
+        (kernels/_gluon.py ``exchange_bytes``)."""
+        x = (self.STAGES * 256 if self.X_STAGES == 0 else self.X_STAGES * 64) * self.BM * 2
+        return (self.STAGES * self.BN * 144 + x + 8 * (self.STAGES + self.X_STAGES)
+                + exchange_bytes(self.BN * self.BM, self.SPLIT_K if self.CLUSTER else 1))
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""
@@ -262,7 +275,8 @@ class QuantizeConfig:
 # Gluon path, per-bucket winners of an H200 CUPTI sweep of the kernel (docs/benchmarks.md): bound by the weight
 # bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
 # otherwise underfill the SMs; at M = 2..16 the two K slices of a tile run as one thread-block cluster and are
-# summed in the first CTA's shared memory (CLUSTER: 0.4-1.0 us less per call than the workspace reduction).
+# summed in the first CTA's shared memory (CLUSTER: 0.4-0.7 us less per call than the workspace reduction in one
+# run, with the first form of the exchange; M = 8 20.3 us with the present one against 21.0-21.3 before).
 # Larger M is bound by tensor-core throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its
 # own ring of 64-K chunks, no workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace
 # reduction that measured 11-14% slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it
