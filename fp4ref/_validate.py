@@ -211,9 +211,9 @@ def path_option(text: str) -> str:
 
 
 class OnceAction(argparse.Action):
-    """argparse ``action`` of an option that names one thing (an output path, the kernel, the reference): given
-    twice it is a usage error naming both values, not the last one silently (a report asked for would not be
-    written, a kernel asked for not run)."""
+    """argparse ``action`` of an option that takes one value (an output path, the kernel, the reference, a format,
+    a seed, ...): given twice it is a usage error naming both values, not the last one silently (a report asked for
+    would not be written, a kernel asked for not run, a tensor asked for not quantized)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         seen = f"_{self.dest}_given"

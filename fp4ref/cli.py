@@ -256,9 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your kernel, taking the workload's signature (needs --workload or --definition)")
     p.add_argument("--definition", metavar="FILE.json", action=OnceAction,
                    help="FlashInfer-Bench definition file naming the workload")
-    p.add_argument("--examples", type=int, default=1, help="seeds per workload, size and input family (default 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu (interpreter)")
+    p.add_argument("--examples", action=OnceAction, type=int, default=1,
+                   help="seeds per workload, size and input family (default 1)")
+    p.add_argument("--seed", action=OnceAction, type=int, default=0)
+    p.add_argument("--device", action=OnceAction, choices=("cpu", "cuda"),
+                   help="default: cuda if available, else cpu (interpreter)")
     p.add_argument("--sizes", type=int, nargs="+", action="extend", metavar="M",
                    help="M values (default: per device; repeatable, the values combine); a repeated M counts once; "
                         "each at most (2**31 - 1) // max(N, K) of the workload (699050 for gemm_n3072_k2048), so no "
@@ -266,14 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--families", nargs="+", action="extend", metavar="FAMILY",
                    help="input families (default: all; repeatable, the names combine); a repeated name counts once; "
                         "a workload with none of them is skipped, with a note naming it")
-    p.add_argument("--model", help="accumulation model (default: the kernel's declared model, else "
-                                   "the universal fp32-accumulating tensor-core model)")
-    p.add_argument("--output-rounding", choices=("rne", "faithful"),
+    p.add_argument("--model", action=OnceAction,
+                   help="accumulation model (default: the kernel's declared model, else the universal "
+                        "fp32-accumulating tensor-core model)")
+    p.add_argument("--output-rounding", action=OnceAction, choices=("rne", "faithful"),
                    help="default: the kernel's declared rounding (rne on GPU)")
-    p.add_argument("--max-check-rows", type=int, default=256,
+    p.add_argument("--max-check-rows", action=OnceAction, type=int, default=256,
                    help="check at most this many rows of a large-M output: 0 (all rows) or >= 129, so that the "
                         "first and last 64 rows and one between are always in (default 256)")
-    p.add_argument("--shapes", choices=("fixed", "sweep"), default="fixed",
+    p.add_argument("--shapes", action=OnceAction, choices=("fixed", "sweep"), default="fixed",
                    help="fixed: the workload's N and K (default); sweep: N and K around tile boundaries (K not a "
                         "multiple of 64/128, N tails, below one tile), for a kernel that claims general shapes")
     p.add_argument("--no-integrity", action="store_true",

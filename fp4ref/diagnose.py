@@ -471,7 +471,8 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
             finite, ``weight_fp4`` uint8 or int8 [N, K/2], ``weight_scales`` uint8, int8 or float8_e4m3fn
             [N, K/16], ``weight_global_decode_scale`` a real scalar, a 0-d array or tensor, or one of shape (1,)
             (compressed-tensors' layout: its element), finite and > 0 as float32. With ``rows`` the operands' M is
-            the whole input's (any). Extra keys are ignored. The operands are checked before anything is
+            the whole input's (any). A key that is not one of the workload's arguments is a ValueError (a typo
+            would otherwise leave an operand out). The operands are checked before anything is
             recomputed, so a recomputation never fails on them (nor is a failure read as "no known bug").
         rows: when ``ref`` was computed on a row subset of the operands (``workload.slice_rows``, as
             ``fp4ref verify`` does at large M), the rows it covers: one integer index per row of ``ref.out`` (M of

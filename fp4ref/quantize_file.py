@@ -140,17 +140,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output directory, or a .safetensors file when IN is one file (fp4ref layout; a trailing / "
                         "makes it a directory whatever its name); built under a temporary name and renamed on "
                         "success (required unless --dry-run)")
-    p.add_argument("--format", choices=list(FORMATS), default=None, help="target format (default nvfp4)")
-    p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), default=None,
+    p.add_argument("--format", choices=list(FORMATS), default=None, action=OnceAction,
+                   help="target format (default nvfp4)")
+    p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), default=None, action=OnceAction,
                    help="tensor names and config files: fp4ref (default), modelopt (nvidia-modelopt 0.47.0 unified "
                         "HF export) or compressed-tensors (0.20.1); see docs/checkpoints.md")
-    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default=None,
+    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default=None, action=OnceAction,
                    help="NVFP4 recipe (nvfp4 only; default te, modelopt for --checkpoint-format modelopt; "
                         "compressed-tensors takes te, sol and the te-4over6 recipes, which have a global encode scale)")
-    p.add_argument("--mode", choices=[m.value for m in MXMode], default=None,
+    p.add_argument("--mode", choices=[m.value for m in MXMode], default=None, action=OnceAction,
                    help="MX scale mode (mxfp4/mxfp8 only; default floor, rceil for modelopt)")
-    p.add_argument("--include", metavar="REGEX", default=None,
-                   help="quantize only tensors whose name matches REGEX (re.search); others are copied")
+    p.add_argument("--include", metavar="REGEX", default=None, action=OnceAction,
+                   help="quantize only tensors whose name matches REGEX (re.search; one REGEX: join names with |); "
+                        "others are copied")
     p.add_argument("--ignore", metavar="REGEX", action="append", default=None,
                    help="never quantize tensors whose name matches REGEX (repeatable); added to the defaults of the "
                         "serving layouts (lm_head, embeddings, norms, router/gate, vision towers)")
@@ -158,7 +160,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="drop the default --ignore patterns of the serving layouts")
     p.add_argument("--pad", action="store_true",
                    help="fp4ref layout only: zero-pad K to a multiple of the block instead of copying such tensors")
-    p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+    p.add_argument("--jobs", type=_jobs, default=1, metavar="N", action=OnceAction,
                    help="worker processes (default 1; at most one per CPU and per tensor are started); the output "
                         "bytes are the same for every N")
     p.add_argument("--force", action="store_true",
@@ -171,7 +173,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "weights whose decoded values would overflow): it lists them as quantized")
     p.add_argument("--dequantize", action="store_true",
                    help="reverse: read a quantized checkpoint (any layout) and write floating tensors")
-    p.add_argument("--dtype", default=None, metavar="DTYPE",
+    p.add_argument("--dtype", default=None, metavar="DTYPE", action=OnceAction,
                    help="--dequantize only: float32, bfloat16 or float16 for the dequantized tensors (default: each "
                         "tensor's original dtype); tensors that were not quantized keep their bytes and dtype")
     p.add_argument("--quiet", action="store_true", help="no progress and no table (--dry-run still prints its plan)")

@@ -266,5 +266,17 @@ def recipes_markdown() -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":  # python -m fp4ref.tables: the generated part of docs/quantization.md
+def main(argv=None) -> int:
+    """``python -m fp4ref.tables``: print the generated part of docs/quantization.md (the recipes' table). It
+    takes no options (argparse: ``--help`` prints this, anything else is a usage error, exit status 2)."""
+    import argparse
+
+    from ._validate import help_description
+
+    argparse.ArgumentParser(prog="python -m fp4ref.tables", description=help_description(main.__doc__)).parse_args(argv)
     print(recipes_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

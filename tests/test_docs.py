@@ -1,6 +1,8 @@
 """The generated documentation matches the code that generates it; docstrings have no broken lines."""
 from pathlib import Path
 
+import pytest
+
 from fp4ref import tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,18 @@ def test_quantization_md_recipe_tables_are_generated_output():
     assert committed == tables.recipes_markdown(), (
         "docs/quantization.md's recipe tables are stale: replace the generated block with `python -m fp4ref.tables`"
     )
+
+
+def test_tables_module_prints_the_block_and_takes_no_options(capsys):
+    """``python -m fp4ref.tables`` printed the tables whatever its arguments (``--help``, ``--bogus``): now
+    argparse's usage error (exit status 2) for an option, its help for --help, the table otherwise."""
+    assert tables.main([]) == 0 and capsys.readouterr().out == tables.recipes_markdown() + "\n"
+    for argv, code in ((["--bogus-flag"], 2), (["extra"], 2), (["--help"], 0)):
+        with pytest.raises(SystemExit) as exc:
+            tables.main(argv)
+        out = capsys.readouterr()
+        assert exc.value.code == code and "python -m fp4ref.tables" in out.out + out.err
+        assert tables.recipes_markdown() not in out.out
 
 
 def test_quantization_md_names_every_recipe_and_its_release():

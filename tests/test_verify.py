@@ -730,15 +730,32 @@ def test_json_dash_writes_the_report_to_stdout_and_repro_dash_is_refused(tmp_pat
     ["audit", "ckpt", "--json", "a.json", "--json", "b.json"],
     ["audit", "ckpt", "--reference", "orig1", "--reference", "orig2"],
     ["quantize", "in.safetensors", "-o", "a.safetensors", "--output", "b.safetensors"],
+    # every other option that takes one value (the last one silently won: --include a --include b quantized b only)
+    ["quantize", "in.safetensors", "-o", "o.safetensors", "--include", "layer", "--include", "bf"],
+    ["quantize", "in.safetensors", "-o", "o.safetensors", "--format", "nvfp4", "--format", "mxfp4"],
+    ["quantize", "in.safetensors", "-o", "o.safetensors", "--recipe", "te", "--recipe", "sol"],
+    ["quantize", "in.safetensors", "-o", "o.safetensors", "--format", "mxfp4", "--mode", "floor", "--mode", "ceil"],
+    ["quantize", "in.safetensors", "-o", "o.safetensors", "--jobs", "1", "--jobs", "2"],
+    ["quantize", "in.safetensors", "-o", "o", "--dequantize", "--dtype", "float32", "--dtype", "float16"],
+    ["quantize", "in", "-o", "o", "--checkpoint-format", "modelopt", "--checkpoint-format", "fp4ref"],
+    ["audit", "ckpt", "--recipe", "te", "--recipe", "sol"],
+    ["audit", "ckpt", "--mode", "floor", "--mode", "ceil"],
+    ["verify", "--examples", "1", "--examples", "2"],
+    ["verify", "--seed", "1", "--seed", "2"],
+    ["verify", "--device", "cpu", "--device", "cuda"],
+    ["verify", "--model", "fp32_rn", "--model", "exact"],
+    ["verify", "--output-rounding", "rne", "--output-rounding", "faithful"],
+    ["verify", "--max-check-rows", "0", "--max-check-rows", "256"],
+    ["verify", "--shapes", "fixed", "--shapes", "sweep"],
 ])
-def test_an_option_naming_one_thing_given_twice_is_a_usage_error(argv, capsys, tmp_path, monkeypatch):
-    """The last of two --json (or -o, --reference, --kernel) silently won: a report asked for was not written.
-    Now exit status 2 naming both values, before any work (nothing is created)."""
+def test_an_option_taking_one_value_given_twice_is_a_usage_error(argv, capsys, tmp_path, monkeypatch):
+    """The last of two --json (or -o, --reference, --kernel, --include, --format, --seed, ...) silently won: a
+    report asked for was not written, a tensor asked for not quantized. Now exit status 2 naming both values,
+    before any work (nothing is created)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert re.search(r"(--json|--repro|--kernel|--reference|-o|--output) given twice \('.*' and '.*'\): give it "
-                     r"once", err), err
+    assert re.search(r"(--[a-z-]+|-o) given twice \(\S+ and \S+\): give it once", err), err
     assert list(tmp_path.iterdir()) == []
