@@ -206,7 +206,7 @@ def path_option(text: str) -> str:
     if not text:
         import argparse
 
-        raise argparse.ArgumentTypeError("empty path: give a file or directory name")
+        raise argparse.ArgumentTypeError("empty path: give the option a name")
     return text
 
 

@@ -901,6 +901,7 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
     subdirectories the CLI's notes read without opening the input again)."""
     jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress, dry_run=dry_run, pad=pad)  # pad is read below, before the plan
+    path_arg(in_path, "input")  # the arguments in their order: a bytes input is named before the output
     if out_path is not None or not dry_run:  # None only for a dry run without an output to check
         path_arg(out_path, "output")
     target = resolve_target(checkpoint_format, fmt, recipe, mode)
@@ -1548,6 +1549,7 @@ def _dequantize_checkpoint(in_path, out_path, *, dtype, jobs, force, progress) -
     """:func:`dequantize_checkpoint`'s work: (its reports, the input :class:`Checkpoint` it opened)."""
     jobs = _check_jobs(jobs)
     _check_flags(force=force, progress=progress)
+    path_arg(in_path, "input")  # the arguments in their order
     path_arg(out_path, "output")
     dt = parse_dtype(dtype, "dtype") if dtype is not None else None
     ckpt = open_checkpoint(in_path)

@@ -1088,6 +1088,10 @@ def test_python_arguments_of_the_wrong_type_or_empty_paths_are_refused(src, tmp_
         C.quantize_checkpoint(root, b"o")
     with pytest.raises(TypeError, match="output=None: expected a path"):
         C.quantize_checkpoint(root, None)
+    # both paths bad: the input is named first (the output was, whatever the order of the arguments)
+    for fn in (C.quantize_checkpoint, C.dequantize_checkpoint):
+        with pytest.raises(TypeError, match="input=b'in': expected a path"):
+            fn(b"in", b"out")
     assert C.quantize_checkpoint(root, None, dry_run=True)  # a plan without an output to check
     # an empty path is not the current directory
     for args in (("", out), (root, "")):
