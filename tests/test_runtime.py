@@ -108,6 +108,59 @@ def test_launch_takes_tritons_path_for_hooks_and_foreign_launchers(monkeypatch, 
     assert rt.raw_launcher(other.ck, 0) is False  # a launcher of another shape: no direct launches
 
 
+def test_launch_of_a_cluster_kernel_compiles_opts_in_then_launches(monkeypatch, compiled):
+    """num_ctas > 1 (a kernel launched in clusters, kernels/_gluon.py's cluster split-K): the first call compiles
+    through the JIT's warmup (no launch), lets the function use its static exchange buffer beside its dynamic
+    shared memory, then launches the kept kernel as Triton's ck.run does; later calls launch it directly, with the
+    same arguments (the cluster size travels in packed_metadata)."""
+    from _fake_launcher import fake_compiled_kernel
+
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"})
+    events = []
+
+    class Jit(_FakeJit):
+        def warmup(self, *args, grid, **kw):
+            events.append(("warmup", grid, args, kw))
+            return self.ck
+
+    jit = Jit(ck)
+    monkeypatch.setattr(rt, "_allow_static_shared", lambda c: events.append(("allow", c)))
+    launch = rt.Launch(jit, (4,), {"BLOCK": 8}, num_ctas=2)
+    x = torch.randn(8)
+    launch.launch(0, x, 8)
+    assert [e[0] for e in events] == ["warmup", "allow"] and events[1][1] is ck and jit.jit_calls == []
+    assert events[0][1] == (4, 1, 1) and events[0][3] == {"BLOCK": 8, "num_ctas": 2}
+    assert len(calls) == 1 and launch.ck is ck
+    launch.launch(0, x, 8)
+    assert launch.direct and len(calls) == 2 and calls[0] == calls[1] and len(events) == 2
+
+
+def test_allow_static_shared_sets_the_dynamic_size_and_reports_a_refusal(monkeypatch):
+    """cuFuncSetAttribute(function, MAX_DYNAMIC_SHARED_SIZE_BYTES (8), the kernel's dynamic bytes) after the
+    module is loaded; a driver error is a RuntimeError naming the size and the CUresult."""
+    import ctypes
+
+    seen = []
+
+    class Driver:
+        def __init__(self, rc):
+            self.rc = rc
+
+        def cuFuncSetAttribute(self, fn, attr, value):
+            seen.append((fn.value, attr.value, value.value))
+            return self.rc
+
+    loaded = []
+    ck = types.SimpleNamespace(function=1234, metadata=types.SimpleNamespace(shared=47160),
+                               _init_handles=lambda: loaded.append(True))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Driver(0))
+    rt._allow_static_shared(ck)
+    assert loaded and seen == [(1234, 8, 47160)]
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Driver(1))
+    with pytest.raises(RuntimeError, match="47160.*CUresult 1"):
+        rt._allow_static_shared(ck)
+
+
 def test_launch_in_the_interpreter_always_uses_the_jit(monkeypatch):
     monkeypatch.setattr(rt, "_INTERPRET", True)
     jit = _FakeJit(types.SimpleNamespace(run=object()))
