@@ -26,6 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._runtime import m_parts  # the two-part tile widths (re-exported for the kernels' host code)
+from ._sm90 import SM90_MAX_SHARED_BYTES
 
 __all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes",
            "grouped_tile", "in_cluster", "k_slice", "m_parts", "release_slot", "store_layout", "store_or_reduce",
@@ -100,18 +101,21 @@ def exchange_bytes(numel, cluster):
 STATIC_SHARED_MAX = 48 * 1024  # ptxas caps a kernel's static shared memory at 48 KiB
 
 
-def check_cluster(config, numel: int) -> None:
-    """A config's CLUSTER rule: SPLIT_K 2, 4 or 8 (a portable cluster of a power-of-two size) and an exchange buffer
-    for its tile of ``numel`` fp32 values within the 48 KiB of static shared memory a kernel may declare.
+def check_cluster(config, numel: int, shared_bytes: int | None = None) -> None:
+    """A config's CLUSTER rule: SPLIT_K 2, 4 or 8 (a portable cluster of a power-of-two size), an exchange buffer
+    for its tile of ``numel`` fp32 values within the 48 KiB of static shared memory a kernel may declare and, when
+    given, the config's ``shared_bytes`` (rings and exchange buffer) within the 227 KiB of an sm_90 CTA.
 
     Raises:
-        ValueError: naming SPLIT_K or the buffer's size."""
+        ValueError: naming SPLIT_K, the buffer's size or the shared memory."""
     if config.SPLIT_K not in (2, 4, 8):
         raise ValueError(f"SPLIT_K={config.SPLIT_K}: CLUSTER=True needs 2, 4 or 8 (the cluster's CTAs)")
     size = exchange_bytes(numel, config.SPLIT_K)
     if size > STATIC_SHARED_MAX:
         raise ValueError(f"{config}: CLUSTER=True needs a {size}-byte exchange buffer ((SPLIT_K - 1) tiles of fp32), "
                          f"more than the {STATIC_SHARED_MAX} bytes of static shared memory a kernel may declare")
+    if shared_bytes is not None and shared_bytes > SM90_MAX_SHARED_BYTES:
+        raise ValueError(f"{config}: {shared_bytes} bytes of shared memory with the exchange buffer (> 227 KiB)")
 
 
 @gluon.constexpr_function

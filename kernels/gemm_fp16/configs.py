@@ -173,12 +173,10 @@ class GluonConfig:
         acc_regs = self.BLOCK_N * self.BLOCK_M // (32 * self.num_warps)
         if acc_regs > 128:
             raise ValueError(f"{self}: {acc_regs} fp32 accumulator registers per thread (> 128 spills)")
-        if self.CLUSTER and self.WARP_SPEC:
-            raise ValueError("WARP_SPEC=True: CLUSTER=True needs WARP_SPEC=False")
         if self.CLUSTER:  # the exchange buffer comes on top of the ring
-            check_cluster(self, self.BLOCK_N * self.BLOCK_M)
-            if self.shared_bytes > SM90_MAX_SHARED_BYTES:
-                raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
+            if self.WARP_SPEC:
+                raise ValueError("WARP_SPEC=True: CLUSTER=True needs WARP_SPEC=False")
+            check_cluster(self, self.BLOCK_N * self.BLOCK_M, self.shared_bytes)
 
     @property
     def shared_bytes(self) -> int:

@@ -20,7 +20,6 @@ from fp4ref.bounds import NumericContract
 
 from .._gluon import check_cluster, exchange_bytes
 from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
-from .._sm90 import SM90_MAX_SHARED_BYTES
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
@@ -157,9 +156,7 @@ class GluonConfig:
         if self.X_STAGES < 0 or self.X_STAGES == 1:
             raise ValueError(f"X_STAGES={self.X_STAGES!r}: expected 0 (x in the W ring) or an int >= 2")
         if self.CLUSTER:  # the exchange buffer comes on top of the rings
-            check_cluster(self, self.BN * self.BM)
-            if self.shared_bytes > SM90_MAX_SHARED_BYTES:
-                raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory (> 227 KiB)")
+            check_cluster(self, self.BN * self.BM, self.shared_bytes)
 
     @property
     def shared_bytes(self) -> int:
