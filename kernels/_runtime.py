@@ -46,7 +46,7 @@ from triton import knobs
 
 __all__ = [
     "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans",
+    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "cluster_metadata",
     "clear_workspaces", "current_stream", "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms",
     "raw_launcher", "workspace", "workspace_bytes",
 ]
@@ -301,17 +301,29 @@ def hooks_installed() -> bool:
     return bool(getattr(rt.launch_enter_hook, "calls", True) or getattr(rt.launch_exit_hook, "calls", True))
 
 
-def launch_compiled(ck, grid, stream, all_args) -> None:
+def launch_compiled(ck, grid, stream, all_args, packed_metadata=None) -> None:
     """Triton's own launch of a CompiledKernel (``ck.run``; encodes host descriptors on every call).
 
     ``all_args``: the kernel's arguments in parameter order, runtime ones then constexprs (what ``ck.run`` takes
-    after the launch header); hooks, if installed, get their metadata as through the JIT."""
+    after the launch header); hooks, if installed, get their metadata as through the JIT. ``packed_metadata``:
+    the launcher's (num_warps, num_ctas, shared) in place of the kernel's (``cluster_metadata``)."""
     enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     if getattr(enter, "calls", True) or getattr(exit_, "calls", True):  # hooks installed: triton builds metadata
         meta = ck.launch_metadata(grid, stream, *all_args)
     else:
         meta, enter, exit_ = None, None, None
-    ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, meta, enter, exit_, *all_args)
+    packed = ck.packed_metadata if packed_metadata is None else packed_metadata
+    ck.run(grid[0], grid[1], grid[2], stream, ck.function, packed, meta, enter, exit_, *all_args)
+
+
+def cluster_metadata(ck, cluster: int) -> tuple:
+    """The launcher's packed metadata of ``ck`` (compiled for one CTA per program) with ``cluster`` in the place of
+    num_ctas: Triton's launcher then launches gridX * cluster CTAs in clusters of ``cluster`` consecutive ones
+    along x (16: it also allows the non-portable size). ValueError if the metadata is not (num_warps, 1, shared)."""
+    packed = tuple(ck.packed_metadata)
+    if len(packed) != 3 or packed[1] != 1:
+        raise ValueError(f"packed metadata {packed}: expected (num_warps, 1, shared) of a one-CTA kernel")
+    return (packed[0], cluster, packed[2])
 
 
 class Desc:
@@ -348,12 +360,12 @@ class _Direct:
 
     __slots__ = ("fn", "ck", "base")
 
-    def __init__(self, fn, ck, run):
+    def __init__(self, fn, ck, run, packed_metadata=None):
         self.fn, self.ck = fn, ck
         # after (gridX, gridY, gridZ, stream): function, cooperative grid, PDL, global and profile scratch (none),
         # packed metadata, launch metadata and hooks (none: callers check hooks_installed())
-        self.base = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, ck.packed_metadata,
-                     None, None, None)
+        packed = ck.packed_metadata if packed_metadata is None else packed_metadata
+        self.base = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
 
     def encode(self, descs) -> tuple:
         """The C launcher's arguments for host descriptors (CUtensorMap, shape, strides each), as Triton's
@@ -365,12 +377,12 @@ class _Direct:
                      for x in drv.make_tensordesc_arg(d.tensor_descriptor(False), m))
 
 
-def raw_launcher(ck, n_desc: int):
+def raw_launcher(ck, n_desc: int, packed_metadata=None):
     """A direct launcher for CompiledKernel ``ck`` whose first ``n_desc`` parameters are host descriptors, or False
     when this Triton's launcher does not have the expected shape: ``CudaLauncher.launch`` is the C function itself
     (no descriptors) or ``wrap_handle_tensordesc``'s closure over it (free variable ``launcher``), the base
     argument format has 13 entries, ``make_tensordesc_arg`` exists; no global or profile scratch (the cluster
-    size travels in ``packed_metadata``)."""
+    size travels in the packed metadata: ``ck``'s, or ``packed_metadata``)."""
     try:
         run = ck.run
         inner = run.launch
@@ -386,7 +398,7 @@ def raw_launcher(ck, n_desc: int):
               and not run.profile_scratch_size)
     except Exception:  # pragma: no cover - depends on the Triton version
         return False
-    return _Direct(fn, ck, run) if ok else False
+    return _Direct(fn, ck, run, packed_metadata) if ok else False
 
 
 def _allow_static_shared(ck) -> None:
@@ -419,6 +431,9 @@ class Launch:
         grid: 1-3 ints.
         constexprs: the kernel's constexpr arguments IN PARAMETER ORDER (they follow its runtime parameters).
         n_desc: how many leading runtime arguments are host descriptors (``Desc``).
+        cluster: > 1 launches the ``grid`` CTAs of a kernel compiled for one CTA per program as thread-block
+            clusters of ``cluster`` consecutive CTAs along x (``cluster_metadata``; grid[0] a multiple of it, at
+            most 16; not with num_ctas): programs that exchange data through distributed shared memory.
         options: compile options (num_warps, num_stages, enable_fp_fusion, ...), used by the first launch.
 
     ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (``Desc`` first, then
@@ -427,11 +442,19 @@ class Launch:
     In the CPU interpreter every call goes through the JIT.
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "n_desc", "ck", "direct", "encodings", "_tail")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "n_desc", "ck", "direct", "encodings", "_tail", "cluster",
+                 "packed", "launch_grid")
 
-    def __init__(self, kernel, grid, constexprs: dict, *, n_desc: int = 0, **options):
+    def __init__(self, kernel, grid, constexprs: dict, *, n_desc: int = 0, cluster: int = 1, **options):
         self.kernel, self.constexprs, self.options, self.n_desc = kernel, dict(constexprs), options, n_desc
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        check_ints(cluster=cluster)
+        if cluster < 1 or cluster > 16 or self.grid[0] % cluster or (cluster > 1 and options.get("num_ctas", 1) > 1):
+            raise ValueError(f"cluster={cluster}: expected 1 .. 16 dividing grid[0]={self.grid[0]}, and not with "
+                             "num_ctas")
+        # Triton's launcher launches gridX * num_ctas CTAs: a cluster launch passes the grid in clusters along x
+        self.cluster, self.packed = cluster, None
+        self.launch_grid = (self.grid[0] // cluster, *self.grid[1:])
         self.ck: Any = None
         self.direct: Any = None  # None: not looked up yet; False: not possible with this Triton
         self.encodings: dict = {}
@@ -442,10 +465,13 @@ class Launch:
         ck = self.ck
         if ck is None:
             descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
-            if self.options.get("num_ctas", 1) > 1 and not _INTERPRET:  # compile, opt in, then launch
+            if (self.options.get("num_ctas", 1) > 1 or self.cluster > 1) and not _INTERPRET:
+                # compile, opt in to static beside dynamic shared memory, then launch (in clusters)
                 ck = self.kernel.warmup(*descs, *args[nd:], grid=self.grid, **self.constexprs, **self.options)
                 _allow_static_shared(ck)
-                launch_compiled(ck, self.grid, stream, (*descs, *args[nd:], *self._tail))
+                if self.cluster > 1:
+                    self.packed = cluster_metadata(ck, self.cluster)
+                launch_compiled(ck, self.launch_grid, stream, (*descs, *args[nd:], *self._tail), self.packed)
             else:
                 ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
             if ck is not None and _KEEP_COMPILED and not _INTERPRET and getattr(ck, "run", None) is not None:
@@ -453,7 +479,7 @@ class Launch:
             return
         direct = self.direct
         if direct is None:
-            direct = self.direct = raw_launcher(ck, nd) if FAST_LAUNCH else False
+            direct = self.direct = raw_launcher(ck, nd, self.packed) if FAST_LAUNCH else False
         if direct and FAST_LAUNCH and not hooks_installed():
             if nd:
                 # a Launch's descriptors have fixed shapes, strides and blocks (its plan's key fixes them), so an
@@ -468,11 +494,11 @@ class Launch:
             else:
                 enc = ()
             rest = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:]]
-            g = self.grid
+            g = self.launch_grid
             try:
                 direct.fn(g[0], g[1], g[2], stream, *direct.base, *enc, *rest, *self._tail)
                 return
             except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
                 self.direct = False
         descs = tuple(d.tensor_descriptor(False) for d in args[:nd])
-        launch_compiled(ck, self.grid, stream, (*descs, *args[nd:], *self._tail))
+        launch_compiled(ck, self.launch_grid, stream, (*descs, *args[nd:], *self._tail), self.packed)

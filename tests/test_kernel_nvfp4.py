@@ -229,17 +229,46 @@ def test_read_all_config():
     assert ra(256, 256) == Q(32, 256, 8) and ra(257, 256) is None  # 512 x 256 padded
 
 
+def test_cluster_config():
+    """The cluster form's tile (hand-derived): x padded to powers of two split into 16 tiles of at most 2048
+    columns, 8 warps, while a tile has 256 .. 8192 elements (1 .. 32 per thread)."""
+    cc = nvl.cluster_config
+    Q = functools.partial(nvl.QuantizeConfig, num_warps=8, AMAX="cluster")
+    assert (nvl.configs.CLUSTER_CTAS, nvl.configs.CLUSTER_TILE_C, nvl.configs.CLUSTER_WARPS) == (16, 2048, 8)
+    assert cc(2, 8192) == Q(1, 1024)  # 2 x 8192 / 16 = 1024 elements: 2 rows x 8 column tiles
+    assert cc(4, 8192) == cc(3, 8192) == Q(1, 2048)  # 4 x 4 (M = 3: the fourth row of tiles is all padding)
+    assert cc(8, 8192) == cc(5, 8192) == Q(2, 2048)  # 4 x 4
+    assert cc(16, 8192) == cc(9, 8192) == Q(4, 2048)  # 4 x 4; 8192 elements, 32 per thread
+    assert cc(17, 8192) is None  # 32 x 8192 / 16 = 16384 elements per tile: too many
+    assert cc(32, 2048) == Q(2, 2048) and cc(64, 2048) == Q(4, 2048) and cc(65, 2048) is None
+    assert cc(64, 256) == Q(4, 256) and cc(512, 256) == Q(32, 256)  # K = 256: one column tile, 16 row tiles
+    assert cc(3, 6000) == Q(1, 2048)  # 4 x 8192 padded: 4 x 4 tiles, 3 x 3 of them hold x
+    assert cc(1, 2048) is None and cc(2, 2048) == Q(1, 256)  # 128 elements per tile < 256 threads; 256
+    for (m, k), exc in [((0, 16), ValueError), ((1, 15), ValueError), ((1.5, 16), TypeError),
+                        ((np.int64(2), 16), TypeError)]:
+        with pytest.raises(exc, match="M=|K="):
+            cc(m, k)
+
+
 def test_quantize_one_launch_form_refusals(monkeypatch):
-    """The grid form needs every program resident: refused under the CPU interpreter (programs run one after
-    another) and for a grid above max_programs; the read-all form refuses an x above its size. The default takes
-    one program, then read-all (any device), then the grid form (CUDA, off the interpreter), then two launches."""
+    """The grid and cluster forms need every program resident: refused under the CPU interpreter (programs run one
+    after another), the grid form for a grid above max_programs, the cluster form for more tiles than its cluster;
+    the read-all form refuses an x above its size. The default takes one program, then the cluster form (sm_90, off
+    the interpreter), then read-all (any device), then the grid form (CUDA, off the interpreter), then two
+    launches."""
     from fp4ref.kernels import nvfp4_linear as pkg
 
     cfg = nvl.grid_sync_config(16, 8192, 132)
     monkeypatch.setattr(quantize, "interpreting", lambda: True)
     with pytest.raises(ValueError, match="interpreter"):
         quantize.QuantizeLaunches(16, 8192, cfg, True, False)
+    with pytest.raises(ValueError, match="'cluster'.*interpreter"):
+        quantize.QuantizeLaunches(16, 8192, nvl.cluster_config(16, 8192), True, False)
     monkeypatch.setattr(quantize, "interpreting", lambda: False)
+    ok = quantize.QuantizeLaunches(16, 8192, nvl.cluster_config(16, 8192), True, False)
+    assert ok.launches == 1 and ok.quant.cluster == 16 and ok.quant.grid == (16, 1, 1)
+    with pytest.raises(ValueError, match="32 programs.*exceeds the cluster of CLUSTER_CTAS = 16"):
+        quantize.QuantizeLaunches(16, 8192, nvl.QuantizeConfig(2, 2048, 8, AMAX="cluster"), True, False)
     assert quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=32).launches == 1
     with pytest.raises(ValueError, match="32 programs.*exceeds 31"):
         quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=31)
@@ -248,11 +277,18 @@ def test_quantize_one_launch_form_refusals(monkeypatch):
     monkeypatch.setattr(pkg, "interpreting", lambda: False)
     monkeypatch.setattr(pkg, "num_sms", lambda device: 132)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert pkg._quantize_config(1, 8192, cuda) is None  # one program
-    assert pkg._quantize_config(8, 8192, cuda) == pkg._quantize_config(8, 8192, cpu) == nvl.read_all_config(8, 8192)
-    assert pkg._quantize_config(16, 8192, cuda) == cfg
-    assert pkg._quantize_config(300, 8192, cuda) == nvl.pick_quantize_config(300, 8192)  # two launches
-    assert pkg._quantize_config(16, 8192, cpu) == nvl.pick_quantize_config(16, 8192)
+    for sm90 in (True, False):
+        monkeypatch.setattr(pkg, "_cluster_capable", lambda device, sm90=sm90: sm90 and device.type == "cuda")
+        assert pkg._quantize_config(1, 8192, cuda) is None  # one program
+        assert pkg._quantize_config(8, 8192, cuda) == (nvl.cluster_config(8, 8192) if sm90 else
+                                                       nvl.read_all_config(8, 8192))
+        assert pkg._quantize_config(8, 8192, cpu) == nvl.read_all_config(8, 8192)
+        assert pkg._quantize_config(16, 8192, cuda) == (nvl.cluster_config(16, 8192) if sm90 else cfg)
+        assert pkg._quantize_config(17, 8192, cuda) == nvl.grid_sync_config(17, 8192, 132)
+        assert pkg._quantize_config(300, 8192, cuda) == nvl.pick_quantize_config(300, 8192)  # two launches
+        assert pkg._quantize_config(16, 8192, cpu) == nvl.pick_quantize_config(16, 8192)
+    with pytest.raises(ValueError, match="compute capability 9.0"):  # not sm_90 (here: not CUDA at all)
+        nvl.nvfp4_quantize(torch.ones(16, 8192), config=nvl.cluster_config(16, 8192))
     monkeypatch.setattr(pkg, "QUANTIZE_FORMS", ())
     assert pkg._quantize_config(8, 8192, cuda) == nvl.pick_quantize_config(8, 8192)
     assert pkg._quantize_config(16, 8192, cuda) == nvl.pick_quantize_config(16, 8192)
@@ -261,17 +297,19 @@ def test_quantize_one_launch_form_refusals(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or INTERPRETED, reason="needs a CUDA GPU (cooperative launch)")
 def test_quantize_one_launch_forms_on_gpu():
-    """The read-all and grid-barrier forms on the GPU: fp4ref's bytes with the largest |x| in the first, a middle
-    or the last program's tile, calls of different forms and grid sizes interleaved (the barrier's words are
-    shared), and each grid-barrier launch leaves the arrival count at 0 and advances the generation by one."""
+    """The read-all, cluster and grid-barrier forms on the GPU: fp4ref's bytes with the largest |x| in the first,
+    a middle or the last program's tile, calls of different forms and grid sizes interleaved (the barrier's words
+    are shared), and each grid-barrier launch leaves the arrival count at 0 and advances the generation by one."""
     from fp4ref.kernels.nvfp4_linear import _AMAX_PARTS, _AMAX_WORDS
 
     dev = torch.device("cuda", torch.cuda.current_device())  # with its index: the workspace's key
     rng = np.random.default_rng(7)
     cases = []
     for m in (2, 5, 8, 16, 64, 100, 256):
-        forms = [nvl.grid_sync_config(m, 8192, _runtime.num_sms(dev)), nvl.read_all_config(m, 8192)]
+        forms = [nvl.grid_sync_config(m, 8192, _runtime.num_sms(dev)), nvl.read_all_config(m, 8192),
+                 nvl.cluster_config(m, 8192) if torch.cuda.get_device_capability(dev)[0] >= 9 else None]
         assert forms[0] is not None and forms[0].AMAX == "grid_sync" and (forms[1] is not None) == (m <= 8)
+        assert forms[2] is None or m <= 16
         for cfg in filter(None, forms):
             for where in ((0, 0), (m // 2, 4100), (m - 1, 8191)):
                 x = rng.standard_normal((m, 8192)).astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -285,6 +323,25 @@ def test_quantize_one_launch_forms_on_gpu():
     torch.cuda.synchronize()
     assert int(words[quantize.AMAX_MAX_PROGRAMS]) == 0
     assert int(words[quantize.AMAX_MAX_PROGRAMS + 1]) - gen0 == sum(c.AMAX == "grid_sync" for _, _, c in cases)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", [(3, 6000), (12, 8192), (5, 2064), (64, 256), (40, 1040)])
+def test_quantize_cluster_form_with_padding_tiles(shape):
+    """The cluster form where some of the 16 programs' tiles lie wholly past x's last row or column (K not a
+    power of two, M not a multiple of the tile's rows): those programs still take part in the exchange, and the
+    bytes are fp4ref's wherever the largest |x| is."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cluster form needs sm_90")
+    m, k = shape
+    cfg = nvl.cluster_config(m, k)
+    assert cfg is not None and cfg.AMAX == "cluster"
+    rng = np.random.default_rng(m * k)
+    for where in ((0, 0), (m - 1, k - 1), (m // 2, k // 2)):
+        x = rng.standard_normal((m, k)).astype(np.float32).astype(ml_dtypes.bfloat16)
+        x[where] = 900.0
+        _assert_quantize_form_equal(x, ref_quantize(x, recipe="sol"), k, cfg)
 
 
 @pytest.mark.parametrize("where", [(0, 0), (4, 2047), (2, 1024), (3, 1023)])
@@ -900,11 +957,19 @@ def _compile_all():
             jobs += [(modes[1], t, False, trig, False, grid_sync, read_all) for trig in (1, 2)]
             if i == 0:
                 jobs += [((True, False, "*fp16"), t, False, 1, True, grid_sync, read_all)]
-    jobs = [(job, "*bf16") for job in jobs]
+    # the cluster form (one cluster of 16 programs; the tiles of M = 2, 8 and 16 at K = 8192), run as the
+    # grid and read-all forms are
+    for i, t in enumerate(sorted({dataclasses.astuple(nvl.cluster_config(m, 8192))[:3] for m in (2, 8, 16)})):
+        jobs += [(modes[0], t, False, 0, False, False, 0, 16)]
+        jobs += [(modes[1], t, False, trig, False, False, 0, 16) for trig in (1, 2)]
+        if i == 0:
+            jobs += [((True, False, "*fp16"), t, False, 1, True, False, 0, 16)]
+    jobs = [(job if len(job) == 8 else (*job, 0), "*bf16") for job in jobs]
     # nvfp4_quantize of an fp32 x through the largest read-all tile: all of x (256 fp32 per thread) without spills
-    jobs += [((modes[0], dataclasses.astuple(nvl.read_all_config(8, 8192))[:3], False, 0, False, False, 8), "*fp32")]
+    jobs += [((modes[0], dataclasses.astuple(nvl.read_all_config(8, 8192))[:3], False, 0, False, False, 8, 0),
+              "*fp32")]
     for ((write_packed, write_dequant, deq), (br, bc, nw), self_amax, trigger, int8_codes, grid_sync,
-         read_all), x_type in jobs:
+         read_all, cluster), x_type in jobs:
         built.append(compile_for_sm90(
             quantize.nvfp4_quantize_kernel,
             {"x_ptr": x_type, "amax_ptr": "*i32", "q_ptr": "*u8", "s_ptr": "*u8", "deq_ptr": deq,
@@ -912,7 +977,7 @@ def _compile_all():
             dict(BLOCK_R=br, BLOCK_C=bc, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=quantize.AMAX_MAX_PROGRAMS, PERMUTE_K=write_dequant and bc % 256 == 0,
                  SELF_AMAX=self_amax, GRID_SYNC=grid_sync, TRIGGER_DEPENDENTS=trigger, INT8_CODES=int8_codes,
-                 READ_ALL_R=read_all, READ_ALL_C=8192 if read_all else 0),
+                 READ_ALL_R=read_all, READ_ALL_C=8192 if read_all else 0, CLUSTER_CTAS=cluster),
             num_warps=nw, enable_fp_fusion=False, enable_reflect_ftz=False, launch_cooperative_grid=grid_sync,
             divisible_by_16=["x_ptr", "amax_ptr", "q_ptr", "s_ptr", "deq_ptr", "gdec_ptr", "K", "stride_xm"]))
     # the large-M path's GEMM tiles (fp16 operands, bf16 output, epilogue scale): defaults and bench candidates
@@ -969,8 +1034,8 @@ def test_every_config_compiles_for_sm90():
         before, after = qptx.split("griddepcontrol.launch_dependents")
         starts += "ld.global" not in before
         ends += "st.global" not in after and "ld.global" in before
-    # (the DP4A path's quantizer triggers at its start only: its four builds are the starts beyond the pairs)
-    assert starts + ends == len(triggers) and starts == ends + 4
+    # (the DP4A path's quantizer triggers at its start only: its five builds are the starts beyond the pairs)
+    assert starts + ends == len(triggers) and starts == ends + 5
     # the grid form: cooperative launch; the partial written to L2 before the acq_rel arrival, the last arrival
     # resets the count then releases the generation, the others spin on an acquire read of it, and the partials
     # are read from L2 after the barrier. The other forms have no atomics.
@@ -987,6 +1052,19 @@ def test_every_config_compiles_for_sm90():
         release = qptx.index("atom.global.gpu.release.add.u32")
         assert store < qptx.index("ld.global.gpu.acquire.b32") < arrive < reset < release
         assert "ld.global.gpu.acquire.b32" in qptx[release:] and "ld.global.cg.b32" in qptx[release:]
+    # the cluster form: the 16 amax slots in static shared memory; a relaxed arrival first, then (after the tile's
+    # loads) the wait, one store into another CTA's slot, a release / acquire barrier, and no global atomics
+    clustered = [ck.asm["ptx"] for ck in qbuilds if "barrier.cluster" in ck.asm["ptx"]]
+    assert len(clustered) == 3 * 3 + 1  # 3 tiles x (packed, fp16 x 2 triggers), and the DP4A form
+    for qptx in clustered:
+        assert qptx.count(".shared .align 16 .b32 fp4ref_amax_slots[16];") == 1
+        assert qptx.count("mapa.shared::cluster.u32") == qptx.count("st.shared::cluster.u32") == 1
+        arrive = qptx.index("barrier.cluster.arrive.relaxed.aligned")
+        wait = qptx.index("barrier.cluster.wait.aligned")
+        store = qptx.index("st.shared::cluster.u32")
+        release = qptx.index("barrier.cluster.arrive.release.aligned")
+        assert arrive < qptx.index("ld.global") < wait < store < release < qptx.index("barrier.cluster.wait.acquire")
+        assert qptx.count("barrier.cluster") == 4 and "atom." not in qptx
     # no quantizer build spills (the read-all form keeps all of x, up to 256 elements per thread, in registers)
     from fp4ref.kernels._sm90 import sass_info
 

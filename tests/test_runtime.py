@@ -108,6 +108,44 @@ def test_launch_takes_tritons_path_for_hooks_and_foreign_launchers(monkeypatch, 
     assert rt.raw_launcher(other.ck, 0) is False  # a launcher of another shape: no direct launches
 
 
+def test_launch_in_clusters_of_a_one_cta_kernel(monkeypatch, compiled):
+    """cluster > 1 (the nvfp4 quantizer's cluster form): a kernel compiled for one CTA per program (no num_ctas)
+    whose grid of CTAs is launched as clusters: Triton's launcher gets gridX / cluster and num_ctas = cluster in the
+    packed metadata (it launches gridX * num_ctas CTAs), on the first (ck.run) and the direct launches alike."""
+    from _fake_launcher import fake_compiled_kernel
+
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"})
+    ck.packed_metadata = (8, 1, 4096)
+    events = []
+
+    class Jit(_FakeJit):
+        def warmup(self, *args, grid, **kw):
+            events.append((grid, kw))
+            return self.ck
+
+    monkeypatch.setattr(rt, "_allow_static_shared", lambda c: events.append("allow"))
+    jit = Jit(ck)
+    launch = rt.Launch(jit, (32,), {"BLOCK": 8}, cluster=16, num_warps=8)
+    x = torch.randn(8)
+    launch.launch(0, x, 8)
+    launch.launch(0, x, 8)
+    assert events == [((32, 1, 1), {"BLOCK": 8, "num_warps": 8}), "allow"] and jit.jit_calls == []
+    assert len(calls) == 2 and calls[0] == calls[1] and launch.direct
+    assert calls[0][:3] == (2, 1, 1) and calls[0][9] == (8, 16, 4096)  # 2 clusters of 16; num_ctas = 16
+    _triton_path(monkeypatch, launch, 0, x, 8)
+    assert len(calls) == 3 and calls[2] == calls[0]
+    for bad in (0, 17, 3):  # not 1 .. 16, or not dividing grid[0] = 32
+        with pytest.raises(ValueError, match="cluster=.*grid"):
+            rt.Launch(jit, (32,), {}, cluster=bad)
+    with pytest.raises(ValueError, match="num_ctas"):
+        rt.Launch(jit, (32,), {}, cluster=2, num_ctas=2)
+    with pytest.raises(TypeError, match="cluster"):
+        rt.Launch(jit, (32,), {}, cluster=2.0)
+    ck.packed_metadata = (8, 2, 0)
+    with pytest.raises(ValueError, match="packed metadata"):
+        rt.cluster_metadata(ck, 16)
+
+
 def test_launch_of_a_cluster_kernel_compiles_opts_in_then_launches(monkeypatch, compiled):
     """num_ctas > 1 (a kernel launched in clusters, kernels/_gluon.py's cluster split-K): the first call compiles
     through the JIT's warmup (no launch), lets the function use its static exchange buffer beside its dynamic

@@ -33,7 +33,7 @@ import torch
 from .._runtime import PlanCache, check_device, check_no_overlap, current_stream, interpreting, num_sms, workspace
 from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, QUANTIZE_CONFIGS, RECIPE, Dp4aConfig,
                       GemvConfig, GluonConfig, PrepassConfig, QuantizeConfig, TensorCoreConfig, accumulation_model,
-                      grid_sync_config, pick_config, pick_quantize_config, read_all_config)
+                      cluster_config, grid_sync_config, pick_config, pick_quantize_config, read_all_config)
 from .dp4a import Dp4aLaunch
 from .gemv import GemvLaunch
 from .gluon import GluonLaunch, padded_rows
@@ -44,7 +44,7 @@ from .tensorcore import TensorCoreLaunch
 __all__ = [
     "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "Dp4aConfig", "GemvConfig",
     "GluonConfig", "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
-    "chunk_rows", "grid_sync_config", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
+    "chunk_rows", "cluster_config", "grid_sync_config", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
     "read_all_config",
 ]
 
@@ -73,11 +73,12 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
             the leading dimensions flattened: M = x.numel() // K.
         config: the quantize tile and amax form to force (``QuantizeConfig.AMAX``: "launch", two launches;
             "grid_sync", one cooperative launch, CUDA only, a grid of at most the SM count; "read_all", one launch,
-            x of at most ``configs.READ_ALL_MAX_ELEMENTS`` padded elements). Default: one launch of one program when x
-            padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else
-            ``read_all_config``'s tile where x is small enough, else on a GPU ``grid_sync_config``'s tile where
-            its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile. The bytes do not depend on the
-            choice.
+            x of at most ``configs.READ_ALL_MAX_ELEMENTS`` padded elements; "cluster", one launch of one
+            thread-block cluster, sm_90 or later, at most CLUSTER_CTAS tiles). Default: one launch of one program
+            when x padded to powers of two has at most ``quantize.ONE_LAUNCH_MAX_ELEMENTS`` elements, else on sm_90
+            ``cluster_config``'s tile where x is small enough, else ``read_all_config``'s, else on a GPU
+            ``grid_sync_config``'s tile where its grid fits the SMs, else ``pick_quantize_config(M, K)``'s tile.
+            The bytes do not depend on the choice.
 
     Returns:
         (x_fp4, x_scales, global_decode):
@@ -96,7 +97,8 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
     Raises:
         TypeError: x is not a tensor of a supported dtype; config is not a QuantizeConfig.
         ValueError: K not a positive multiple of 16, no rows, or x not contiguous; a "grid_sync" config under the
-            CPU interpreter or with more programs than the device has SMs; a "read_all" config for a larger x.
+            CPU interpreter or with more programs than the device has SMs; a "read_all" config for a larger x; a
+            "cluster" config off sm_90 (or later), under the CPU interpreter or with more tiles than CLUSTER_CTAS.
     """
     try:
         key = (x.shape, x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_contiguous(), config)
@@ -109,6 +111,9 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
         check_device(x, "x")
         if config is not None and not isinstance(config, QuantizeConfig):
             raise TypeError(f"config: expected a QuantizeConfig or None, got {type(config).__name__}")
+        if config is not None and config.AMAX == "cluster" and not interpreting() and not _cluster_capable(x.device):
+            raise ValueError(f"config={config}: the cluster form needs a CUDA device of compute capability 9.0 or "
+                             f"later (thread-block clusters); x is on {x.device}")
         plan = QuantizeLaunches(M, K, _quantize_config(M, K, x.device) if config is None else config,
                                 write_packed=True, write_dequant=False, max_programs=_max_programs(x.device))
     dev = x.device
@@ -125,7 +130,13 @@ def nvfp4_quantize(x: torch.Tensor, *, config: QuantizeConfig | None = None):
 
 # The one-launch forms of the quantizer that the default picks, in this order, where x fits them (docs/kernels.md);
 # () builds new plans with two launches instead (for A/B timing; the bytes are the same)
-QUANTIZE_FORMS = ("read_all", "grid_sync")
+QUANTIZE_FORMS = ("cluster", "read_all", "grid_sync")
+
+
+def _cluster_capable(device: torch.device) -> bool:
+    """Whether ``device`` runs the quantizer's cluster form: CUDA, compute capability 9.0 or later (thread-block
+    clusters, distributed shared memory), not the CPU interpreter."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _max_programs(device: torch.device) -> int | None:
@@ -135,13 +146,15 @@ def _max_programs(device: torch.device) -> int | None:
 
 def _quantize_config(M: int, K: int, device: torch.device) -> QuantizeConfig | None:
     """The quantizer's default: None (one launch of one program, ``quantize.one_launch_tile``) where x is small
-    enough; then the first of QUANTIZE_FORMS that takes x: ``read_all_config``'s tile (one launch), on a GPU
-    ``grid_sync_config``'s (one cooperative launch, its grid within the SMs); else ``pick_quantize_config``'s tile
-    (two launches)."""
+    enough; then the first of QUANTIZE_FORMS that takes x: on sm_90 ``cluster_config``'s tile (one launch of one
+    thread-block cluster), ``read_all_config``'s (one launch), on a GPU ``grid_sync_config``'s (one cooperative
+    launch, its grid within the SMs); else ``pick_quantize_config``'s tile (two launches)."""
     if one_launch_tile(M, K) is not None:
         return None
     for form in QUANTIZE_FORMS:
-        if form == "read_all":
+        if form == "cluster":
+            cfg = cluster_config(M, K) if _cluster_capable(device) else None
+        elif form == "read_all":
             cfg = read_all_config(M, K)
         elif device.type == "cuda" and not interpreting():
             cfg = grid_sync_config(M, K, num_sms(device))

@@ -23,10 +23,10 @@ from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS",
+    "CLUSTER_CTAS", "CLUSTER_TILE_C", "CLUSTER_WARPS", "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS",
     "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_AMAX_FORMS", "QUANTIZE_CONFIGS", "QuantizeConfig",
     "READ_ALL_MAX_ELEMENTS", "READ_ALL_TILE_C", "READ_ALL_TILE_ELEMENTS", "READ_ALL_WARPS", "RECIPE",
-    "TensorCoreConfig", "accumulation_model", "block_k_for", "grid_sync_config", "pick_config",
+    "TensorCoreConfig", "accumulation_model", "block_k_for", "cluster_config", "grid_sync_config", "pick_config",
     "pick_quantize_config", "read_all_config",
 ]
 
@@ -234,7 +234,7 @@ class PrepassConfig:
             raise ValueError(f"mode={self.mode!r}: expected one of {PREPASS_MODES}")
 
 
-QUANTIZE_AMAX_FORMS = ("launch", "grid_sync", "read_all")
+QUANTIZE_AMAX_FORMS = ("launch", "grid_sync", "read_all", "cluster")
 
 
 @dataclass(frozen=True)
@@ -248,6 +248,8 @@ class QuantizeConfig:
       interpreter), the grid at most the device's SM count (``grid_sync_config``).
     * "read_all": one launch; every program reads all of x (at most READ_ALL_MAX_ELEMENTS elements, padded to
       powers of two) for the amax, then quantizes its tile (``read_all_config``).
+    * "cluster": one launch of CLUSTER_CTAS programs that form one thread-block cluster and exchange their tile
+      maxima through distributed shared memory; sm_90 and later, not the CPU interpreter (``cluster_config``).
 
     Raises:
         ValueError: a size that is not a power of two; AMAX not one of QUANTIZE_AMAX_FORMS."""
@@ -285,7 +287,7 @@ CONFIGS = ConfigTable(
     rows=(
         (1, Dp4aConfig(BN=128, BM=1, SPLIT_K=2, STAGES=4, num_warps=8)),
         (8, GluonConfig(BN=64, BM=8, SPLIT_K=2, STAGES=6, CLUSTER=True)),
-        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=6, CLUSTER=True)),
+        (16, GluonConfig(BN=64, BM=16, SPLIT_K=2, STAGES=5, CLUSTER=True)),
         (32, GluonConfig(BN=64, BM=32, SPLIT_K=2, STAGES=4)),
         (64, GluonConfig(BN=64, BM=64, SPLIT_K=1, STAGES=4)),
         # two-part x tiles (64 + 16, 64 + 32, 128 + 32, 128 + 64 rows): a program's wgmma work follows BM, so a
@@ -378,6 +380,28 @@ def grid_sync_config(M: int, K: int, max_programs: int) -> QuantizeConfig | None
             return QuantizeConfig(block_r, block_c, warps, AMAX="grid_sync")
         warps *= 2
     return None
+
+
+# The cluster form: one cluster of 16 programs (sm_90's largest, a non-portable cluster size) of 8 warps, tiles of
+# at most 2048 columns and 8192 elements (32 per thread): x padded to powers of two of at most 131072 elements
+# (M <= 16 at K = 8192). H200, CUPTI, nvfp4_linear at K = 8192: docs/benchmarks.md
+CLUSTER_CTAS = 16
+CLUSTER_TILE_C = 2048
+CLUSTER_WARPS = 8
+
+
+def cluster_config(M: int, K: int) -> QuantizeConfig | None:
+    """The one-launch cluster (AMAX "cluster") quantize tile for x [M, K]: x padded to powers of two split into
+    CLUSTER_CTAS equal tiles of at most CLUSTER_TILE_C columns (the rest rows), CLUSTER_WARPS warps; None where a
+    tile would have fewer elements than threads or more than 32 per thread. Programs whose tile lies wholly in the
+    padding load and store nothing (they still take part in the exchange)."""
+    _check_sizes(M, K)
+    rows, cols = triton.next_power_of_2(M), triton.next_power_of_2(K)
+    tile = rows * cols // CLUSTER_CTAS
+    if not 32 * CLUSTER_WARPS <= tile <= 32 * 32 * CLUSTER_WARPS:
+        return None
+    block_c = min(cols, CLUSTER_TILE_C, tile)
+    return QuantizeConfig(tile // block_c, block_c, CLUSTER_WARPS, AMAX="cluster")
 
 
 def read_all_config(M: int, K: int) -> QuantizeConfig | None:

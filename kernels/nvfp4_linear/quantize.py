@@ -2,12 +2,16 @@
 
 Inputs of at most ``ONE_LAUNCH_MAX_ELEMENTS`` take one launch: ``nvfp4_quantize_kernel`` alone, one program whose
 tile is all of x, the global amax taken from the tile it has loaded (M = 1 at K = 8192, where each launch costs
-~1.5 us of GPU time against a few hundred ns of work). Other inputs of at most ``READ_ALL_MAX_ELEMENTS`` (M <= 8
-at K = 8192) take one launch of several programs, each of which reads all of x for the amax and quantizes its own
-tile (AMAX "read_all"). Inputs whose tiles fit one wave of programs (no more than the SM count: M <= 256 at
-K = 8192 on an H200) take one cooperative launch on a GPU (AMAX "grid_sync"): each program loads its tile, and the
-programs meet at a grid barrier (``_grid_max``) for the global amax before they quantize it. Larger inputs, and
-under the CPU interpreter those above the read-all size, take two (AMAX "launch"):
+~1.5 us of GPU time against a few hundred ns of work). Larger inputs take the first one-launch form that fits
+(the package's ``QUANTIZE_FORMS``): on sm_90, x padded to at most 16 tiles of 8192 elements (M <= 16 at K = 8192)
+takes one launch of CLUSTER_CTAS programs that form one thread-block cluster and exchange their tile maxima
+through distributed shared memory (AMAX "cluster", ``_cluster_max``: no global-memory barrier); then, on any
+device, an x of at most ``READ_ALL_MAX_ELEMENTS`` elements (M <= 8) takes several programs, each of which reads
+all of x for the amax and quantizes its own tile (AMAX "read_all"); then, on a GPU, tiles that fit one wave of
+programs (no more than the SM count: M <= 256 at K = 8192 on an H200) take one cooperative launch (AMAX
+"grid_sync"): each program loads its tile, and the programs meet at a grid barrier (``_grid_max``) for the
+global amax before they quantize it. Larger inputs, and under the CPU interpreter those above the read-all size,
+take two (AMAX "launch"):
 
 1. ``amax_kernel``: per program, max |x| over a grid-stride slice as fp32 bit patterns (int32 max of the
    sign-cleared bits: exact), one partial per program (no atomics; max is order-free: deterministic).
@@ -28,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .._runtime import Launch, interpreting
-from .configs import READ_ALL_MAX_ELEMENTS, QuantizeConfig
+from .configs import CLUSTER_CTAS, READ_ALL_MAX_ELEMENTS, QuantizeConfig
 from .decode import e4m3_byte_to_fp32
 
 __all__ = ["AMAX_BLOCK", "AMAX_MAX_PROGRAMS", "BARRIER_WORDS", "ONE_LAUNCH_MAX_ELEMENTS", "QuantizeLaunches",
@@ -134,6 +138,40 @@ def _grid_max(part_ptr, bits, me, nprog, AMAX_PARTS: tl.constexpr):
 
 
 @triton.jit
+def _cluster_arrive(C: tl.constexpr):
+    """The cluster form's start (every thread): declare the C amax slots (static shared memory, at the same
+    address in every CTA) and arrive on the cluster barrier (relaxed) that ``_cluster_max`` waits for before it
+    writes into the other CTAs' slots (their shared memory exists only once they run)."""
+    tl.inline_asm_elementwise(f".shared .align 16 .b32 fp4ref_amax_slots[{C}];\n"
+                              "barrier.cluster.arrive.relaxed.aligned;\nmov.u32 $0, 0;",
+                              "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.constexpr_function
+def _cluster_max_ptx(C):
+    """``_cluster_max``'s PTX: wait for every CTA of the cluster to run; thread t < C stores this CTA's value
+    ($1) into slot [rank] of CTA t (st.shared::cluster); a release / acquire cluster barrier; the max of the
+    C local slots (unsigned: the values are sign-cleared fp32 bits) into $0."""
+    lines = ["{", ".reg .u32 %t, %a, %r;", f".reg .u32 %v<{C}>;", ".reg .pred %p;",
+             "barrier.cluster.wait.aligned;",
+             "mov.u32 %t, %tid.x;", f"setp.lt.u32 %p, %t, {C};", "mov.u32 %r, %cluster_ctarank;",
+             "mov.u32 %a, fp4ref_amax_slots;", "mad.lo.u32 %a, %r, 4, %a;",
+             "@%p mapa.shared::cluster.u32 %a, %a, %t;", "@%p st.shared::cluster.u32 [%a], $1;",
+             "barrier.cluster.arrive.release.aligned;", "barrier.cluster.wait.acquire.aligned;",
+             "mov.u32 %a, fp4ref_amax_slots;"]
+    lines += [f"ld.shared.u32 %v{i}, [%a+{4 * i}];" for i in range(C)]
+    lines += ["mov.u32 $0, %v0;"] + [f"max.u32 $0, $0, %v{i};" for i in range(1, C)] + ["}"]
+    return "\n".join(lines)
+
+
+@triton.jit
+def _cluster_max(bits, C: tl.constexpr):
+    """The max over the C CTAs of this CTA's cluster of every CTA's ``bits`` (int32 >= 0), through distributed
+    shared memory (after ``_cluster_arrive``). No global memory: no grid barrier, no workspace words."""
+    return tl.inline_asm_elementwise(_cluster_max_ptx(C), "=r,r", [bits], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def nvfp4_quantize_kernel(
     x_ptr,  # *fp32|bf16|fp16 [M, K] row-major (contiguous)
     amax_ptr,  # *i32 [n_amax] per-program max |x| (fp32 bits) from amax_kernel
@@ -174,11 +212,21 @@ def nvfp4_quantize_kernel(
     # 0: another form
     READ_ALL_R: tl.constexpr = 0,
     READ_ALL_C: tl.constexpr = 0,
+    # cluster form: the grid is one thread-block cluster of CLUSTER_CTAS programs (one grid dimension, numbered
+    # row-major over [row tiles, column tiles]) that exchange their tile maxima through distributed shared memory
+    # (``_cluster_max``); needs sm_90 and a launch with that cluster size (``Launch(cluster=...)``). 0: another form
+    CLUSTER_CTAS: tl.constexpr = 0,
 ):
     if TRIGGER_DEPENDENTS == 1:
         tl.extra.cuda.gdc_launch_dependents()
-    pid_r = tl.program_id(0)
-    pid_c = tl.program_id(1)
+    if CLUSTER_CTAS > 0:
+        _cluster_arrive(CLUSTER_CTAS)
+        n_c = tl.cdiv(K, BLOCK_C)
+        pid_r = tl.program_id(0) // n_c
+        pid_c = tl.program_id(0) % n_c
+    else:
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
     NB: tl.constexpr = BLOCK_C // 16
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -198,6 +246,8 @@ def nvfp4_quantize_kernel(
                      mask=(ar[:, None] < M) & (ac[None, :] < K), other=0.0)
         abits = _widen_to_fp32(xa).to(tl.int32, bitcast=True) & 0x7FFFFFFF
         amax = tl.max(tl.max(abits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    elif CLUSTER_CTAS > 0:  # one cluster: every CTA is resident, and the maxima meet in shared memory
+        amax = _cluster_max(tl.max(tl.max(bbits, axis=1), axis=0), CLUSTER_CTAS).to(tl.float32, bitcast=True)
     elif GRID_SYNC:  # every program is resident (cooperative launch): they meet at a grid barrier
         amax = _grid_max(amax_ptr, tl.max(tl.max(bbits, axis=1), axis=0), pid_r * tl.num_programs(1) + pid_c,
                          tl.num_programs(0) * tl.num_programs(1), AMAX_PARTS).to(tl.float32, bitcast=True)
@@ -272,8 +322,10 @@ def nvfp4_quantize_kernel(
 class QuantizeLaunches:
     """The launches that quantize x [M, K] (contiguous), by ``config.AMAX``: "launch", ``amax_kernel`` +
     ``nvfp4_quantize_kernel`` with ``config``'s tile; "grid_sync", ``nvfp4_quantize_kernel`` alone, one cooperative
-    launch; "read_all", ``nvfp4_quantize_kernel`` alone, every program reading all of x for the amax; or (``config``
-    None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone with one program over all of x.
+    launch; "read_all", ``nvfp4_quantize_kernel`` alone, every program reading all of x for the amax; "cluster",
+    ``nvfp4_quantize_kernel`` alone, CLUSTER_CTAS programs launched as one thread-block cluster (sm_90); or
+    (``config`` None and ``one_launch_tile(M, K)`` not None) ``nvfp4_quantize_kernel`` alone with one program over
+    all of x.
 
     ``write_packed``: codes + scale bytes (``nvfp4_quantize``); ``write_dequant``: code * block scale into
     ``deq`` (the linear paths); ``int8_codes`` (with ``write_packed``): the codes as one signed byte per element, 2 x
@@ -291,7 +343,8 @@ class QuantizeLaunches:
             multiple of 256; ``trigger_dependents`` not 0, 1 or 2; ``int8_codes`` without ``write_packed``;
             AMAX "grid_sync" under the CPU interpreter (its programs run one after another: the barrier would never
             open) or with a grid of more than ``max_programs`` programs; AMAX "read_all" for an x of more than
-            ``READ_ALL_MAX_ELEMENTS`` elements padded to powers of two.
+            ``READ_ALL_MAX_ELEMENTS`` elements padded to powers of two; AMAX "cluster" under the CPU interpreter or
+            with more tiles than CLUSTER_CTAS.
     """
 
     __slots__ = ("amax", "quant", "numel", "iters", "nprog", "M", "K")
@@ -317,9 +370,14 @@ class QuantizeLaunches:
         grid = (triton.cdiv(M, block_r), triton.cdiv(K, block_c))
         form = "one" if config is None else config.AMAX
         grid_sync = form == "grid_sync"
-        if grid_sync and interpreting():
-            raise ValueError("AMAX='grid_sync': the CPU interpreter runs programs one after another, so a grid "
-                             "barrier never opens; use the 'launch' or 'read_all' form")
+        if form in ("grid_sync", "cluster") and interpreting():
+            raise ValueError(f"AMAX={form!r}: the CPU interpreter runs programs one after another, so a "
+                             f"{'grid barrier' if grid_sync else 'cluster exchange'} never completes; use the "
+                             "'launch' or 'read_all' form")
+        cluster = CLUSTER_CTAS if form == "cluster" else 0
+        if cluster and grid[0] * grid[1] > cluster:
+            raise ValueError(f"AMAX='cluster': a grid of {grid[0] * grid[1]} programs for x [{M}, {K}] exceeds "
+                             f"the cluster of CLUSTER_CTAS = {cluster} (see cluster_config)")
         cap = min(AMAX_MAX_PROGRAMS, max_programs or AMAX_MAX_PROGRAMS)
         if grid_sync and grid[0] * grid[1] > cap:
             raise ValueError(f"AMAX='grid_sync': a grid of {grid[0] * grid[1]} programs for x [{M}, {K}] exceeds "
@@ -333,13 +391,13 @@ class QuantizeLaunches:
         self.iters = triton.cdiv(self.numel, self.nprog * AMAX_BLOCK)
         self.amax = None if form != "launch" else Launch(amax_kernel, (self.nprog,), {"BLOCK": AMAX_BLOCK},
                                                           num_warps=8)
-        options = {"launch_cooperative_grid": True} if grid_sync else {}
+        options = {"launch_cooperative_grid": True} if grid_sync else {"cluster": cluster} if cluster else {}
         self.quant = Launch(
-            nvfp4_quantize_kernel, grid,
+            nvfp4_quantize_kernel, (cluster,) if cluster else grid,
             dict(BLOCK_R=block_r, BLOCK_C=block_c, WRITE_PACKED=write_packed, WRITE_DEQUANT=write_dequant,
                  AMAX_PARTS=AMAX_MAX_PROGRAMS, PERMUTE_K=permute_k, SELF_AMAX=form == "one", GRID_SYNC=grid_sync,
                  TRIGGER_DEPENDENTS=trigger_dependents, INT8_CODES=int8_codes, READ_ALL_R=read_all[0],
-                 READ_ALL_C=read_all[1]),
+                 READ_ALL_C=read_all[1], CLUSTER_CTAS=cluster),
             num_warps=num_warps, enable_fp_fusion=False, enable_reflect_ftz=False, **options)
 
     @property
