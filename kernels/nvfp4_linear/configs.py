@@ -275,7 +275,8 @@ class QuantizeConfig:
 # bytes (36 MiB) and the decode, so every program streams W with a deep TMA ring, split-K where the grid would
 # otherwise underfill the SMs; at M = 2..16 the two K slices of a tile run as one thread-block cluster and are
 # summed in the first CTA's shared memory (CLUSTER: 0.4-0.7 us less per call than the workspace reduction in one
-# run, with the first form of the exchange; M = 8 20.3 us with the present one against 21.0-21.3 before).
+# run, with the first form of the exchange; M = 8 20.3 us with the present one against 21.0-21.3 before; with the
+# quantizer's cluster form, 5 stages at M = 9..16: 20.6-21.1 us against 21.1-21.2 for 6).
 # Larger M is bound by tensor-core throughput: 128 weight rows x 256 rows of x per program (two warpgroups), x in its
 # own ring of 64-K chunks, no workspace. The GEMM starts under the quantizer (EARLY_START); with the workspace
 # reduction that measured 11-14% slower at M = 9..16 than starting after the quantizer's stores, with the cluster's it
