@@ -65,7 +65,7 @@ def test_gluon_config_builds_for_sm90(cfg):
     assert re.search(rf"arith.addf .*: tensor<{cfg.BLOCK_N}x{cfg.BLOCK_M}xf32, #mma", loop)
 
 
-@pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
+@pytest.mark.parametrize("cfg", CLUSTERED + [c for c in TABLE if c.CLUSTER and c not in CLUSTERED], ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
     """CLUSTER: the slices' accumulators summed in the first CTA of a cluster (``assert_cluster_build``)."""
     ck = _build(cfg)
@@ -236,17 +236,20 @@ def test_shapes_any_bytes_and_nan(M, n, k, cfg):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("M, n, k, split", [(7, 2048, 2048, 4), (16, 392, 1024, 8), (40, 264, 768, 2)])
-def test_cluster_reduction_has_the_workspace_bits(M, n, k, split):
+@pytest.mark.parametrize("M, n, k, bn, bm, split", [
+    (7, 2048, 2048, 64, 8, 4), (16, 392, 1024, 64, 16, 8), (40, 264, 768, 64, 64, 2),
+    (12, 2048, 2048, 128, 16, 4),  # the table's M = 9-16 row: 128 columns, one warpgroup
+    (29, 2048, 2048, 64, 16, 2),  # the table's M = 17-32 row: two 16-row M tiles
+])
+def test_cluster_reduction_has_the_workspace_bits(M, n, k, bn, bm, split):
     """The DSMEM sum adds the slices in the workspace reduction's order: bitwise the same c, NaN tiles (whose
     slices are recomputed on CUDA cores) included."""
     rng = np.random.default_rng(M)
     vals = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
     meta = rng.integers(0, 256, (M, k // 4), dtype=np.uint8)
     b = b_bytes(rng, n, k, nan_rate=1e-4)
-    bm = min(64, max(8, 1 << (M - 1).bit_length()))
-    want = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split))
-    got = run_poisoned(vals, meta, b, GluonConfig(64, bm, 3, split, CLUSTER=True))
+    want = run_poisoned(vals, meta, b, GluonConfig(bn, bm, 3, split))
+    got = run_poisoned(vals, meta, b, GluonConfig(bn, bm, 3, split, CLUSTER=True))
     assert torch.isnan(got).any()  # selected NaN bytes (233-1213 NaN outputs in the exact reference at these seeds)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 

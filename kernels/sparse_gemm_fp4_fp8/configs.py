@@ -323,8 +323,9 @@ TL_CONFIGS = _runtime.ConfigTable(
 # the Gluon kernel where it is the fastest path (M <= 32; per-bucket winners of H200 CUPTI sweeps, N = K = 2048:
 # BLOCK_N = 64 and 4 K slices put 128 CTAs on the 132 SMs; STAGES = steps per slice + 1 issues every b tile of a
 # slice at once; at M = 3-8 the slices of a tile run as one cluster, summed through distributed shared memory:
-# 5.3-5.5 us against 5.8-6.1 for the workspace reduction in the same run; at M = 9-16 the cluster was not faster;
-# at M = 17-32 two 16-row M tiles of 128 columns, 6.9-7.1 us against 7.3-7.4 for the expand path), then the
+# 5.3-5.5 us against 5.8-6.1 for the workspace reduction in the same run; at M = 9-16 128 columns, 4 slices in a
+# cluster, 5.6-5.7 us against 6.0-6.3 for 64 columns with the workspace; at M = 17-32 two 16-row M tiles of 64
+# columns, 2 slices in a cluster, 6.8-6.9 us against 6.9-7.2 for 128 columns with the workspace), then the
 # expand path with the Gluon GEMM (the least GPU time per M in `--sweep --paths expand` and in same-run
 # comparisons: 64 x 64 to 256, 64 x 128 at 512, 128 x 128 above; at M = 33 .. 64 it took 7.5 us against 7.9-10.8
 # for the swap-AB kernel, whose per-N-tile decode of A grows with M, and won on event time too).
@@ -340,8 +341,8 @@ CONFIGS = _runtime.ConfigTable(
         (1, GemvConfig(block_n=4, block_g=128, num_warps=4)),
         (2, GemvConfig(block_n=8, block_g=256, num_warps=4)),
         (8, GluonConfig(BLOCK_N=64, BLOCK_M=8, STAGES=5, SPLIT_K=4, CLUSTER=True)),
-        (16, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
-        (32, GluonConfig(BLOCK_N=128, BLOCK_M=16, STAGES=5, SPLIT_K=4)),
+        (16, GluonConfig(BLOCK_N=128, BLOCK_M=16, STAGES=5, SPLIT_K=4, CLUSTER=True)),
+        (32, GluonConfig(BLOCK_N=64, BLOCK_M=16, STAGES=5, SPLIT_K=2, CLUSTER=True)),
         (256, _gluon_gemm(64, 64, 8)),
         (512, _gluon_gemm(64, 128, 6)),
     ),
