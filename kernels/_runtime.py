@@ -319,10 +319,14 @@ def launch_compiled(ck, grid, stream, all_args, packed_metadata=None) -> None:
 def cluster_metadata(ck, cluster: int) -> tuple:
     """The launcher's packed metadata of ``ck`` (compiled for one CTA per program) with ``cluster`` in the place of
     num_ctas: Triton's launcher then launches gridX * cluster CTAs in clusters of ``cluster`` consecutive ones
-    along x (16: it also allows the non-portable size). ValueError if the metadata is not (num_warps, 1, shared)."""
+    along x (16: it also allows the non-portable size). ValueError if the metadata is not (num_warps, 1, shared), or
+    the kernel needs global or profile scratch (the launcher would size it for gridX * 1 CTAs)."""
     packed = tuple(ck.packed_metadata)
     if len(packed) != 3 or packed[1] != 1:
         raise ValueError(f"packed metadata {packed}: expected (num_warps, 1, shared) of a one-CTA kernel")
+    scratch = [getattr(ck.metadata, n, 0) or 0 for n in ("global_scratch_size", "profile_scratch_size")]
+    if any(scratch):
+        raise ValueError(f"cluster launch of a kernel with scratch memory {scratch}: not supported")
     return (packed[0], cluster, packed[2])
 
 
@@ -432,8 +436,9 @@ class Launch:
         constexprs: the kernel's constexpr arguments IN PARAMETER ORDER (they follow its runtime parameters).
         n_desc: how many leading runtime arguments are host descriptors (``Desc``).
         cluster: > 1 launches the ``grid`` CTAs of a kernel compiled for one CTA per program as thread-block
-            clusters of ``cluster`` consecutive CTAs along x (``cluster_metadata``; grid[0] a multiple of it, at
-            most 16; not with num_ctas): programs that exchange data through distributed shared memory.
+            clusters of ``cluster`` consecutive CTAs along x (``cluster_metadata``; 2 .. 8 or 16, dividing grid[0];
+            not with num_ctas; a GPU only): programs that exchange data through distributed shared memory. Launch
+            hooks, where installed, see the grid in clusters (Triton's launcher multiplies x back).
         options: compile options (num_warps, num_stages, enable_fp_fusion, ...), used by the first launch.
 
     ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (``Desc`` first, then
@@ -449,8 +454,10 @@ class Launch:
         self.kernel, self.constexprs, self.options, self.n_desc = kernel, dict(constexprs), options, n_desc
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         check_ints(cluster=cluster)
-        if cluster < 1 or cluster > 16 or self.grid[0] % cluster or (cluster > 1 and options.get("num_ctas", 1) > 1):
-            raise ValueError(f"cluster={cluster}: expected 1 .. 16 dividing grid[0]={self.grid[0]}, and not with "
+        # (Triton's launcher allows the non-portable size 16 only; 9 .. 15 would fail at launch)
+        with_ctas = cluster > 1 and options.get("num_ctas", 1) > 1
+        if cluster not in (*range(1, 9), 16) or self.grid[0] % cluster or with_ctas:
+            raise ValueError(f"cluster={cluster}: expected 1 .. 8 or 16 dividing grid[0]={self.grid[0]}, and not with "
                              "num_ctas")
         # Triton's launcher launches gridX * num_ctas CTAs: a cluster launch passes the grid in clusters along x
         self.cluster, self.packed = cluster, None
@@ -464,6 +471,8 @@ class Launch:
         nd = self.n_desc
         ck = self.ck
         if ck is None:
+            if self.cluster > 1 and _INTERPRET:
+                raise ValueError(f"cluster={self.cluster}: the CPU interpreter has no thread-block clusters")
             descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
             if (self.options.get("num_ctas", 1) > 1 or self.cluster > 1) and not _INTERPRET:
                 # compile, opt in to static beside dynamic shared memory, then launch (in clusters)

@@ -258,6 +258,7 @@ def test_quantize_one_launch_form_refusals(monkeypatch):
     launches."""
     from fp4ref.kernels import nvfp4_linear as pkg
 
+    _cluster_capable = pkg._cluster_capable
     cfg = nvl.grid_sync_config(16, 8192, 132)
     monkeypatch.setattr(quantize, "interpreting", lambda: True)
     with pytest.raises(ValueError, match="interpreter"):
@@ -267,6 +268,7 @@ def test_quantize_one_launch_form_refusals(monkeypatch):
     monkeypatch.setattr(quantize, "interpreting", lambda: False)
     ok = quantize.QuantizeLaunches(16, 8192, nvl.cluster_config(16, 8192), True, False)
     assert ok.launches == 1 and ok.quant.cluster == 16 and ok.quant.grid == (16, 1, 1)
+    assert ok.quant.launch_grid == (1, 1, 1)  # one cluster: Triton's launcher multiplies x by its size
     with pytest.raises(ValueError, match="32 programs.*exceeds the cluster of CLUSTER_CTAS = 16"):
         quantize.QuantizeLaunches(16, 8192, nvl.QuantizeConfig(2, 2048, 8, AMAX="cluster"), True, False)
     assert quantize.QuantizeLaunches(16, 8192, cfg, True, False, max_programs=32).launches == 1
@@ -287,8 +289,11 @@ def test_quantize_one_launch_form_refusals(monkeypatch):
         assert pkg._quantize_config(17, 8192, cuda) == nvl.grid_sync_config(17, 8192, 132)
         assert pkg._quantize_config(300, 8192, cuda) == nvl.pick_quantize_config(300, 8192)  # two launches
         assert pkg._quantize_config(16, 8192, cpu) == nvl.pick_quantize_config(16, 8192)
-    with pytest.raises(ValueError, match="compute capability 9.0"):  # not sm_90 (here: not CUDA at all)
+    # an explicit cluster config on a device that is not sm_90 (the stub above says so for every device)
+    with pytest.raises(ValueError, match="compute capability 9.0"):
         nvl.nvfp4_quantize(torch.ones(16, 8192), config=nvl.cluster_config(16, 8192))
+    monkeypatch.setattr(pkg, "_cluster_capable", _cluster_capable)
+    assert not pkg._cluster_capable(cpu)  # the real check: not CUDA
     monkeypatch.setattr(pkg, "QUANTIZE_FORMS", ())
     assert pkg._quantize_config(8, 8192, cuda) == nvl.pick_quantize_config(8, 8192)
     assert pkg._quantize_config(16, 8192, cuda) == nvl.pick_quantize_config(16, 8192)
@@ -958,12 +963,14 @@ def _compile_all():
             if i == 0:
                 jobs += [((True, False, "*fp16"), t, False, 1, True, grid_sync, read_all)]
     # the cluster form (one cluster of 16 programs; the tiles of M = 2, 8 and 16 at K = 8192), run as the
-    # grid and read-all forms are
+    # grid and read-all forms are; and narrow tiles of small K (K = 256 at M = 64 and 512), packed
     for i, t in enumerate(sorted({dataclasses.astuple(nvl.cluster_config(m, 8192))[:3] for m in (2, 8, 16)})):
         jobs += [(modes[0], t, False, 0, False, False, 0, 16)]
         jobs += [(modes[1], t, False, trig, False, False, 0, 16) for trig in (1, 2)]
         if i == 0:
             jobs += [((True, False, "*fp16"), t, False, 1, True, False, 0, 16)]
+    jobs += [(modes[0], dataclasses.astuple(nvl.cluster_config(m, 256))[:3], False, 0, False, False, 0, 16)
+             for m in (64, 512)]
     jobs = [(job if len(job) == 8 else (*job, 0), "*bf16") for job in jobs]
     # nvfp4_quantize of an fp32 x through the largest read-all tile: all of x (256 fp32 per thread) without spills
     jobs += [((modes[0], dataclasses.astuple(nvl.read_all_config(8, 8192))[:3], False, 0, False, False, 8, 0),
@@ -1055,7 +1062,7 @@ def test_every_config_compiles_for_sm90():
     # the cluster form: the 16 amax slots in static shared memory; a relaxed arrival first, then (after the tile's
     # loads) the wait, one store into another CTA's slot, a release / acquire barrier, and no global atomics
     clustered = [ck.asm["ptx"] for ck in qbuilds if "barrier.cluster" in ck.asm["ptx"]]
-    assert len(clustered) == 3 * 3 + 1  # 3 tiles x (packed, fp16 x 2 triggers), and the DP4A form
+    assert len(clustered) == 3 * 3 + 1 + 2  # 3 tiles x (packed, fp16 x 2 triggers), the DP4A form, 2 narrow
     for qptx in clustered:
         assert qptx.count(".shared .align 16 .b32 fp4ref_amax_slots[16];") == 1
         assert qptx.count("mapa.shared::cluster.u32") == qptx.count("st.shared::cluster.u32") == 1

@@ -134,9 +134,17 @@ def test_launch_in_clusters_of_a_one_cta_kernel(monkeypatch, compiled):
     assert calls[0][:3] == (2, 1, 1) and calls[0][9] == (8, 16, 4096)  # 2 clusters of 16; num_ctas = 16
     _triton_path(monkeypatch, launch, 0, x, 8)
     assert len(calls) == 3 and calls[2] == calls[0]
-    for bad in (0, 17, 3):  # not 1 .. 16, or not dividing grid[0] = 32
+    for bad, grid in ((0, 32), (17, 32), (3, 32), (9, 36), (12, 48)):  # not 1 .. 8 or 16, or not dividing grid[0]
         with pytest.raises(ValueError, match="cluster=.*grid"):
-            rt.Launch(jit, (32,), {}, cluster=bad)
+            rt.Launch(jit, (grid,), {}, cluster=bad)
+    ck.metadata.global_scratch_size = 64  # the launcher would size scratch for gridX * 1 CTAs
+    with pytest.raises(ValueError, match="scratch"):
+        rt.cluster_metadata(ck, 16)
+    ck.metadata.global_scratch_size = 0
+    monkeypatch.setattr(rt, "_INTERPRET", True)
+    with pytest.raises(ValueError, match="interpreter"):
+        rt.Launch(jit, (32,), {}, cluster=16).launch(0, x, 8)
+    monkeypatch.setattr(rt, "_INTERPRET", False)
     with pytest.raises(ValueError, match="num_ctas"):
         rt.Launch(jit, (32,), {}, cluster=2, num_ctas=2)
     with pytest.raises(TypeError, match="cluster"):

@@ -44,8 +44,8 @@ from .tensorcore import TensorCoreLaunch
 __all__ = [
     "CONFIGS", "INTERPRETER_CONFIGS", "NUMERIC_CONTRACT", "QUANTIZE_CONFIGS", "RECIPE", "Dp4aConfig", "GemvConfig",
     "GluonConfig", "PrepassConfig", "QuantizeConfig", "TensorCoreConfig", "X_WORKSPACE_MAX_BYTES", "accumulation_model",
-    "chunk_rows", "cluster_config", "grid_sync_config", "nvfp4_linear", "nvfp4_quantize", "pick_config", "pick_quantize_config",
-    "read_all_config",
+    "chunk_rows", "cluster_config", "grid_sync_config", "nvfp4_linear", "nvfp4_quantize", "pick_config",
+    "pick_quantize_config", "read_all_config",
 ]
 
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -135,7 +135,9 @@ QUANTIZE_FORMS = ("cluster", "read_all", "grid_sync")
 
 def _cluster_capable(device: torch.device) -> bool:
     """Whether ``device`` runs the quantizer's cluster form: CUDA, compute capability 9.0 or later (thread-block
-    clusters, distributed shared memory), not the CPU interpreter."""
+    clusters, distributed shared memory), not the CPU interpreter. It assumes one cluster of 16 small CTAs (8 warps,
+    a few KiB of shared memory) can be scheduled, as on a whole H100 / H200; where a partition cannot, the first
+    launch fails with CUDA's cluster error, and ``QUANTIZE_FORMS`` without "cluster" restores the other forms."""
     return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 

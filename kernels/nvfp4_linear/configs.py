@@ -23,7 +23,8 @@ from .._runtime import ConfigTable, check_ints, check_tile_width, interpreting
 from ..gemm_fp16 import TmaConfig
 
 __all__ = [
-    "CLUSTER_CTAS", "CLUSTER_TILE_C", "CLUSTER_WARPS", "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig", "GluonConfig", "INTERPRETER_CONFIGS",
+    "CLUSTER_CTAS", "CLUSTER_TILE_C", "CLUSTER_WARPS", "CONFIGS", "Dp4aConfig", "GRID_SYNC_MAX_WARPS", "GemvConfig",
+    "GluonConfig", "INTERPRETER_CONFIGS",
     "NUMERIC_CONTRACT", "PREPASS_MODES", "PrepassConfig", "QUANTIZE_AMAX_FORMS", "QUANTIZE_CONFIGS", "QuantizeConfig",
     "READ_ALL_MAX_ELEMENTS", "READ_ALL_TILE_C", "READ_ALL_TILE_ELEMENTS", "READ_ALL_WARPS", "RECIPE",
     "TensorCoreConfig", "accumulation_model", "block_k_for", "cluster_config", "grid_sync_config", "pick_config",
