@@ -22,7 +22,8 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8). An ``fp4ref.format``
   fp4ref does not know is an error (exit 2) when the layout has no other record of the format.
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
-  scale and global-scale bytes.
+  scale and global-scale bytes. A tensor with a ``layout`` finding is not compared (its reference column reads
+  "- (layout)").
 
 Checks of the whole checkpoint (``AuditReport.findings``):
 
@@ -375,6 +376,9 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
                                   "audited checkpoint")
     amax = {}
     for n in layers:
+        if any(f.check == "layout" for f in by_name[n].findings):  # its codes / scales cannot be read as stored
+            by_name[n].reference = "- (layout)"
+            continue
         info = ref.shard_of(n).tensors[n]
         if info.dtype not in C._QUANTIZABLE or tuple(info.shape) != tuple(layers[n].shape):
             by_name[n].findings.append(Finding("reference", 1, f"reference tensor is {info.dtype} "

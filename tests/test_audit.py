@@ -636,6 +636,32 @@ def test_dequantize_refuses_layout_problems_that_audit_reports(made, tmp_path, c
     assert "expected F32 [4]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("layout, what", [("mo", "scale"), ("mo", "global"), ("mo", "short"), ("mx8", "scale"),
+                                          ("mx8", "short")])
+def test_a_layout_problem_with_a_reference_is_a_finding(made, tmp_path, capsys, layout, what):
+    """--reference over a layer whose scale (or global scale) is missing or of the wrong shape: the layout finding,
+    exit 1, the reference column "- (layout)" (it raised KeyError / AttributeError, or exited 2 on a reshape)."""
+    d = copy(made, layout, tmp_path)
+    _, _, _, layers = C.find_quantized_layers(d)
+    L = layers[O_PROJ]
+    name = L.scale if what != "global" else O_PROJ + "_scale_2"
+    s = next(p for p in _shards(d) if name in _header(p))
+    if what == "short":
+        info = _header(s)[name]
+        rows, cols = info["shape"]
+        raw = np.zeros((rows, cols // 2), np.uint8).tobytes()
+        rewrite_shard(s, drop=(name,), add={name: (info["dtype"], [rows, cols // 2], raw)})
+    else:
+        rewrite_shard(s, drop=(name,))
+    report = audit_checkpoint(d, reference=made / "in")
+    row = next(r for r in report.tensors if r.name == O_PROJ)
+    assert [f.check for f in row.findings] == ["layout"] and row.reference == "- (layout)"
+    assert all(r.reference == "equal" for r in report.tensors if r.name != O_PROJ)
+    assert main(["audit", str(d), "--reference", str(made / "in")]) == 1
+    out = capsys.readouterr().out
+    assert "- (layout)" in out and "Traceback" not in out
+
+
 def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, capsys):
     """A compressed-tensors global encode scale whose fp32 reciprocal is inf (1e-39, a subnormal) is an audit
     finding and a --dequantize error (it wrote NaN and inf weights); so is an MXFP8 NaN element code."""
