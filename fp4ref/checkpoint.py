@@ -1238,8 +1238,8 @@ def _layer_of_scale(cf: str, n: str) -> str | None:
 
 
 def _tensors_record(shard, cf: str, fmt: str) -> dict:
-    """A shard's fp4ref.tensors record, checked: a JSON object {tensor: {"shape": [ints >= 0, ...], "dtype": one of
-    DTYPES}} whose tensors are names the layout can quantize (compressed-tensors: X.weight) and not themselves the
+    """A shard's fp4ref.tensors record, checked: a JSON object {tensor: {"shape": [ints >= 0, ...], "dtype": F32,
+    F16 or BF16 (the original dtypes fp4ref quantizes)}} whose tensors are names the layout can quantize (compressed-tensors: X.weight) and not themselves the
     scale or global tensor of another recorded layer."""
     where = f"{str(shard.path)!r}: metadata fp4ref.tensors"
     try:
@@ -1253,9 +1253,10 @@ def _tensors_record(shard, cf: str, fmt: str) -> dict:
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         if (not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-                or dtype not in DTYPES or dtype == "F64"):
+                or dtype not in _QUANTIZABLE):
             raise QuantizeFileError(f"{where}: entry {name!r} is {entry!r}, expected {{'shape': [ints >= 0], "
-                                    f"'dtype': one of {[d for d in DTYPES if d != 'F64']}}}")
+                                    f"'dtype': one of {list(_QUANTIZABLE)}}} (the original dtypes fp4ref "
+                                    "quantizes)")
         if cf == "compressed-tensors" and not name.endswith(".weight"):
             raise QuantizeFileError(f"{where}: entry {name!r} is no X.weight tensor, the only kind compressed-tensors "
                                     "quantizes")
