@@ -19,8 +19,10 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   reciprocal) times 6 x 448 (the largest code at the largest block scale) finite in fp32; members of a fused group
   (q/k/v, gate/up, w1/w3) must share it.
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
-  detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8). An ``fp4ref.format``
-  fp4ref does not know is an error (exit 2) when the layout has no other record of the format.
+  detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8); a recorded
+  ``fp4ref.recipe`` / ``fp4ref.mode`` is one the format and layout take (as ``--recipe`` / ``--mode`` would be
+  judged). An ``fp4ref.format`` fp4ref does not know is an error (exit 2) when the layout has no other record of the
+  format.
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
   scale and global-scale bytes. A tensor with a ``layout`` finding is not compared (its reference column reads
   "- (layout)").
@@ -286,9 +288,25 @@ def _metadata_findings(ckpt, fmt: str, cf: str | None = None) -> dict:
         if "fp4ref.block" in meta and meta["fp4ref.block"] != block:
             bad.append(f"{s.path.name}: metadata fp4ref.block={meta['fp4ref.block']!r}, expected {block!r} "
                        f"(the {fmt} block size)")
+        for key in ("fp4ref.recipe", "fp4ref.mode"):
+            if key in meta:
+                problem = _recorded_option_problem(cf, fmt, key, meta[key])
+                if problem:
+                    bad.append(f"{s.path.name}: metadata {key}={meta[key]!r}: {problem}")
         if bad:
             out[s.path.name] = [Finding("metadata", 1, b) for b in bad]
     return out
+
+
+def _recorded_option_problem(cf, fmt: str, key: str, value) -> str | None:
+    """Why a shard's recorded ``fp4ref.recipe`` / ``fp4ref.mode`` ``value`` is not one the checkpoint's format and
+    layout take (as resolve_target judges a --recipe / --mode), or None."""
+    try:
+        C.resolve_target(cf or "fp4ref", fmt, value if key == "fp4ref.recipe" else None,
+                         value if key == "fp4ref.mode" else None)
+    except (ValueError, TypeError) as e:  # QuantizeFileError is a ValueError; its text names --recipe / --mode
+        return str(e).replace(" (--recipe)", "").replace(" (--mode)", "")
+    return None
 
 
 def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditReport:
@@ -360,6 +378,11 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
 
 def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> None:
     # (resolve_target refuses a mode for nvfp4 and a recipe for an MX format)
+    flag = "--recipe" if fmt == "nvfp4" else "--mode"
+    if (option is not None and (recipe if fmt == "nvfp4" else mode) is None
+            and _recorded_option_problem(cf, fmt, "fp4ref." + flag[2:], option)):
+        raise C.QuantizeFileError(f"the shards' recorded {flag[2:]} {option!r} (fp4ref metadata) is not one this "
+                                  f"{fmt} checkpoint takes; pass {flag} to compare with the reference")
     target = C.resolve_target(cf, fmt, recipe if recipe is not None else option if fmt == "nvfp4" else None,
                               mode if mode is not None else option if fmt != "nvfp4" else None)
     try:

@@ -321,6 +321,28 @@ def test_a_wrong_block_in_the_metadata_is_a_finding(made, made_fp4ref, tmp_path,
     assert audit_checkpoint(made / layout).clean
 
 
+@pytest.mark.parametrize("layout, key, value", [("mo", "fp4ref.recipe", "bogus"), ("ct", "fp4ref.recipe", "torchao"),
+                                                ("mx8", "fp4ref.mode", "nope"), ("mo", "fp4ref.mode", "ocp")])
+def test_a_recorded_recipe_or_mode_the_checkpoint_cannot_take_is_a_finding(made, tmp_path, capsys, layout, key,
+                                                                             value):
+    """An unknown recorded recipe / mode, one the layout cannot store (compressed-tensors keeps an encode scale,
+    which torchao's recipe lacks) or a mode on an NVFP4 checkpoint: a metadata finding (exit 1), and --reference without
+    --recipe / --mode names the metadata, not an option the user did not pass (exit 2)."""
+    bad = copy(made, layout, tmp_path)
+    set_metadata(bad, **{key: value})
+    rep = audit_checkpoint(bad)
+    assert not rep.clean and all("metadata" in t for t in findings(rep).values()), findings(rep)
+    assert f"metadata {key}={value!r}: " in rep.tensors[0].findings[0].detail
+    assert "(--recipe)" not in rep.tensors[0].findings[0].detail
+    assert main(["audit", str(bad), "--quiet"]) == 1
+    capsys.readouterr()
+    if key == "fp4ref.mode" and layout == "mo":  # nvfp4 takes its recorded recipe: the bogus mode is not read
+        return
+    assert main(["audit", str(bad), "--reference", str(made / "in"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"recorded {key[7:]} {value!r} (fp4ref metadata)" in err and "pass --" in err
+
+
 def test_an_unknown_format_in_the_metadata_is_named(made, made_fp4ref, tmp_path, capsys):
     bad = copy(made, "fp", tmp_path)  # fp4ref's layout: the metadata is the only record of the format
     set_metadata(bad, **{"fp4ref.format": "nvfp5"})
