@@ -307,12 +307,18 @@ def _parse_rounding(rounding) -> Rounding:
         except ValueError:
             pass
     names = [r.value for r in Rounding] + sorted(_ROUNDING_ALIASES)
+    if not isinstance(rounding, str):
+        raise TypeError(f"rounding={rounding!r}: expected a str or Rounding (one of {names}), got "
+                        f"{type(rounding).__name__}")
     raise ValueError(f"rounding={rounding!r} is not one of {names}")
 
 
 def _parse_nan(nan, fmt: FloatFormat) -> NanPolicy:
     if nan is None:
         return NanPolicy.NAN if fmt.has_nan else NanPolicy.RAISE
+    if not isinstance(nan, (str, NanPolicy)):
+        raise TypeError(f"nan={nan!r}: expected a str or NanPolicy (one of {[p.value for p in NanPolicy]}), got "
+                        f"{type(nan).__name__}")
     try:
         policy = NanPolicy(nan.lower() if isinstance(nan, str) else nan)
     except ValueError:
@@ -446,7 +452,8 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
         uint8 array of codes with the shape of ``x`` (0-d for a python float).
 
     Raises:
-        TypeError: ``x`` is not a floating array; ``rng`` is not a Generator (stochastic); bad ``saturate`` type.
+        TypeError: ``x`` is not a floating array; ``rng`` is not a Generator (stochastic); bad ``saturate`` type;
+            ``rounding`` / ``nan`` neither a str nor its enum.
         ValueError: unknown ``fmt``/``rounding``/``nan``; NaN in ``x`` with ``nan="raise"`` (the message gives the
             count and first index); ``saturate=False`` for a format with neither inf nor NaN; a negative non-zero
             ``x`` for the unsigned UE8M0.

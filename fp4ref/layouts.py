@@ -32,7 +32,9 @@ LAYOUTS = {"128x4": (128, 4), "8x4": (8, 4)}
 
 
 def _check_layout(layout) -> str:
-    if not isinstance(layout, str) or layout not in LAYOUTS:
+    if not isinstance(layout, str):
+        raise TypeError(f"layout={layout!r}: expected a str (one of {sorted(LAYOUTS)}), got {type(layout).__name__}")
+    if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not one of {sorted(LAYOUTS)}")
     return layout
 
@@ -81,7 +83,8 @@ def to_blocked(scales, layout: str = "128x4") -> np.ndarray:
         1-D uint8 array of ``blocked_size(rows, cols, layout)`` bytes.
 
     Raises:
-        TypeError: ``scales`` is not an integer array (for ml_dtypes float8 arrays pass ``.view(np.uint8)``).
+        TypeError: ``scales`` is not an integer array (for ml_dtypes float8 arrays pass ``.view(np.uint8)``);
+            ``layout`` not a str.
         ValueError: ``scales`` is not 2-D, a value is outside 0..255, or ``layout`` is unknown.
 
     Source: cuBLAS "1D block scaling factors layout"; torchao ``mx_formats/utils.py`` ``to_blocked``;
@@ -121,8 +124,10 @@ def from_blocked(blocked, rows: int, cols: int, layout: str = "128x4", *, check_
 
     Raises:
         TypeError / ValueError: bad dtype, wrong byte count, unknown layout, or non-zero padding (with the count and
-        the first padded position).
+        the first padded position); TypeError: ``check_padding`` not a bool.
     """
+    if not isinstance(check_padding, (bool, np.bool_)):
+        raise TypeError(f"check_padding={check_padding!r}: expected a bool")
     layout = _check_layout(layout)
     rows, cols = _check_dim(rows, "rows"), _check_dim(cols, "cols")
     b = as_code_array(blocked, "blocked", nbits=8, allow_int8=True)

@@ -514,6 +514,8 @@ def test_nan_option_nan_rejected_for_formats_without_nan(name):
 def test_unknown_nan_option(name):
     with pytest.raises(ValueError, match="nan"):
         encode(np.array([1.0]), FORMATS[name], nan="quiet")
+    with pytest.raises(TypeError, match="nan=1"):
+        encode(np.array([1.0]), FORMATS[name], nan=1)
 
 
 def test_nan_raise_message_has_count_and_first_index():
@@ -814,8 +816,9 @@ def test_encode_none_or_objects_name_the_argument():
 def test_encode_unknown_rounding(rounding):
     with pytest.raises(ValueError, match="rounding"):
         encode(np.array([1.0]), E2M1, rounding=rounding)
-    with pytest.raises((ValueError, TypeError), match="rounding"):
-        encode(np.array([1.0]), E2M1, rounding=None)
+    for bad in (None, 1, 0.5):  # not a str: a TypeError naming the option
+        with pytest.raises(TypeError, match="rounding"):
+            encode(np.array([1.0]), E2M1, rounding=bad)
 
 
 def test_format_given_by_name():

@@ -83,6 +83,11 @@ def test_int8_input_and_errors():
     with pytest.raises(ValueError, match="non-zero padding"):
         from_blocked(b2, 2, 2)
     np.testing.assert_array_equal(from_blocked(b2, 2, 2, check_padding=False), np.ones((2, 2), np.uint8))
+    with pytest.raises(TypeError, match="layout=128"):
+        to_blocked(np.ones((2, 2), np.uint8), 128)
+    for bad in ("no", 0, None):  # a truthy string would have checked the padding anyway
+        with pytest.raises(TypeError, match="check_padding"):
+            from_blocked(b2, 2, 2, check_padding=bad)
     with pytest.raises(TypeError, match="rows"):
         from_blocked(b, 2.0, 2)
 
