@@ -326,3 +326,23 @@ def test_kernels_refuse_an_output_that_overlaps_an_input():
     B = torch.randn(64, 64).half()
     with pytest.raises(ValueError, match="out overlaps A"):
         g.gemm_fp16(A, B, out=A)
+
+
+@pytest.mark.skipif(not rt.interpreting(), reason="the CPU interpreter's numpy arithmetic")
+def test_interpreted_kernels_raise_no_numpy_warnings():
+    """IEEE inf / NaN inside an interpreted kernel (the quantizer's 1 / 0 for a block of zeros in the padding) are
+    the arithmetic a GPU does silently: Launch runs interpreted kernels under np.errstate(all="ignore"), so a caller
+    with RuntimeWarning as an error (a numpy divide by zero every call, before) still runs."""
+    import warnings
+
+    from fp4ref.kernels.nvfp4_linear import nvfp4_linear, nvfp4_quantize
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=g)
+    x = torch.randn(3, 256, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        wq, ws, wg = nvfp4_quantize(w)
+        y = nvfp4_linear(x, wq, ws, float(wg))
+    assert y.shape == (3, 64) and bool(torch.isfinite(y).all())
+
