@@ -339,7 +339,10 @@ def _c_tma_eligible(out, n: int) -> bool:
 
 def _check(name: str, t, dtype: torch.dtype) -> None:
     if t.dtype != dtype:
-        raise TypeError(f"{name}.dtype={t.dtype}: expected {dtype}")
+        # (fp4ref.compress_2to4 returns uint8 bytes: the same bytes as int8, the workload's operand dtype)
+        hint = "; for uint8 bytes (fp4ref.compress_2to4) pass .view(torch.int8)" if (
+            dtype == torch.int8 and t.dtype == torch.uint8) else ""
+        raise TypeError(f"{name}.dtype={t.dtype}: expected {dtype}{hint}")
     if t.dim() != 2:
         raise ValueError(f"{name}.shape={tuple(t.shape)}: expected a 2-D tensor")
 
