@@ -47,7 +47,7 @@ def _build(cfg, pdl=True):
            "x2_desc": gluon_tensordesc("fp16", [lo or hi, gluon.x_block_k(cfg)], x2l), "gdec_ptr": "*fp32",
            "out_ptr": "*bf16",
            "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
-    cluster = cfg.SPLIT_K if cfg.CLUSTER else 1
+    cluster = cfg.cluster_size
     ce = dict(BN=cfg.BN, BM=cfg.BM, SPLIT_K=cfg.SPLIT_K, STAGES=cfg.STAGES, X_STAGES=cfg.X_STAGES,
               W_SWIZZLE=cfg.W_SWIZZLE, num_warps=cfg.num_warps, PDL=pdl,  # nvfp4_linear launches it with PDL
               X_LO=lo, CLUSTER=cluster)
@@ -67,7 +67,7 @@ def test_gluon_config_builds_for_sm90(cfg):
     assert_gluon_build(_build(cfg))
 
 
-@pytest.mark.parametrize("cfg", CLUSTERED, ids=repr)
+@pytest.mark.parametrize("cfg", CLUSTERED + [c for c in TABLE if c.CLUSTER and c not in CLUSTERED], ids=repr)
 def test_cluster_config_builds_a_dsmem_reduction(cfg):
     """CLUSTER: the slices' accumulators summed in the first CTA of a cluster (``assert_cluster_build``)."""
     ck = _build(cfg)
@@ -169,6 +169,8 @@ def test_gluon_config_checks_and_model():
     assert G(BN=64, BM=128, SPLIT_K=2, STAGES=3).shared_bytes == 3 * 64 * 144 + 3 * 128 * 512 + 24
     with pytest.raises(ValueError, match="227 KiB"):
         G(BN=64, BM=128, SPLIT_K=2, STAGES=3, CLUSTER=True)
+    assert G(BN=64, BM=16, SPLIT_K=4, STAGES=4, CLUSTER=True).cluster_size == 4
+    assert G(BN=64, BM=16, SPLIT_K=4, STAGES=4).cluster_size == 1 == G(BN=64, BM=16, SPLIT_K=1, STAGES=4).cluster_size
     assert G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 8192)
     assert not G(BN=64, BM=8, SPLIT_K=4, STAGES=4).fits(8192, 768)  # 3 steps do not split in 4
     assert not G(BN=64, BM=8, SPLIT_K=1, STAGES=4).fits(8192, 8192 + 128)

@@ -160,13 +160,19 @@ class GluonConfig:
             check_cluster(self, self.BN * self.BM, self.shared_bytes)
 
     @property
+    def cluster_size(self) -> int:
+        """CTAs per thread-block cluster: SPLIT_K with CLUSTER, else 1 (every K the config ``fits`` splits evenly,
+        so it does not depend on K)."""
+        return self.SPLIT_K if self.CLUSTER else 1
+
+    @property
     def shared_bytes(self) -> int:
         """Shared memory in bytes: the W ring (STAGES x BN x (128 code + 16 scale bytes)), x (STAGES x BM x 256
         fp16 in that ring, or X_STAGES x BM x 64 in its own), the barriers and, with CLUSTER, the exchange buffer
         (kernels/_gluon.py ``exchange_bytes``)."""
         x = (self.STAGES * 256 if self.X_STAGES == 0 else self.X_STAGES * 64) * self.BM * 2
         return (self.STAGES * self.BN * 144 + x + 8 * (self.STAGES + self.X_STAGES)
-                + exchange_bytes(self.BN * self.BM, self.SPLIT_K if self.CLUSTER else 1))
+                + exchange_bytes(self.BN * self.BM, self.cluster_size))
 
     def fits(self, N: int, K: int) -> bool:
         """Whether this config can run x [M, K] times W [N, K]: 256-element K steps split evenly."""

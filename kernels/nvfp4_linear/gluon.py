@@ -84,7 +84,7 @@ def shared_layouts(config: GluonConfig):
     high and of the low part of BM (``m_parts``; a one-part config's second is its first): the default NVMMA
     layout of an fp16 [rows, x_block_k] tile (128-byte swizzle, the wgmma operand layout). With CLUSTER, W's and
     the scales' take ``in_cluster``'s forms (they are loaded into registers); x's stay (the kernel slices them)."""
-    cl = config.SPLIT_K if config.CLUSTER else 1
+    cl = config.cluster_size
     w = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8,
                                         rank=2), cl)
     s = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2), cl)
@@ -339,7 +339,7 @@ class GluonLaunch:
 
     def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False, x_rows: int | None = None):
         # CLUSTER: each program is a cluster of the tile's SPLIT_K slices (grid dimension x counts clusters)
-        cluster = config.SPLIT_K if config.CLUSTER else 1
+        cluster = config.cluster_size
         grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K // cluster)
         self.M, self.N, self.K, self.config = M, N, K, config
         self.x_rows = M if x_rows is None else x_rows
