@@ -36,6 +36,8 @@ Checks of the whole checkpoint (``AuditReport.findings``):
   format's ``num_bits`` and ``group_size``. Both: no quantized layer's module listed in ``exclude_modules`` /
   ``ignore`` (names, ``fnmatch`` patterns, or compressed-tensors' ``re:`` regular expressions): a loader would read
   its codes as an unquantized weight.
+* ``reference`` (with ``--reference``): every tensor of the original that was not quantized (embeddings, norms,
+  lm_head, excluded layers) is in the checkpoint with the same dtype, shape and bytes (a quantizer copies them).
 
 Exit status: 0 iff every check passes, 1 if any fails, 2 for bad arguments or an unreadable checkpoint, 130 on
 Ctrl-C, 143 on SIGTERM (no partial --json report is left; an existing one is replaced only with --force, and
@@ -371,12 +373,52 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
             for m in members:
                 by_name[m].findings.append(Finding("global-scale", 1, f"fused layer {key}: members' global scales "
                                                                       f"differ ({vals})"))
+    whole = _config_findings(ckpt, cf, fmt, layers)
     if reference is not None:
-        _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
-    return AuditReport(str(path), cf, fmt, rows, _config_findings(ckpt, cf, fmt, layers))
+        whole += _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
+    return AuditReport(str(path), cf, fmt, rows, whole)
 
 
-def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> None:
+_COMPARE_CHUNK = 64 * 2**20  # bytes of a copied tensor compared at a time
+
+
+def _copied_tensor_findings(ckpt, ref, layers) -> list:
+    """The reference's tensors other than the quantized layers against the checkpoint's: missing ones, and those
+    stored with another dtype, shape or bytes (a quantizer copies them unchanged). [Finding] (check "reference")."""
+    missing, differ = [], []
+    for name in sorted(ref.weight_map):
+        if name in layers:
+            continue
+        if name not in ckpt.weight_map:
+            missing.append(name)
+            continue
+        rs, cs = ref.shard_of(name), ckpt.shard_of(name)
+        ri, ci = rs.tensors[name], cs.tensors[name]
+        if (ri.dtype, tuple(ri.shape)) != (ci.dtype, tuple(ci.shape)):
+            differ.append(f"{name} ({ri.dtype} {list(ri.shape)} stored as {ci.dtype} {list(ci.shape)})")
+            continue
+        for b in range(0, ri.nbytes, _COMPARE_CHUNK):
+            e = min(b + _COMPARE_CHUNK, ri.nbytes)
+            if rs.read_bytes(name, b, e) != cs.read_bytes(name, b, e):
+                differ.append(f"{name} (bytes differ)")
+                break
+    out = []
+    if missing:
+        out.append(Finding("reference", len(missing), f"{len(missing)} tensor(s) of the reference are missing: "
+                                                      f"{_some(missing)}"))
+    if differ:
+        out.append(Finding("reference", len(differ), f"{len(differ)} tensor(s) not quantized differ from the "
+                                                     f"reference: {_some(differ)}"))
+    return out
+
+
+def _some(names: list, most: int = 5) -> str:
+    return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+
+
+def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> list:
+    """Re-quantize every quantized layer from ``reference`` and compare (findings on the layers' rows); returns the
+    checkpoint-wide findings of the other tensors (``_copied_tensor_findings``)."""
     # (resolve_target refuses a mode for nvfp4 and a recipe for an MX format)
     flag = "--recipe" if fmt == "nvfp4" else "--mode"
     if (option is not None and (recipe if fmt == "nvfp4" else mode) is None
@@ -442,6 +484,7 @@ def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe
                                                                                               f"{target.option})"))
         else:
             by_name[n].reference = "equal"
+    return _copied_tensor_findings(ckpt, ref, layers)
 
 
 # ----------------------------------------------------------------------------------------------------------- CLI

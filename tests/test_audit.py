@@ -686,6 +686,31 @@ def test_a_layout_problem_with_a_reference_is_a_finding(made, tmp_path, capsys, 
     assert "- (layout)" in out and "Traceback" not in out
 
 
+def test_reference_checks_the_tensors_that_were_not_quantized(made, tmp_path, capsys):
+    """With --reference, the original's other tensors (embeddings, norms, lm_head, layers left unquantized) must be
+    in the checkpoint unchanged: a dropped one, one with a changed byte and one stored in another dtype are
+    checkpoint-wide reference findings (exit 1); the quantized layers' rows stay "equal"."""
+    d = copy(made, "mo", tmp_path)
+    norm, emb, head = "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight"
+    s_norm = next(p for p in _shards(d) if norm in _header(p))
+    rewrite_shard(s_norm, drop=(norm,))
+    patch(d, emb, lambda a: a.__setitem__(7, a[7] ^ 0x01))  # one mantissa bit of one element
+    s_head = next(p for p in _shards(d) if head in _header(p))
+    info = _header(s_head)[head]
+    raw = np.zeros(info["shape"], np.float32).tobytes()
+    rewrite_shard(s_head, drop=(head,), add={head: ("F32", info["shape"], raw)})
+    rep = audit_checkpoint(d, reference=made / "in")
+    assert not rep.clean and {t.reference for t in rep.tensors} == {"equal"}
+    details = {f.detail for f in rep.findings if f.check == "reference"}
+    assert details == {f"1 tensor(s) of the reference are missing: {norm}",
+                       f"2 tensor(s) not quantized differ from the reference: {head} (BF16 {info['shape']} stored "
+                       f"as F32 {info['shape']}), {emb} (bytes differ)"}, details  # (sorted by name)
+    assert main(["audit", str(d), "--reference", str(made / "in")]) == 1
+    out = capsys.readouterr().out
+    assert "checkpoint reference: 1 tensor(s) of the reference are missing" in out
+    assert audit_checkpoint(d).clean  # without --reference these are not checked
+
+
 def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, capsys):
     """A compressed-tensors global encode scale whose fp32 reciprocal is inf (1e-39, a subnormal) is an audit
     finding and a --dequantize error (it wrote NaN and inf weights); so is an MXFP8 NaN element code."""
