@@ -421,7 +421,10 @@ def _w_gdec_in_range(w_gdec) -> bool:
 
 def _check_w_gdec(w_gdec) -> None:
     if isinstance(w_gdec, bool) or not isinstance(w_gdec, numbers.Real):
-        raise TypeError(f"weight_global_decode_scale: expected a real number, got {type(w_gdec).__name__}")
+        # a tensor would need a device-to-host copy (a synchronisation) on every call: the caller makes it once
+        hint = "; pass float(t) once (a tensor would be read back from the device on every call)" if isinstance(
+            w_gdec, torch.Tensor) else ""
+        raise TypeError(f"weight_global_decode_scale: expected a real number, got {type(w_gdec).__name__}{hint}")
     if not _w_gdec_in_range(w_gdec):
         raise ValueError(f"weight_global_decode_scale={w_gdec!r}: expected a positive number that stays finite "
                          "and nonzero in fp32 (the recipe's global decode scale, e.g. amax / (448 * 6))")
