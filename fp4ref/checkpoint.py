@@ -1129,17 +1129,20 @@ class Layer:
 
 def detect_format(ckpt: Checkpoint) -> tuple:
     """(checkpoint format, format, recipe-or-mode or None) of a quantized checkpoint, from hf_quant_config.json,
-    config.json's quantization_config, or fp4ref shard metadata.
+    config.json's quantization_config, or fp4ref shard metadata; the recipe-or-mode is the recorded
+    ``fp4ref.recipe`` of an NVFP4 checkpoint, ``fp4ref.mode`` of an MX one.
 
     Raises:
         QuantizeFileError: not a quantized checkpoint, or a quantization this reader does not know (an
-            ``fp4ref.format`` it does not know is named with its shard).
+            ``fp4ref.format`` or, without a loader config, an ``fp4ref.checkpoint_format`` it does not know is named
+            with its shard).
     """
     first = next((s for s in ckpt.shards if "fp4ref.format" in s.metadata), None)
     meta = None if first is None else first.metadata
-    option = None
-    if meta is not None:
-        option = meta.get("fp4ref.recipe") or meta.get("fp4ref.mode")
+
+    def option_of(fmt: str):  # the recorded recipe (NVFP4) or mode (MX): the other key is not this format's
+        return None if meta is None else meta.get("fp4ref.recipe" if fmt == "nvfp4" else "fp4ref.mode")
+
     hf = ckpt.json_files.get("hf_quant_config.json")
     qc = (ckpt.config or {}).get("quantization_config")
     if hf is not None or (isinstance(qc, dict) and qc.get("quant_method") == "modelopt"):
@@ -1147,15 +1150,19 @@ def detect_format(ckpt: Checkpoint) -> tuple:
         fmts = {"NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "NVFP4_AWQ": "nvfp4", "MXFP8": "mxfp8"}
         if algo not in fmts:
             raise QuantizeFileError(f"ModelOpt quant_algo {algo!r} is not one fp4ref reads ({sorted(fmts)})")
-        return "modelopt", fmts[algo], option
+        return "modelopt", fmts[algo], option_of(fmts[algo])
     if isinstance(qc, dict) and qc.get("quant_method") == "compressed-tensors":
         fmts = {"nvfp4-pack-quantized": "nvfp4", "mxfp4-pack-quantized": "mxfp4", "mxfp8-quantized": "mxfp8"}
         f = qc.get("format")
         if f not in fmts:
             raise QuantizeFileError(f"compressed-tensors format {f!r} is not one fp4ref reads ({sorted(fmts)})")
-        return "compressed-tensors", fmts[f], option
+        return "compressed-tensors", fmts[f], option_of(fmts[f])
     if meta is not None and meta.get("fp4ref.format") in FORMATS:
-        return meta.get("fp4ref.checkpoint_format", "fp4ref"), meta["fp4ref.format"], option
+        cf = meta.get("fp4ref.checkpoint_format", "fp4ref")
+        if cf not in CHECKPOINT_FORMATS:  # the tensors' names depend on the layout: name the record, read nothing
+            raise QuantizeFileError(f"{str(first.path)!r}: metadata fp4ref.checkpoint_format={cf!r} is not a layout "
+                                    f"fp4ref knows ({', '.join(CHECKPOINT_FORMATS)})")
+        return cf, meta["fp4ref.format"], option_of(meta["fp4ref.format"])
     if meta is not None:  # metadata of a format this version does not know (or a tampered file): name it
         raise QuantizeFileError(f"{str(first.path)!r}: metadata fp4ref.format={meta['fp4ref.format']!r} is not a "
                                 f"format fp4ref knows ({', '.join(FORMATS)})")

@@ -362,6 +362,31 @@ def test_an_unknown_format_in_the_metadata_is_named(made, made_fp4ref, tmp_path,
     assert "metadata fp4ref.format='nvfp5', but the checkpoint is nvfp4" in rep.tensors[0].findings[0].detail
 
 
+def test_an_unknown_layout_in_the_metadata_is_named(made, made_fp4ref, tmp_path, capsys):
+    """fp4ref's layout with fp4ref.checkpoint_format of a layout fp4ref does not know: its tensor names cannot be
+    read (it was read as compressed-tensors' and blamed an option the user never passed): exit 2 naming the record,
+    for audit and --dequantize alike."""
+    bad = copy(made, "fp", tmp_path)
+    set_metadata(bad, **{"fp4ref.checkpoint_format": "bogus"})
+    with pytest.raises(C.QuantizeFileError, match="fp4ref.checkpoint_format='bogus' is not a layout fp4ref knows"):
+        audit_checkpoint(bad)
+    assert main(["audit", str(bad)]) == 2
+    assert "fp4ref.checkpoint_format='bogus' is not a layout fp4ref knows" in capsys.readouterr().err
+    assert main(["quantize", str(bad), "-o", str(tmp_path / "deq"), "--dequantize", "--quiet"]) == 2
+    assert "is not a layout fp4ref knows" in capsys.readouterr().err and not (tmp_path / "deq").exists()
+
+
+def test_a_recipe_key_on_an_mx_checkpoint_is_not_its_mode(made, tmp_path, capsys):
+    """An MX shard that also records fp4ref.recipe: a metadata finding (a recipe applies to nvfp4), and --reference
+    still compares with the recorded mode (the recipe was read as the mode and blocked it)."""
+    bad = copy(made, "mx8", tmp_path)
+    set_metadata(bad, **{"fp4ref.recipe": "bogus"})
+    rep = audit_checkpoint(bad, reference=made / "in")
+    assert {t.reference for t in rep.tensors} == {"equal"}
+    assert all(v == ["metadata"] for v in findings(rep).values()) and findings(rep)
+    assert "fp4ref.recipe='bogus'" in rep.tensors[0].findings[0].detail
+
+
 def test_an_existing_json_report_needs_force(made, tmp_path, capsys):
     keep = tmp_path / "old.json"
     keep.write_text("old")
