@@ -1365,9 +1365,18 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
             raise QuantizeFileError(f"{layer.codes}: element code {int(cb[nan_codes[0]]):#04x} at flat index "
                                     f"{int(nan_codes[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN")
         vals = codes.astype(np.float64)
+        pad = codes.view(np.uint8).reshape(r1 - r0, -1)[:, layer.shape[-1]:]
     else:
         c = codes.view(np.uint8)
-        vals = _E2M1[np.stack([c & 15, c >> 4], axis=-1).reshape(r1 - r0, -1)]
+        nib = np.stack([c & 15, c >> 4], axis=-1).reshape(r1 - r0, -1)
+        vals = _E2M1[nib]
+        pad = nib[:, layer.shape[-1]:]
+    # codes beyond the original K are zero in every quantizer's output: others mean a wrong recorded K, whose
+    # decode would drop values (audit's padding check)
+    if np.any(pad):
+        raise QuantizeFileError(f"{layer.codes}: {int(np.count_nonzero(pad))} non-zero code(s) beyond the original "
+                                f"K={layer.shape[-1]} (stored K={layer.k_padded}) in rows [{row0 + r0}, "
+                                f"{row0 + r1}); fp4ref audit reports the padding")
     # a corrupt scale byte is refused, never decoded into NaN or negated weights
     nan, neg = scale_byte_defects(layer.fmt, sb)
     bad = np.flatnonzero(nan | neg)

@@ -129,10 +129,27 @@ def test_planted_nonzero_padding(tmp_path):
     out.write_bytes(bytes(data))
     rep = audit_checkpoint(out)
     assert findings(rep) == {"w.weight": ["padding"]}
-    from safetensors.numpy import load_file
+    # --dequantize refuses it too: dropping non-zero codes would lose values where the recorded K is wrong
+    with pytest.raises(C.QuantizeFileError, match=r"w.weight: 1 non-zero code\(s\) beyond the original K=20 "
+                                                  r"\(stored K=32\) in rows \[0, 4\)"):
+        C.dequantize_checkpoint(tmp_path / "q.safetensors", tmp_path / "d.safetensors")
+    assert not (tmp_path / "d.safetensors").exists()
 
-    C.dequantize_checkpoint(tmp_path / "q.safetensors", tmp_path / "d.safetensors")
-    assert load_file(str(tmp_path / "d.safetensors"))["w.weight"].shape == (4, 20)  # the padding is dropped
+
+def test_dequantize_refuses_a_recorded_k_smaller_than_the_codes(made, tmp_path, capsys):
+    """A record whose K was edited smaller (still rounding up to the stored K): audit flags the padding, and
+    --dequantize, which wrote the narrower weight and dropped the columns that held values, exits 2."""
+    d = copy(made, "mo", tmp_path)
+    s = next(p for p in _shards(d) if O_PROJ + "_scale" in _header(p))
+    meta = _header(s)["__metadata__"]
+    rec = json.loads(meta["fp4ref.tensors"])
+    k = rec[O_PROJ]["shape"][-1]
+    rec[O_PROJ]["shape"][-1] = k - 8  # rounds up to the same 16-element blocks
+    rewrite_shard(s, metadata={**meta, "fp4ref.tensors": json.dumps(rec)})
+    assert findings(audit_checkpoint(d))[O_PROJ] == ["padding"]
+    out = tmp_path / "deq"
+    assert main(["quantize", str(d), "-o", str(out), "--dequantize", "--dtype", "bfloat16"]) == 2
+    assert f"non-zero code(s) beyond the original K={k - 8}" in capsys.readouterr().err and not out.exists()
 
 
 def test_bad_usage(made, tmp_path, capsys):
