@@ -1258,7 +1258,8 @@ def _tensors_record(shard, cf: str, fmt: str) -> dict:
     for name, entry in rec.items():
         shape = entry.get("shape") if isinstance(entry, dict) else None
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
-        if (not isinstance(shape, list) or not shape
+        if (not isinstance(entry, dict) or set(entry) != {"shape", "dtype"}  # (nothing else is recorded)
+                or not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
                 or dtype not in _QUANTIZABLE):
             raise QuantizeFileError(f"{where}: entry {name!r} is {entry!r}, expected {{'shape': [ints >= 0], "

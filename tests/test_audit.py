@@ -654,6 +654,7 @@ def test_a_shard_with_another_shards_record_is_refused(made, made_fp4ref, tmp_pa
                                     '{"a.weight": {"shape": [4, 16], "dtype": "I8"}}',
                                     '{"' + O_PROJ + '": {"shape": [64, 64], "dtype": "U8"}}',  # a recorded layer
                                     '{"' + O_PROJ + '": {"shape": [64, 64], "dtype": "F64"}}',
+                                    '{"' + O_PROJ + '": {"shape": [64, 64], "dtype": "BF16", "foo": 1}}',
                                     '{"a.weight": {"shape": [4, true], "dtype": "BF16"}}'])
 def test_a_malformed_record_is_refused(made, tmp_path, capsys, record):
     d = copy(made, "mo", tmp_path)
