@@ -250,6 +250,28 @@ def test_cluster_config():
             cc(m, k)
 
 
+def test_cluster_form_programs_cover_every_tile_once():
+    """The cluster form's program numbering (quantize.py: pid_r = id // cdiv(K, BLOCK_C), pid_c = id % cdiv(K,
+    BLOCK_C), ids 0 .. CLUSTER_CTAS - 1) over every x that cluster_config takes, K any multiple of 16: each
+    [BLOCK_R, BLOCK_C] tile holding elements of x belongs to exactly one program, and the other programs' tiles lie
+    wholly outside x (they load and store nothing). The interpreter cannot run the cluster exchange (inline PTX), so
+    the arithmetic is checked here and the kernel on the GPU (test_quantize_cluster_form_with_padding_tiles)."""
+    C = nvl.configs.CLUSTER_CTAS
+    seen = 0
+    for k in range(16, 20001, 48):
+        for m in (1, 2, 3, 5, 8, 9, 12, 16, 17, 31, 64, 100, 255, 512, 1000, 4097):
+            cfg = nvl.cluster_config(m, k)
+            if cfg is None:
+                continue
+            seen += 1
+            n_c = -(-k // cfg.BLOCK_C)
+            tiles = [(pid // n_c, pid % n_c) for pid in range(C)]
+            inside = [(r, c) for r, c in tiles if r * cfg.BLOCK_R < m and c * cfg.BLOCK_C < k]
+            need = {(r, c) for r in range(-(-m // cfg.BLOCK_R)) for c in range(n_c)}
+            assert len(inside) == len(set(inside)) and set(inside) == need, (m, k, cfg)
+    assert seen > 1000
+
+
 def test_quantize_one_launch_form_refusals(monkeypatch):
     """The grid and cluster forms need every program resident: refused under the CPU interpreter (programs run one
     after another), the grid form for a grid above max_programs, the cluster form for more tiles than its cluster;
