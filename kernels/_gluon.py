@@ -237,7 +237,7 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
     the fp32 ``scale`` before the one rounding to c's dtype (``scale`` is not read otherwise). Rows outside
     [m_own, M) (padding, or rows another tile stores) are written neither to c nor to the workspace; the
     reduction loads their unwritten workspace rows with the rest of a chunk and drops them. CLUSTER > 1: ``part``
-    is a ``cluster_sum`` (SPLIT_K 1 here), stored by the cluster's rank 0 only."""
+    is a ``cluster_sum`` of the SPLIT_K slices, stored directly (no workspace) by the cluster's rank 0 only."""
     st_layout: gl.constexpr = store_layout(BLOCK_N, BLOCK_M, num_warps, CLUSTER)
     rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
     rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
@@ -246,7 +246,7 @@ def store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m,
     c_mask = gl.expand_dims((rm >= m_own) & (rm < M), 0) & gl.expand_dims(off_n + rn < N, 1)
     if CLUSTER > 1:
         c_mask = c_mask & (cluster_rank() == 0)
-    if SPLIT_K == 1:
+    if SPLIT_K == 1 or CLUSTER > 1:
         if HAS_SCALE:
             part = part * scale  # fp32 RN
         gl.store(c_ptrs, part.to(c_ptr.dtype.element_ty), mask=c_mask)

@@ -200,7 +200,7 @@ def gemm_swapab_kernel(
         acc = cluster_sum(acc, CLUSTER, num_warps)
     part = gl.convert_layout(acc, store_layout(BLOCK_N, BM_HI, num_warps, CLUSTER))
     store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, m_own, tile, pid_k, 1.0,
-                    BLOCK_N, BM_HI, SPLIT_K if CLUSTER == 1 else 1, False, num_warps, CLUSTER)
+                    BLOCK_N, BM_HI, SPLIT_K, False, num_warps, CLUSTER)
     if BLOCK_M_LO > 0:
         part = gl.convert_layout(acc_lo, store_layout(BLOCK_N, BLOCK_M_LO, num_warps))
         store_or_reduce(part, c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m + BM_HI, m_own, tile, pid_k,

@@ -311,8 +311,7 @@ def nvfp4_gluon_kernel(
         acc = cluster_sum(acc, CLUSTER, num_warps)
     accb = gl.convert_layout(acc, store_layout(BN, XH, num_warps, CLUSTER))
     store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m, off_m,
-                    pid_m * gl.num_programs(0) + pid_n, pid_k, gdec, BN, XH, SPLIT_K if CLUSTER == 1 else 1, True,
-                    num_warps, CLUSTER)
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, gdec, BN, XH, SPLIT_K, True, num_warps, CLUSTER)
     if X_LO > 0:  # (a two-part BM has SPLIT_K 1: GluonConfig)
         accb = gl.convert_layout(acc2 * 256.0, store_layout(BN, X_LO, num_warps))
         store_or_reduce(accb, out_ptr, part_ptr, count_ptr, M, N, N, off_n, off_m + XH, off_m, 0, 0, gdec, BN,

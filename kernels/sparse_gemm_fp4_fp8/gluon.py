@@ -274,5 +274,5 @@ def sparse_swapab_kernel(
     if CLUSTER > 1:  # the slices' sum in rank order, in rank 0 (which alone stores)
         acc = cluster_sum(acc, CLUSTER, num_warps)
     store_or_reduce(gl.convert_layout(acc, st_layout), c_ptr, ws_ptr, cnt_ptr, M, N, stride_cm, off_n, off_m, off_m,
-                    pid_m * gl.num_programs(0) + pid_n, pid_k, 1.0, BLOCK_N, BLOCK_M,
-                    SPLIT_K if CLUSTER == 1 else 1, False, num_warps, CLUSTER)
+                    pid_m * gl.num_programs(0) + pid_n, pid_k, 1.0, BLOCK_N, BLOCK_M, SPLIT_K, False, num_warps,
+                    CLUSTER)
