@@ -36,6 +36,7 @@ plan (it compiles and allocates the workspaces).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -482,11 +483,11 @@ class Launch:
                 if self.cluster > 1:
                     self.packed = cluster_metadata(ck, self.cluster)
                 launch_compiled(ck, self.launch_grid, stream, (*descs, *args[nd:], *self._tail), self.packed)
-            elif _INTERPRET:  # numpy runs the kernel: IEEE inf / NaN (1 / 0 of a padded block) are meant, not warned
-                with np.errstate(all="ignore"):
-                    ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
             else:
-                ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
+                # the interpreter runs the kernel in numpy: IEEE inf / NaN (1 / 0 of a padded block) are meant, not
+                # warned
+                with np.errstate(all="ignore") if _INTERPRET else contextlib.nullcontext():
+                    ck = self.kernel[self.grid](*descs, *args[nd:], **self.constexprs, **self.options)
             if ck is not None and _KEEP_COMPILED and not _INTERPRET and getattr(ck, "run", None) is not None:
                 self.ck = ck
             return
