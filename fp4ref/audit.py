@@ -126,13 +126,12 @@ def _check_bytes(layer, ckpt) -> list:
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         sb = ss.read_rows(layer.scale, r0, r1).view(np.uint8)
-        codes = cs.read_rows(layer.codes, r0, r1).view(np.uint8)
+        el = C.element_codes(cs.read_rows(layer.codes, r0, r1), fmt)
         if fmt == "mxfp8":
-            mag = codes & 0x7F  # E4M3 codes: non-zero magnitude
+            mag = el & 0x7F  # E4M3 codes: non-zero magnitude
             code_nan += int(np.count_nonzero(mag == 0x7F))
         else:
-            nib = np.stack([codes & 15, codes >> 4], axis=-1).reshape(r1 - r0, -1)
-            mag = nib & 7
+            mag = el & 7
         nan_b, neg_b = C.scale_byte_defects(fmt, sb)
         nan += int(np.count_nonzero(nan_b))
         neg += int(np.count_nonzero(neg_b))
@@ -144,11 +143,7 @@ def _check_bytes(layer, ckpt) -> list:
         blocks_nonzero = np.any(mag.reshape(r1 - r0, -1, block) != 0, axis=-1)
         zsc += int(np.count_nonzero(zero_scale & blocks_nonzero))
         if kp > k:
-            pad += int(np.count_nonzero(mag[:, k:]))
-            if fmt != "mxfp8":
-                pad += int(np.count_nonzero(nib[:, k:] == 8))  # -0 codes in the padding are non-zero bytes too
-            else:
-                pad += int(np.count_nonzero(codes[:, k:] == 0x80))
+            pad += int(np.count_nonzero(el[:, k:]))  # (a -0 code, 0x8 / 0x80, is not code 0: it counts)
     out = []
     if nan:
         out.append(Finding("scale-nan", nan, f"{nan} NaN scale byte(s) in {layer.scale}"))

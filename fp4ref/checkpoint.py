@@ -83,6 +83,7 @@ __all__ = [
     "Layer",
     "find_quantized_layers",
     "scale_byte_defects",
+    "element_codes",
     "plan_quantize",
     "quantize_checkpoint",
     "dequantize_checkpoint",
@@ -1246,8 +1247,8 @@ def _layer_of_scale(cf: str, n: str) -> str | None:
 
 def _tensors_record(shard, cf: str, fmt: str) -> dict:
     """A shard's fp4ref.tensors record, checked: a JSON object {tensor: {"shape": [ints >= 0, ...], "dtype": F32,
-    F16 or BF16 (the original dtypes fp4ref quantizes)}} whose tensors are names the layout can quantize (compressed-tensors: X.weight) and not themselves the
-    scale or global tensor of another recorded layer."""
+    F16 or BF16 (the original dtypes fp4ref quantizes)}} whose tensors are names the layout can quantize
+    (compressed-tensors: X.weight) and not themselves the scale or global tensor of another recorded layer."""
     where = f"{str(shard.path)!r}: metadata fp4ref.tensors"
     try:
         rec = json.loads(shard.metadata["fp4ref.tensors"])
@@ -1349,6 +1350,17 @@ def scale_byte_defects(fmt: str, sb: np.ndarray) -> tuple:
     return sb == 0xFF, np.zeros(sb.shape, bool)
 
 
+def element_codes(codes: np.ndarray, fmt: str) -> np.ndarray:
+    """The uint8 element codes [rows, stored K] of stored code rows ``codes`` [rows, ...] of format ``fmt``: the
+    bytes (mxfp8, E4M3FN codes) or each byte's two E2M1 codes, element 2i in bits 3:0 (nvfp4, mxfp4). Beyond the
+    original K every quantizer writes code 0 (a -0 code is not 0): fp4ref audit counts the others, --dequantize
+    refuses them."""
+    c = codes.view(np.uint8)
+    if fmt == "mxfp8":
+        return c.reshape(c.shape[0], -1)
+    return np.stack([c & 15, c >> 4], axis=-1).reshape(c.shape[0], -1)
+
+
 def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray:
     """Exact float64 values of rows [r0, r1) of expert e (0 for 2-D) of a quantized layer, unpadded."""
     block = FORMATS[layer.fmt][0]
@@ -1359,21 +1371,19 @@ def _decode_rows(shard_of, layer: Layer, e: int, r0: int, r1: int) -> np.ndarray
     ss = shard_of(layer.scale)
     codes = cs.read_rows(layer.codes, row0 + r0, row0 + r1)
     sb = ss.read_rows(layer.scale, row0 + r0, row0 + r1).view(np.uint8)
+    el = element_codes(codes, layer.fmt)
     if layer.fmt == "mxfp8":
-        cb = codes.view(np.uint8).reshape(-1)
+        cb = el.reshape(-1)
         nan_codes = np.flatnonzero((cb & 0x7F) == 0x7F)
         if nan_codes.size:  # E4M3FN NaN: no quantizer writes it, and it would decode to a NaN weight
             raise QuantizeFileError(f"{layer.codes}: element code {int(cb[nan_codes[0]]):#04x} at flat index "
                                     f"{int(nan_codes[0])} of rows [{row0 + r0}, {row0 + r1}) is NaN")
         vals = codes.astype(np.float64)
-        pad = codes.view(np.uint8).reshape(r1 - r0, -1)[:, layer.shape[-1]:]
     else:
-        c = codes.view(np.uint8)
-        nib = np.stack([c & 15, c >> 4], axis=-1).reshape(r1 - r0, -1)
-        vals = _E2M1[nib]
-        pad = nib[:, layer.shape[-1]:]
+        vals = _E2M1[el]
     # codes beyond the original K are zero in every quantizer's output: others mean a wrong recorded K, whose
     # decode would drop values (audit's padding check)
+    pad = el[:, layer.shape[-1]:]
     if np.any(pad):
         raise QuantizeFileError(f"{layer.codes}: {int(np.count_nonzero(pad))} non-zero code(s) beyond the original "
                                 f"K={layer.shape[-1]} (stored K={layer.k_padded}) in rows [{row0 + r0}, "
