@@ -8,8 +8,10 @@ returns :class:`Diagnosis` entries, each a known bug with its evidence. Two kind
   the correctly rounded value, every wrong element one ulp off);
 * "the output is what the bug would compute": the output is recomputed, on a sample of at most 4 rows x 48
   columns, the way the bug reads the operands (swapped nibbles, swapped 2:4 metadata fields, a signed shift of
-  int8 bytes, missing or misplaced NVFP4 block scales, a dropped K tail) or accumulates (fp16 / bf16 partial sums,
-  an unpromoted 14-bit fp8 accumulator); the bug is named when that matches the output on >= 90% of the sample
+  int8 bytes, missing or misplaced NVFP4 block scales, plain block scales read as a swizzled layout, a dropped K
+  tail), quantizes the NVFP4 layer's activation (another recipe, an amax over a tile of rows, none), scales it (a
+  global decode scale left out) or accumulates (fp16 / bf16 partial sums, an unpromoted 14-bit fp8 accumulator);
+  the bug is named when that matches the output on >= 90% of the sample
   while the correctly rounded reference does not (the share of each is the evidence). fp16 / bf16 partial sums are
   recomputed two ways, fused (``acc = round(acc + a*b)``, the exact product) and unfused
   (``acc = round(acc + round(a*b))``, each product rounded first; skipped where every product is exact in the
@@ -20,7 +22,7 @@ Pure numpy; the workloads are those of :mod:`fp4ref.workloads` (operands as thei
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -53,6 +55,15 @@ BUGS = {
     "missing_block_scale": "the NVFP4 block scales of the weight are not applied (read as 1.0)",
     "block_scale_wrong_block": "each NVFP4 block uses the scale of the previous block",
     "dropped_k_tail": "the last K elements (a partial or final K tile) are never accumulated",
+    "block_scales_read_swizzled": "the weight's plain row-major block scales are read as if they were in a swizzled "
+                                  "scale layout (cuBLAS's 128x4 or the 8x4 one, fp4ref.layouts)",
+    "activation_other_recipe": "x is quantized by another NVFP4 recipe's rules (named in the evidence) than the "
+                               "workload's",
+    "activation_amax_not_global": "x's global amax (so its global scale) is taken over a tile of rows instead of "
+                                  "the whole x",
+    "activation_not_quantized": "x enters the product unquantized (its own values) instead of NVFP4-quantized",
+    "missing_global_scale": "a global decode scale (x's or the weight's, named in the evidence) is left out of the "
+                            "epilogue",
 }
 
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -268,8 +279,77 @@ def _nvfp4_candidates(workload, ops, rows, cols):
         xx[:, K - t:] = 0
         return run(xx=xx)
 
-    return out + [("dropped_k_tail", f"the last {t} K elements dropped", lambda t=t: drop(t))
-                  for t in _tails(K, 16)]
+    out += [("dropped_k_tail", f"the last {t} K elements dropped", lambda t=t: drop(t)) for t in _tails(K, 16)]
+    return out + _nvfp4_scale_layout_candidates(ops, cols, run) + _nvfp4_activation_candidates(ops, rows, cols)
+
+
+def _nvfp4_scale_layout_candidates(ops, cols, run):
+    """The plain [N, K/16] scale bytes read at the byte offsets of a swizzled layout: where that layout of an
+    [N, K/16] matrix has no padding (N and K/16 whole tiles), every offset lies inside the plain buffer."""
+    from .layouts import blocked_offsets, blocked_size
+
+    s_all = np.asarray(ops["weight_scales"]).view(np.uint8)
+    n, nb = s_all.shape
+    out = []
+    for layout in ("128x4", "8x4"):
+        if blocked_size(n, nb, layout) == n * nb:
+            bad = s_all.reshape(-1)[blocked_offsets(n, nb, layout)[cols]]
+            out.append(("block_scales_read_swizzled", f"the plain scales read as the {layout} layout",
+                        lambda bad=bad: run(ss=bad)))
+    return out
+
+
+def _nvfp4_activation_candidates(ops, rows, cols):
+    """Bugs in x's quantizer (another recipe, an amax over fewer rows than all of x, none at all) and in the
+    epilogue's global scales, each recomputed exactly on the sample (fp4ref.gemm.nvfp4_gemm)."""
+    from .blockscale import NVFP4Recipe, NVFP4Tensor, nvfp4_dequantize, nvfp4_quantize
+    from .gemm import nvfp4_gemm
+    from .workloads import NVFP4_X_RECIPE
+
+    x2 = ops["x"].reshape(-1, ops["x"].shape[-1])
+    xs, K = x2[rows], x2.shape[-1]
+    amax = ops["x_global_amax"]
+    w = np.asarray(ops["weight_fp4"]).view(np.uint8)[cols]
+    s = np.asarray(ops["weight_scales"]).view(np.uint8)[cols]
+    g = np.float32(ops["weight_global_decode_scale"])
+    wq = NVFP4Tensor(codes=w, scales=s, global_decode_scale=g, shape=(len(cols), K), recipe="raw", block=(1, 16),
+                     axis=1)
+    single_level = (NVFP4Recipe.TORCHAO_SINGLE_LEVEL, NVFP4Recipe.TORCHAO_0_16_SINGLE_LEVEL)
+
+    def exact(xq, wt=wq):
+        return np.asarray(nvfp4_gemm(xq, wt).exact, dtype=np.float64)
+
+    def quant(recipe, rows_x=xs, a=amax):
+        return nvfp4_quantize(rows_x, recipe=recipe, global_amax=None if recipe in single_level else a)
+
+    out = [("activation_other_recipe", f"x quantized with recipe {r.value!r}", lambda r=r: exact(quant(r)))
+           for r in NVFP4Recipe if r.value != NVFP4_X_RECIPE]
+
+    # the amax of each sampled row's tile of R rows (a kernel that reduces it per program, per chunk, per row):
+    # one candidate per distinct set of amaxes that differs from the global one
+    def per_tile(tile_amax):
+        return np.concatenate([exact(quant(NVFP4_X_RECIPE, xs[i:i + 1], a)) for i, a in enumerate(tile_amax)])
+
+    seen = set()
+    for R in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if R >= x2.shape[0]:
+            break
+        starts = (np.asarray(rows) // R) * R
+        tile_amax = tuple(float(np.max(np.abs(x2[a:a + R].astype(np.float32)))) for a in starts)
+        if tile_amax not in seen and any(a != amax for a in tile_amax):
+            seen.add(tile_amax)
+            out.append(("activation_amax_not_global", f"x's amax over tiles of {R} row{'s' if R > 1 else ''}",
+                        lambda t=tile_amax: per_tile(t)))
+    # x's own values times the decoded weight: every product is exact in float64 (8 + 5 significant bits at most),
+    # the sum over K is float64's (far below the output's half ulp, except at rare near-ties)
+    out.append(("activation_not_quantized", "", lambda: xs.astype(np.float64) @ nvfp4_dequantize(
+        wq, dtype=np.float64).T))
+    xq = quant(NVFP4_X_RECIPE)
+    unit = replace(wq, global_decode_scale=np.float32(1.0))
+    out.append(("missing_global_scale", "x's global decode scale left out",
+                lambda: exact(replace(xq, global_decode_scale=np.float32(1.0)))))
+    out.append(("missing_global_scale", "the weight's global decode scale left out", lambda: exact(xq, unit)))
+    return out
 
 
 def _tails(K, multiple=1):

@@ -31,7 +31,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-__all__ = ["Workload", "WORKLOADS", "get_workload"]
+__all__ = ["NVFP4_X_RECIPE", "Workload", "WORKLOADS", "get_workload"]
 
 
 @dataclass(frozen=True)
@@ -247,11 +247,15 @@ def _nvfp4_adversarial(rng, m, n, k):
     return {"x": _bf16(x.reshape(1, m, k)), **w}
 
 
+#: The recipe the NVFP4-linear workload quantizes x with, per call (fp4ref.blockscale.NVFP4Recipe.SOL)
+NVFP4_X_RECIPE = "sol"
+
+
 def _nvfp4_reference(x, weight_fp4, weight_scales, weight_global_decode_scale, x_global_amax=None):
     from .gemm import nvfp4_linear
 
     if x_global_amax is None:
-        return nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe="sol")
+        return nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recipe=NVFP4_X_RECIPE)
     # A row subset of a larger x: quantize it with the whole tensor's amax (the per-tensor global scale), which
     # gives exactly the rows that quantizing the whole x would (block scales are per row).
     from .blockscale import NVFP4Tensor, nvfp4_quantize
@@ -259,7 +263,7 @@ def _nvfp4_reference(x, weight_fp4, weight_scales, weight_global_decode_scale, x
     from .gemm import nvfp4_gemm
 
     k = x.shape[-1]
-    xq = nvfp4_quantize(x.reshape(-1, k), recipe="sol", global_amax=x_global_amax)
+    xq = nvfp4_quantize(x.reshape(-1, k), recipe=NVFP4_X_RECIPE, global_amax=x_global_amax)
     n = weight_fp4.shape[0]
     wg = np.float32(positive_float32(weight_global_decode_scale, "weight_global_decode_scale"))
     wq = NVFP4Tensor(codes=np.asarray(weight_fp4).view(np.uint8), scales=np.asarray(weight_scales).view(np.uint8),

@@ -113,6 +113,63 @@ def _nvfp4_bug(transform):
     return kernel
 
 
+def _swizzled_128x4(s):
+    """The plain [N, K/16] bytes read at the offsets of cuBLAS's 128x4 layout (N % 128 == 0, K/16 % 4 == 0):
+    (r // 128) tiles of 512 bytes per 4 columns, then (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4."""
+    n, nb = s.shape
+    r, c = np.meshgrid(np.arange(n), np.arange(nb), indexing="ij")
+    return s.reshape(-1)[(r // 128) * (nb // 4) * 512 + (c // 4) * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4]
+
+
+def _swizzled_8x4(s):
+    """The same for the 8x4 layout (N % 8 == 0): 32-byte tiles of 8 rows x 4 columns, row-major inside."""
+    n, nb = s.shape
+    r, c = np.meshgrid(np.arange(n), np.arange(nb), indexing="ij")
+    return s.reshape(-1)[(r // 8) * (nb // 4) * 32 + (c // 4) * 32 + (r % 8) * 4 + c % 4]
+
+
+def _w_decoded(ops):
+    """W [N, K] decoded in float64: e2m1(code) * e4m3(block scale) * global decode scale, all exact."""
+    codes = np.asarray(ops["weight_fp4"]).view(np.uint8)
+    e = np.stack([E2M1[codes & 0xF], E2M1[codes >> 4]], axis=-1).reshape(codes.shape[0], -1)
+    s = E4M3[np.asarray(ops["weight_scales"]).view(np.uint8) & 0x7F]
+    return e * np.repeat(s, 16, axis=1) * float(np.float32(ops["weight_global_decode_scale"]))
+
+
+def x_other_recipe(w, ops, ref):
+    return gemm.nvfp4_linear(ops["x"], ops["weight_fp4"], ops["weight_scales"], ops["weight_global_decode_scale"],
+                             recipe="te-4over6").out
+
+
+def x_amax_per_row(w, ops, ref):
+    x = ops["x"].reshape(-1, ops["x"].shape[-1])
+    rows = [gemm.nvfp4_linear(x[i:i + 1], ops["weight_fp4"], ops["weight_scales"],
+                              ops["weight_global_decode_scale"]).out for i in range(x.shape[0])]
+    return np.concatenate(rows).reshape(ref.out.shape)
+
+
+def x_amax_per_2_rows(w, ops, ref):
+    x = ops["x"].reshape(-1, ops["x"].shape[-1])
+    rows = [gemm.nvfp4_linear(x[i:i + 2], ops["weight_fp4"], ops["weight_scales"],
+                              ops["weight_global_decode_scale"]).out for i in range(0, x.shape[0], 2)]
+    return np.concatenate(rows).reshape(ref.out.shape)
+
+
+def x_not_quantized(w, ops, ref):
+    x = ops["x"].reshape(-1, ops["x"].shape[-1]).astype(np.float64)
+    return _round(x @ _w_decoded(ops).T, ref).reshape(ref.out.shape)
+
+
+def x_global_scale_left_out(w, ops, ref):
+    # the workload's recipe: S_enc = fp32(2688 / amax), decode scale fp32(1 / S_enc)
+    s_enc = np.float32(2688.0) / np.float32(np.max(np.abs(ops["x"].astype(np.float32))))
+    return _round(ref.exact / np.float64(np.float32(1.0) / s_enc), ref)
+
+
+def w_global_scale_left_out(w, ops, ref):
+    return _round(ref.exact / np.float64(np.float32(ops["weight_global_decode_scale"])), ref)
+
+
 def right(w, ops, ref):
     return ref.out.copy()
 
@@ -144,6 +201,25 @@ PLANTED = {
                             "missing_block_scale", {}),
     "block scale of the previous block": (NVFP4, "public", 2, 48, 256, _nvfp4_bug(lambda s: np.roll(s, 1, axis=1)),
                                           "block_scale_wrong_block", {}),
+    "plain scales read as 128x4": (NVFP4, "public", 2, 128, 256, _nvfp4_bug(_swizzled_128x4),
+                                   "block_scales_read_swizzled", {}),
+    "plain scales read as 8x4": (NVFP4, "public", 2, 48, 256, _nvfp4_bug(_swizzled_8x4),
+                                 "block_scales_read_swizzled", {}),
+    "x quantized with another recipe": (NVFP4, "public", 2, 48, 256, x_other_recipe, "activation_other_recipe", {}),
+    "x amax per row": (NVFP4, "public", 4, 48, 256, x_amax_per_row, "activation_amax_not_global", {}),
+    "x amax per 2 rows": (NVFP4, "public", 4, 48, 256, x_amax_per_2_rows, "activation_amax_not_global", {}),
+    "x not quantized": (NVFP4, "public", 2, 48, 256, x_not_quantized, "activation_not_quantized", {}),
+    "x global scale left out": (NVFP4, "public", 2, 48, 256, x_global_scale_left_out, "missing_global_scale", {}),
+    "weight global scale left out": (NVFP4, "public", 2, 48, 256, w_global_scale_left_out, "missing_global_scale",
+                                     {}),
+}
+
+# what the evidence of a planted bug must say, where a bug has several forms
+EVIDENCE = {
+    "plain scales read as 128x4": "128x4 layout", "plain scales read as 8x4": "8x4 layout",
+    "x quantized with another recipe": "recipe 'te-4over6'", "x amax per row": "tiles of 1 row:",
+    "x amax per 2 rows": "tiles of 2 rows:",
+    "x global scale left out": "x's global decode scale", "weight global scale left out": "the weight's global",
 }
 
 
@@ -167,6 +243,8 @@ def test_planted_bug_is_named(name):
     same = {"swapped_nibbles", "swapped_meta_fields"}
     assert bug in names and (names <= same if bug in same else names == {bug}), (name, [str(d) for d in found])
     assert all(d.evidence for d in found)
+    if name in EVIDENCE:
+        assert EVIDENCE[name] in found[0].evidence and " or " not in found[0].evidence.split(":")[0], str(found[0])
 
 
 CORRECT = {
