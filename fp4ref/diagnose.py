@@ -340,8 +340,8 @@ def _nvfp4_activation_candidates(ops, rows, cols):
             seen.add(tile_amax)
             out.append(("activation_amax_not_global", f"x's amax over tiles of {R} row{'s' if R > 1 else ''}",
                         lambda t=tile_amax: per_tile(t)))
-    # x's own values times the decoded weight: every product is exact in float64 (8 + 5 significant bits at most),
-    # the sum over K is float64's (far below the output's half ulp, except at rare near-ties)
+    # x's own values times the decoded weight (e2m1 * e4m3 * the fp32 global scale, exact in float64), products
+    # and sum in float64: their rounding errors lie far below the output's half ulp, except at rare near-ties
     out.append(("activation_not_quantized", "", lambda: xs.astype(np.float64) @ nvfp4_dequantize(
         wq, dtype=np.float64).T))
     xq = quant(NVFP4_X_RECIPE)
