@@ -5,6 +5,7 @@ The bound (docs/bounds.md, "The bound"), for an output element with exact value 
 
     e_acc  = eps_acc(K) * P                                         accumulation
     e_epi  = gamma_m(2^-24) * (|C| + e_acc) + m * 2^-149            m fp32 epilogue multiplies (global scales)
+             [+ (|C| + e_acc) * 2^-150 / G                          G = Reference.epilogue_scale below 2^-126]
     bound  = u_out * |C| + (1 + u_out) * (e_acc + e_epi) + eta_out  one rounding to the output format
 
 with u_out = 2^-p (RNE; 2^(1-p) for ``faithful``: either neighbour) and eta_out half the smallest subnormal
@@ -47,13 +48,14 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from ._interop import to_numpy
 from ._validate import exact_float_dtype, is_int, is_real
-from .gemm import OutputFormat, Reference
+from .gemm import OutputFormat, Reference, round_exact
 
 __all__ = [
     "AccumulationModel",
@@ -74,6 +76,8 @@ __all__ = [
 ]
 
 U32 = 2.0**-24  # fp32 unit roundoff (RN)
+_F32_MIN_NORMAL = 2.0**-126
+_F32_OVERFLOW = 2.0**128 - 2.0**103  # the smallest value that fp32 RNE rounds to inf (max + half an ulp)
 OUTPUT_ROUNDINGS = ("rne", "faithful")
 # Most fp32 multiplies after the accumulation a bound may assume (each adds ~u to the relative term; a real GEMM
 # epilogue has a few: global scales, alpha). A larger override would make the bound meaningless, so it is refused.
@@ -226,7 +230,10 @@ class AccumulationModel:
             e_in = self.inner.eps(min(K, self.chunk))
             if math.isinf(e_in):  # (one chunk: gamma_0 = 0, and 0 * inf would be NaN)
                 return math.inf
-            return e_in + gamma(max(n - 1, 0), U32) * (1 + e_in)
+            # a partial meets at most n - 1 fp32 additions, and with an exact inner model its own rounding to fp32
+            # first (an inner model's accumulator is fp32 or narrower: converting it is exact)
+            rounds = n - 1 + (1 if self.inner.kind == "exact" else 0)
+            return e_in + gamma(rounds, U32) * (1 + e_in)
         # block_fma
         if self.promote_every is not None and K > self.promote_every:
             e_in = self._block_eps(self.promote_every)
@@ -589,7 +596,8 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
         ValueError: unknown model or rounding, ``epilogue_multiplies`` out of range; a model whose eps_acc(K) is
             >= 1 (or infinite) at the reference's K (:meth:`AccumulationModel.vacuous_from`: such a bound allows a
             100% error, so an all-zero output passes; it is refused, and the message names the model, K and the
-            first K the model gives out at).
+            first K the model gives out at); a ``ref.epilogue_scale`` that overflows fp32 (with epilogue
+            multiplies: the declared epilogue then gives +-inf or NaN everywhere).
 
     Returns:
         :class:`BoundTerms`; ``total`` already includes ``ref.exact_err`` (so a bound computed around a float64
@@ -606,6 +614,10 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     if epilogue_multiplies is not None:
         epilogue_multiplies = _check_epilogue_multiplies(epilogue_multiplies)
     n_epi = (ref.epilogue_multiplies + m.epilogue_multiplies) if epilogue_multiplies is None else epilogue_multiplies
+    if n_epi and ref.epilogue_scale is not None and abs(ref.epilogue_scale) >= _F32_OVERFLOW:
+        raise ValueError(f"the global scales' product {ref.epilogue_scale!r} overflows fp32: the epilogue acc * "
+                         "fp32(G) is then +-inf or NaN for every element, and no bound exists for a finite exact "
+                         "value (docs/bounds.md)")
     C = np.abs(ref.exact) + ref.exact_err
     eps = m.eps(ref.K) if ref.K else 0.0  # K = 0: an empty sum, nothing accumulated
     if not eps < 1:  # the bound would allow a 100% error (|exact| <= |A||B|): an all-zero output would pass
@@ -614,6 +626,10 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
         # |A||B| is a float64 matmul of exact magnitudes: within gamma_K(2^-53) of the true value; inflate for it.
         e_acc = eps * (ref.absprod * (1 + (ref.K + 2) * 2.0**-52)) if eps else np.zeros_like(C)
         e_epi = gamma(n_epi, U32) * (C + e_acc) + n_epi * 2.0**-149 if n_epi else np.zeros_like(C)
+        G = abs(ref.epilogue_scale) if n_epi and ref.epilogue_scale is not None else None
+        if G is not None and G < _F32_MIN_NORMAL:
+            # fp32(G) subnormal or 0: its absolute error (<= 2^-150) is multiplied by |acc| <= (|C| + e_acc) / G
+            e_epi = e_epi + (C + e_acc) * (2.0**-150 / G)
         rnd = u_out * C
         acc = (1 + u_out) * e_acc
         epi = (1 + u_out) * e_epi
@@ -815,7 +831,8 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         TypeError: wrong dtype of ``out`` or ``ref``, a non-numeric ``poison``, a non-bool
         ``exact_accumulation``, an ``epilogue_multiplies`` that is not None or an int; ValueError: shape mismatch,
         unknown model or rounding, ``epilogue_multiplies`` outside [0, MAX_EPILOGUE_MULTIPLIES], a model whose
-        eps_acc(ref.K) is >= 1 (as for :func:`bound`; before any element is compared).
+        eps_acc(ref.K) is >= 1 or a ``ref.epilogue_scale`` that overflows fp32 (as for :func:`bound`; before any
+        element is compared).
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
@@ -1000,6 +1017,13 @@ def _recursive_chain(P: np.ndarray, u: float) -> np.ndarray:
     return acc.astype(np.float64)
 
 
+def _exact_sum_fp32(row) -> float:
+    """The exact sum of float64 values, rounded once to fp32 (RNE): a dyadic Fraction, then gemm.round_exact."""
+    total = sum((Fraction(float(v)) for v in row), Fraction(0))
+    shift = total.denominator.bit_length() - 1  # a power of two: every float64 is dyadic
+    return round_exact(total.numerator, -shift, "float32")
+
+
 def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
     K = P.shape[1]
     if m.kind == "exact":
@@ -1008,7 +1032,12 @@ def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:
     if m.kind == "recursive":
         return _recursive_chain(P, m.u)
     if m.kind == "splitk":
-        parts = [_simulate_products(P[:, c:c + m.chunk], m.inner).astype(np.float32) for c in range(0, K, m.chunk)]
+        if m.inner.kind == "exact":  # each exact partial rounded to fp32 ONCE (fsum's float64, then fp32, could twice)
+            parts = [np.array([_exact_sum_fp32(row) for row in P[:, c:c + m.chunk]], dtype=np.float32)
+                     for c in range(0, K, m.chunk)]
+        else:
+            parts = [_simulate_products(P[:, c:c + m.chunk], m.inner).astype(np.float32)
+                     for c in range(0, K, m.chunk)]
         acc = np.zeros(P.shape[0], dtype=np.float32)
         for part in parts:
             acc = acc + part

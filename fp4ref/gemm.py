@@ -30,8 +30,8 @@ How exactness is obtained (docs/bounds.md):
   Cauchy-Schwarz proves it exact, else two 11-bit limbs), then the global scales by a certified float64 product
   (float64 alone is not exact for NVFP4 beyond K ~ 1190).
 * The rounding itself is this module's own RNE from float64 (``round_float64``): frexp/ldexp/rint, all exact,
-  so never a double rounding (ml_dtypes' float64 -> bfloat16 cast goes through float32 and DOES double-round:
-  1 + 2^-8 + 2^-40 gives 1.0 instead of 1 + 2^-7).
+  so never a double rounding, whatever a library's own float64 cast does (a cast through float32 would
+  double-round: 1 + 2^-8 + 2^-40 -> float32 1 + 2^-8, a bf16 tie -> 1.0 instead of 1 + 2^-7).
 
 Policies (named, documented, tested):
 
@@ -226,6 +226,9 @@ class Reference:
         description: dict naming the workload, shapes, dtypes and recipe.
         epilogue_multiplies: fp32 multiplies that a kernel is expected to apply to the accumulator (global scales);
             the bound adds 2^-24 |exact| for each (docs/bounds.md, "The bound").
+        epilogue_scale: the exact product G of the global scales that a kernel applies to the accumulator as ONE
+            fp32 scalar, fp32(G) (the NVFP4 epilogue ``acc * fp32(x_gdec * w_gdec)``), or None (no such scalar).
+            Where fp32(G) is subnormal or 0 the bound adds the error that carries into the output (docs/bounds.md).
     """
 
     out: np.ndarray
@@ -235,6 +238,7 @@ class Reference:
     output_format: OutputFormat
     description: dict
     epilogue_multiplies: int = 0
+    epilogue_scale: float | None = None
     _absprod_fn: Callable[[], np.ndarray] | None = field(default=None, repr=False)
     _fraction_fn: Callable[[tuple], Fraction] | None = field(default=None, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
@@ -750,6 +754,7 @@ def _nvfp4_core(xc, xs, xg: float, wc, ws, wg: float, K: int, desc: dict) -> Ref
         output_format=fmt,
         description=desc,
         epilogue_multiplies=2,
+        epilogue_scale=float(xg) * float(wg),  # exact: two float32 significands fit float64's
         _absprod_fn=absprod,
         _fraction_fn=fraction,
     )
@@ -891,7 +896,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         ref = Reference(out=ref.out.reshape(shape), exact=ref.exact.reshape(shape),
                         exact_err=np.asarray(ref.exact_err).reshape(shape), K=K, output_format=ref.output_format,
                         description=ref.description, epilogue_multiplies=ref.epilogue_multiplies,
-                        _absprod_fn=lambda f=ref._absprod_fn: f().reshape(shape),
+                        epilogue_scale=ref.epilogue_scale, _absprod_fn=lambda f=ref._absprod_fn: f().reshape(shape),
                         _fraction_fn=lambda idx, f=ref._fraction_fn: f(
                             (int(np.ravel_multi_index(idx[:-1], lead)), idx[-1])))
     return ref

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from fractions import Fraction
 
 import ml_dtypes
@@ -179,13 +180,14 @@ def test_a_model_just_below_its_vacuous_K_still_checks():
 def test_vacuous_from_is_the_first_K_with_eps_at_least_1():
     # by brute force from the formulas: the smallest K with t = (K + ceil(K/32)) 2^-13 >= 1/2 (hopper fp8:
     # t / (1 - t) >= 1), K 2^-24 >= 1/2 (fp32 RN: gamma_K(2^-24) >= 1), K 2^-22 >= 1 (tc_fp32_universal); a split-K
-    # model gives out where its chunk's model does, or where gamma_{ceil(K/C)-1}(2^-24) reaches 1
-    # (splitk(exact, 4096): ceil(K/4096) - 1 >= 2^23, K = 4096 * 2^23 + 1)
+    # model gives out where its chunk's model does, or where gamma_{ceil(K/C)-1}(2^-24) reaches 1, gamma_{ceil(K/C)}
+    # with exact chunks (each partial is rounded to fp32 too: splitk(exact, 4096): ceil(K/4096) >= 2^23,
+    # K = 4096 * (2^23 - 1) + 1)
     fp8 = next(K for K in range(1, 10**4) if 2 * (K + -(-K // 32)) >= 2**13)
     assert fp8 == 3971
     want = {"hopper_fp8_wgmma": fp8, "fp32_rn": 2**23, "tc_fp32_universal": 2**22,
             "splitk(hopper_fp8_wgmma, 8192)": fp8, "splitk(hopper_fp8_wgmma, 4096)": fp8,
-            "splitk(exact, 4096)": 2**35 + 1, "hopper_fp8_wgmma_promote(10000)": fp8, "exact": None}
+            "splitk(exact, 4096)": 4096 * (2**23 - 1) + 1, "hopper_fp8_wgmma_promote(10000)": fp8, "exact": None}
     for name, first in want.items():
         m = bounds.get_model(name)
         assert m.vacuous_from() == first, name
@@ -405,6 +407,66 @@ def test_check_epilogue_terms_widen_the_bound():
     b0 = bounds.bound(ref, "fp32_rn", epilogue_multiplies=0).total
     assert np.all(b2 > b0)
     assert ref.epilogue_multiplies == 2
+
+
+def _nvfp4_one_block(gx, gw, code=0x77, scale=0x7E):
+    """An NVFP4 x [1, 16] and W [1, 16] of one block each: all elements E2M1 ``code`` with block scale ``scale``
+    and global decode scales gx, gw (fp32 values given as floats)."""
+    from fp4ref.blockscale import NVFP4Tensor
+
+    def t(g):
+        return NVFP4Tensor(codes=np.full((1, 8), code, np.uint8), scales=np.full((1, 1), scale, np.uint8),
+                           global_decode_scale=np.float32(g), shape=(1, 16), recipe="raw", block=(1, 16), axis=1)
+    return gemm.nvfp4_gemm(t(gx), t(gw))
+
+
+def _declared_epilogue(acc, gx, gw):
+    """What a kernel with the declared NVFP4 epilogue outputs: RNE_bf16(fp32(acc * fp32(gx * gw))) in numpy fp32."""
+    with np.errstate(under="ignore", over="ignore"):
+        g = np.float32(gx) * np.float32(gw)
+        return np.array([[np.float32(acc) * g]], np.float32).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("gx, gw", [(2.0**-70, 2.0**-80),  # fp32(G) flushes to 0
+                                    (1.5 * 2.0**-75, 2.0**-74),  # 1.5 * 2^-149: a tie, rounded to 2^-148
+                                    (2.0**-60, 2.0**-75)])  # subnormal, exact
+def test_a_subnormal_global_scale_product_is_bounded(gx, gw):
+    # every product is 6 * 448 squared: acc = 16 * 2688^2 exactly (an fp32); C = acc * gx * gw
+    ref = _nvfp4_one_block(gx, gw)
+    acc = 16 * 2688.0**2
+    assert ref.exact[0, 0] == acc * gx * gw and ref.epilogue_scale == gx * gw
+    out = _declared_epilogue(acc, gx, gw)
+    rep = bounds.check(out, ref, "hopper_fp16_wgmma")
+    assert rep.ok, rep.summary()
+    # the term is what lets it pass: without the scale's own error the same output fails (but for the exact case)
+    bare = replace(ref, epilogue_scale=None)
+    assert bounds.check(out, bare, "hopper_fp16_wgmma").ok == (float(out[0, 0]) == float(ref.out[0, 0]))
+
+
+def test_a_normal_global_scale_product_adds_nothing_and_an_overflowing_one_is_refused():
+    ref = _nvfp4_one_block(2.0**-20, 2.0**-30)
+    assert np.array_equal(bounds.bound(ref, "fp32_rn").total, bounds.bound(replace(ref, epilogue_scale=None),
+                                                                           "fp32_rn").total)
+    big = _nvfp4_one_block(2.0**65, 2.0**64, code=0x11, scale=0x08)  # G = 2^129: fp32(G) = inf; C = 16 * 2^-18 G
+    assert np.isfinite(float(big.out[0, 0]))
+    with pytest.raises(ValueError, match="overflows fp32"):
+        bounds.check(big.out.copy(), big, "fp32_rn")
+    assert bounds.bound(big, "fp32_rn", epilogue_multiplies=0).total.shape == (1, 1)  # no scalar applied: no G
+
+
+def test_splitk_of_exact_chunks_counts_the_rounding_of_each_partial():
+    u = 2.0**-24
+    m = bounds.get_model("splitk(exact, 2)")
+    assert m.eps(4) == pytest.approx(2 * u / (1 - 2 * u), rel=1e-15)  # n = 2 chunks: gamma_2
+    assert bounds.get_model("splitk(exact, 1)").eps(1) == pytest.approx(u / (1 - u), rel=1e-15)
+    # (1 + 2^-23)^2 rounded to fp32; and 1 + t + t in chunks [1, t], [t, 0] (t just below half an ulp of 1)
+    a = np.array([[1 + 2.0**-23]], np.float32)
+    err = abs(bounds.simulate(a, a, "splitk(exact, 1)")[0] - (1 + 2.0**-23) ** 2)
+    assert 0 < err <= bounds.get_model("splitk(exact, 1)").eps(1) * (1 + 2.0**-23) ** 2
+    t = 2.0**-24 * (1 - 2.0**-16)
+    a, b = np.array([[1, t, t, 0]], np.float32), np.ones((1, 4), np.float32)
+    P = 1 + 2 * float(np.float32(t))
+    assert abs(bounds.simulate(a, b, "splitk(exact, 2)")[0] - P) <= m.eps(4) * P
 
 
 def test_check_accepts_torch():
