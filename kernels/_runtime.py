@@ -7,7 +7,8 @@ plumbing:
   modules were imported; Triton reads it when it decorates a kernel).
 * ``num_sms(device)``: the multiprocessor count (cached); ``INTERPRETER_SMS`` in the CPU interpreter, so the
   persistent loops run several tiles per program there.
-* ``current_stream(device)``: the raw CUDA stream handle Triton itself launches on (0 on the CPU).
+* ``current_stream(device)``: the raw CUDA stream handle Triton itself launches on (0 on the CPU); tensors on a
+  CUDA device other than the current one are refused there (Triton launches on the current device).
 * ``PlanCache``: a bounded dict of launch plans, one policy for every kernel (``MAX_PLANS`` entries, the oldest
   dropped first); ``clear_plans()`` empties every cache.
 * ``workspace(device, stream, name, numel, dtype)``: scratch buffers per (device, stream), grown and never
@@ -32,7 +33,10 @@ The direct path needs Triton's NVIDIA launcher of the 3.4-3.6 shape (``raw_launc
 False otherwise; the Launch then uses ``ck.run``, which is only slower). A launch hook
 (``triton.knobs.runtime.launch_enter_hook`` / ``launch_exit_hook``) sends launches through ``ck.run`` too, which
 builds the metadata the hooks expect. Calls are CUDA-graph capturable after a first, uncaptured call of the same
-plan (it compiles and allocates the workspaces).
+plan (it compiles). Workspaces are per stream: a capture on another stream than that first call's (torch.cuda.graph
+captures on one side stream of its own unless given one) allocates that stream's workspaces inside the capture,
+and every graph captured on one stream shares them: replay such graphs one after another on one stream, not
+concurrently on several.
 """
 from __future__ import annotations
 
@@ -47,10 +51,11 @@ import torch
 from triton import knobs
 
 __all__ = [
-    "FAST_LAUNCH", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache", "check_device",
-    "check_distinct_elements", "check_int_fields", "check_ints", "check_no_overlap", "clear_plans", "cluster_metadata",
-    "clear_workspaces", "current_stream", "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms",
-    "raw_launcher", "workspace", "workspace_bytes",
+    "FAST_LAUNCH", "GRID_X_MAX", "GRID_YZ_MAX", "INT32_OFFSETS", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache",
+    "check_device", "check_distinct_elements", "check_int32_offsets", "check_int_fields", "check_ints",
+    "check_no_overlap", "clear_plans", "clear_workspaces", "cluster_metadata", "current_stream", "element_extent",
+    "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace",
+    "workspace_bytes",
 ]
 
 # Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``
@@ -99,14 +104,48 @@ def num_sms(device: torch.device) -> int:
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton itself uses; no Stream object
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)  # torch.cuda.current_device() without its Python layers
 
 
 def current_stream(device: torch.device) -> int:
-    """The raw handle of ``device``'s current CUDA stream (0 for a CPU device)."""
+    """The raw handle of ``device``'s current CUDA stream (0 for a CPU device); every kernel call takes its stream
+    here.
+
+    Raises:
+        ValueError: ``device`` is a CUDA device other than the current one. Triton compiles for, loads into and
+            launches on the current device, so tensors elsewhere would meet a kernel of another context (a launch
+            error) or run unordered with their producers: call under ``torch.cuda.device(device)``.
+    """
     if device.type != "cuda":
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
+    current = _GET_DEVICE() if _GET_DEVICE is not None else torch.cuda.current_device()
+    if device.index is not None and device.index != current:
+        raise ValueError(f"the tensors are on {device} but the current CUDA device is cuda:{current}: the kernels "
+                         f"launch on the current device; call under torch.cuda.device({device.index})")
+    return _RAW_STREAM(current) if _RAW_STREAM is not None else torch.cuda.current_stream(current).cuda_stream
+
+
+GRID_X_MAX, GRID_YZ_MAX = 2**31 - 1, 65535  # a CUDA grid's dimensions
+INT32_OFFSETS = 2**31  # `tl` kernels that index as row index * row stride (int32) reach elements below this
+
+
+def element_extent(t: torch.Tensor) -> int:
+    """Elements from a strided tensor's first to one past its last: 1 + sum((size - 1) * stride) (0 if empty)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 1)
+
+
+def check_int32_offsets(path: str, **extents: int) -> None:
+    """The operands of a ``path`` whose kernels index with 32-bit offsets (row index times row stride) must each
+    extend over fewer than INT32_OFFSETS elements (``extents``: name -> ``element_extent`` or an element count).
+
+    Raises:
+        ValueError: naming the first operand that does not, and its extent."""
+    for name, extent in extents.items():
+        if extent >= INT32_OFFSETS:
+            raise ValueError(f"{name} extends over {extent} elements: the {path} indexes it with 32-bit offsets "
+                             f"(fewer than 2**31 elements); split the call along M")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -290,8 +329,11 @@ def workspace_bytes() -> int:
 
 
 def clear_workspaces() -> None:
-    """Free every cached workspace (calls on any stream allocate fresh ones)."""
+    """Free every cached workspace (calls on any stream allocate fresh ones). The launch plans go too
+    (``clear_plans``): some keep views of the last workspace they used, which would keep its memory alive; the
+    next call of each shape rebuilds its plan from Triton's cache of compiled kernels."""
     _WORKSPACES.clear()
+    clear_plans()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -447,6 +489,10 @@ class Launch:
     tensors, ints and floats). The first call compiles through the JIT; on a CUDA device the CompiledKernel is
     kept and later calls launch it directly (module docstring), or through ``ck.run`` where that is not possible.
     In the CPU interpreter every call goes through the JIT.
+
+    Raises:
+        ValueError: a grid beyond CUDA's (GRID_X_MAX along x, GRID_YZ_MAX along y and z), naming the kernel; a
+            ``cluster`` not 1 .. 8 or 16, not dividing grid[0] or given with num_ctas.
     """
 
     __slots__ = ("kernel", "grid", "constexprs", "options", "n_desc", "ck", "direct", "encodings", "_tail", "cluster",
@@ -455,6 +501,10 @@ class Launch:
     def __init__(self, kernel, grid, constexprs: dict, *, n_desc: int = 0, cluster: int = 1, **options):
         self.kernel, self.constexprs, self.options, self.n_desc = kernel, dict(constexprs), options, n_desc
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        if self.grid[0] > GRID_X_MAX or max(self.grid[1:]) > GRID_YZ_MAX:  # CUDA would refuse it at launch
+            name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
+            raise ValueError(f"{name}: grid {self.grid} exceeds CUDA's limits ({GRID_X_MAX} programs along x, "
+                             f"{GRID_YZ_MAX} along y and z); split the call (e.g. along M)")
         check_ints(cluster=cluster)
         # (Triton's launcher allows the non-portable size 16 only; 9 .. 15 would fail at launch)
         with_ctas = cluster > 1 and options.get("num_ctas", 1) > 1
@@ -492,8 +542,8 @@ class Launch:
                 self.ck = ck
             return
         direct = self.direct
-        if direct is None:
-            direct = self.direct = raw_launcher(ck, nd, self.packed) if FAST_LAUNCH else False
+        if direct is None and FAST_LAUNCH:  # (looked up once FAST_LAUNCH is on: it is read on every launch)
+            direct = self.direct = raw_launcher(ck, nd, self.packed)
         if direct and FAST_LAUNCH and not hooks_installed():
             if nd:
                 # a Launch's descriptors have fixed shapes, strides and blocks (its plan's key fixes them), so an

@@ -220,6 +220,18 @@ def test_bad_out_and_config_raise():
         S(64, 48, 64)
 
 
+def test_split_k_path_refuses_operands_beyond_32_bit_offsets(monkeypatch):
+    """The SplitKConfig kernel indexes A, B and C with 32-bit offsets: operands that extend over 2^31 elements or
+    more are refused with the operand named (the limit lowered here to 2048 elements: A [16, 128] reaches it)."""
+    monkeypatch.setattr(mod._runtime, "INT32_OFFSETS", 2048)
+    mod._runtime.clear_plans()
+    out = torch.full((16, 8), float("nan"), dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"A extends over 2048 elements.*32-bit offsets"):
+        mod.gemm_fp16(_t((16, 128)), _t((8, 128)), S(16, 16, 64), out=out)
+    assert torch.isnan(out).all()
+    assert (mod.gemm_fp16(_t((15, 128)), _t((8, 128)), S(16, 16, 64)) == 128).all()  # below the limit: served
+
+
 def test_inputs_not_modified():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((9, 64)).astype(np.float16)

@@ -314,6 +314,21 @@ def test_expand_config_fallback_and_errors():
     assert isinstance(mod.FALLBACK_CONFIG, FusedConfig)
 
 
+def test_tl_paths_refuse_operands_beyond_32_bit_offsets(monkeypatch):
+    """The `tl` kernels (fused, expand pre-pass and GEMM, NaN fix-up) index with 32-bit offsets: operands that
+    extend over 2^31 elements or more are refused with the operand named (the limit lowered here to 64 elements:
+    out [4, 16] and the dense A's [4, 16] words reach it, a_vals [4, 16] as well)."""
+    monkeypatch.setattr(_runtime, "INT32_OFFSETS", 64)
+    _runtime.clear_plans()
+    rng = np.random.default_rng(2)
+    v = torch.from_numpy(rng.integers(-128, 128, (4, 16), dtype=np.int8)).to(DEVICE)
+    b = torch.from_numpy(rng.integers(0, 0x78, (16, 64), dtype=np.uint8)).to(DEVICE).view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"a_vals extends over 64 elements.*FusedConfig path"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b, FusedConfig(16, 16, 64))
+    with pytest.raises(ValueError, match=r"extends over 64 elements.*ExpandConfig path"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
+
+
 def test_launch_plan_cache():
     """One plan per key; a cached key still checks out; new keys (other strides, dtypes) are validated anew."""
     rng = np.random.default_rng(5)

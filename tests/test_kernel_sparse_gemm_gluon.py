@@ -271,3 +271,24 @@ def test_default_pick_and_fallbacks_on_the_gpu():
         mod.sparse_gemm_fp4_fp8(v, t, wide[:, 1::2].view(torch.float8_e4m3fn), GluonConfig(BLOCK_M=32))
     with pytest.raises(ValueError, match="K % 128"):
         mod.sparse_gemm_fp4_fp8(v[:, :127], t[:, :127], bb[:, :508], GluonConfig(BLOCK_M=32))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("M", [8, 16, 32])
+def test_an_output_without_unit_column_stride_takes_the_tl_row(M):
+    """The Gluon kernel stores c[m, n] at m * stride_cm + n: an ``out`` with another column stride (a transposed
+    buffer, every other column of a wider one) takes the `tl` row in the default pick, with every element written
+    and the contiguous output's values, and an explicit GluonConfig refuses it; the columns between are untouched."""
+    n, k = 256, 512
+    (vals, meta, b), (v, t, bb) = random_operands(M, M, n, k)
+    want = mod.sparse_gemm_fp4_fp8(v, t, bb).cpu()
+    assert_ok(want, vals, meta, b)
+    transposed = torch.full((n, M), float("nan"), dtype=torch.bfloat16, device="cuda").t()
+    wide = torch.full((M, 2 * n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for out in (transposed, wide[:, ::2]):
+        assert mod.sparse_gemm_fp4_fp8(v, t, bb, out=out) is out
+        assert_ok(out.cpu(), vals, meta, b)
+    assert torch.isnan(wide[:, 1::2]).all()
+    with pytest.raises(ValueError, match="unit column stride"):
+        mod.sparse_gemm_fp4_fp8(v, t, bb, GluonConfig(BLOCK_M=16), out=transposed)

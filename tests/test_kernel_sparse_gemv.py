@@ -144,6 +144,25 @@ def test_refused_and_fallbacks_off_the_gpu():
     assert not mod.gemv_eligible(b[:, ::2])
 
 
+@needs_interpreter
+def test_a_cached_plan_is_not_reused_for_a_b_it_cannot_read():
+    """Plans are keyed by the bases' byte residues, not only by 16-byte alignment: after a GEMV plan for a b at a
+    4-byte offset, the same shapes and strides with b at a 2-byte offset are refused as on a first call (the GEMV
+    kernel reads b as int32 words; a reused plan would fault on the GPU)."""
+    rng = np.random.default_rng(5)
+    v = torch.from_numpy(rng.integers(-128, 128, (1, 16), dtype=np.int8))
+    store = torch.from_numpy(rng.integers(0, 0x78, 8 * 64 + 64, dtype=np.uint8))
+    lead = (64 - store.data_ptr() % 64) % 64
+
+    def b_at(offset):  # b [8, 64], its base `offset` bytes past a 64-byte boundary, strides (64, 1)
+        return store[lead + offset:lead + offset + 8 * 64].view(8, 64).view(torch.float8_e4m3fn)
+
+    _runtime.clear_plans()
+    mod.sparse_gemm_fp4_fp8(v, v.clone(), b_at(4), SMALL)
+    with pytest.raises(ValueError, match="gemv_eligible"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b_at(2), SMALL)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CPU: the kernel interpreted
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import types
+import weakref
 
 import pytest
 import torch
@@ -46,6 +47,21 @@ def _triton_path(monkeypatch, launch, stream, *args):
     monkeypatch.setattr(rt, "FAST_LAUNCH", False)
     launch.launch(stream, *args)
     monkeypatch.setattr(rt, "FAST_LAUNCH", True)
+
+
+def test_fast_launch_is_read_on_every_launch(monkeypatch, compiled):
+    """A launch made while FAST_LAUNCH is off goes through Triton's ck.run and leaves the direct launcher to be
+    looked up once it is on again (it used to turn the plan's direct path off for good)."""
+    from _fake_launcher import fake_compiled_kernel
+
+    ck, calls, _ = fake_compiled_kernel(monkeypatch, {"ws": "*fp32", "M": "i32", "BLOCK": "constexpr"})
+    launch = rt.Launch(_FakeJit(ck), (2,), {"BLOCK": 8})
+    ws = torch.empty(4)
+    launch.launch(0, ws, 3)  # the JIT
+    _triton_path(monkeypatch, launch, 0, ws, 3)
+    assert launch.direct is None and len(calls) == 1  # (ck.run reaches the same C function)
+    launch.launch(0, ws, 3)
+    assert launch.direct and len(calls) == 2 and calls[0] == calls[1]
 
 
 def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, compiled):
@@ -224,6 +240,49 @@ def test_plan_cache_is_bounded_and_cleared_together():
     assert len(a) == 2 and a.get(0) is None and a.get(2) == "2"  # the oldest went first
     rt.clear_plans()
     assert len(a) == len(b) == 0
+
+
+def test_current_stream_refuses_a_device_other_than_the_current_one(monkeypatch):
+    """Triton launches on the current device: a kernel call on tensors of another CUDA device is refused with the
+    fix named, and the current device's stream is returned for it (index given or not); the CPU has stream 0."""
+    monkeypatch.setattr(rt, "_GET_DEVICE", lambda: 1)
+    monkeypatch.setattr(rt, "_RAW_STREAM", lambda index: 1000 + index)
+    assert rt.current_stream(torch.device("cuda", 1)) == 1001
+    assert rt.current_stream(torch.device("cuda")) == 1001
+    assert rt.current_stream(torch.device("cpu")) == 0
+    with pytest.raises(ValueError, match=r"on cuda:0 but the current CUDA device is cuda:1.*torch.cuda.device\(0\)"):
+        rt.current_stream(torch.device("cuda", 0))
+
+
+def test_a_grid_beyond_cuda_limits_is_refused_when_the_plan_is_built():
+    def kern():
+        pass
+
+    rt.Launch(kern, (2**31 - 1, 65535, 65535), {})
+    for grid in [(2**31, 1, 1), (1, 65536), (4, 1, 70000)]:
+        with pytest.raises(ValueError, match=r"kern: grid .* exceeds CUDA's limits"):
+            rt.Launch(kern, grid, {})
+
+
+def test_element_extent_and_the_32_bit_offset_check():
+    meta = torch.empty((2**20, 2**12), device="meta", dtype=torch.float16)
+    assert rt.element_extent(meta) == 2**32 and rt.element_extent(meta[:, :8]) == (2**20 - 1) * 2**12 + 8
+    assert rt.element_extent(meta.t()) == 2**32 and rt.element_extent(meta[:0]) == 0
+    assert rt.element_extent(torch.empty((5, 3), device="meta").expand(7, 5, 3)) == 15  # stride 0: one copy
+    rt.check_int32_offsets("test path", a=2**31 - 1, b=0)
+    with pytest.raises(ValueError, match=r"b extends over 2147483648 elements: the test path indexes it"):
+        rt.check_int32_offsets("test path", a=1, b=2**31)
+
+
+def test_clearing_workspaces_drops_the_plans_that_hold_views_of_them():
+    dev = torch.device("cpu")
+    cache = rt.PlanCache("t_views")
+    w = rt.workspace(dev, 0, "t_views", 64, torch.float32)
+    cache.put("k", (w[:8],))  # a plan keeping a view of its workspace (as the DP4A and expand launches do)
+    gone = weakref.ref(w)
+    del w
+    rt.clear_workspaces()
+    assert len(cache) == 0 and gone() is None and rt.workspace_bytes() == 0
 
 
 def test_workspace_grows_per_device_stream_and_name():

@@ -155,7 +155,7 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
         TypeError: A, B, C or scale is not a torch.Tensor of an accepted dtype; A and B dtypes differ; config is
             not a TmaConfig.
         ValueError: shapes, strides, alignment or devices as for gemm_fp16; C of the wrong shape/device or not
-            contiguous or overlapping A or B; scale not a 1-element tensor on A's device.
+            contiguous or overlapping A, B or scale; scale not a 1-element tensor on A's device.
     """
     for name, t in (("A", A), ("B", B), ("C", C)):
         if not isinstance(t, torch.Tensor):
@@ -190,7 +190,8 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
     M, K = A.shape
     N = B.shape[0]
     _check_output("C", C, M, N, A.device)
-    _runtime.check_no_overlap(C, "C", A=A, B=B)
+    # (the kernel reads scale after C's first tiles may be stored: it must not lie inside C)
+    _runtime.check_no_overlap(C, "C", A=A, B=B, **({"scale": scale} if has_scale else {}))
     if M > 0:
         _run(plan, A, B, C, scale)
     return C
@@ -256,6 +257,8 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
                      split_tiles)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     if isinstance(config, SplitKConfig):  # (gemm_tma takes TmaConfigs only: no scale here)
+        # (its kernel indexes A, B and the contiguous C with 32-bit offsets)
+        _runtime.check_int32_offsets("SplitKConfig path", A=(M - 1) * sa + K, B=(N - 1) * sb + K, out=M * N)
         launch = Launch(gemm_fp16_splitk_kernel, (num_tiles, S), splitk_constexprs(config, K), **opts)
         return _Plan("splitk", launch, M, N, K, sa, sb, None, S * split_tiles * BM * BN, split_tiles)
     nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))

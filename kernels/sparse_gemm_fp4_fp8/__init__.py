@@ -105,7 +105,8 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
             strides; ``out`` not [M, N], overlapping an operand or with elements sharing memory;
             ``nan_check_bytes=False`` in the CPU interpreter; operands on different devices; an fp8 config
             with block_k > 128; an explicit ExpandConfig with a b_fp8 its TMA descriptors cannot read; an explicit
-            GluonConfig in the CPU interpreter, with K % 128 != 0 or with operands ``gluon_eligible`` rejects; an
+            GluonConfig in the CPU interpreter, with K % 128 != 0, with operands ``gluon_eligible`` rejects or an
+            ``out`` without unit column stride (the default pick takes the ``TL_CONFIGS`` row there); an
             explicit ExpandConfig(gemm="gluon") or FusedWSConfig in the CPU interpreter, with K % 128 != 0, with
             operands ``gluon_eligible`` rejects or an ``out`` its TMA descriptor cannot take (unit column stride,
             16-byte row stride and base); an explicit GemvConfig with M > its ``max_m`` or a b_fp8
@@ -136,8 +137,9 @@ def sparse_gemm_fp4_fp8(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch
     sa, sb = a_vals.stride(), b_fp8.stride()
     key = (a_vals.dtype, a_meta.dtype, b_fp8.dtype, a_vals.shape, a_meta.shape, b_fp8.shape,
            sa, a_meta.stride(), sb, a_vals.device, a_meta.device, b_fp8.device,
-           a_vals.data_ptr() % 16 == 0, a_meta.data_ptr() % 16 == 0, b_fp8.data_ptr() % 16 == 0,
-           None if out is None else (out.stride(), out.data_ptr() % 16 == 0), config, nan_check_bytes)
+           # the bases' residues, not only 16-byte alignment: the GEMV path reads b as int32 words (4 bytes)
+           a_vals.data_ptr() % 16, a_meta.data_ptr() % 16, b_fp8.data_ptr() % 16,
+           None if out is None else (out.stride(), out.data_ptr() % 16), config, nan_check_bytes)
     plan = PLANS.get(key)
     new = plan is None
     if new:
@@ -328,6 +330,12 @@ class _ExpandPlan:
             fix.launch(stream, a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn)
 
 
+def _unit_column_stride(out) -> bool:
+    """Whether the Gluon swap-AB kernel can store into ``out`` (kernels/_gluon.py ``store_or_reduce`` indexes
+    c[m, n] as m * stride_cm + n): unit column stride, or one column (None: the new contiguous output)."""
+    return out is None or out.shape[1] == 1 or out.stride(1) == 1
+
+
 def _c_tma_eligible(out, n: int) -> bool:
     """Whether c can take the Gluon GEMM's TMA stores: unit column stride, 16-byte row stride and base (``out``
     None: the new contiguous [M, N] output, so N % 8 == 0)."""
@@ -385,7 +393,7 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     ncb = bool(interp if nan_check_bytes is None else nan_check_bytes)  # NaN bytes found by their bits
     if config is None:
         config = pick_config(m, n, k, interp)
-        if isinstance(config, GluonConfig) and not gluon_ok:
+        if isinstance(config, GluonConfig) and not (gluon_ok and _unit_column_stride(out)):
             config = TL_CONFIGS.pick(m)
         if isinstance(config, ExpandConfig) and config.gemm == "gluon" and not (gluon_ok and c_tma_ok):
             config = TL_CONFIGS.pick(m)
@@ -406,11 +414,12 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     if isinstance(config, GluonConfig):
         if interp or b_fp8.device.type != "cuda":
             raise ValueError(f"config={config}: the Gluon path runs on CUDA (sm_90), not in the CPU interpreter")
-        if not config.fits(k) or not gluon_eligible(a_vals, a_meta, b_fp8):
+        if not config.fits(k) or not gluon_eligible(a_vals, a_meta, b_fp8) or not _unit_column_stride(out):
             raise ValueError(f"config={config}: the Gluon path needs K % {STEP_K} == 0, a K slice whose decoded A "
-                             f"fits in shared memory (GluonConfig.fits) and operands its TMA descriptors can read "
-                             f"(gluon_eligible); got K={k}, a_vals strides "
-                             f"{a_vals.stride()}, b_fp8 strides {b_fp8.stride()}")
+                             f"fits in shared memory (GluonConfig.fits), operands its TMA descriptors can read "
+                             f"(gluon_eligible) and an output with unit column stride; got K={k}, a_vals strides "
+                             f"{a_vals.stride()}, b_fp8 strides {b_fp8.stride()}, out strides "
+                             f"{None if out is None else out.stride()}")
         per, splits = config.k_split(k)
         tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
         cluster = config.cluster_size(k)  # > 1: each program is a cluster of the tile's K slices
@@ -433,6 +442,11 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                                fused_ws_constexprs(config), n_desc=4)
         return _FusedWSPlan(config, main)
     expand = isinstance(config, ExpandConfig)
+    # the `tl` kernels from here on (fused, the expand pre-pass and GEMM, the NaN fix-up) index with 32-bit offsets
+    _runtime.check_int32_offsets(f"{type(config).__name__} path", a_vals=_runtime.element_extent(a_vals),
+                                 b_fp8=_runtime.element_extent(b_fp8),
+                                 out=m * n if out is None else _runtime.element_extent(out),
+                                 dense_A_words=m * g if expand else 0)
     if (expand or config.mma == "fp8") and config.block_k > PROMOTION_INTERVAL:
         raise ValueError(f"config.block_k={config.block_k}: fp8 MMA needs block_k <= {PROMOTION_INTERVAL} "
                          "(the promotion interval of the numeric contract)")
