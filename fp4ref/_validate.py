@@ -119,6 +119,17 @@ def positive_float32(v, name: str) -> float:
     return g
 
 
+def global_scale_float32(v, name: str) -> float:
+    """A global decode scale as a kernel holds it (:func:`positive_float32`): a real scalar, a 0-d array or tensor,
+    or a one-element array or tensor of any shape (compressed-tensors stores it with shape [1]): its element. An
+    array or tensor of more elements is a TypeError naming ``name``."""
+    if getattr(v, "ndim", 0):
+        size = v.size if isinstance(v, np.ndarray) else v.numel() if hasattr(v, "numel") else None
+        if size == 1:
+            v = v.reshape(())
+    return positive_float32(v, name)
+
+
 def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
     """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``."""
     if not is_int(axis):

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import (as_code_array, as_float_array, float32_of, is_int, normalize_axis, positive_float32,
+from ._validate import (as_code_array, as_float_array, float32_of, global_scale_float32, is_int, normalize_axis,
                         real_scalar)
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, UE8M0, FloatFormat, decode, encode
 from .layouts import LAYOUTS, blocked_offsets, blocked_size, from_blocked, to_blocked
@@ -858,8 +858,8 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
             zero-padded (TE pads with zeros). The scales stay per row: each tile's byte repeated on its rows.
         global_amax: the tensor amax A used for the global scale (a calibrated value: a Python or numpy real
             scalar, float or int alike, or a 0-d numpy array or torch tensor of a real dtype such as
-            ``w.abs().max()``, read as its element, as for :func:`fp4ref.gemm.nvfp4_linear`'s global decode scale
-            and an :class:`NVFP4Tensor`'s; a bool is refused, and so is an array with one element but ndim > 0;
+            ``w.abs().max()``, read as its element; a bool is refused, and so is an array with one element but
+            ndim > 0 (unlike a global decode scale, which compressed-tensors stores with shape [1]);
             finite, rounded to float32 RNE first as the sources keep it in an fp32 tensor). Default: max|x|.
             It may be below max|x| (a calibrated amax that clips outliers): then a block whose amax a exceeds it
             gets the largest block scale (448; torchao/modelopt clamp, te/sol saturate) and its elements beyond
@@ -1001,10 +1001,7 @@ def _nvfp4_parts(t, name: str) -> tuple[np.ndarray, np.ndarray, float]:
             f"{name} is inconsistent: shape {shape} along axis {ax} needs codes {want_c} and scales {want_s}, "
             f"got {codes.shape} and {scales.shape}"
         )
-    g = t.global_decode_scale
-    if getattr(g, "ndim", 0) and (g.size if isinstance(g, np.ndarray) else g.numel()) == 1:
-        g = g.reshape(())  # compressed-tensors stores the global scale with shape [1]: its element
-    return codes, scales, positive_float32(g, f"{name}.global_decode_scale")
+    return codes, scales, global_scale_float32(t.global_decode_scale, f"{name}.global_decode_scale")
 
 
 def _dequantize_dtype(dtype) -> np.dtype:

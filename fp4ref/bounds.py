@@ -70,6 +70,7 @@ __all__ = [
     "check",
     "Report",
     "OUTPUT_ROUNDINGS",
+    "parse_output_rounding",
     "DEFAULT_MODEL",
     "simulate",
     "NumericContract",
@@ -79,6 +80,18 @@ U32 = 2.0**-24  # fp32 unit roundoff (RN)
 _F32_MIN_NORMAL = 2.0**-126
 _F32_OVERFLOW = 2.0**128 - 2.0**103  # the smallest value that fp32 RNE rounds to inf (max + half an ulp)
 OUTPUT_ROUNDINGS = ("rne", "faithful")
+
+
+def parse_output_rounding(value, name: str = "output_rounding") -> str:
+    """``value`` as one of OUTPUT_ROUNDINGS, read in any case ("RNE" is "rne"), as model names are.
+
+    Raises:
+        TypeError: not a str (naming ``name``). ValueError: not one of OUTPUT_ROUNDINGS."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}={value!r}: expected one of {OUTPUT_ROUNDINGS}, got {type(value).__name__}")
+    if value.lower() not in OUTPUT_ROUNDINGS:
+        raise ValueError(f"{name}={value!r}: expected one of {OUTPUT_ROUNDINGS}")
+    return value.lower()
 # Most fp32 multiplies after the accumulation a bound may assume (each adds ~u to the relative term; a real GEMM
 # epilogue has a few: global scales, alpha). A larger override would make the bound meaningless, so it is refused.
 MAX_EPILOGUE_MULTIPLIES = 16
@@ -474,8 +487,7 @@ class NumericContract:
         _model_name(self.model, "model")
         _model_name(self.model_interpreter, "model_interpreter")
         for name in ("output_rounding", "output_rounding_interpreter"):
-            if getattr(self, name) not in OUTPUT_ROUNDINGS:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {OUTPUT_ROUNDINGS}")
+            object.__setattr__(self, name, parse_output_rounding(getattr(self, name), name))
         if self.output not in ("float16", "bfloat16"):
             raise ValueError(f"output={self.output!r}: expected 'float16' or 'bfloat16'")
         # a numpy integer is kept as the int it is
@@ -537,17 +549,27 @@ class NumericContract:
         ``interpreter``). ``launch``: keyword facts of the launch a schedule depends on (e.g. ``M=..., N=...``).
 
         Raises:
-            TypeError: K is not an int (as for :meth:`AccumulationModel.eps`). ValueError: K < 1, or the config's
-                model is unknown to :func:`get_model`.
+            TypeError: K is not an int (as for :meth:`AccumulationModel.eps`); ``interpreter`` not a bool (a string
+                such as os.environ's "0" would otherwise select the interpreter's model). ValueError: K < 1, or the
+                config's model is unknown to :func:`get_model`.
         """
         K = _check_K(K)
+        _check_interpreter_flag(interpreter)
         if config is None or self.config_model is None:
             return get_model(self.model_interpreter if interpreter else self.model)
         return get_model(_model_name(self.config_model(config, int(K), interpreter, **launch), "config_model()"))
 
     def rounding_for(self, interpreter: bool = False) -> str:
-        """The declared output rounding on the GPU, or in the CPU interpreter."""
+        """The declared output rounding on the GPU, or in the CPU interpreter (``interpreter`` a bool: TypeError
+        otherwise, as for :meth:`model_for`)."""
+        _check_interpreter_flag(interpreter)
         return self.output_rounding_interpreter if interpreter else self.output_rounding
+
+
+def _check_interpreter_flag(interpreter) -> None:
+    if not isinstance(interpreter, (bool, np.bool_)):
+        raise TypeError(f"interpreter={interpreter!r}: expected a bool (True in Triton's CPU interpreter), got "
+                        f"{type(interpreter).__name__}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -606,8 +628,7 @@ def bound(ref: Reference, model, *, output_rounding: str = "rne", epilogue_multi
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
     m = get_model(model)
-    if output_rounding not in OUTPUT_ROUNDINGS:
-        raise ValueError(f"output_rounding={output_rounding!r}: expected one of {OUTPUT_ROUNDINGS}")
+    output_rounding = parse_output_rounding(output_rounding)
     fmt: OutputFormat = ref.output_format
     u_out = fmt.u if output_rounding == "rne" else 2 * fmt.u
     eta = fmt.eta if output_rounding == "rne" else 2 * fmt.eta
@@ -842,6 +863,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     if not isinstance(exact_accumulation, (bool, np.bool_)):
         raise TypeError(f"exact_accumulation={exact_accumulation!r}: expected a bool")
     m = get_model(model)
+    output_rounding = parse_output_rounding(output_rounding)
     fmt = ref.output_format
     o = _as_out_array(out, fmt)
     if o.shape != ref.out.shape:

@@ -28,8 +28,8 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import is_int, positive_float32
-from .bounds import _as_out_array
+from ._validate import global_scale_float32, is_int
+from .bounds import _as_out_array, parse_output_rounding
 from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -465,10 +465,9 @@ def _nvfp4_operands(ops, N, K, what, xwant):
     _fit(wc, "operands['weight_fp4']", (N, K // 2), "[N, K/2]", what)
     ws = _as_e4m3_bytes(_array(ops["weight_scales"], "operands['weight_scales']"), "operands['weight_scales']")
     _fit(ws, "operands['weight_scales']", (N, K // 16), "[N, K/16]", what)
-    g = to_numpy(ops["weight_global_decode_scale"], "operands['weight_global_decode_scale']")
-    if isinstance(g, np.ndarray) and g.shape == (1,):  # compressed-tensors stores it with shape [1]: its element,
-        g = g.reshape(())  # as NVFP4Tensor reads it (a larger array stays an error below)
-    g = positive_float32(g, "operands['weight_global_decode_scale']")
+    # a one-element array or tensor (compressed-tensors stores it with shape [1]) is its element, as NVFP4Tensor's
+    g = global_scale_float32(to_numpy(ops["weight_global_decode_scale"], "operands['weight_global_decode_scale']"),
+                             "operands['weight_global_decode_scale']")
     ops = {"x": x, "weight_fp4": wc.view(np.uint8), "weight_scales": ws, "weight_global_decode_scale": g}
     return {**ops, "x_global_amax": amax}, int(np.prod(x.shape[:-1]))
 
@@ -592,8 +591,7 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     if o.shape != ref.out.shape:
         raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
     o = o.astype(np.float64)  # exact: every float16 / bfloat16 value is a float64
-    if output_rounding not in ("rne", "faithful"):
-        raise ValueError(f"output_rounding={output_rounding!r}: expected 'rne' or 'faithful'")
+    output_rounding = parse_output_rounding(output_rounding)
     if workload is not None:  # an unknown name is named first, whether or not operands came with it
         workload = _resolve_workload(workload)
         if workload.output_dtype != ref.output_format.name:  # another workload's reference: never "no known bug"

@@ -57,7 +57,7 @@ import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
-from ._validate import exact_float_dtype, is_int, positive_float32
+from ._validate import exact_float_dtype, global_scale_float32, is_int
 from .packing import decompress_2to4
 
 __all__ = [
@@ -829,8 +829,8 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
         weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
         weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
-        weight_global_decode_scale: python / numpy float (an int is its value), or a 0-d numpy array or torch
-            tensor of a real dtype (its element), rounded to float32 (RNE) once, as a kernel holding it in an fp32
+        weight_global_decode_scale: python / numpy float (an int is its value), or a 0-d or one-element numpy
+            array or torch tensor of a real dtype (its element; compressed-tensors stores it with shape [1]), rounded to float32 (RNE) once, as a kernel holding it in an fp32
             register does (the workload passes the float32 value it stored, so this is exact there); that float32
             value must be finite and > 0.
         recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
@@ -842,7 +842,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         TypeError / ValueError: dtypes and shapes (K = 2 * weight_fp4.shape[1] = 16 * weight_scales.shape[1],
             K > 0); an unknown ``recipe``;
             ``weight_global_decode_scale`` not a real scalar (TypeError: a bool, a complex, an array or tensor
-            with ndim > 0 too), or inf, NaN or <= 0 as float32
+            of more than one element too), or inf, NaN or <= 0 as float32
             (ValueError: 1e39 and an int beyond float64, 10**400, too).
 
     Source: SOL-ExecBench nvfp4_linear_layer (docs/verify.md).
@@ -873,7 +873,7 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
             f"got {wc.shape} and {ws.shape}"
         )
-    wg = positive_float32(weight_global_decode_scale, "weight_global_decode_scale")
+    wg = global_scale_float32(weight_global_decode_scale, "weight_global_decode_scale")
     lead = x.shape[:-1]
     x2 = x.reshape(int(np.prod(lead, dtype=np.int64)), K)
     bad = ~np.isfinite(x2.astype(np.float32))

@@ -400,8 +400,10 @@ def verify(
         raise ValueError(f"kernel (--kernel)={kernel!r} needs exactly one workload, got {names}")
     if device not in (None, "cuda", "cpu"):
         raise ValueError(f"device (--device)={device!r} must be 'cuda' or 'cpu'")
-    if output_rounding not in (None, "rne", "faithful"):
-        raise ValueError(f"output_rounding (--output-rounding)={output_rounding!r} must be 'rne' or 'faithful'")
+    if output_rounding is not None:
+        from .bounds import parse_output_rounding
+
+        output_rounding = parse_output_rounding(output_rounding, "output_rounding (--output-rounding)")
     if shapes not in ("fixed", "sweep"):
         raise ValueError(f"shapes (--shapes)={shapes!r} must be 'fixed' or 'sweep'")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:

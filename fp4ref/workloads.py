@@ -259,13 +259,13 @@ def _nvfp4_reference(x, weight_fp4, weight_scales, weight_global_decode_scale, x
     # A row subset of a larger x: quantize it with the whole tensor's amax (the per-tensor global scale), which
     # gives exactly the rows that quantizing the whole x would (block scales are per row).
     from .blockscale import NVFP4Tensor, nvfp4_quantize
-    from ._validate import positive_float32
+    from ._validate import global_scale_float32
     from .gemm import nvfp4_gemm
 
     k = x.shape[-1]
     xq = nvfp4_quantize(x.reshape(-1, k), recipe=NVFP4_X_RECIPE, global_amax=x_global_amax)
     n = weight_fp4.shape[0]
-    wg = np.float32(positive_float32(weight_global_decode_scale, "weight_global_decode_scale"))
+    wg = np.float32(global_scale_float32(weight_global_decode_scale, "weight_global_decode_scale"))
     wq = NVFP4Tensor(codes=np.asarray(weight_fp4).view(np.uint8), scales=np.asarray(weight_scales).view(np.uint8),
                      global_decode_scale=wg, shape=(n, k), recipe="sol", block=(1, 16), axis=1)
     ref = nvfp4_gemm(xq, wq)

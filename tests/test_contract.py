@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fp4ref import bounds
+from fp4ref import bounds, gemm
 from fp4ref.bounds import NumericContract
 
 
@@ -99,3 +99,22 @@ def test_from_dict_takes_the_output_from_the_argument_or_the_dict():
         NumericContract.from_dict({"output": "float16"}, output="bfloat16")
     with pytest.raises(ValueError, match="output='float32'"):
         NumericContract.from_dict({"output": "float32"})
+
+
+def test_interpreter_flag_must_be_a_bool_and_roundings_are_read_in_any_case():
+    """os.environ.get("TRITON_INTERPRET") gives "0" or None, not a bool: the interpreter's (looser) contract must
+    not be picked by a truthy string. Output roundings are names, read in any case as model names are."""
+    c = bounds.NumericContract(inputs="float16", output="float16", model="hopper_fp16_wgmma",
+                               model_interpreter="fp32_rn", output_rounding_interpreter="FAITHFUL")
+    assert c.output_rounding_interpreter == "faithful" and c.rounding_for(np.bool_(True)) == "faithful"
+    for bad in ("0", "False", 1, None):
+        with pytest.raises(TypeError, match="interpreter="):
+            c.model_for(None, 64, bad)
+        with pytest.raises(TypeError, match="interpreter="):
+            c.rounding_for(bad)
+    ref = gemm.gemm_fp16(np.ones((1, 16), np.float16), np.ones((1, 16), np.float16))
+    assert bounds.check(ref.out.copy(), ref, "fp32_rn", output_rounding="RNE").output_rounding == "rne"
+    with pytest.raises(TypeError, match="output_rounding"):
+        bounds.check(ref.out.copy(), ref, "fp32_rn", output_rounding=None)
+    with pytest.raises(ValueError, match="output_rounding"):
+        bounds.check(ref.out.copy(), ref, "fp32_rn", output_rounding="rtz")

@@ -625,27 +625,31 @@ def test_nvfp4_linear_weight_global_decode_scale_beyond_float32_is_a_value_error
 
 
 def test_nvfp4_linear_weight_global_decode_scale_takes_a_0d_array_or_tensor():
-    """weight_global_decode_scale given as a 0-d numpy array (any real dtype) or a 0-d torch tensor is its element:
-    x (16 ones) x W (16 ones, scale 1.0) gives bf16(16 g); a 1-element 1-d array, a bool and a complex are
-    TypeErrors naming it. The workload's row-subset reference reads x_global_amax the same way."""
+    """weight_global_decode_scale given as a 0-d or one-element numpy array (any real dtype; compressed-tensors
+    stores it with shape [1], as an NVFP4Tensor's may be) or torch tensor is its element: x (16 ones) x W (16 ones,
+    scale 1.0) gives bf16(16 g); an array of two elements, a bool and a complex are TypeErrors naming it. The
+    workload's row-subset reference reads x_global_amax as a 0-d array or tensor."""
     x = np.ones((1, 16), np.float32)
     codes = np.full((1, 8), 0x22, np.uint8)  # every element 1.0
     scales = np.full((1, 1), 0x38, np.uint8)  # 1.0
     cases = [(np.array(3.0), 48.0), (np.array(3, np.int16), 48.0), (np.array(2.5, np.float16), 40.0),
              (np.array(0.375, ml_dtypes.bfloat16), 6.0), (np.array(0.875, ml_dtypes.float8_e4m3fn), 14.0),
-             (np.array(2.0**-20, np.float32), 2.0**-16), (np.array(2**40 + 1, np.uint64), 2.0**44)]
+             (np.array(2.0**-20, np.float32), 2.0**-16), (np.array(2**40 + 1, np.uint64), 2.0**44),
+             (np.array([1.0], np.float32), 16.0), (np.array([[0.5]]), 8.0)]
     try:
         import torch
     except ImportError:
         torch = None
     if torch is not None:
         cases += [(torch.tensor(1.0), 16.0), (torch.tensor(0.5, dtype=torch.bfloat16), 8.0),
-                  (torch.tensor([[0.25, -3.0]]).abs().max(), 48.0), (torch.tensor(2, dtype=torch.int64), 32.0)]
+                  (torch.tensor([[0.25, -3.0]]).abs().max(), 48.0), (torch.tensor(2, dtype=torch.int64), 32.0),
+                  (torch.tensor([2.0]), 32.0)]
     for g, want in cases:
         assert gemm.nvfp4_linear(x, codes, scales, g).out.astype(np.float64).tolist() == [[want]], g
-    bad = [True, np.array(True), np.array(2 + 0j), np.array([1.0]), np.array("1"), np.array(1.0, dtype=object)]
+    bad = [True, np.array(True), np.array(2 + 0j), np.array([1.0, 1.0]), np.array("1"), np.array(1.0, dtype=object),
+           np.array([True])]
     if torch is not None:
-        bad += [torch.tensor(True), torch.tensor([1.0]), torch.tensor(1 + 1j)]
+        bad += [torch.tensor(True), torch.tensor([1.0, 2.0]), torch.tensor(1 + 1j)]
     for b in bad:
         with pytest.raises(TypeError, match="^weight_global_decode_scale must be a real number"):
             gemm.nvfp4_linear(x, codes, scales, b)
