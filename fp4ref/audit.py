@@ -2,7 +2,7 @@
 
 Usage::
 
-    fp4ref audit PATH [--reference ORIGINAL [--recipe R | --mode M]] [--json FILE|-] [--force] [--quiet]
+    fp4ref audit PATH [--reference ORIGINAL [--recipe R | --mode M]] [--json FILE|- [--force]] [--quiet]
 
 Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 
@@ -15,9 +15,11 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``code-nan``: MXFP8 element codes 0x7F / 0xFF (E4M3FN NaN).
 * ``zero-scale-codes``: a zero block scale whose block holds non-zero codes (those codes decode to 0: lost values).
 * ``padding``: codes beyond the original K (``fp4ref.tensors`` records it) must be zero.
-* ``global-scale``: finite and positive, and the decode scale (compressed-tensors' stored encode scale: its fp32
-  reciprocal) times 6 x 448 (the largest code at the largest block scale) finite in fp32; members of a fused group
-  (q/k/v, gate/up, w1/w3) must share it.
+* ``global-scale``: finite and positive (compressed-tensors stores the encode scale: its fp32 reciprocal, the
+  decode scale, finite too); members of a fused group (q/k/v, gate/up, w1/w3) must share it.
+* ``decode-overflow``: every stored value decodes within float32 (the widest dtype ``--dequantize`` writes): the
+  largest |code value| x block scale (x the global decode scale of the row's expert, NVFP4) rounds to a finite
+  float32.
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
   detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8); a recorded
   ``fp4ref.recipe`` / ``fp4ref.mode`` is one the format and layout take (as ``--recipe`` / ``--mode`` would be
@@ -52,6 +54,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from . import checkpoint as C
@@ -114,14 +117,27 @@ def _check_layout(layer, ckpt, cf: str) -> list:
     return [Finding("layout", 1, text) for text in C.layout_problems(layer, ckpt, cf)]
 
 
-def _check_bytes(layer, ckpt) -> list:
-    """Scale bytes, zero scales with codes, padding: read in row chunks."""
+# |element| of every code: E2M1 (nvfp4, mxfp4) by its 3 magnitude bits, E4M3FN (mxfp8) by its 7 (0x7F, NaN: 0 here,
+# counted by code-nan); and |block scale| of every byte: E4M3FN (nvfp4; NaN bytes 0 here, counted by scale-nan) or
+# UE8M0 2^(e - 127) (mx; 0xFF, NaN, 0 here)
+_E2M1_MAG = np.abs(C._E2M1[:8])
+_E4M3_MAG = np.nan_to_num(np.arange(128, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64), nan=0.0)
+_E4M3_SCALE = np.concatenate([_E4M3_MAG, _E4M3_MAG])
+_UE8M0_SCALE = np.where(np.arange(256) == 255, 0.0, np.ldexp(1.0, np.arange(256) - 127))
+# the smallest magnitude that rounds (RNE) to inf in float32, the widest dtype --dequantize writes
+_F32_INF = 2.0**128 - 2.0**103
+
+
+def _check_bytes(layer, ckpt) -> tuple:
+    """Scale bytes, zero scales with codes, padding: read in row chunks. Returns (findings, each row's largest
+    |code value| x |block scale|, float64: what its decode reaches before any global scale)."""
     fmt = layer.fmt
     block = C.FORMATS[fmt][0]
     k, kp = layer.shape[-1], layer.k_padded
     rows = int(np.prod(layer.shape[:-1], dtype=np.int64))
     cs, ss = ckpt.shard_of(layer.codes), ckpt.shard_of(layer.scale)
     nan = neg = negzero = zsc = pad = code_nan = 0
+    row_max = np.zeros(rows)
     step = C._row_step(kp)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -130,8 +146,13 @@ def _check_bytes(layer, ckpt) -> list:
         if fmt == "mxfp8":
             mag = el & 0x7F  # E4M3 codes: non-zero magnitude
             code_nan += int(np.count_nonzero(mag == 0x7F))
+            values = _E4M3_MAG[mag]
         else:
             mag = el & 7
+            values = _E2M1_MAG[mag]
+        scale = (_E4M3_SCALE if fmt == "nvfp4" else _UE8M0_SCALE)[sb]
+        row_max[r0:r1] = np.max(values[:, :sb.shape[1] * block].reshape(r1 - r0, -1, block).max(axis=-1) * scale,
+                                axis=-1, initial=0.0)
         nan_b, neg_b = C.scale_byte_defects(fmt, sb)
         nan += int(np.count_nonzero(nan_b))
         neg += int(np.count_nonzero(neg_b))
@@ -157,7 +178,31 @@ def _check_bytes(layer, ckpt) -> list:
         out.append(Finding("zero-scale-codes", zsc, f"{zsc} block(s) with scale 0 but non-zero codes"))
     if pad:
         out.append(Finding("padding", pad, f"{pad} non-zero code(s) beyond K={k} (stored K={kp})"))
-    return out
+    return out, row_max
+
+
+def _decode_overflow(layer, cf: str, row_max, g) -> Finding | None:
+    """The decode-overflow finding: a decoded value (|code value| x |block scale|, x the global decode scale for
+    NVFP4: ``g``'s value of the row's expert, or its fp32 reciprocal in compressed-tensors) that float32 cannot
+    hold (RNE to inf), or None. ``g`` None: MX, or an NVFP4 layer without a readable global scale."""
+    if layer.fmt == "nvfp4":
+        if g is None or not (np.isfinite(g) & (g > 0)).all():
+            return None  # no decode scale to apply (layout finding), or a global-scale finding says why
+        with np.errstate(divide="ignore", over="ignore"):
+            dec = (np.float32(1) / g.astype(np.float32) if cf == "compressed-tensors" else g).astype(np.float64)
+        if not np.isfinite(dec).all():
+            return None  # the global-scale finding names it
+        top = row_max.reshape(dec.size, -1).max(axis=1, initial=0.0) * dec  # per expert (one, 2-D)
+    else:
+        top = np.array([row_max.max(initial=0.0)])
+    bad = top >= _F32_INF
+    if not bad.any():
+        return None
+    where = "" if top.size == 1 else f" (expert(s) {np.flatnonzero(bad)[:8].tolist()})"
+    return Finding("decode-overflow", int(bad.sum()), f"the largest decoded magnitude{where} is "
+                                                      f"{float(top.max()):.6g}, beyond float32 (the widest dtype "
+                                                      f"--dequantize writes): a block scale or the global scale is "
+                                                      f"too large")
 
 
 def _global_values(layer, ckpt, cf: str):
@@ -173,13 +218,11 @@ def _bad_global(layer, cf: str, g) -> Finding | None:
     """The global-scale finding for values ``g`` that are not finite and positive (naming the tensor and them)."""
     bad = ~(np.isfinite(g) & (g > 0))
     what = "not finite and positive"
-    if not bad.any():
+    if not bad.any() and cf == "compressed-tensors":
         with np.errstate(divide="ignore", over="ignore"):
             # compressed-tensors stores the encode scale: its fp32 reciprocal decodes the layer
-            dec = np.float32(1) / g.astype(np.float32) if cf == "compressed-tensors" else g.astype(np.float32)
-            # the largest code (6) at the largest block scale (448) must decode to a finite fp32 value
-            bad = ~np.isfinite(dec) | ~np.isfinite(dec * np.float32(6 * 448))
-        what = "whose decode scale (the fp32 reciprocal, in compressed-tensors) overflows fp32 at 6 x 448"
+            bad = ~np.isfinite(np.float32(1) / g.astype(np.float32))
+        what = "whose fp32 reciprocal (the decode scale of compressed-tensors' stored encode scale) overflows"
     if not bad.any():
         return None
     gname = C.output_names(cf, layer.fmt, layer.name)["global"]
@@ -348,13 +391,17 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
         ta.findings += meta_bad.get(L.shard, [])
         ta.findings += _check_layout(L, ckpt, cf)
         if not any(f.check == "layout" for f in ta.findings):
-            ta.findings += _check_bytes(L, ckpt)
+            found, row_max = _check_bytes(L, ckpt)
+            ta.findings += found
             g = _global_values(L, ckpt, cf)
             if g is not None:
                 globals_[name] = g
                 bad = _bad_global(L, cf, g)
                 if bad is not None:
                     ta.findings.append(bad)
+            over = _decode_overflow(L, cf, row_max, g)
+            if over is not None:
+                ta.findings.append(over)
         rows.append(ta)
     by_name = {t.name: t for t in rows}
     groups = {}
@@ -517,6 +564,9 @@ def run(args) -> int:
     SIGTERM."""
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
+        return 2
+    if args.force and not args.json:  # it replaces a --json FILE: alone it would be silently ignored
+        print("fp4ref audit: error: --force applies with --json FILE only", file=sys.stderr)
         return 2
     if args.json:
         try:

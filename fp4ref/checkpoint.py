@@ -830,7 +830,9 @@ class Progress:
             return
         self.done += nbytes
         if self._bar is not None:
-            self._bar.update(self._task, advance=nbytes, description=f"{self._phase} {name[-40:]}")
+            from rich.markup import escape  # (a tensor name is text, not rich markup)
+
+            self._bar.update(self._task, advance=nbytes, description=escape(f"{self._phase} {name[-40:]}"))
             return
         frac = self.done / self.total
         if frac >= self._next or self.done >= self.total:
@@ -1433,8 +1435,9 @@ def round_to(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
         with np.errstate(over="ignore"):
             r = x.astype(DTYPES[dtype])
         if np.any(np.isinf(r.astype(np.float64)) & finite):
-            raise ValueError(f"{name}: a value ({float(np.max(np.abs(x[finite]))):.6g}) overflows {dtype}; pass a "
-                             "wider dtype (--dtype)")
+            fix = ("pass a wider dtype (--dtype float32)" if dtype != "F32" else "no dtype --dequantize writes is "
+                   "wider: a stored scale is too large (fp4ref audit reports it as decode-overflow)")
+            raise ValueError(f"{name}: a value ({float(np.max(np.abs(x[finite]))):.6g}) overflows {dtype}; {fix}")
         return r
     return x.astype(DTYPES[dtype])
 
@@ -1690,23 +1693,27 @@ def print_report(reports: list, *, title: str, file=None) -> None:
     """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or why the tensor
     is copied as is, SQNR dB, max |err|, zero blocks, ms. A value not measured (NaN: a dry run's plan) shows "-"."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ._tables_rich import print_table
 
-    table = Table(title=title)
+    # every cell is text, not rich markup: a tensor named "x[/].weight" or a reason holding "[experts, in, out]"
+    # would otherwise raise MarkupError or lose its brackets
+    table = Table(title=escape(title))
     for col, just in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("action", "left"),
                       ("SQNR dB", "right"), ("max |err|", "right"), ("zero blocks", "right"), ("ms", "right")):
         table.add_column(col, justify=just, overflow="fold")
     for r in reports:
         if r.action == "copied":
-            table.add_row(r.name, str(list(r.shape)), r.dtype, f"copied as is: {r.reason}", "", "", "", "")
+            table.add_row(escape(r.name), str(list(r.shape)), r.dtype, escape(f"copied as is: {r.reason}"), "", "",
+                          "", "")
         else:
             err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
             planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
             zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
             ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
             act = f"{r.action} {r.fmt}".strip()
-            table.add_row(r.name, str(list(r.shape)), r.dtype, act, _fmt_db(r.sqnr_db), err, zb, ms)
+            table.add_row(escape(r.name), str(list(r.shape)), r.dtype, escape(act), _fmt_db(r.sqnr_db), err, zb, ms)
     print_table(Console(file=file or sys.stdout), table,
                 whole=("shape", "dtype", "SQNR dB", "max |err|", "zero blocks", "ms"))

@@ -205,6 +205,9 @@ def run(args) -> int:
             return _error(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --dequantize")
     elif args.dtype is not None:
         return _error("--dtype applies to --dequantize only")
+    if args.no_default_ignore and (args.checkpoint_format or "fp4ref") == "fp4ref":  # it has nothing to drop there
+        return _error("--no-default-ignore applies to the modelopt and compressed-tensors layouts only (the fp4ref "
+                      "layout has no default ignore list)")
     if args.output is None and not args.dry_run:
         return _error("the following arguments are required: -o/--output")
     fmt = args.format or "nvfp4"

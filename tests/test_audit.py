@@ -11,7 +11,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from fp4ref import checkpoint as C
 from fp4ref.audit import audit_checkpoint
@@ -516,6 +516,12 @@ def test_tensor_names_fold_on_a_narrow_terminal(made, capsys, monkeypatch):
     assert O_PROJ in "".join(r[1].strip() for r in rows)
 
 
+def test_force_without_json_is_a_usage_error(made, capsys):
+    """--force replaces an existing --json FILE: alone it would do nothing, so it is refused (exit 2)."""
+    assert main(["audit", str(made / "mo"), "--force"]) == 2
+    assert "--force applies with --json FILE only" in capsys.readouterr().err
+
+
 def test_python_recipe_or_mode_without_reference_is_refused_as_the_cli_refuses(made):
     """recipe / mode without reference are a ValueError (the CLI: "--recipe / --mode apply with --reference only"),
     not a silently clean report; a value of the wrong type is a TypeError naming the argument, with or without
@@ -763,14 +769,49 @@ def test_nan_or_undecodable_values_are_refused_by_dequantize(made, tmp_path, cap
     assert findings(audit_checkpoint(d)) == {O_PROJ: ["global-scale"]}
     assert main(["quantize", str(d), "-o", str(tmp_path / "deq"), "--dequantize", "--dtype", "bfloat16"]) == 2
     assert "no finite fp32 reciprocal" in capsys.readouterr().err and not (tmp_path / "deq").exists()
-    mo = copy(made, "mo", tmp_path)  # 3e38 is finite, but 6 x 448 x 3e38 is not: no code of the layer decodes
+    mo = copy(made, "mo", tmp_path)  # 3e38 is finite, but the layer's largest code x block scale x 3e38 is not
     patch(mo, O_PROJ[: -len("weight")] + "weight_scale_2", lambda a: a.view(np.float32).__setitem__(0, 3e38))
-    assert findings(audit_checkpoint(mo)) == {O_PROJ: ["global-scale"]}
+    assert findings(audit_checkpoint(mo)) == {O_PROJ: ["decode-overflow"]}
+    assert main(["quantize", str(mo), "-o", str(tmp_path / "deq4"), "--dequantize", "--dtype", "float32"]) == 2
+    assert "no dtype --dequantize writes is wider" in capsys.readouterr().err and not (tmp_path / "deq4").exists()
     mx = copy(made, "mx8", tmp_path)
     patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0x7F))
     assert findings(audit_checkpoint(mx)) == {O_PROJ: ["code-nan"]}
     assert main(["quantize", str(mx), "-o", str(tmp_path / "deq8"), "--dequantize", "--dtype", "bfloat16"]) == 2
     assert "element code 0x7f" in capsys.readouterr().err and not (tmp_path / "deq8").exists()
+
+
+def test_decode_overflow_is_what_the_stored_values_reach(tmp_path, capsys):
+    """An MXFP8 scale byte raised to 254 (2^127) makes its block decode beyond float32: a decode-overflow finding
+    (audit passed it), and --dequantize says no dtype is wider. An NVFP4 weight near float32's maximum quantized by
+    a 4over6 recipe with E4M3 max 256 (global decode scale amax / 1536) decodes within float32 (at most the amax):
+    clean (the old rule, 6 x 448 x the global decode scale, called it an overflow), and dequantized exactly."""
+    w = np.random.default_rng(4).uniform(1e38, 2e38, (2, 32)).astype(np.float32)  # every block near the top
+    w[0, 0] = 2e38
+    src = tmp_path / "w.safetensors"
+    save_file({"w": w}, str(src))
+    q4 = tmp_path / "q4.safetensors"
+    assert main(["quantize", str(src), "-o", str(q4), "--recipe", "te-4over6-256", "--quiet"]) == 0
+    assert audit_checkpoint(q4).clean
+    assert main(["quantize", str(q4), "-o", str(tmp_path / "d4.safetensors"), "--dequantize", "--quiet"]) == 0
+    back = load_file(str(tmp_path / "d4.safetensors"))["w"]
+    assert np.isfinite(back).all() and back[0, 0] == np.float32(2e38)  # the block amax decodes to itself
+    q8 = tmp_path / "q8.safetensors"
+    assert main(["quantize", str(src.with_name("w.safetensors")), "-o", str(q8), "--format", "mxfp8",
+                 "--quiet"]) == 0
+    assert audit_checkpoint(q8).clean
+    raw = bytearray(q8.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    at = 8 + n + json.loads(raw[8:8 + n])["w_scale"]["data_offsets"][0] + 1  # row 1's scale byte (K = 32: one
+    raw[at] = 254  # block per row): 2^127 times its element codes
+    q8.write_bytes(bytes(raw))
+    rep = audit_checkpoint(q8)
+    assert findings(rep) == {"w": ["decode-overflow"]}
+    detail = next(f.detail for t in rep.tensors for f in t.findings)
+    assert "beyond float32" in detail, detail
+    assert main(["quantize", str(q8), "-o", str(tmp_path / "d8.safetensors"), "--dequantize", "--dtype",
+                 "float32"]) == 2
+    assert "no dtype --dequantize writes is wider" in capsys.readouterr().err
 
 
 def _edit_json(path: Path, fn) -> None:

@@ -351,6 +351,8 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
         ([str(src), "-o", str(out), "--dequantize", "--format", "nvfp4"], "--format does not apply to --dequantize"),
         ([str(src), "-o", str(tmp_path / "no" / "dir" / "o.safetensors")], "does not exist"),
         ([str(src), "-o", str(out), "--include", r"^d\."], "no tensor of"),
+        ([str(src), "-o", str(out), "--no-default-ignore"], "--no-default-ignore applies to the modelopt and "
+                                                            "compressed-tensors layouts only"),
     ]
     before = _listing(tmp_path)
     for argv, msg in misuse:
@@ -495,6 +497,22 @@ def test_dry_run_note_says_what_it_cannot_see_in_the_values(tmp_path, capsys):
     assert "--dry-run list what would be quantized and write nothing; reads the headers only, not the tensor " \
            "values, so it cannot see what the real run refuses for values (weights holding NaN/inf, MX weights " \
            "whose decoded values would overflow): it lists them as quantized" in help_text
+
+
+def test_report_prints_names_and_reasons_as_text_not_markup(tmp_path, capsys):
+    """Tensor names and copy reasons holding rich markup ("[/]", "[bold]", "[experts, in, out]") are printed as
+    they are, in quantize, --dry-run and --dequantize reports (a MarkupError used to end each run with exit 1)."""
+    rng = np.random.default_rng(3)
+    f = tmp_path / "m.safetensors"
+    names = ["x[/].weight", "y[bold]z.weight", "n[red].weight"]
+    save_file({names[0]: rng.standard_normal((4, 32)).astype(np.float32),
+               names[1]: rng.standard_normal((4, 32)).astype(np.float32),
+               names[2]: rng.standard_normal((32,)).astype(np.float32)}, str(f))  # 1-D: copied, with a reason
+    q, deq = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
+    for argv in ([str(f), "-o", str(q)], [str(f), "--dry-run"], [str(q), "-o", str(deq), "--dequantize"]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert all(n in out for n in names), out
 
 
 def test_dry_run_without_output_names_the_subdirectories_it_would_not_copy(tmp_path, capsys):
