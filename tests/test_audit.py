@@ -115,6 +115,19 @@ def test_planted_wrong_global_scale(made, tmp_path):
     assert findings(audit_checkpoint(ct)) == {O_PROJ: ["global-scale"]}
 
 
+def test_a_changed_code_byte_is_a_reference_difference(made, tmp_path):
+    """--reference compares the element codes too, not only the scales: one nibble of o_proj's codes flipped (a
+    value change the byte checks cannot see) reads "differs: 1 code byte(s), 0 scale byte(s), 0 global scale(s)"."""
+    bad = copy(made, "mo", tmp_path)
+    assert audit_checkpoint(bad, reference=made / "in").clean
+    patch(bad, O_PROJ, lambda a: a.__setitem__(3, a[3] ^ 0x01))  # element 6's mantissa bit
+    assert audit_checkpoint(bad).clean  # a valid code either way
+    rep = audit_checkpoint(bad, reference=made / "in")
+    assert findings(rep) == {O_PROJ: ["reference"]}
+    row = next(t for t in rep.tensors if t.name == O_PROJ).reference
+    assert "1 code byte(s), 0 scale byte(s), 0 global scale(s)" in row, row
+
+
 def test_planted_nonzero_padding(tmp_path):
     rng = np.random.default_rng(3)
     save_file({"w.weight": rng.standard_normal((4, 20)).astype(np.float32),

@@ -221,6 +221,12 @@ def test_compressed_tensors_nvfp4(src, tmp_path):
         err = np.abs(dec.reshape(x.shape) - x)
         assert np.all(err <= np.repeat(s, 16).reshape(x.shape) / enc + 1e-12), n
         assert reports[n].sqnr_db > 18
+        # bytes: the layout's recipe (te; test_each_layout_quantizes_with_its_documented_default tells it apart)
+        # on the tensor with the fused group's amax
+        from fp4ref import nvfp4_quantize
+
+        t = nvfp4_quantize(x, recipe="te", global_amax=a)
+        assert q[base + "weight_packed"][3] == t.codes.tobytes() and q[base + "weight_scale"][3] == t.scales.tobytes()
 
 
 @pytest.mark.parametrize("recipe,e4m3_max", [("te-4over6", 448), ("te-4over6-mse", 448), ("te-4over6-256", 256),
@@ -271,6 +277,42 @@ def test_mx_layouts(src, tmp_path):
     assert n[:-6] + "weight_global_scale" not in q
     with pytest.raises(C.QuantizeFileError, match="W4A8_MXFP4_FP8"):
         C.quantize_checkpoint(root, tmp_path / "x", fmt="mxfp4", checkpoint_format="modelopt")
+
+
+# (layout, format) -> (expected block-1 scale byte, the default recipe or mode it shows), on the inputs below
+_DEFAULT_BYTES = {
+    ("fp4ref", "nvfp4"): (121, "te"), ("modelopt", "nvfp4"): (120, "modelopt"),
+    ("compressed-tensors", "nvfp4"): (121, "te"),
+    ("fp4ref", "mxfp4"): (127, "floor"), ("compressed-tensors", "mxfp4"): (127, "floor"),
+    ("fp4ref", "mxfp8"): (121, "floor"), ("compressed-tensors", "mxfp8"): (121, "floor"),
+    ("modelopt", "mxfp8"): (122, "rceil"),
+}
+
+
+@pytest.mark.parametrize("layout, fmt", list(_DEFAULT_BYTES))
+def test_each_layout_quantizes_with_its_documented_default(tmp_path, layout, fmt):
+    """The default recipe / mode of each layout, told apart by a block whose scale byte differs between them.
+    NVFP4: block 0 holds the tensor amax 138.84 (0x430AD652), block 1's amax is 84.29401 (0x42A89688): TE >= 2.14
+    computes 84.29401 * (S_enc * fp32(1/6)) = 272.00003 -> E4M3 288 (0x79 = 121), the workload's "sol" order
+    (84.29401 / 6) * S_enc = 272.0, a tie -> 256 (0x78 = 120), as ModelOpt's a / (6 sf2) does. MX: block 1's amax
+    7.9 gives the UE8M0 byte floor(log2 7.9) - emax + 127 = 2 - 2 + 127 = 127 (E2M1) or 2 - 8 + 127 = 121 (E4M3)
+    under floor; ceil, even and rceil give one more (ModelOpt's MXFP8: ceil(log2(7.9 / 448)) + 127 = 122)."""
+    from safetensors.numpy import save_file
+
+    want, _ = _DEFAULT_BYTES[(layout, fmt)]
+    if fmt == "nvfp4":
+        x = np.zeros((1, 32), np.float32)
+        x[0, 0], x[0, 16] = np.array([0x430AD652, 0x42A89688], np.uint32).view(np.float32)
+    else:
+        x = np.linspace(-1.0, 1.0, 64, dtype=np.float32).reshape(1, 64)  # block 0: amax 1
+        x[0, 32 + 5] = 7.9
+    f = tmp_path / "w.safetensors"
+    save_file({"layer.weight": x}, str(f))
+    rep, = C.quantize_checkpoint(f, tmp_path / "out", fmt=fmt, checkpoint_format=layout)
+    assert rep.action == "quantized"
+    q = raw(tmp_path / "out")
+    scale = next(v for n, v in q.items() if n.endswith("weight_scale") or n == "layer.weight_scale")
+    assert np.frombuffer(scale[3], np.uint8)[1] == want, (layout, fmt, np.frombuffer(scale[3], np.uint8))
 
 
 @pytest.mark.parametrize("recipe", ["torchao-single-level", "torchao-0.16-single-level"])

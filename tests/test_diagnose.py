@@ -46,6 +46,28 @@ def ties_away(w, ops, ref):
     return np.ldexp(np.sign(x) * np.floor(np.abs(np.ldexp(x, -q)) + 0.5), q).astype(ref.out.dtype)
 
 
+def rounded_away(w, ops, ref):
+    """A store that rounds away from zero: every output below the exact value in magnitude moves 1 ulp out."""
+    r = ref.out.astype(np.float64)
+    under = np.abs(r) < np.abs(ref.exact)
+    away = np.nextafter(ref.out, np.where(ref.exact < 0, -np.inf, np.inf).astype(ref.out.dtype))
+    return np.where(under, away, ref.out).astype(ref.out.dtype)
+
+
+def unwritten_scattered(w, ops, ref):
+    out = ref.out.copy()
+    out.reshape(-1)[[3, 17, 40, 41, 90]] = np.nan  # a few elements here and there: no whole row or column
+    return out
+
+
+def bf16_accumulation(w, ops, ref):
+    P = ops["A"].astype(np.float64)[:, None, :] * ops["B"].astype(np.float64)[None, :, :]
+    acc = np.zeros(P.shape[:2])
+    for j in range(P.shape[-1]):
+        acc = gemm.round_float64(acc + P[..., j], "bfloat16")
+    return acc.astype(np.float16)
+
+
 def unwritten_columns(w, ops, ref):
     out = ref.out.copy()
     out[..., -16:] = np.nan
@@ -192,6 +214,9 @@ PLANTED = {
     "inf flushed to max": (GEMM, "extreme", 6, 32, 2048, inf_flushed, "nonfinite_flushed", {}),
     "K tail dropped": (GEMM, "public", 4, 64, 200, dropped_k_tail, "dropped_k_tail", {}),
     "fp16 accumulation": (GEMM, "exact_acc", 2, 32, 512, fp16_accumulation, "fp16_accumulation", {}),
+    "bf16 accumulation": (GEMM, "exact_acc", 2, 32, 512, bf16_accumulation, "bf16_accumulation", {}),
+    "rounded away from zero": (GEMM, "exact_acc", 4, 64, 256, rounded_away, "rounded_away_from_zero", {}),
+    "scattered elements unwritten": (GEMM, "public", 4, 64, 64, unwritten_scattered, "unwritten_elements", {}),
     "swapped nibbles": (SPARSE, "public", 4, 64, 256, _sparse_bug(swap_nibbles=True), "swapped_nibbles", {}),
     "swapped meta fields": (SPARSE, "public", 4, 64, 256, _sparse_bug(swap_meta=True), "swapped_meta_fields", {}),
     "signed shift": (SPARSE, "public", 4, 64, 256, _sparse_bug(signed_shift=True), "signed_shift", {}),

@@ -770,6 +770,16 @@ def test_encode_rejects_non_float_input(bad):
         encode(bad, E4M3FN)
 
 
+@pytest.mark.parametrize("bad", ["no", 0, 1, np.float32(1.0), "False"])
+def test_encode_saturate_must_be_a_bool_or_none(bad):
+    """saturate="no" was once read as True (any truthy value): a non-bool is a TypeError naming it, and the bools
+    give the two policies (448 -> 0x7E saturated, 500 -> NaN 0x7F unsaturated for E4M3FN)."""
+    x = np.array([500.0], np.float32)
+    with pytest.raises(TypeError, match=r"^saturate must be True, False or None, got"):
+        encode(x, E4M3FN, saturate=bad)
+    assert int(encode(x, E4M3FN, saturate=True)[0]) == 0x7E and int(encode(x, E4M3FN, saturate=False)[0]) == 0x7F
+
+
 def test_encode_non_float_input_message_fits_the_input():
     with pytest.raises(TypeError, match=r"\(int\); Python ints and bools are not read as floats"):
         encode(3, E4M3FN)

@@ -65,11 +65,10 @@ def assert_matches_oracle(ref, exact, dtype_name):
     for idx in np.ndindex(out.shape):
         want = oracle_round(exact[idx], dtype_name)
         got = out[idx]
-        assert got == want and (want != 0 or exact[idx] != 0 or not np.signbit(got)), (
+        # a zero's sign too: +0.0 for an exact zero, the exact value's sign where it rounds to zero (-0.0 == 0.0)
+        assert got == want and (want != 0 or np.signbit(got) == np.signbit(want)), (
             f"at {idx}: got {got!r}, want {want!r} for exact {exact[idx]}"
         )
-        if exact[idx] == 0:
-            assert not np.signbit(got), f"exact zero at {idx} must give +0.0"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -566,6 +565,14 @@ def test_gemm_fp16_certification_at_binade_bottoms_and_zero():
     B = np.array([[1.0, 1.0, 1.0, 1.0, 2.0**-24], [-1.0, -1.0, 1.0, 1.0, 2.0**-24]], np.float16)
     ref = gemm.gemm_fp16(A, B)
     assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
+    # a sum that cancels to -2^-48 (no cancelling pair of the rows above: the float64 sum itself is 0 here, and
+    # the certification must not take it for an exact zero): -0.0, not +0.0
+    A = np.array([[2.0**11, -(2.0**-24), -(2.0**11)]], np.float16)
+    B = np.array([[2.0**12, 2.0**-24, 2.0**12]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    assert _fp16_exact(A, B)[0, 0] == -Fraction(2) ** -48
+    assert_matches_oracle(ref, _fp16_exact(A, B), "float16")
+    assert np.signbit(ref.out.astype(np.float64)[0, 0])
 
 
 def test_nvfp4_gemm_reads_bytes_never_values():

@@ -85,6 +85,41 @@ def test_sparse_a_operands(ops):
     assert vals.dtype == np.int8 and meta.dtype == np.int8 and vals.shape == meta.shape == (3, 8)
 
 
+_FIND = settings(max_examples=300, database=None)
+
+
+def _finds(strategy, *conditions):
+    """Each condition is met by some draw of ``strategy`` (hypothesis.find raises NoSuchExample otherwise): a
+    strategy that degenerates, e.g. to all-zero arrays, fails here instead of silently weakening every property
+    test that draws from it."""
+    for cond in conditions:
+        find(strategy, cond, settings=_FIND)
+
+
+def test_strategies_draw_the_value_classes_they_promise():
+    bf16 = lambda x: x.astype(np.float32)  # noqa: E731
+    _finds(fst.fp16_matrices((8, 64)),
+           lambda a: np.count_nonzero(a) > a.size // 2,
+           lambda a: np.any((a != 0) & (np.abs(a.astype(np.float32)) < 2.0**-14)),  # an fp16 subnormal
+           lambda a: np.any(a < 0) and np.any(a > 0),
+           lambda a: np.any(np.abs(a.astype(np.float32)) >= 32))  # near 2^max_exponent (6)
+    _finds(fst.e4m3_bytes((64,)),
+           lambda b: np.count_nonzero(b) > 32,
+           lambda b: np.any(((b & 0x78) == 0) & ((b & 7) != 0)),  # a subnormal byte
+           lambda b: np.any((b & 0x7F) == 0x7E),  # +-448
+           lambda b: np.any(((b & 0x80) != 0) & ((b & 0x7F) != 0)))  # a negative non-zero value
+    _finds(fst.packed_fp4((64,)),
+           lambda b: np.count_nonzero(b & 0xF) > 16 and np.count_nonzero(b >> 4) > 16,
+           lambda b: np.any((b & 7) == 7) and np.any(((b >> 4) & 8) != 0))  # +-6, a negative code
+    _finds(fst.sparse_a_operands(4, 64), lambda ops: np.count_nonzero(ops[0]) > 16)
+    _finds(fst.nvfp4_inputs(4, 64),
+           lambda x: np.count_nonzero(bf16(x)) > 64,
+           lambda x: np.any(np.isin(np.abs(bf16(x)), [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])),  # E2M1 ties
+           lambda x: np.any(bf16(x) == 2688.0))
+    _finds(fst.nvfp4_operands(4, 64),
+           lambda o: np.count_nonzero(o.codes) > 32 and len(np.unique(o.scales)) > 4)
+
+
 def test_sparse_a_operands_rejects_bad_k():
     with pytest.raises(InvalidArgument, match="multiple of 4"):
         fst.sparse_a_operands(2, 6)

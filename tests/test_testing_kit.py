@@ -484,3 +484,38 @@ def test_public_checkers_refuse_tolerances_that_would_pass_everything(checker):
     assert not checker(-ref, ref, atol=0.0, rtol=0.0).ok
     with pytest.raises(TypeError, match=r"^out must be a floating array, got dtype <U1"):
         checker("a", ref)
+
+
+def test_public_checkers_count_what_they_report():
+    """fib_allclose and sol_allclose's counts on a hand-made output (ref 1..8, fp32): element 1 off by 0.03 (fails
+    FlashInfer-Bench's rule: > atol 0.01 and > rtol 0.01 of 2; matches SOL's 0.005 + 0.02 * 2 = 0.045), element 3
+    off by 0.1 (fails both), element 5 NaN, element 7 +inf (fail both, non-finite)."""
+    ref = np.arange(1, 9, dtype=np.float32)
+    out = ref.copy()
+    out[1] += 0.03
+    out[3] += 0.1
+    out[5], out[7] = np.nan, np.inf
+    fib = testing.fib_allclose(out, ref)
+    assert (fib.ok, fib.checker, fib.n_fail, fib.n_nonfinite_out) == (False, "flashinfer-bench", 4, 2)
+    assert fib.matched_fraction == 4 / 8 and fib.max_abs_err == pytest.approx(0.1, abs=1e-6)
+    sol = testing.sol_allclose(out, ref)
+    assert (sol.ok, sol.checker, sol.n_fail, sol.n_nonfinite_out) == (False, "sol-execbench", 3, 2)
+    assert sol.matched_fraction == 5 / 8 and sol.max_abs_err == pytest.approx(0.1, abs=1e-6)
+    assert testing.sol_allclose(out, ref, required=0.6).ok and not testing.fib_allclose(out, ref, atol=1.0)
+
+
+def test_report_sqnr_is_10_log10_of_signal_over_noise():
+    """Report.sqnr_db = 10 log10(sum C^2 / sum (out - C)^2), by Fractions on a 1 x 2 fp16 GEMM whose exact values
+    are 3 and 5 (A = [[1, 1]], B = [[1, 2], [2, 3]]) and an output off by 1/2 and 1/4."""
+    from fractions import Fraction
+    import math
+
+    A = np.array([[1, 1]], np.float16)
+    B = np.array([[1, 2], [2, 3]], np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    out = np.array([[3.5, 4.75]], np.float16)
+    sig = Fraction(3) ** 2 + Fraction(5) ** 2
+    noise = Fraction(1, 2) ** 2 + Fraction(1, 4) ** 2
+    rep = bounds.check(out, ref, "fp32_rn")
+    assert rep.sqnr_db == pytest.approx(10 * math.log10(sig / noise), rel=1e-12)
+    assert bounds.check(ref.out.copy(), ref, "fp32_rn").sqnr_db == math.inf
