@@ -236,6 +236,8 @@ def test_wrong_implementation_is_flagged(name):
         rep.assert_ok()
     assert bool(testing.fib_allclose(out, ref)) is fib_expected, (name, testing.fib_allclose(out, ref))
     assert bool(testing.sol_allclose(out, ref)) is sol_expected, (name, testing.sol_allclose(out, ref))
+    if name == "Hopper fp8 without promotion, K=2048":  # docs/testing.md's table quotes the counts
+        assert testing.fib_allclose(out, ref).n_fail == 127 and testing.sol_allclose(out, ref).matched_fraction == 1
 
 
 def test_correct_implementations_pass_the_same_checks():
