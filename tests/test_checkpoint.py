@@ -1028,6 +1028,23 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
     C.quantize_checkpoint(root, tmp_path / "q", checkpoint_format="compressed-tensors")
     with pytest.raises(C.QuantizeFileError, match="already quantized"):
         C.quantize_checkpoint(tmp_path / "q", tmp_path / "q2", checkpoint_format="modelopt")
+    # ... and so is one of its shards copied on its own, without fp4ref's metadata or the config files (its
+    # remaining bf16 tensors were quantized again, and the packed codes copied as they are)
+    for layout, fmt in (("modelopt", "nvfp4"), ("compressed-tensors", "mxfp4"), ("modelopt", "mxfp8")):
+        q = tmp_path / f"q-{layout}-{fmt}"
+        C.quantize_checkpoint(root, q, checkpoint_format=layout, fmt=fmt)
+        shard = q / SHARD1
+        raw_bytes = shard.read_bytes()
+        n = int.from_bytes(raw_bytes[:8], "little")
+        header = json.loads(raw_bytes[8:8 + n])
+        header.pop("__metadata__", None)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        bare = tmp_path / f"bare-{layout}-{fmt}.safetensors"
+        bare.write_bytes(len(text).to_bytes(8, "little") + text + raw_bytes[8 + n:])
+        with pytest.raises(C.QuantizeFileError, match=r"already quantized \(.*weight_scale \((F8_E4M3|U8) \[.*is the "
+                                                      r"block-scale tensor of a quantized layer\)"):
+            C.quantize_checkpoint(bare, tmp_path / f"again-{layout}-{fmt}.safetensors")
 
 
 def test_an_unwritable_output_directory_is_refused_before_any_work(src, tmp_path, capsys, monkeypatch):
