@@ -150,6 +150,8 @@ def _check_bytes(layer, ckpt) -> tuple:
         else:
             mag = el & 7
             values = _E2M1_MAG[mag]
+        if kp > k:  # padding codes are never decoded (the padding check counts them)
+            values = np.where(np.arange(kp) < k, values, 0.0)
         scale = (_E4M3_SCALE if fmt == "nvfp4" else _UE8M0_SCALE)[sb]
         row_max[r0:r1] = np.max(values[:, :sb.shape[1] * block].reshape(r1 - r0, -1, block).max(axis=-1) * scale,
                                 axis=-1, initial=0.0)
@@ -186,12 +188,13 @@ def _decode_overflow(layer, cf: str, row_max, g) -> Finding | None:
     NVFP4: ``g``'s value of the row's expert, or its fp32 reciprocal in compressed-tensors) that float32 cannot
     hold (RNE to inf), or None. ``g`` None: MX, or an NVFP4 layer without a readable global scale."""
     if layer.fmt == "nvfp4":
-        if g is None or not (np.isfinite(g) & (g > 0)).all():
-            return None  # no decode scale to apply (layout finding), or a global-scale finding says why
-        with np.errstate(divide="ignore", over="ignore"):
+        if g is None:
+            return None  # no decode scale to apply (a layout finding says why)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             dec = (np.float32(1) / g.astype(np.float32) if cf == "compressed-tensors" else g).astype(np.float64)
-        if not np.isfinite(dec).all():
-            return None  # the global-scale finding names it
+            # an expert whose global scale is not a finite positive decode scale: the global-scale finding names
+            # it, and the others are still checked
+            dec = np.where(np.isfinite(dec) & (dec > 0) & np.isfinite(g) & (g > 0), dec, 0.0)
         top = row_max.reshape(dec.size, -1).max(axis=1, initial=0.0) * dec  # per expert (one, 2-D)
     else:
         top = np.array([row_max.max(initial=0.0)])
@@ -565,8 +568,9 @@ def run(args) -> int:
     if (args.recipe or args.mode) and not args.reference:
         print("fp4ref audit: error: --recipe / --mode apply with --reference only", file=sys.stderr)
         return 2
-    if args.force and not args.json:  # it replaces a --json FILE: alone it would be silently ignored
-        print("fp4ref audit: error: --force applies with --json FILE only", file=sys.stderr)
+    if args.force and (not args.json or args.json == STDOUT):  # it replaces a --json FILE: else a no-op
+        print("fp4ref audit: error: --force applies with --json FILE only (not alone, not with --json -)",
+              file=sys.stderr)
         return 2
     if args.json:
         try:
@@ -606,23 +610,24 @@ def _print_table(report: AuditReport) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rich.markup import escape
+    from rich.text import Text
 
     from ._tables_rich import print_table
 
-    # escaped: values such as "[nan]" and tensor names are text, not rich markup tags (which would vanish)
-    t = Table(title=escape(f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})"))
+    # Text cells: values such as "[nan]" and tensor names are text, never rich markup (tags would vanish, and an
+    # escaped trailing backslash would show twice)
+    t = Table(title=Text(f"fp4ref audit {report.path} ({report.checkpoint_format} {report.fmt})"))
     for col in ("tensor", "shape", "checks", "reference"):
         t.add_column(col, overflow="fold")  # a narrow terminal folds names over lines, never cuts them to "…"
     for r in report.tensors:
         # a failed reference check is shown once: in the reference column, with its detail
         ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference
         checks = "; ".join(f"{f.check}: {f.detail}" for f in r.findings if f.check != "reference") or "ok"
-        t.add_row(escape(r.name), escape(str(r.shape)), escape(checks), escape(ref))
+        t.add_row(Text(r.name), Text(str(r.shape)), Text(checks), Text(ref))
     console = Console()
     print_table(console, t, whole=("shape",))
     for f in report.findings:  # the checkpoint-wide checks, below the per-tensor table
-        console.print(escape(f"checkpoint {f.check}: {f.detail}"))
+        console.print(Text(f"checkpoint {f.check}: {f.detail}"))
     bad = sum(not r.clean for r in report.tensors)
     what = [f"{bad} of {len(report.tensors)} tensor(s) FAIL"] if bad else []
     what += [f"{len(report.findings)} checkpoint finding(s)"] if report.findings else []

@@ -539,7 +539,9 @@ class NumericContract:
         return cls(notes={str(k): str(v) for k, v in notes.items()}, **kw)
 
     def config_for(self, M: int, N: int, K: int, interpreter: bool = False):
-        """The config a call with these sizes runs with (``pick_config``), or None for a one-config kernel."""
+        """The config a call with these sizes runs with (``pick_config``), or None for a one-config kernel
+        (``interpreter`` a bool: TypeError otherwise, as for :meth:`model_for`)."""
+        _check_interpreter_flag(interpreter)
         return None if self.pick_config is None else self.pick_config(M, N, K, interpreter)
 
     def model_for(self, config, K: int, interpreter: bool = False, **launch) -> AccumulationModel:
@@ -1040,10 +1042,24 @@ def _recursive_chain(P: np.ndarray, u: float) -> np.ndarray:
 
 
 def _exact_sum_fp32(row) -> float:
-    """The exact sum of float64 values, rounded once to fp32 (RNE): a dyadic Fraction, then gemm.round_exact."""
-    total = sum((Fraction(float(v)) for v in row), Fraction(0))
-    shift = total.denominator.bit_length() - 1  # a power of two: every float64 is dyadic
-    return round_exact(total.numerator, -shift, "float32")
+    """The exact sum of float64 values, rounded once to fp32 (RNE). fsum's float64 s, cast to fp32, rounds twice
+    only where s is the exact midpoint of two fp32 values and the sum is not s: then the sign of sum - s (a second
+    fsum, exact in sign) picks the neighbour; a Fraction where s overflows float64's range."""
+    s = math.fsum(row)
+    if not math.isfinite(s):
+        total = sum((Fraction(float(v)) for v in row), Fraction(0))
+        return round_exact(total.numerator, -(total.denominator.bit_length() - 1), "float32")
+    if s < 0:  # RNE is symmetric: round |sum|
+        return -_exact_sum_fp32([-float(v) for v in row])
+    with np.errstate(over="ignore"):
+        f = np.float32(s)
+        lo = f if float(f) <= s else np.nextafter(f, np.float32(-np.inf))
+        hi = np.nextafter(lo, np.float32(np.inf))
+    # (above fp32's max the next value is inf, at 2^128 for the midpoint: max + ulp/2 rounds to inf as a tie)
+    if s != (float(lo) + (float(hi) if np.isfinite(hi) else 2.0**128)) / 2:
+        return float(f)
+    r = math.fsum([*row, -s])
+    return float(hi if r > 0 else lo if r < 0 else f)
 
 
 def _simulate_products(P: np.ndarray, m: AccumulationModel) -> np.ndarray:

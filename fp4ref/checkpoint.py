@@ -811,8 +811,10 @@ class Progress:
             from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, \
                 TimeElapsedColumn
 
-            self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                                     TimeElapsedColumn(), console=Console(file=self.stream), transient=True)
+            # (markup off: the description holds a tensor name, text that may contain "[...]")
+            self._bar = RichProgress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+                                     DownloadColumn(), TimeElapsedColumn(), console=Console(file=self.stream),
+                                     transient=True)
 
     def __enter__(self):
         if self._bar is not None:
@@ -836,9 +838,7 @@ class Progress:
             return
         self.done += nbytes
         if self._bar is not None:
-            from rich.markup import escape  # (a tensor name is text, not rich markup)
-
-            self._bar.update(self._task, advance=nbytes, description=escape(f"{self._phase} {name[-40:]}"))
+            self._bar.update(self._task, advance=nbytes, description=f"{self._phase} {name[-40:]}")
             return
         frac = self.done / self.total
         if frac >= self._next or self.done >= self.total:
@@ -1699,27 +1699,27 @@ def print_report(reports: list, *, title: str, file=None) -> None:
     """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or why the tensor
     is copied as is, SQNR dB, max |err|, zero blocks, ms. A value not measured (NaN: a dry run's plan) shows "-"."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from ._tables_rich import print_table
 
-    # every cell is text, not rich markup: a tensor named "x[/].weight" or a reason holding "[experts, in, out]"
-    # would otherwise raise MarkupError or lose its brackets
-    table = Table(title=escape(title))
+    # every cell is Text, never rich markup: a tensor named "x[/].weight" or a reason holding "[experts, in, out]"
+    # would otherwise raise MarkupError or lose its brackets (and escape() shows a trailing backslash twice)
+    table = Table(title=Text(title))
     for col, just in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("action", "left"),
                       ("SQNR dB", "right"), ("max |err|", "right"), ("zero blocks", "right"), ("ms", "right")):
         table.add_column(col, justify=just, overflow="fold")
     for r in reports:
         if r.action == "copied":
-            table.add_row(escape(r.name), str(list(r.shape)), r.dtype, escape(f"copied as is: {r.reason}"), "", "",
-                          "", "")
+            table.add_row(Text(r.name), str(list(r.shape)), r.dtype, Text(f"copied as is: {r.reason}"), "", "", "",
+                          "")
         else:
             err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
             planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
             zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
             ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
             act = f"{r.action} {r.fmt}".strip()
-            table.add_row(escape(r.name), str(list(r.shape)), r.dtype, escape(act), _fmt_db(r.sqnr_db), err, zb, ms)
+            table.add_row(Text(r.name), str(list(r.shape)), r.dtype, Text(act), _fmt_db(r.sqnr_db), err, zb, ms)
     print_table(Console(file=file or sys.stdout), table,
                 whole=("shape", "dtype", "SQNR dB", "max |err|", "zero blocks", "ms"))

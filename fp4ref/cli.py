@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action=OnceAction,
                    help="accumulation model (default: the kernel's declared model, else the universal "
                         "fp32-accumulating tensor-core model)")
-    p.add_argument("--output-rounding", action=OnceAction, choices=("rne", "faithful"),
+    p.add_argument("--output-rounding", action=OnceAction, choices=("rne", "faithful"), type=str.lower,
                    help="default: the kernel's declared rounding (rne on GPU)")
     p.add_argument("--max-check-rows", action=OnceAction, type=int, default=256,
                    help="check at most this many rows of a large-M output: 0 (all rows) or >= 129, so that the "

@@ -40,7 +40,7 @@ except ModuleNotFoundError as exc:  # an optional dependency: say which extra br
     raise ModuleNotFoundError("fp4ref.strategies needs hypothesis, which is not installed: pip install "
                               "'fp4ref[testing]'", name="hypothesis") from exc
 
-from ._validate import is_int, positive_float32
+from ._validate import global_scale_float32, is_int
 from .blockscale import NVFP4Tensor, _mx_element
 from .packing import CANONICAL_META
 
@@ -543,9 +543,9 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
     E4M3FN bytes, ``global_decode_scale`` float32; pass two of them to ``gemm.nvfp4_gemm(xq, wq)`` as they are.
     Block scale classes: zero blocks (scale 0x00), subnormal scales (0x01..0x07), typical, near-overflow
     (0x7E = 448); codes include E2M1 ties' neighbours and -0. NaN scale bytes only with ``allow_nan_scale``.
-    ``global_scale``: a real scalar (a float or int, a numpy scalar, a 0-d array or tensor), rounded to float32 once
-    and finite and > 0 there, as the quantizers' global decode scale must be; or None to draw one (powers of two
-    and odd float32s).
+    ``global_scale``: a real scalar (a float or int, a numpy scalar, a 0-d or one-element array or tensor), rounded
+    to float32 once and finite and > 0 there, as the quantizers' global decode scale must be; or None to draw one
+    (powers of two and odd float32s).
 
     Raises:
         InvalidArgument: (when built) ``rows`` or ``k`` not an int, ``rows`` < 1, ``k`` not a positive multiple of
@@ -558,8 +558,8 @@ def nvfp4_operands(rows, k, *, allow_nan_scale=False, global_scale=None) -> st.S
     if k % 16:
         raise InvalidArgument(f"k={k} must be a multiple of 16")
     if global_scale is not None:
-        try:  # the rule of fp4ref.blockscale's global decode scale (fp4ref._validate.positive_float32)
-            global_scale = positive_float32(global_scale, "global_scale")
+        try:  # the rule of fp4ref.blockscale's global decode scale (fp4ref._validate.global_scale_float32)
+            global_scale = global_scale_float32(global_scale, "global_scale")
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(str(exc)) from None
     scale_choices = [0x00] * 4 + list(range(0x01, 0x08)) + list(range(0x08, 0x7E)) + [0x7E] * 8

@@ -531,8 +531,9 @@ def test_tensor_names_fold_on_a_narrow_terminal(made, capsys, monkeypatch):
 
 def test_force_without_json_is_a_usage_error(made, capsys):
     """--force replaces an existing --json FILE: alone it would do nothing, so it is refused (exit 2)."""
-    assert main(["audit", str(made / "mo"), "--force"]) == 2
-    assert "--force applies with --json FILE only" in capsys.readouterr().err
+    for extra in ([], ["--json", "-"]):
+        assert main(["audit", str(made / "mo"), "--force", *extra]) == 2
+        assert "--force applies with --json FILE only" in capsys.readouterr().err
 
 
 def test_python_recipe_or_mode_without_reference_is_refused_as_the_cli_refuses(made):
@@ -825,6 +826,37 @@ def test_decode_overflow_is_what_the_stored_values_reach(tmp_path, capsys):
     assert main(["quantize", str(q8), "-o", str(tmp_path / "d8.safetensors"), "--dequantize", "--dtype",
                  "float32"]) == 2
     assert "no dtype --dequantize writes is wider" in capsys.readouterr().err
+
+
+def test_decode_overflow_per_expert_and_not_in_the_padding(made, tmp_path):
+    """An MoE's per-expert global scales: expert 0's set to 0 (a global-scale finding) does not hide expert 1's
+    3e35, whose decode overflows float32 (decode-overflow naming expert 1). Padding codes beyond K are never decoded:
+    a padding code 6 under a large block scale is a padding finding only."""
+    d = copy(made, "mo", tmp_path)
+
+    def experts(a):
+        v = a.view(np.float32)
+        v[0], v[1] = 0.0, 3e35
+
+    patch(d, EXPERTS_3D[0] + "_weight_scale_2", experts)
+    rep = audit_checkpoint(d)
+    assert findings(rep)[EXPERTS_3D[0]] == ["decode-overflow", "global-scale"]
+    detail = next(f.detail for t in rep.tensors for f in t.findings if f.check == "decode-overflow")
+    assert "(expert(s) [1])" in detail, detail
+    w = np.ones((1, 40), np.float32)
+    w[0, :32] = 2e38  # block 0 near the top; block 1: columns 32-39 real (1.0), 40-63 padding
+    src, q = tmp_path / "w.safetensors", tmp_path / "q.safetensors"
+    save_file({"w": w}, str(src))
+    C.quantize_checkpoint(src, q, fmt="mxfp4", pad=True)
+    raw = bytearray(q.read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    codes_at = 8 + n + header["w"]["data_offsets"][0]
+    raw[codes_at + 16:codes_at + 20] = b"\x22" * 4  # elements 32-39: code 2 (1.0)
+    raw[codes_at + 20] = 0x07  # element 40 (padding): code 7, 6.0
+    raw[8 + n + header["w_scale"]["data_offsets"][0] + 1] = 253  # block 1: 2^126 (1.0 x 2^126 fits float32)
+    q.write_bytes(bytes(raw))
+    assert findings(audit_checkpoint(q)) == {"w": ["padding"]}
 
 
 def _edit_json(path: Path, fn) -> None:

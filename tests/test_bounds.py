@@ -467,6 +467,11 @@ def test_splitk_of_exact_chunks_counts_the_rounding_of_each_partial():
     a, b = np.array([[1, t, t, 0]], np.float32), np.ones((1, 4), np.float32)
     P = 1 + 2 * float(np.float32(t))
     assert abs(bounds.simulate(a, b, "splitk(exact, 2)")[0] - P) <= m.eps(4) * P
+    # simulate rounds each exact partial to fp32 ONCE: 1 + 2^-24 + 2^-80 is above the fp32 midpoint 1 + 2^-24, so
+    # 1 + 2^-23 (through fsum's float64 1 + 2^-24, a tie, it would be 1.0); and the sign of a partial that cancels
+    a, b = np.array([[1, 2.0**-24, 2.0**-40]]), np.array([[1, 1, 2.0**-40]])
+    assert bounds.simulate(a, b, "splitk(exact, 4)")[0, 0] == 1 + 2.0**-23
+    assert bounds.simulate(-a, b, "splitk(exact, 4)")[0, 0] == -(1 + 2.0**-23)
 
 
 def test_check_accepts_torch():

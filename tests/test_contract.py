@@ -112,6 +112,8 @@ def test_interpreter_flag_must_be_a_bool_and_roundings_are_read_in_any_case():
             c.model_for(None, 64, bad)
         with pytest.raises(TypeError, match="interpreter="):
             c.rounding_for(bad)
+        with pytest.raises(TypeError, match="interpreter="):
+            c.config_for(1, 64, 64, bad)
     ref = gemm.gemm_fp16(np.ones((1, 16), np.float16), np.ones((1, 16), np.float16))
     assert bounds.check(ref.out.copy(), ref, "fp32_rn", output_rounding="RNE").output_rounding == "rne"
     with pytest.raises(TypeError, match="output_rounding"):

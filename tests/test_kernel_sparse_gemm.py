@@ -327,6 +327,11 @@ def test_tl_paths_refuse_operands_beyond_32_bit_offsets(monkeypatch):
         mod.sparse_gemm_fp4_fp8(v, v.clone(), b, FusedConfig(16, 16, 64))
     with pytest.raises(ValueError, match=r"extends over 64 elements.*ExpandConfig path"):
         mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
+    # the split-K partials: 1 tile x 2 slices x 16 x 16 = 512 elements, the operands (at most 256) below 512
+    monkeypatch.setattr(_runtime, "INT32_OFFSETS", 512)
+    vv = torch.from_numpy(rng.integers(-128, 128, (16, 8), dtype=np.int8)).to(DEVICE)
+    with pytest.raises(ValueError, match=r"split_k_partials extends over 512 elements.*FusedConfig path"):
+        mod.sparse_gemm_fp4_fp8(vv, vv.clone(), b[:8, :32], FusedConfig(16, 16, 16, split_k=2))
 
 
 def test_launch_plan_cache():

@@ -504,15 +504,21 @@ def test_report_prints_names_and_reasons_as_text_not_markup(tmp_path, capsys):
     they are, in quantize, --dry-run and --dequantize reports (a MarkupError used to end each run with exit 1)."""
     rng = np.random.default_rng(3)
     f = tmp_path / "m.safetensors"
-    names = ["x[/].weight", "y[bold]z.weight", "n[red].weight"]
+    names = ["x[/].weight", "y[bold]z.weight", "n[red].weight", "normd.weight", "w.weight\\"]
     save_file({names[0]: rng.standard_normal((4, 32)).astype(np.float32),
                names[1]: rng.standard_normal((4, 32)).astype(np.float32),
-               names[2]: rng.standard_normal((32,)).astype(np.float32)}, str(f))  # 1-D: copied, with a reason
+               names[2]: rng.standard_normal((32,)).astype(np.float32),  # 1-D: copied, with a reason
+               names[3]: rng.standard_normal((4, 32)).astype(np.float32),  # copied: "ignored (norm[bold])"
+               names[4]: rng.standard_normal((4, 32)).astype(np.float32)}, str(f))  # a trailing backslash
     q, deq = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
-    for argv in ([str(f), "-o", str(q)], [str(f), "--dry-run"], [str(q), "-o", str(deq), "--dequantize"]):
+    for argv in ([str(f), "-o", str(q), "--ignore", "norm[bold]"], [str(f), "--dry-run", "--ignore", "norm[bold]"],
+                 [str(q), "-o", str(deq), "--dequantize"]):
         assert main(argv) == 0, argv
         out = capsys.readouterr().out
-        assert all(n in out for n in names), out
+        words = out.split()
+        assert all(n in words for n in names), out  # each name whole, the backslash once
+        if "--ignore" in argv:
+            assert "ignored (norm[bold])" in out, out
 
 
 def test_dry_run_without_output_names_the_subdirectories_it_would_not_copy(tmp_path, capsys):

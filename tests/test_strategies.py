@@ -281,10 +281,12 @@ def test_nvfp4_operands_global_scale_type_when_built(g):
     assert isinstance(info.value, InvalidArgument)
 
 
-@given(fst.nvfp4_operands(1, 16, global_scale=np.float64(0.1)), fst.nvfp4_operands(1, 16, global_scale=3))
-def test_nvfp4_operands_global_scale_rounded_to_float32_once(a, b):
+@given(fst.nvfp4_operands(1, 16, global_scale=np.float64(0.1)), fst.nvfp4_operands(1, 16, global_scale=3),
+       fst.nvfp4_operands(1, 16, global_scale=np.array([0.5])))
+def test_nvfp4_operands_global_scale_rounded_to_float32_once(a, b, c):
+    """(a one-element array, as compressed-tensors stores it, is its element: blockscale's rule)"""
     assert a.global_decode_scale == np.float32(0.1) and b.global_decode_scale == np.float32(3.0)
-    assert isinstance(a.global_decode_scale, np.float32)
+    assert c.global_decode_scale == np.float32(0.5) and isinstance(a.global_decode_scale, np.float32)
 
 
 @pytest.mark.parametrize("max_exponent", [16, 20, 10**6])

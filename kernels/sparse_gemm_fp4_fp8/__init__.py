@@ -496,4 +496,6 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                                 NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
                            num_warps=config.num_warps, num_stages=config.num_stages)
     ws_elems = tiles * split_k * config.block_m * config.block_n if split_k > 1 else 0
+    # (its split-K partials are indexed tile * (SPLIT_K * BLOCK_M * BLOCK_N) + ..., 32-bit too)
+    _runtime.check_int32_offsets("FusedConfig path", split_k_partials=ws_elems)
     return _FusedPlan(config, main, ws_elems, tiles)
