@@ -60,14 +60,6 @@ def unwritten_scattered(w, ops, ref):
     return out
 
 
-def bf16_accumulation(w, ops, ref):
-    P = ops["A"].astype(np.float64)[:, None, :] * ops["B"].astype(np.float64)[None, :, :]
-    acc = np.zeros(P.shape[:2])
-    for j in range(P.shape[-1]):
-        acc = gemm.round_float64(acc + P[..., j], "bfloat16")
-    return acc.astype(np.float16)
-
-
 def unwritten_columns(w, ops, ref):
     out = ref.out.copy()
     out[..., -16:] = np.nan
@@ -93,12 +85,19 @@ def dropped_k_tail(w, ops, ref):
     return _round(A[:, :keep] @ B[:, :keep].T, ref)
 
 
-def fp16_accumulation(w, ops, ref):
-    P = ops["A"].astype(np.float64)[:, None, :] * ops["B"].astype(np.float64)[None, :, :]
-    acc = np.zeros(P.shape[:2])
-    for j in range(P.shape[-1]):
-        acc = gemm.round_float64(acc + P[..., j], "float16")
-    return acc.astype(np.float16)
+def _low_precision_accumulation(partial_format):
+    """A GEMM kernel whose partial sums are kept in ``partial_format`` (each exact product added, then rounded)."""
+    def kernel(w, ops, ref):
+        P = ops["A"].astype(np.float64)[:, None, :] * ops["B"].astype(np.float64)[None, :, :]
+        acc = np.zeros(P.shape[:2])
+        for j in range(P.shape[-1]):
+            acc = gemm.round_float64(acc + P[..., j], partial_format)
+        return acc.astype(np.float16)
+    return kernel
+
+
+fp16_accumulation = _low_precision_accumulation("float16")
+bf16_accumulation = _low_precision_accumulation("bfloat16")
 
 
 def _sparse_A(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=False):
