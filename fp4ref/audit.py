@@ -235,9 +235,10 @@ def _bad_global(layer, cf: str, g) -> Finding | None:
                                                    f"{vals}{where}")
 
 
-def _listed(module: str, patterns: list) -> str | None:
-    """The first of ``patterns`` (exclude_modules / ignore entries) that names ``module``: the name itself, an
-    ``fnmatch`` pattern (ModelOpt's wildcards), or compressed-tensors' ``re:`` regular expression (re.match)."""
+def _listed(module: str, patterns: list, exact_names: bool = False) -> str | None:
+    """The first of ``patterns`` (exclude_modules / ignore entries) that names ``module``: compressed-tensors' ``re:``
+    regular expression (re.match), else the name itself (``exact_names``: compressed-tensors compares a plain entry
+    with the name) or an ``fnmatch`` pattern (ModelOpt's wildcards)."""
     for pat in patterns:
         if pat.startswith("re:"):
             try:
@@ -245,7 +246,7 @@ def _listed(module: str, patterns: list) -> str | None:
                     return pat
             except re.error:
                 continue
-        elif fnmatch.fnmatchcase(module, pat):
+        elif module == pat if exact_names else fnmatch.fnmatchcase(module, pat):
             return pat
     return None
 
@@ -306,7 +307,7 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
         if not isinstance(pats, list) or not all(isinstance(p, str) for p in pats):
             bad(f"{where} {key} is {pats!r}, not a list of module names")
             continue
-        hits = [(n, _listed(C._module_of(n), pats)) for n in sorted(layers)]
+        hits = [(n, _listed(C._module_of(n), pats, exact_names=cf == "compressed-tensors")) for n in sorted(layers)]
         hits = [(n, pat) for n, pat in hits if pat is not None]
         if hits:
             bad(f"{where} {key} lists {len(hits)} quantized layer(s) (e.g. {hits[0][0]!r} by {hits[0][1]!r}): a "

@@ -460,6 +460,16 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
                     "stacks fuse these into one GEMM, so quantize all of them or none (adjust include / ignore: "
                     "--include / --ignore)"
                 )
+    if target.checkpoint_format == "modelopt":
+        # ModelOpt's exclude_modules entries are patterns (its loaders match * and [...]): a module left unquantized
+        # whose name holds one would exclude other layers too
+        cfg = quantization_config(target, items)[1]["quantization"]["exclude_modules"]
+        odd = [m for m in cfg if any(c in m for c in "*?[]")]
+        if odd:
+            raise QuantizeFileError(
+                f"module {odd[0]!r} stays unquantized but its name holds a pattern character (*, ?, [ or ]): "
+                "ModelOpt's exclude_modules is read as patterns, so it would also exclude other layers; quantize it "
+                "too, or use the compressed-tensors layout (its ignore list names modules exactly)")
     return items
 
 

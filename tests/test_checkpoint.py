@@ -279,6 +279,26 @@ def test_mx_layouts(src, tmp_path):
         C.quantize_checkpoint(root, tmp_path / "x", fmt="mxfp4", checkpoint_format="modelopt")
 
 
+def test_module_names_with_pattern_characters_in_the_exclude_lists(tmp_path):
+    """ModelOpt's exclude_modules entries are patterns: an unquantized module named "l*" or "x[y]" would exclude
+    "l1" / "xy" too, so the modelopt layout refuses it (naming it); compressed-tensors compares a plain ignore entry
+    with the module name exactly, so it writes the names and its audit is clean."""
+    from safetensors.numpy import save_file
+
+    from fp4ref.audit import audit_checkpoint
+
+    rng = np.random.default_rng(0)
+    f = tmp_path / "br.safetensors"
+    save_file({n: rng.standard_normal((4, 32)).astype(np.float32)
+               for n in ("x[y].weight", "xy.weight", "l*.weight", "l1.weight")}, str(f))
+    with pytest.raises(C.QuantizeFileError, match=r"module 'l\*' stays unquantized but its name holds a pattern"):
+        C.quantize_checkpoint(f, tmp_path / "mo", checkpoint_format="modelopt", ignore=[r"\[y\]", r"\*"])
+    assert not (tmp_path / "mo").exists()
+    C.quantize_checkpoint(f, tmp_path / "ct", checkpoint_format="compressed-tensors", ignore=[r"\[y\]", r"\*"])
+    assert json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"] == ["l*", "x[y]"]
+    assert audit_checkpoint(tmp_path / "ct").clean
+
+
 # (layout, format) -> (expected block-1 scale byte, the default recipe or mode it shows), on the inputs below
 _DEFAULT_BYTES = {
     ("fp4ref", "nvfp4"): (121, "te"), ("modelopt", "nvfp4"): (120, "modelopt"),
