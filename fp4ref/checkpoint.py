@@ -160,7 +160,9 @@ class TensorReport:
 
     Attributes: name; shape (of the original tensor); dtype (safetensors dtype string); action ("quantized",
     "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
-    float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); seconds; fmt (the format).
+    float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); lost_blocks (NVFP4 blocks
+    whose block scale rounded to 0 while their codes did not: their values decode to 0, which fp4ref audit reports
+    as zero-scale-codes; te / sol / te-4over6 do this to a block far below the tensor amax); seconds; fmt.
     A dry run's "quantized" reports are a plan made from the headers (values not read): sqnr_db, max_abs_err and
     seconds are NaN (not measured).
     """
@@ -173,6 +175,7 @@ class TensorReport:
     sqnr_db: float = math.nan
     max_abs_err: float = math.nan
     zero_blocks: int = 0
+    lost_blocks: int = 0
     seconds: float = 0.0
     fmt: str = ""
     extra: dict = field(default_factory=dict)
@@ -680,7 +683,7 @@ def _quant_task(t: _QuantTask):
     scols = kp // t.block
     num = den = 0.0
     maxerr = 0.0
-    zero_blocks = overflows = 0
+    zero_blocks = overflows = lost_blocks = 0
     globals_ = []
     for part in quantized_chunks(t):
         if part[0] == "global":
@@ -695,6 +698,10 @@ def _quant_task(t: _QuantTask):
         maxerr = max(maxerr, st.max_abs_err)
         zero_blocks += st.zero_blocks
         overflows += st.overflows
+        if t.fmt == "nvfp4":  # a block scale of 0 (E4M3 underflow) over non-zero codes: values that decode to 0
+            blocks = (element_codes(codes.reshape(codes.shape[0], -1), "nvfp4") & 7).reshape(codes.shape[0], -1, 16)
+            lost_blocks += int(np.count_nonzero(((scales.reshape(codes.shape[0], -1) & 0x7F) == 0)
+                                                & np.any(blocks != 0, axis=-1)))
     if overflows:
         dt = DTYPES[_shard(t.path).tensors[t.name].dtype].name  # float16, bfloat16 or float32
         top = "2^16" if dt == "float16" else "2^128"
@@ -711,7 +718,8 @@ def _quant_task(t: _QuantTask):
         sqnr = -math.inf
     else:
         sqnr = 10.0 * math.log10(num / den)
-    return {"sqnr_db": sqnr, "max_abs_err": maxerr, "zero_blocks": zero_blocks, "seconds": time.perf_counter() - t0}
+    return {"sqnr_db": sqnr, "max_abs_err": maxerr, "zero_blocks": zero_blocks, "lost_blocks": lost_blocks,
+            "seconds": time.perf_counter() - t0}
 
 
 @dataclass
@@ -969,7 +977,7 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
         if it.quantized:
             st = stats[it.name]
             rep.sqnr_db, rep.max_abs_err = st["sqnr_db"], st["max_abs_err"]
-            rep.zero_blocks, rep.seconds = st["zero_blocks"], st["seconds"]
+            rep.zero_blocks, rep.lost_blocks, rep.seconds = st["zero_blocks"], st["lost_blocks"], st["seconds"]
         reports.append(rep)
     return reports, ckpt
 

@@ -276,6 +276,13 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
         print(f"fp4ref quantize: warning: {len(low)} tensor(s) quantized with SQNR below {LOW_SQNR_DB:g} dB (worst "
               f"{worst.name!r}: {worst.sqnr_db:.1f} dB), e.g. weights near or below the float32 normal range; the "
               "output follows the recipe, check that it is what you want", file=sys.stderr)
+    lost = [r for r in reports if r.action == "quantized" and r.lost_blocks]
+    if lost:  # the recipe's rule, but values lost: fp4ref audit reports them (zero-scale-codes)
+        worst = max(lost, key=lambda r: r.lost_blocks)
+        print(f"fp4ref quantize: warning: {len(lost)} tensor(s) hold blocks whose block scale rounded to 0 over "
+              f"non-zero codes, so their values decode to 0 (worst {worst.name!r}: {worst.lost_blocks} block(s)); "
+              "fp4ref audit reports them as zero-scale-codes. The recipe does this to blocks far below the tensor "
+              "amax; recipes modelopt / torchao clamp the block scale instead", file=sys.stderr)
     return 0
 
 

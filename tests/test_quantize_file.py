@@ -499,6 +499,24 @@ def test_dry_run_note_says_what_it_cannot_see_in_the_values(tmp_path, capsys):
            "whose decoded values would overflow): it lists them as quantized" in help_text
 
 
+def test_blocks_whose_scale_rounds_to_zero_are_counted_and_warned(tmp_path, capsys):
+    """A block 10^6 below the tensor amax: te's block scale (1e-3 / 6) x (2688 / 1000) = 4.5e-4 rounds to E4M3 0 (below
+    half the smallest subnormal, 2^-10) while its codes stay +-6, so its values decode to 0 (audit:
+    zero-scale-codes). quantize counts it (TensorReport.lost_blocks) and warns, even with --quiet; modelopt clamps
+    the block scale to 2^-9 and loses nothing."""
+    w = np.full((2, 32), 1e-3, np.float32)
+    w[:, :16] = 1000.0
+    src = tmp_path / "w.safetensors"
+    save_file({"w": w}, str(src))
+    reps = quantize_file(src, tmp_path / "te.safetensors")
+    assert [r.lost_blocks for r in reps] == [2]
+    assert main([str(src), "-o", str(tmp_path / "te2.safetensors"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "1 tensor(s) hold blocks whose block scale rounded to 0 over non-zero codes" in err and "'w': 2" in err
+    reps = quantize_file(src, tmp_path / "mo.safetensors", recipe="modelopt")
+    assert [r.lost_blocks for r in reps] == [0]
+
+
 def test_report_prints_names_and_reasons_as_text_not_markup(tmp_path, capsys):
     """Tensor names and copy reasons holding rich markup ("[/]", "[bold]", "[experts, in, out]") are printed as
     they are, in quantize, --dry-run and --dequantize reports (a MarkupError used to end each run with exit 1)."""
