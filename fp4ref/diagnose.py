@@ -362,6 +362,25 @@ def _tails(K, multiple=1):
     return ts
 
 
+def _sample_reference(workload, ops, rows, cols) -> np.ndarray | None:
+    """The workload's correctly rounded output on the sample (float64 [len(rows), len(cols)]), recomputed from the
+    operands: it must equal ``ref``'s there, or the operands are not ``ref``'s. None for a workload not known here."""
+    name = workload.name
+    if name.startswith("gemm"):
+        sub = workload.reference(A=ops["A"][rows], B=ops["B"][cols])
+    elif name.startswith("sparse"):
+        sub = workload.reference(a_vals=ops["a_vals"][rows], a_meta=ops["a_meta"][rows], b_fp8=ops["b_fp8"][cols])
+    elif name.startswith("nvfp4"):
+        x = ops["x"].reshape(-1, ops["x"].shape[-1])[rows]
+        sub = workload.reference(x=x, weight_fp4=ops["weight_fp4"][cols],
+                                 weight_scales=ops["weight_scales"][cols].view(ml_dtypes.float8_e4m3fn),
+                                 weight_global_decode_scale=ops["weight_global_decode_scale"],
+                                 x_global_amax=ops["x_global_amax"])
+    else:
+        return None
+    return sub.out.astype(np.float64).reshape(len(rows), len(cols))
+
+
 def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list:
     fmt = _fmt(ref)
     faithful = output_rounding == "faithful"
@@ -369,6 +388,15 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
     r2 = ref.out.astype(np.float64).reshape(o2.shape)
     rows, cols = _sample(o2.shape)
     src_rows = rows if rows_checked is None else np.asarray(rows_checked)[rows]
+    # the operands must be ref's: recomputed on the sample, the correct output is ref's there, bit for bit
+    again = _sample_reference(workload, ops, src_rows, cols)
+    if again is not None:
+        want = r2[np.ix_(rows, cols)]
+        same = (again == want) | (np.isnan(again) & np.isnan(want))
+        if not same.all():
+            raise ValueError(f"operands do not reproduce ref: on {int((~same).sum())} of {same.size} sampled "
+                             "elements the output recomputed from them differs from ref.out (operands swapped or "
+                             "of other data, or rows= that are not the rows ref was computed on)")
     o = o2[np.ix_(rows, cols)]
     base = _share_equal(o, r2[np.ix_(rows, cols)], faithful, fmt)
     found = []
@@ -578,7 +606,9 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
             another workload's); only one of ``workload`` and ``operands`` is given; ``operands`` lacking one of the
             workload's arguments; an operand whose shape does not fit the reference's M, N and K (the message
             names it and the shape expected); an NVFP4 ``x`` holding NaN/inf (no reference exists for it); a global
-            decode scale that is not finite and > 0 as float32; ``rows`` not 1-D, not one index per row of
+            decode scale that is not finite and > 0 as float32; operands that do not reproduce ``ref`` (the
+            correct output recomputed from them on the sample differs from ``ref.out``: operands swapped or of
+            other data, or ``rows`` that are not ref's); ``rows`` not 1-D, not one index per row of
             ``ref.out``, or holding an index outside [0, the operands' M) (checked without operands too, where
             the bound is 2**63).
     """

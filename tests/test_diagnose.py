@@ -290,6 +290,26 @@ def test_correct_kernel_gets_no_diagnosis(name):
     assert diagnose(out, ref, workload=w, operands=ops) == []
 
 
+def test_operands_that_do_not_reproduce_ref_are_an_error_even_with_fitting_shapes():
+    """Square shapes let A and B be swapped (or another A, or rows= that are not ref's) without a shape error: the
+    correct output recomputed from the operands on the sample must be ref's, bit for bit, else a ValueError (it was
+    a silent "no known bug")."""
+    ops = _ops(GEMM, "exact_acc", 64, 64, 256)
+    ref = GEMM.reference(**ops)
+    out = fp16_accumulation(GEMM, ops, ref)
+    assert {d.bug for d in diagnose(out, ref, workload=GEMM, operands=ops)} == {"fp16_accumulation"}
+    other = _ops(GEMM, "exact_acc", 64, 64, 256, seed=1)
+    for bad in ({"A": ops["B"], "B": ops["A"]}, {"A": other["A"], "B": ops["B"]}):
+        with pytest.raises(ValueError, match=r"^operands do not reproduce ref: on \d+ of \d+ sampled elements"):
+            diagnose(out, ref, workload=GEMM, operands=bad)
+    nv = _ops(NVFP4, "public", 6, 48, 256)
+    sub = NVFP4.slice_rows(nv, [1, 3])
+    ref2 = NVFP4.reference(**sub)
+    diagnose(ref2.out.copy(), ref2, workload=NVFP4, operands=nv, rows=[1, 3])
+    with pytest.raises(ValueError, match="operands do not reproduce ref"):
+        diagnose(ref2.out.copy(), ref2, workload=NVFP4, operands=nv, rows=[0, 2])
+
+
 def test_diagnose_rejects_a_shape_mismatch():
     ops = _ops(GEMM, "public", 2, 16, 32)
     ref = GEMM.reference(**ops)
