@@ -287,6 +287,8 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
                     bad(f"{where} quant_algo 'NVFP4' (activations quantized too), but {len(missing)} layer(s) have "
                         f"no input_scale, e.g. {missing[0]!r} (fp4ref writes 'W4A16_NVFP4')")
     groups = qc.get("config_groups") if isinstance(qc, dict) else None
+    if cf == "compressed-tensors" and not (isinstance(groups, dict) and groups):
+        bad("config.json quantization_config has no config_groups: a loader has no weight scheme to apply")
     for gname, g in (groups.items() if isinstance(groups, dict) else ()):
         w = g.get("weights") if isinstance(g, dict) else None
         if not isinstance(w, dict):
@@ -307,6 +309,12 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
         if not isinstance(pats, list) or not all(isinstance(p, str) for p in pats):
             bad(f"{where} {key} is {pats!r}, not a list of module names")
             continue
+        for p in pats:
+            if p.startswith("re:"):
+                try:
+                    re.compile(p[3:])
+                except re.error as e:
+                    bad(f"{where} {key} entry {p!r} is not a valid regular expression ({e}): a loader fails on it")
         hits = [(n, _listed(C._module_of(n), pats, exact_names=cf == "compressed-tensors")) for n in sorted(layers)]
         hits = [(n, pat) for n, pat in hits if pat is not None]
         if hits:
@@ -624,11 +632,11 @@ def _print_table(report: AuditReport) -> None:
         # a failed reference check is shown once: in the reference column, with its detail
         ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference
         checks = "; ".join(f"{f.check}: {f.detail}" for f in r.findings if f.check != "reference") or "ok"
-        t.add_row(Text(r.name), Text(str(r.shape)), Text(checks), Text(ref))
+        t.add_row(Text(C._shown_name(r.name)), Text(str(r.shape)), Text(C._shown_name(checks)), Text(C._shown_name(ref)))
     console = Console()
     print_table(console, t, whole=("shape",))
     for f in report.findings:  # the checkpoint-wide checks, below the per-tensor table
-        console.print(Text(f"checkpoint {f.check}: {f.detail}"))
+        console.print(Text(C._shown_name(f"checkpoint {f.check}: {f.detail}")))
     bad = sum(not r.clean for r in report.tensors)
     what = [f"{bad} of {len(report.tensors)} tensor(s) FAIL"] if bad else []
     what += [f"{len(report.findings)} checkpoint finding(s)"] if report.findings else []

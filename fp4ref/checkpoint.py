@@ -856,13 +856,13 @@ class Progress:
             return
         self.done += nbytes
         if self._bar is not None:
-            self._bar.update(self._task, advance=nbytes, description=f"{self._phase} {name[-40:]}")
+            self._bar.update(self._task, advance=nbytes, description=_shown_name(f"{self._phase} {name[-40:]}"))
             return
         frac = self.done / self.total
         if frac >= self._next or self.done >= self.total:
             unit, scale = ("MiB", 2**20) if self.total >= 2**20 else ("KiB", 2**10)  # no "0.0 / 0.0 MiB"
             print(f"fp4ref {self.label}: {self._phase} {100 * frac:5.1f}% ({self.done / scale:.1f} / "
-                  f"{self.total / scale:.1f} {unit}) {name}", file=self.stream, flush=True)
+                  f"{self.total / scale:.1f} {unit}) {_shown_name(name)}", file=self.stream, flush=True)
             while self._next <= frac:
                 self._next += 0.1
 
@@ -1684,7 +1684,7 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     Raises:
         TypeError: ``name`` not a str, ``dtype`` neither a str nor a numpy dtype-like (named). ValueError:
         ``dtype`` not one of those, or a value overflowing it (named). QuantizeFileError: not a quantized
-        checkpoint; KeyError: ``name`` is not a quantized tensor of it.
+        checkpoint, or ``name`` is not a quantized tensor of it (a ValueError, as every bad input here).
     """
     if not isinstance(name, str):
         raise TypeError(f"name={name!r}: expected the name of a quantized tensor (str), got {type(name).__name__}")
@@ -1694,7 +1694,7 @@ def read_dequantized(path, name: str, *, dtype: str = "F64") -> np.ndarray:
     _, _, _, layers = find_quantized_layers(ckpt)
     if name not in layers:
         some = ", ".join(sorted(layers)[:5]) + (", ..." if len(layers) > 5 else "")
-        raise KeyError(f"{name!r} is not a quantized tensor of {str(path)!r} (its {len(layers)}: {some})")
+        raise QuantizeFileError(f"{name!r} is not a quantized tensor of {str(path)!r} (its {len(layers)}: {some})")
     L = layers[name]
     experts = L.shape[0] if len(L.shape) == 3 else 1
     n = int(np.prod(L.shape[:-1], dtype=np.int64)) // experts
@@ -1711,6 +1711,12 @@ def _fmt_db(v: float) -> str:
     if math.isnan(v):
         return "-"
     return "inf" if math.isinf(v) and v > 0 else f"{v:.2f}"
+
+
+def _shown_name(name: str) -> str:
+    """``name`` as a report prints it: as is, or with control and other unprintable characters escaped (a tensor
+    name holding "\\x1b[31m" or a newline would otherwise drive the terminal or split a table row)."""
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
 def print_report(reports: list, *, title: str, file=None) -> None:
@@ -1730,14 +1736,15 @@ def print_report(reports: list, *, title: str, file=None) -> None:
         table.add_column(col, justify=just, overflow="fold")
     for r in reports:
         if r.action == "copied":
-            table.add_row(Text(r.name), str(list(r.shape)), r.dtype, Text(f"copied as is: {r.reason}"), "", "", "",
-                          "")
+            table.add_row(Text(_shown_name(r.name)), str(list(r.shape)), r.dtype,
+                          Text(_shown_name(f"copied as is: {r.reason}")), "", "", "", "")
         else:
             err = "-" if math.isnan(r.max_abs_err) else f"{r.max_abs_err:.4g}"
             planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
             zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
             ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
             act = f"{r.action} {r.fmt}".strip()
-            table.add_row(Text(r.name), str(list(r.shape)), r.dtype, Text(act), _fmt_db(r.sqnr_db), err, zb, ms)
+            table.add_row(Text(_shown_name(r.name)), str(list(r.shape)), r.dtype, Text(act), _fmt_db(r.sqnr_db), err,
+                          zb, ms)
     print_table(Console(file=file or sys.stdout), table,
                 whole=("shape", "dtype", "SQNR dB", "max |err|", "zero blocks", "ms"))

@@ -212,7 +212,7 @@ def test_audit_json_path_checked_before_the_run(made, tmp_path, capsys):
 def test_layers_from_a_path_and_a_named_missing_tensor(made):
     cf, fmt, _, layers = C.find_quantized_layers(made / "mo")
     assert (cf, fmt) == ("modelopt", "nvfp4") and QKV[0] in layers
-    with pytest.raises(KeyError, match="not a quantized tensor"):
+    with pytest.raises(C.QuantizeFileError, match="not a quantized tensor"):
         C.read_dequantized(made / "mo", "nope.weight")
 
 
@@ -527,6 +527,17 @@ def test_tensor_names_fold_on_a_narrow_terminal(made, capsys, monkeypatch):
     rows = [ln.split("│") for ln in out.splitlines() if ln.startswith("│")]
     assert rows and max(len(ln) for ln in out.splitlines()) <= 80 and "…" not in out, out
     assert O_PROJ in "".join(r[1].strip() for r in rows)
+
+
+def test_config_groups_and_ignore_regexes_a_loader_needs(made, tmp_path):
+    """compressed-tensors: a quantization_config without config_groups (no weight scheme for a loader) and an
+    ignore entry "re:[" (not a regular expression: a loader fails on it) are config findings."""
+    d = copy(made, "ct", tmp_path)
+    _edit_json(d / "config.json", lambda c: c["quantization_config"].pop("config_groups"))
+    assert any("has no config_groups" in x for x in _config_details(d))
+    d2 = copy(made, "ct", tmp_path / "2")
+    _edit_json(d2 / "config.json", lambda c: c["quantization_config"]["ignore"].append("re:["))
+    assert any("entry 're:[' is not a valid regular expression" in x for x in _config_details(d2))
 
 
 def test_force_without_json_is_a_usage_error(made, capsys):

@@ -518,23 +518,26 @@ def test_blocks_whose_scale_rounds_to_zero_are_counted_and_warned(tmp_path, caps
 
 
 def test_report_prints_names_and_reasons_as_text_not_markup(tmp_path, capsys):
-    """Tensor names and copy reasons holding rich markup ("[/]", "[bold]", "[experts, in, out]") are printed as
-    they are, in quantize, --dry-run and --dequantize reports (a MarkupError used to end each run with exit 1)."""
+    """Tensor names and copy reasons holding rich markup ("[/]", "[bold]", "ignored (norm[bold])") are printed as
+    they are, in quantize, --dry-run and --dequantize reports (a MarkupError used to end each run with exit 1), a
+    trailing backslash once, and a control character escaped (it would drive the terminal)."""
     rng = np.random.default_rng(3)
     f = tmp_path / "m.safetensors"
-    names = ["x[/].weight", "y[bold]z.weight", "n[red].weight", "normd.weight", "w.weight\\"]
+    names = ["x[/].weight", "y[bold]z.weight", "n[red].weight", "normd.weight", "w.weight\\", "e\x1b[31mx.weight"]
     save_file({names[0]: rng.standard_normal((4, 32)).astype(np.float32),
                names[1]: rng.standard_normal((4, 32)).astype(np.float32),
                names[2]: rng.standard_normal((32,)).astype(np.float32),  # 1-D: copied, with a reason
                names[3]: rng.standard_normal((4, 32)).astype(np.float32),  # copied: "ignored (norm[bold])"
-               names[4]: rng.standard_normal((4, 32)).astype(np.float32)}, str(f))  # a trailing backslash
+               names[4]: rng.standard_normal((4, 32)).astype(np.float32),  # a trailing backslash
+               names[5]: rng.standard_normal((4, 32)).astype(np.float32)}, str(f))  # an escape sequence
     q, deq = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
     for argv in ([str(f), "-o", str(q), "--ignore", "norm[bold]"], [str(f), "--dry-run", "--ignore", "norm[bold]"],
                  [str(q), "-o", str(deq), "--dequantize"]):
         assert main(argv) == 0, argv
         out = capsys.readouterr().out
         words = out.split()
-        assert all(n in words for n in names), out  # each name whole, the backslash once
+        assert all(n in words for n in names[:5]), out  # each name whole, the backslash once
+        assert "e\\x1b[31mx.weight" in words and "\x1b" not in out, out  # a control character shown escaped
         if "--ignore" in argv:
             assert "ignored (norm[bold])" in out, out
 
