@@ -23,7 +23,7 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
   detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8); a recorded
   ``fp4ref.recipe`` / ``fp4ref.mode`` is one the format and layout take (as ``--recipe`` / ``--mode`` would be
-  judged). An ``fp4ref.format`` fp4ref does not know is an error (exit 2) when the layout has no other record of the
+  judged), and the same in every shard that records one. An ``fp4ref.format`` fp4ref does not know is an error (exit 2) when the layout has no other record of the
   format.
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
   scale and global-scale bytes. A tensor with a ``layout`` finding is not compared (its reference column reads
@@ -326,7 +326,8 @@ def _config_findings(ckpt, cf: str, fmt: str, layers: dict) -> list:
 def _metadata_findings(ckpt, fmt: str, cf: str | None = None) -> dict:
     """{shard file name: [Finding]} for fp4ref shard metadata that disagrees with the detected format ``fmt`` and
     layout ``cf``: ``fp4ref.format`` another format, ``fp4ref.checkpoint_format`` another layout, ``fp4ref.block``
-    not that format's block (as fp4ref writes them)."""
+    not that format's block (as fp4ref writes them), a recorded recipe / mode the layout does not take, or shards
+    that record different ones."""
     block = str(C.FORMATS[fmt][0])
     out = {}
     for s in ckpt.shards:
@@ -347,6 +348,13 @@ def _metadata_findings(ckpt, fmt: str, cf: str | None = None) -> dict:
                     bad.append(f"{s.path.name}: metadata {key}={meta[key]!r}: {problem}")
         if bad:
             out[s.path.name] = [Finding("metadata", 1, b) for b in bad]
+    for key in ("fp4ref.recipe", "fp4ref.mode"):  # one quantize run records one option in every shard it writes
+        seen = {s.path.name: s.metadata[key] for s in ckpt.shards if key in s.metadata}
+        if len(set(seen.values())) > 1:
+            told = ", ".join(f"{v!r} in {n}" for n, v in sorted(seen.items()))
+            for name in seen:
+                out.setdefault(name, []).append(Finding("metadata", 1, f"{name}: the shards record different {key} "
+                                                                       f"values ({told})"))
     return out
 
 

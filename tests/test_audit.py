@@ -583,6 +583,28 @@ def strip_fp4ref_metadata(shard: Path) -> None:
     shard.write_bytes(len(h).to_bytes(8, "little") + h + data[8 + n:])
 
 
+def test_shards_recording_different_recipes_are_a_metadata_finding(made, tmp_path):
+    """One quantize run records one recipe in every shard: a shard whose fp4ref.recipe was changed to another valid
+    one (torchao, where the others say modelopt) is a metadata finding on the layers of every shard that records
+    one, naming both values (it passed as clean, and --reference used one shard's recipe for all)."""
+    bad = copy(made, "mo", tmp_path)
+    index = json.loads((bad / "model.safetensors.index.json").read_text())
+    first, second = sorted(set(index["weight_map"].values()))
+    data = (bad / second).read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8: 8 + n])
+    assert header["__metadata__"]["fp4ref.recipe"] == "modelopt"
+    header["__metadata__"]["fp4ref.recipe"] = "torchao"
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    (bad / second).write_bytes(len(h).to_bytes(8, "little") + h + data[8 + n:])
+    rep = audit_checkpoint(bad)
+    assert not rep.clean and all(v == ["metadata"] for v in findings(rep).values())
+    details = {f.detail for t in rep.tensors for f in t.findings}
+    assert details == {f"{s}: the shards record different fp4ref.recipe values ('modelopt' in {first}, 'torchao' in "
+                       f"{second})" for s in (first, second)}, details
+
+
 @pytest.mark.parametrize("layout", ["mo", "ct"])
 def test_a_shard_without_fp4ref_metadata_is_still_audited_and_dequantized(made, tmp_path, layout):
     """A shard that lost fp4ref's metadata while the others keep it: its layers are found from their scale tensors,
