@@ -21,10 +21,10 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   largest |code value| x block scale (x the global decode scale of the row's expert, NVFP4) rounds to a finite
   float32.
 * ``metadata``: the shard's fp4ref metadata, where present, agrees with the checkpoint: ``fp4ref.format`` is the
-  detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8); a recorded
-  ``fp4ref.recipe`` / ``fp4ref.mode`` is one the format and layout take (as ``--recipe`` / ``--mode`` would be
-  judged), and the same in every shard that records one. An ``fp4ref.format`` fp4ref does not know is an error (exit 2) when the layout has no other record of the
-  format.
+  detected format and ``fp4ref.block`` its block size (16 for nvfp4, 32 for mxfp4 / mxfp8); a recorded ``fp4ref.recipe``
+  / ``fp4ref.mode`` is one the format and layout take (as ``--recipe`` / ``--mode`` would be judged), and the same in
+  every shard that records one. An ``fp4ref.format`` fp4ref does not know is an error (exit 2) when the layout has no
+  other record of the format.
 * ``reference`` (with ``--reference``): the original re-quantized with the recipe (or mode) gives the same codes,
   scale and global-scale bytes. A tensor with a ``layout`` finding is not compared (its reference column reads
   "- (layout)").
@@ -153,18 +153,13 @@ def _check_bytes(layer, ckpt) -> tuple:
         if kp > k:  # padding codes are never decoded (the padding check counts them)
             values = np.where(np.arange(kp) < k, values, 0.0)
         scale = (_E4M3_SCALE if fmt == "nvfp4" else _UE8M0_SCALE)[sb]
-        row_max[r0:r1] = np.max(values[:, :sb.shape[1] * block].reshape(r1 - r0, -1, block).max(axis=-1) * scale,
-                                axis=-1, initial=0.0)
+        row_max[r0:r1] = np.max(values.reshape(r1 - r0, -1, block).max(axis=-1) * scale, axis=-1, initial=0.0)
         nan_b, neg_b = C.scale_byte_defects(fmt, sb)
         nan += int(np.count_nonzero(nan_b))
         neg += int(np.count_nonzero(neg_b))
         if fmt == "nvfp4":
             negzero += int(np.count_nonzero(sb == 0x80))
-            zero_scale = (sb & 0x7F) == 0
-        else:
-            zero_scale = np.zeros(sb.shape, bool)  # UE8M0 has no zero
-        blocks_nonzero = np.any(mag.reshape(r1 - r0, -1, block) != 0, axis=-1)
-        zsc += int(np.count_nonzero(zero_scale & blocks_nonzero))
+        zsc += C.zero_scale_blocks(el, sb, fmt)
         if kp > k:
             pad += int(np.count_nonzero(el[:, k:]))  # (a -0 code, 0x8 / 0x80, is not code 0: it counts)
     out = []
@@ -640,7 +635,7 @@ def _print_table(report: AuditReport) -> None:
         # a failed reference check is shown once: in the reference column, with its detail
         ref = "; ".join(f.detail for f in r.findings if f.check == "reference") or r.reference
         checks = "; ".join(f"{f.check}: {f.detail}" for f in r.findings if f.check != "reference") or "ok"
-        t.add_row(Text(C._shown_name(r.name)), Text(str(r.shape)), Text(C._shown_name(checks)), Text(C._shown_name(ref)))
+        t.add_row(*(Text(C._shown_name(v)) for v in (r.name, str(r.shape), checks, ref)))
     console = Console()
     print_table(console, t, whole=("shape",))
     for f in report.findings:  # the checkpoint-wide checks, below the per-tensor table

@@ -84,6 +84,7 @@ __all__ = [
     "find_quantized_layers",
     "scale_byte_defects",
     "element_codes",
+    "zero_scale_blocks",
     "plan_quantize",
     "quantize_checkpoint",
     "dequantize_checkpoint",
@@ -466,8 +467,7 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
     if target.checkpoint_format == "modelopt":
         # ModelOpt's exclude_modules entries are patterns (its loaders match * and [...]): a module left unquantized
         # whose name holds one would exclude other layers too
-        cfg = quantization_config(target, items)[1]["quantization"]["exclude_modules"]
-        odd = [m for m in cfg if any(c in m for c in "*?[]")]
+        odd = [m for m in _unquantized_modules(items) if any(c in m for c in "*?[]")]
         if odd:
             raise QuantizeFileError(
                 f"module {odd[0]!r} stays unquantized but its name holds a pattern character (*, ?, [ or ]): "
@@ -698,10 +698,8 @@ def _quant_task(t: _QuantTask):
         maxerr = max(maxerr, st.max_abs_err)
         zero_blocks += st.zero_blocks
         overflows += st.overflows
-        if t.fmt == "nvfp4":  # a block scale of 0 (E4M3 underflow) over non-zero codes: values that decode to 0
-            blocks = (element_codes(codes.reshape(codes.shape[0], -1), "nvfp4") & 7).reshape(codes.shape[0], -1, 16)
-            lost_blocks += int(np.count_nonzero(((scales.reshape(codes.shape[0], -1) & 0x7F) == 0)
-                                                & np.any(blocks != 0, axis=-1)))
+        # a block scale rounded to 0 (E4M3 underflow) over non-zero codes: values that decode to 0
+        lost_blocks += zero_scale_blocks(element_codes(codes.reshape(codes.shape[0], -1), t.fmt), scales, t.fmt)
     if overflows:
         dt = DTYPES[_shard(t.path).tensors[t.name].dtype].name  # float16, bfloat16 or float32
         top = "2^16" if dt == "float16" else "2^128"
@@ -1035,14 +1033,20 @@ def _module_of(name: str) -> str:
     return name[: -len(".weight")] if name.endswith(".weight") else name
 
 
+def _unquantized_modules(items: list) -> list:
+    """The modules whose 2-D or 3-D ``.weight`` stays unquantized, sorted: the serving layouts' exclude_modules /
+    ignore entries."""
+    return sorted({_module_of(it.name) for it in items
+                   if not it.quantized and len(it.shape) >= 2 and it.name.endswith(".weight")})
+
+
 def quantization_config(target: Target, items: list) -> tuple:
     """(config.json ``quantization_config``, hf_quant_config.json or None) for the serving formats (see the
     module docstring for the releases followed). ``exclude_modules`` / ``ignore`` list every module with a 2-D or
     3-D weight left unquantized (the loaders treat any Linear not listed there as quantized)."""
     from . import __version__
 
-    skipped = sorted({_module_of(it.name) for it in items
-                      if not it.quantized and len(it.shape) >= 2 and it.name.endswith(".weight")})
+    skipped = _unquantized_modules(items)
     if target.checkpoint_format == "modelopt":
         algo = "W4A16_NVFP4" if target.fmt == "nvfp4" else "MXFP8"
         producer = {"name": "fp4ref", "version": __version__}
@@ -1374,6 +1378,18 @@ def scale_byte_defects(fmt: str, sb: np.ndarray) -> tuple:
         nan = (sb & 0x7F) == 0x7F
         return nan, ((sb & 0x80) != 0) & ~nan
     return sb == 0xFF, np.zeros(sb.shape, bool)
+
+
+def zero_scale_blocks(el: np.ndarray, sb: np.ndarray, fmt: str) -> int:
+    """Blocks whose block scale is zero while their element codes are not, so that their values decode to 0: NVFP4
+    scale bytes 0x00 / 0x80 (E4M3 +-0) over a block with a non-zero E2M1 magnitude (UE8M0, the MX scale, has no
+    zero). ``el``: element codes [rows, stored K] (``element_codes``); ``sb``: scale bytes [rows, stored K / block].
+    fp4ref audit reports them (zero-scale-codes); quantize counts them (``TensorReport.lost_blocks``)."""
+    if fmt != "nvfp4":
+        return 0
+    rows = el.shape[0]
+    nonzero = np.any((el & 7).reshape(rows, -1, FORMATS[fmt][0]) != 0, axis=-1)
+    return int(np.count_nonzero(((sb.reshape(rows, -1) & 0x7F) == 0) & nonzero))
 
 
 def element_codes(codes: np.ndarray, fmt: str) -> np.ndarray:

@@ -51,11 +51,11 @@ import torch
 from triton import knobs
 
 __all__ = [
-    "FAST_LAUNCH", "GRID_X_MAX", "GRID_YZ_MAX", "INT32_OFFSETS", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc", "Launch", "PlanCache",
-    "check_device", "check_distinct_elements", "check_int32_offsets", "check_int_fields", "check_ints",
-    "check_no_overlap", "clear_plans", "clear_workspaces", "cluster_metadata", "current_stream", "element_extent",
-    "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher", "workspace",
-    "workspace_bytes",
+    "FAST_LAUNCH", "GRID_X_MAX", "GRID_YZ_MAX", "INT32_OFFSETS", "INTERPRETER_SMS", "MAX_PLANS", "ConfigTable", "Desc",
+    "Launch", "PlanCache", "check_device", "check_distinct_elements", "check_int32_offsets", "check_int_fields",
+    "check_ints", "check_no_overlap", "clear_plans", "clear_workspaces", "cluster_metadata", "current_stream",
+    "element_extent", "hooks_installed", "interpreting", "k_split", "launch_compiled", "num_sms", "raw_launcher",
+    "workspace", "workspace_bytes",
 ]
 
 # Launch kept kernels through Triton's C launch function (see the module docstring). False: Triton's ``ck.run``
@@ -150,13 +150,10 @@ def check_int32_offsets(path: str, **extents: int) -> None:
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) byte addresses a strided tensor can touch."""
-    p, n = t.data_ptr(), t.numel()
-    if n == 0:
-        return (p, p)
-    if t.is_contiguous():  # the usual case, on every call of a kept plan: no Python loop over the dimensions
-        return (p, p + n * t.element_size())
-    last = sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 1)
-    return (p, p + (last + 1) * t.element_size())
+    p = t.data_ptr()
+    # (contiguous, the usual case on every call of a kept plan: numel, no Python loop over the dimensions)
+    n = t.numel() if t.is_contiguous() else element_extent(t)
+    return (p, p + n * t.element_size())
 
 
 def check_no_overlap(out: torch.Tensor, out_name: str, **inputs: torch.Tensor) -> None:
