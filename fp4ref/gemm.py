@@ -829,10 +829,10 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         x: bfloat16 (ml_dtypes) or float32 array / torch tensor [..., K]; must be finite.
         weight_fp4: uint8 [N, K/2] packed E2M1 codes (element 2i low nibble); torch float4_e2m1fn_x2 accepted.
         weight_scales: E4M3FN block-scale bytes [N, K/16] (uint8 or ml_dtypes.float8_e4m3fn; torch fp8 accepted).
-        weight_global_decode_scale: python / numpy float (an int is its value), or a 0-d or one-element numpy
-            array or torch tensor of a real dtype (its element; compressed-tensors stores it with shape [1]), rounded to float32 (RNE) once, as a kernel holding it in an fp32
-            register does (the workload passes the float32 value it stored, so this is exact there); that float32
-            value must be finite and > 0.
+        weight_global_decode_scale: python / numpy float (an int is its value), or a 0-d or one-element numpy array or
+            torch tensor of a real dtype (its element; compressed-tensors stores it with shape [1]), rounded to float32
+            (RNE) once, as a kernel holding it in an fp32 register does (the workload passes the float32 value it
+            stored, so this is exact there); that float32 value must be finite and > 0.
         recipe: the quantization recipe for x ("sol" default; any of fp4ref.blockscale.NVFP4Recipe).
 
     Returns:

@@ -3,9 +3,9 @@
 * Exact Fraction reference (tests/_codec_ref.py ``ref_encode_scalar``) on constructed vectors: every representable
   value, every midpoint of adjacent values (including 0|min_subnormal and max|next-above-max), the float32 and
   float64 neighbours of each, tiny/huge values, both signs, in every input dtype and rounding mode.
-* ml_dtypes ``astype`` (RNE from float32; used only on float32 and narrower inputs, where a cast has no
-  intermediate rounding to go through) where its policy coincides: E2M1/E2M3/E3M2 saturate (ml_dtypes saturates them too), E4M3FN and E5M2 with
-  ``saturate=False``; >= 10^6 random float32 bit patterns per format.
+* ml_dtypes ``astype`` (RNE from float32; used only on float32 and narrower inputs, where a cast has no intermediate
+  rounding to go through) where its policy coincides: E2M1/E2M3/E3M2 saturate (ml_dtypes saturates them too), E4M3FN and
+  E5M2 with ``saturate=False``; >= 10^6 random float32 bit patterns per format.
 * A vectorized exact reference (``ref_encode_array``, itself checked against the Fraction one here) for directed
   rounding on random patterns, float64 inputs and exhaustive float16/bfloat16 inputs.
 * Hand tables for the policies (NaN, zeros, saturation, UE8M0) and every public bug-report codec vector
