@@ -8,7 +8,9 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
 
 * ``layout``: the codes / scale / global-scale tensors exist with the dtypes and shapes of the layout
   (:func:`fp4ref.checkpoint.output_names`; codes U8 [.., N, K/2] or F8_E4M3 [.., N, K]; NVFP4 scales F8_E4M3, MX
-  scales U8 [.., N, K/block]; the global scale F32 [] / [E] (ModelOpt, fp4ref) or [1] (compressed-tensors)).
+  scales U8 [.., N, K/block]; the global scale F32 [] / [E] (ModelOpt, fp4ref) or [1] (compressed-tensors)). A
+  missing codes tensor, or codes without their scale in a shard without fp4ref's record, leave no layer to check:
+  the checkpoint is unreadable (exit 2, both tensors named).
 * ``scale-nan``: NVFP4 scale bytes 0x7F / 0xFF (E4M3FN NaN); MX scale byte 0xFF (UE8M0 NaN).
 * ``scale-negative``: NVFP4 scale bytes with the sign bit set (0x80 = -0 included): UE4M3 has no sign, a
   reader that decodes them as E4M3FN gets a negative or -0 scale.

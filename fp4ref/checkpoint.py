@@ -163,7 +163,8 @@ class TensorReport:
     "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
     float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); lost_blocks (NVFP4 blocks
     whose block scale rounded to 0 while their codes did not: their values decode to 0, which fp4ref audit reports
-    as zero-scale-codes; te / sol / te-4over6 do this to a block far below the tensor amax); seconds; fmt.
+    as zero-scale-codes; te / sol / te-4over6 do this to a block far below the tensor amax); seconds; fmt;
+    k_padded (the stored K where ``pad=True`` zero-padded the original K to a multiple of the block, else 0).
     A dry run's "quantized" reports are a plan made from the headers (values not read): sqnr_db, max_abs_err and
     seconds are NaN (not measured).
     """
@@ -179,6 +180,7 @@ class TensorReport:
     lost_blocks: int = 0
     seconds: float = 0.0
     fmt: str = ""
+    k_padded: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -983,7 +985,8 @@ def _quantize_checkpoint(in_path, out_path, *, fmt, checkpoint_format, recipe, m
 def _report(it: Item, target: Target, planned: bool = False) -> TensorReport:
     if it.quantized:  # planned (a dry run): not timed, seconds NaN as the statistics
         return TensorReport(it.name, tuple(it.shape), it.dtype, "quantized", fmt=target.fmt,
-                            seconds=math.nan if planned else 0.0, extra={"outputs": [o[1] for o in it.outputs]})
+                            seconds=math.nan if planned else 0.0, extra={"outputs": [o[1] for o in it.outputs]},
+                            k_padded=it.k_padded if it.k_padded != it.shape[-1] else 0)
     return TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason=it.reason)
 
 
@@ -1736,8 +1739,9 @@ def _shown_name(name: str) -> str:
 
 
 def print_report(reports: list, *, title: str, file=None) -> None:
-    """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format or why the tensor
-    is copied as is, SQNR dB, max |err|, zero blocks, ms. A value not measured (NaN: a dry run's plan) shows "-"."""
+    """Print the per-tensor table (rich) to ``file`` (default stdout): name, shape, dtype, format (and the stored K
+    where pad=True padded it) or why the tensor is copied as is, SQNR dB, max |err|, zero blocks, ms. A value not
+    measured (NaN: a dry run's plan) shows "-"."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -1759,7 +1763,7 @@ def print_report(reports: list, *, title: str, file=None) -> None:
             planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
             zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
             ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
-            act = f"{r.action} {r.fmt}".strip()
+            act = f"{r.action} {r.fmt}".strip() + (f", K padded to {r.k_padded}" if r.k_padded else "")
             table.add_row(Text(_shown_name(r.name)), str(list(r.shape)), r.dtype, Text(act), _fmt_db(r.sqnr_db), err,
                           zb, ms)
     print_table(Console(file=file or sys.stdout), table,

@@ -728,6 +728,22 @@ def test_codes_without_their_scale_are_refused(made, tmp_path, capsys, layout):
     _refused(tmp_path, capsys, d, "looks like the codes of a quantized layer, but its scale tensor .* is missing")
 
 
+# (fp4ref's layout refuses a shard without its record before any layer is looked at: recorded only)
+@pytest.mark.parametrize("layout, recorded", [("mo", True), ("mo", False), ("ct", True), ("ct", False), ("fp", True)])
+def test_a_scale_without_its_codes_is_refused(made, made_fp4ref, tmp_path, capsys, layout, recorded):
+    """A layer whose codes tensor is gone leaves nothing to check or dequantize: exit 2 naming the codes tensor
+    (from the shard's record, or from the scale tensor left behind)."""
+    d = copy(made, layout, tmp_path)
+    _, _, _, layers = C.find_quantized_layers(made / layout)
+    s2 = _shards(d)[1]
+    name = sorted(n for n, L in layers.items() if L.shard == s2.name)[0]
+    if not recorded:
+        strip_fp4ref_metadata(s2)
+    rewrite_shard(s2, drop=(layers[name].codes,))
+    codes = re.escape(repr(layers[name].codes))
+    _refused(tmp_path, capsys, d, f"codes tensor {codes} is missing" if recorded else f"has no codes tensor {codes}")
+
+
 def test_a_tensor_beside_its_layers_codes_is_refused(made, tmp_path, capsys):
     """compressed-tensors: an X.weight beside X.weight_packed would collide with the dequantized X.weight (the
     output shard had a duplicate key)."""

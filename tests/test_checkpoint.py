@@ -1298,6 +1298,25 @@ def test_force_says_why_it_does_not_replace_another_layouts_output(src, modelopt
     assert _listing(out) == before and _listing(tmp_path) == ["o"]
 
 
+def test_padded_tensors_are_reported_with_their_stored_k(tmp_path, capsys):
+    """--pad changes the stored shape: the report carries the stored K (K = 40 -> 48 for NVFP4's 16-blocks, 64 for
+    MXFP4's 32), and the table's action says it; a K already a multiple of the block reports 0 and no note."""
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "k40.safetensors"
+    save_file({"w": np.linspace(-3, 3, 160, dtype=np.float32).reshape(4, 40),
+               "v": np.linspace(-1, 2, 64, dtype=np.float32).reshape(2, 32)}, str(f))
+    for fmt, stored in (("nvfp4", 48), ("mxfp4", 64)):
+        for dry in (True, False):
+            out = None if dry else tmp_path / f"o-{fmt}"
+            reps = {r.name: r for r in C.quantize_checkpoint(f, out, fmt=fmt, dry_run=dry, pad=True)}
+            assert (reps["w"].k_padded, reps["v"].k_padded) == (stored, 0)
+    capsys.readouterr()
+    assert main([str(f), "-o", str(tmp_path / "cli"), "--pad"]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line[:3] in ("│ w", "│ v")}
+    assert "K padded to 48" in rows["w"] and "padded" not in rows["v"], rows
+
+
 def test_no_quantizable_tensor_suggests_pad_when_padding_helps(tmp_path, capsys):
     from safetensors.numpy import save_file
 
