@@ -360,12 +360,17 @@ def _already_quantized(ckpt: Checkpoint) -> str:
         return f"config.json has a quantization_config ({qc.get('quant_method', '?') if isinstance(qc, dict) else qc})"
     if "hf_quant_config.json" in ckpt.json_files:
         return "hf_quant_config.json is present"
-    # without metadata or config files (a shard copied on its own): a block-scale tensor of the serving layouts,
-    # E4M3 (NVFP4) or UE8M0 bytes (MX) named *weight_scale, marks its layer as quantized
-    for s in ckpt.shards:
-        for name, t in s.tensors.items():
-            if name.endswith("weight_scale") and t.dtype in ("F8_E4M3", "U8") and len(t.shape) >= 2:
-                return f"{name} ({t.dtype} {list(t.shape)}) is the block-scale tensor of a quantized layer"
+    # without metadata or config files (a shard copied on its own): a block-scale tensor, E4M3 (NVFP4) or UE8M0
+    # bytes (MX), marks its layer as quantized: named *weight_scale (the serving layouts), or X_scale beside codes X
+    # (U8 or F8_E4M3, the same leading dimensions: fp4ref's layout, whose names need not hold "weight")
+    infos = {name: t for s in ckpt.shards for name, t in s.tensors.items()}
+    for name, t in infos.items():
+        if t.dtype not in ("F8_E4M3", "U8") or len(t.shape) < 2:
+            continue
+        codes = infos.get(name[: -len("_scale")]) if name.endswith("_scale") else None
+        if name.endswith("weight_scale") or (codes is not None and codes.dtype in ("U8", "F8_E4M3")
+                                             and list(codes.shape[:-1]) == list(t.shape[:-1])):
+            return f"{name} ({t.dtype} {list(t.shape)}) is the block-scale tensor of a quantized layer"
     return ""
 
 

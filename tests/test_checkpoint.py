@@ -1067,6 +1067,39 @@ def test_dry_run_and_bad_arguments(src, tmp_path, capsys):
             C.quantize_checkpoint(bare, tmp_path / f"again-{layout}-{fmt}.safetensors")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_an_fp4ref_layout_file_without_metadata_is_known_as_quantized(tmp_path, fmt):
+    """fp4ref's layout stores a layer X as codes X beside its scale X_scale, names that need not hold "weight": with
+    the shard metadata stripped, the pair still marks the file as quantized (quantizing it again would copy the codes
+    as they are and quantize what is left). A U8 tensor whose "_scale" partner has other rows is not such a pair."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    f = tmp_path / "plain.safetensors"
+    save_file({"w1": rng.standard_normal((8, 64)).astype(np.float32),
+               "w2": rng.standard_normal((4, 32)).astype(np.float32)}, str(f))
+    q = tmp_path / "q.safetensors"
+    C.quantize_checkpoint(f, q, fmt=fmt)
+    bare = tmp_path / "bare.safetensors"
+    raw_bytes = q.read_bytes()
+    n = int.from_bytes(raw_bytes[:8], "little")
+    header = json.loads(raw_bytes[8:8 + n])
+    assert "__metadata__" in header and set(header) - {"__metadata__"} >= {"w1", "w1_scale", "w2", "w2_scale"}
+    header.pop("__metadata__")
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    bare.write_bytes(len(text).to_bytes(8, "little") + text + raw_bytes[8 + n:])
+    with pytest.raises(C.QuantizeFileError, match=r"already quantized \(w[12]_scale \((F8_E4M3|U8) \[[48], \d+\]\) is "
+                                                  r"the block-scale tensor of a quantized layer\)"):
+        C.quantize_checkpoint(bare, tmp_path / "again.safetensors", fmt=fmt)
+    # U8 data beside a "_scale" tensor of other rows is no such pair: quantized as usual (the float tensor)
+    other = tmp_path / "other.safetensors"
+    save_file({"ids": np.arange(64, dtype=np.uint8).reshape(8, 8), "ids_scale": np.ones((4, 2), np.uint8),
+               "w": rng.standard_normal((4, 32)).astype(np.float32)}, str(other))
+    reps = C.quantize_checkpoint(other, tmp_path / "other-q.safetensors", fmt=fmt)
+    assert [(r.name, r.action) for r in reps] == [("ids", "copied"), ("ids_scale", "copied"), ("w", "quantized")]
+
+
 def test_an_unwritable_output_directory_is_refused_before_any_work(src, tmp_path, capsys, monkeypatch):
     """The parent's write permission is checked up front (and by --dry-run), not when the output is built after
     the amax pass. os.access is patched for that one directory: a root user's access() ignores the mode bits."""
