@@ -78,8 +78,9 @@ class NVFP4Recipe(str, enum.Enum):
     """
 
     TE = "te"
-    """TransformerEngine >= 2.14 (checked against 2.18), ``NVFP4QuantizerRef._quantize_blockwise_reference`` in
-    transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py (and its CUDA kernels' default path)::
+    """TransformerEngine >= 2.14 (checked against 2.18 and 2.20.2), ``NVFP4QuantizerRef._quantize_blockwise_reference``
+    in transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py (reference_nvfp4.py from 2.19; and, at
+    2.18, its CUDA kernels' default path)::
 
         S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1      # 2688 = 448 * 6
         S_dec = 1 / S_enc                                             # stored global decode scale
@@ -195,7 +196,8 @@ class NVFP4Recipe(str, enum.Enum):
     TE_4OVER6 = "te-4over6"
     """TransformerEngine 2.18's "4over6" option (``NVFP4QuantizerRef(nvfp4_use_4over6=True)``, defaults
     ``nvfp4_e4m3_max=448``, ``nvfp4_4over6_err_mode="MAE"``; ``_quantize_blockwise_4over6_reference`` in
-    transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py, first in 2.17). Each block is quantized
+    transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py, first in 2.17; reference_nvfp4.py from
+    2.19, the same arithmetic through 2.20.2). Each block is quantized
     twice, with its amax mapped to 6 and to 4 (a 1.5x larger block scale), and keeps the candidate with the smaller
     block error (a tie keeps map-to-6)::
 
@@ -260,6 +262,7 @@ class RecipeSource:
     zero_block: str
 
 
+# (renamed reference_nvfp4.py in 2.19, its quantizer unchanged through 2.20.2)
 _TE_FILE = "transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py"
 _TAO_FILE = "torchao/prototype/mx_formats/nvfp4_tensor.py"
 _TE_GLOBAL = "`S_enc = min(2688/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gives 0, A = inf); `S_dec = 1/S_enc`"
@@ -272,7 +275,7 @@ _4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gi
 #: recipe table (``python -m fp4ref.tables quantization``), the CLI's ``--recipe`` choices and the tests.
 NVFP4_RECIPES: dict = {
     NVFP4Recipe.TE: RecipeSource(
-        "TransformerEngine >= 2.14 (checked: 2.18)", _TE_FILE, "NVFP4QuantizerRef._quantize_blockwise_reference",
+        "TransformerEngine >= 2.14 (checked: 2.18, 2.20.2)", _TE_FILE, "NVFP4QuantizerRef._quantize_blockwise_reference",
         _TE_GLOBAL, "`e4m3(clamp(min(a * (S_enc * fp32(1/6)), FLT_MAX), ±448))`", _TE_ELEM, "0x0", "0x00"),
     NVFP4Recipe.SOL: RecipeSource(
         "TransformerEngine <= 2.13; the NVFP4-linear workload",
@@ -298,19 +301,19 @@ NVFP4_RECIPES: dict = {
         "fp4ref", "fp4ref/blockscale.py", "NVFP4Recipe.EXACT", "`d = fp32(A/2688)`",
         "`e4m3_sat(a / (6d))`, exact quotient", "`e2m1_sat(x / (s d))`, exact quotient", "0x8", "0x00"),
     NVFP4Recipe.TE_4OVER6: RecipeSource(
-        "TransformerEngine 2.18, 4over6, MAE, e4m3_max 448", _TE_FILE,
+        "TransformerEngine 2.18-2.20.2, 4over6, MAE, e4m3_max 448", _TE_FILE,
         "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=2688),
         _4OVER6.format(err="sum of abs errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
     NVFP4Recipe.TE_4OVER6_MSE: RecipeSource(
-        "TransformerEngine 2.18, 4over6, MSE, e4m3_max 448", _TE_FILE,
+        "TransformerEngine 2.18-2.20.2, 4over6, MSE, e4m3_max 448", _TE_FILE,
         "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=2688),
         _4OVER6.format(err="sum of squared errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
     NVFP4Recipe.TE_4OVER6_256: RecipeSource(
-        "TransformerEngine 2.18, 4over6, MAE, e4m3_max 256", _TE_FILE,
+        "TransformerEngine 2.18-2.20.2, 4over6, MAE, e4m3_max 256", _TE_FILE,
         "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=1536),
         _4OVER6.format(err="sum of abs errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
     NVFP4Recipe.TE_4OVER6_MSE_256: RecipeSource(
-        "TransformerEngine 2.18, 4over6, MSE, e4m3_max 256", _TE_FILE,
+        "TransformerEngine 2.18-2.20.2, 4over6, MSE, e4m3_max 256", _TE_FILE,
         "NVFP4QuantizerRef._quantize_blockwise_4over6_reference", _4OVER6_GLOBAL.format(n=1536),
         _4OVER6.format(err="sum of squared errors"), _TE_ELEM + " per candidate", "0x0", "0x00"),
 }
