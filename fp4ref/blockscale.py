@@ -275,7 +275,8 @@ _4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gi
 #: recipe table (``python -m fp4ref.tables quantization``), the CLI's ``--recipe`` choices and the tests.
 NVFP4_RECIPES: dict = {
     NVFP4Recipe.TE: RecipeSource(
-        "TransformerEngine >= 2.14 (checked: 2.18, 2.20.2)", _TE_FILE, "NVFP4QuantizerRef._quantize_blockwise_reference",
+        "TransformerEngine >= 2.14 (checked: 2.18, 2.20.2)", _TE_FILE,
+        "NVFP4QuantizerRef._quantize_blockwise_reference",
         _TE_GLOBAL, "`e4m3(clamp(min(a * (S_enc * fp32(1/6)), FLT_MAX), ±448))`", _TE_ELEM, "0x0", "0x00"),
     NVFP4Recipe.SOL: RecipeSource(
         "TransformerEngine <= 2.13; the NVFP4-linear workload",
