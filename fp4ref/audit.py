@@ -97,13 +97,15 @@ class TensorAudit:
 @dataclass
 class AuditReport:
     """Result of :func:`audit_checkpoint`: ``clean`` iff no tensor has a finding and the checkpoint-wide
-    ``findings`` (the ``config`` check) are empty."""
+    ``findings`` (the ``config`` and ``reference`` checks) are empty. ``copied_checked``: with a reference, how many
+    of its tensors that were not quantized were compared with the checkpoint's (None without one)."""
 
     path: str
     checkpoint_format: str
     fmt: str
     tensors: list
     findings: list = field(default_factory=list)
+    copied_checked: int | None = None
 
     @property
     def clean(self) -> bool:
@@ -112,7 +114,7 @@ class AuditReport:
     def to_json(self) -> dict:
         return {"path": self.path, "checkpoint_format": self.checkpoint_format, "format": self.fmt,
                 "clean": self.clean, "findings": [asdict(f) for f in self.findings],
-                "tensors": [asdict(t) for t in self.tensors]}
+                "copied_checked": self.copied_checked, "tensors": [asdict(t) for t in self.tensors]}
 
 
 def _check_layout(layer, ckpt, cf: str) -> list:
@@ -433,9 +435,11 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
                 by_name[m].findings.append(Finding("global-scale", 1, f"fused layer {key}: members' global scales "
                                                                       f"differ ({vals})"))
     whole = _config_findings(ckpt, cf, fmt, layers)
+    copied = None
     if reference is not None:
-        whole += _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
-    return AuditReport(str(path), cf, fmt, rows, whole)
+        found, copied = _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode)
+        whole += found
+    return AuditReport(str(path), cf, fmt, rows, whole, copied)
 
 
 _COMPARE_CHUNK = 64 * 2**20  # bytes of a copied tensor compared at a time
@@ -443,11 +447,14 @@ _COMPARE_CHUNK = 64 * 2**20  # bytes of a copied tensor compared at a time
 
 def _copied_tensor_findings(ckpt, ref, layers) -> list:
     """The reference's tensors other than the quantized layers against the checkpoint's: missing ones, and those
-    stored with another dtype, shape or bytes (a quantizer copies them unchanged). [Finding] (check "reference")."""
+    stored with another dtype, shape or bytes (a quantizer copies them unchanged). ([Finding] (check "reference"),
+    how many tensors were compared)."""
     missing, differ = [], []
+    compared = 0
     for name in sorted(ref.weight_map):
         if name in layers:
             continue
+        compared += 1
         if name not in ckpt.weight_map:
             missing.append(name)
             continue
@@ -468,7 +475,7 @@ def _copied_tensor_findings(ckpt, ref, layers) -> list:
     if differ:
         out.append(Finding("reference", len(differ), f"{len(differ)} tensor(s) not quantized differ from the "
                                                      f"reference: {_some(differ)}"))
-    return out
+    return out, compared
 
 
 def _some(names: list, most: int = 5) -> str:
@@ -477,7 +484,7 @@ def _some(names: list, most: int = 5) -> str:
 
 def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> list:
     """Re-quantize every quantized layer from ``reference`` and compare (findings on the layers' rows); returns the
-    checkpoint-wide findings of the other tensors (``_copied_tensor_findings``)."""
+    checkpoint-wide findings of the other tensors and how many were compared (``_copied_tensor_findings``)."""
     # (resolve_target refuses a mode for nvfp4 and a recipe for an MX format)
     flag = "--recipe" if fmt == "nvfp4" else "--mode"
     if (option is not None and (recipe if fmt == "nvfp4" else mode) is None
@@ -573,7 +580,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", type=path_option, action=OnceAction,
                    help="write the report as JSON to FILE ('-' for stdout; an existing FILE only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json output")
-    p.add_argument("--quiet", action="store_true", help="no table")
+    p.add_argument("--quiet", action="store_true", help="no table (a failed audit prints its summary line to stderr)")
 
 
 def run(args) -> int:
@@ -612,6 +619,8 @@ def run(args) -> int:
                 written = to_file
             if not args.quiet and args.json != STDOUT:  # standard output holds the JSON alone
                 _print_table(report)
+            elif not report.clean:  # no table: the exit status and one line on stderr say what failed
+                print(f"fp4ref audit: {_summary(report)} ({args.path})", file=sys.stderr)
         except KeyboardInterrupt:  # one line saying what is on disk, no traceback
             said = "nothing written" if not to_file else f"{args.json} is complete" if written else \
                 "no --json report written"
@@ -642,10 +651,19 @@ def _print_table(report: AuditReport) -> None:
     print_table(console, t, whole=("shape",))
     for f in report.findings:  # the checkpoint-wide checks, below the per-tensor table
         console.print(Text(C._shown_name(f"checkpoint {f.check}: {f.detail}")))
+    console.print(_summary(report))
+
+
+def _summary(report: AuditReport) -> str:
+    """The table's last line (and --quiet's stderr line for a failed audit)."""
+    if report.clean:
+        if report.copied_checked is None:
+            return "clean"
+        return f"clean ({report.copied_checked} tensor(s) of the reference that were not quantized: equal)"
     bad = sum(not r.clean for r in report.tensors)
     what = [f"{bad} of {len(report.tensors)} tensor(s) FAIL"] if bad else []
     what += [f"{len(report.findings)} checkpoint finding(s)"] if report.findings else []
-    console.print("clean" if report.clean else "; ".join(what))
+    return "; ".join(what)
 
 
 def main(argv=None) -> int:

@@ -64,6 +64,13 @@ def test_clean_outputs_pass(made, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["clean"] and rep["checkpoint_format"] == "modelopt" and rep["format"] == "nvfp4"
     assert len(rep["tensors"]) == 20 and {t["reference"] for t in rep["tensors"]} == {"equal"}
+    # the reference's other tensors (norms, embeddings, lm_head, ignored layers) were compared: the table says so
+    others = len(json.loads((made / "in" / "model.safetensors.index.json").read_text())["weight_map"]) - 20
+    assert rep["copied_checked"] == others > 0
+    assert main(["audit", str(made / "mo"), "--reference", str(made / "in")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"clean ({others} tensor(s) of the reference that were not quantized: equal)", last
+    assert audit_checkpoint(made / "mo").copied_checked is None
     rep = audit_checkpoint(made / "ct", reference=made / "in")
     assert rep.clean and {t.reference for t in rep.tensors} == {"equal"}
     rep = audit_checkpoint(made / "mx8", reference=made / "in")
@@ -86,8 +93,11 @@ def test_planted_scale_defects(made, tmp_path, capsys):
     f = {x.check: x for x in next(t for t in rep.tensors if t.name == QKV[0]).findings}
     assert f["scale-nan"].count == 1 and f["scale-negative"].count == 2
     assert f["zero-scale-codes"].count == 2  # 0x00 and 0x80 (-0) over non-zero codes
+    capsys.readouterr()
     assert main(["audit", str(bad), "--json", str(tmp_path / "r.json"), "--quiet"]) == 1
     assert json.loads((tmp_path / "r.json").read_text())["clean"] is False
+    out, err = capsys.readouterr()  # no table, but a failed audit says so on stderr
+    assert out == "" and err == f"fp4ref audit: 1 of 20 tensor(s) FAIL ({bad})\n", err
     mx = copy(made, "mx8", tmp_path)
     patch(mx, O_PROJ[: -len("weight")] + "weight_scale", lambda a: a.__setitem__(0, 0xFF))
     patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0xFF))
