@@ -476,10 +476,14 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
         # whose name holds one would exclude other layers too
         odd = [m for m in _unquantized_modules(items) if any(c in m for c in "*?[]")]
         if odd:
+            why = next(it.reason for it in items if not it.quantized and it.name.endswith(".weight")
+                       and len(it.shape) >= 2 and _module_of(it.name) == odd[0])
+            chosen = why.startswith(("ignored", "excluded"))  # left out by include / ignore, not by its shape
             raise QuantizeFileError(
-                f"module {odd[0]!r} stays unquantized but its name holds a pattern character (*, ?, [ or ]): "
-                "ModelOpt's exclude_modules is read as patterns, so it would also exclude other layers; quantize it "
-                "too, or use the compressed-tensors layout (its ignore list names modules exactly)")
+                f"module {odd[0]!r} stays unquantized ({why}) but its name holds a pattern character (*, ?, [ or ]): "
+                "ModelOpt's exclude_modules is read as patterns, so it would also exclude other layers; use the "
+                "compressed-tensors layout (its ignore list names modules exactly)"
+                + (", or quantize it too (--include / --ignore)" if chosen else ""))
     return items
 
 

@@ -291,9 +291,16 @@ def test_module_names_with_pattern_characters_in_the_exclude_lists(tmp_path):
     f = tmp_path / "br.safetensors"
     save_file({n: rng.standard_normal((4, 32)).astype(np.float32)
                for n in ("x[y].weight", "xy.weight", "l*.weight", "l1.weight")}, str(f))
-    with pytest.raises(C.QuantizeFileError, match=r"module 'l\*' stays unquantized but its name holds a pattern"):
+    with pytest.raises(C.QuantizeFileError, match=r"module 'l\*' stays unquantized \(ignored \(\\\*\)\) but its name "
+                                                  r"holds a pattern .*names modules exactly\), or quantize it too"):
         C.quantize_checkpoint(f, tmp_path / "mo", checkpoint_format="modelopt", ignore=[r"\[y\]", r"\*"])
     assert not (tmp_path / "mo").exists()
+    # a weight its shape keeps unquantized: the message says why, and does not suggest quantizing it
+    g = tmp_path / "k33.safetensors"
+    save_file({"m[0].weight": np.ones((4, 33), np.float32), "q.weight": np.ones((4, 32), np.float32)}, str(g))
+    with pytest.raises(C.QuantizeFileError, match=r"module 'm\[0\]' stays unquantized \(K=33 is not a positive "
+                                                  r"multiple of 16\) but .*names modules exactly\)$"):
+        C.quantize_checkpoint(g, tmp_path / "mo", checkpoint_format="modelopt")
     C.quantize_checkpoint(f, tmp_path / "ct", checkpoint_format="compressed-tensors", ignore=[r"\[y\]", r"\*"])
     assert json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"] == ["l*", "x[y]"]
     assert audit_checkpoint(tmp_path / "ct").clean
