@@ -225,7 +225,8 @@ def _run_verify(args, workloads, console, state) -> int:
 def _format_name(text: str) -> str:
     name = text.lower()
     if name not in FORMATS:
-        raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(FORMATS)}")
+        hint = " ('e4m3fn' is OCP E4M3)" if name == "e4m3" else ""  # as fp4ref.formats' own error says
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}{hint}; choose from {', '.join(FORMATS)}")
     return name
 
 

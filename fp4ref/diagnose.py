@@ -129,8 +129,8 @@ def _flushed(o, ref) -> list:
         return []
     i = tuple(int(v) for v in np.argwhere(flushed)[0])
     return [Diagnosis("nonfinite_flushed", f"{int(flushed.sum())} of the {int(nonfinite.sum())} elements whose "
-                                           f"reference is NaN/inf are finite, e.g. {i}: out {o[i]!r}, "
-                                           f"reference {r[i]!r}")]
+                                           f"reference is NaN/inf are finite, e.g. {i}: out {float(o[i])!r}, "
+                                           f"reference {float(r[i])!r}")]
 
 
 def _rounding(o, ref) -> list:

@@ -398,3 +398,15 @@ def test_code_class_refuses_codes_outside_the_format():
             assert formats.code_class(c, fmt) == formats.code_class(np.uint16(c), name)
     assert [formats.code_class(c, "e2m1") for c in range(16)] == (
         ["zero", "subnormal"] + ["normal"] * 5 + ["max"] + ["zero", "subnormal"] + ["normal"] * 5 + ["max"])
+
+
+def test_the_formats_command_names_e4m3fn_for_e4m3(capsys):
+    """`fp4ref formats e4m3` is a usage error (exit 2) that points at the OCP name, as encode's ValueError does; a
+    name in another case is accepted."""
+    from fp4ref.cli import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["formats", "e4m3"])
+    assert ex.value.code == 2
+    assert "unknown format 'e4m3' ('e4m3fn' is OCP E4M3); choose from e2m1" in capsys.readouterr().err
+    assert main(["formats", "E2M1"]) == 0 and "e2m1" in capsys.readouterr().out
