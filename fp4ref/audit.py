@@ -445,7 +445,7 @@ def audit_checkpoint(path, *, reference=None, recipe=None, mode=None) -> AuditRe
 _COMPARE_CHUNK = 64 * 2**20  # bytes of a copied tensor compared at a time
 
 
-def _copied_tensor_findings(ckpt, ref, layers) -> list:
+def _copied_tensor_findings(ckpt, ref, layers) -> tuple:
     """The reference's tensors other than the quantized layers against the checkpoint's: missing ones, and those
     stored with another dtype, shape or bytes (a quantizer copies them unchanged). ([Finding] (check "reference"),
     how many tensors were compared)."""
@@ -482,7 +482,7 @@ def _some(names: list, most: int = 5) -> str:
     return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
 
 
-def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> list:
+def _compare_reference(ckpt, cf, fmt, option, layers, by_name, reference, recipe, mode) -> tuple:
     """Re-quantize every quantized layer from ``reference`` and compare (findings on the layers' rows); returns the
     checkpoint-wide findings of the other tensors and how many were compared (``_copied_tensor_findings``)."""
     # (resolve_target refuses a mode for nvfp4 and a recipe for an MX format)
