@@ -220,6 +220,51 @@ def test_bad_out_and_config_raise():
         S(64, 48, 64)
 
 
+def _small_ints(shape, seed: int) -> torch.Tensor:
+    """fp16 integers in -3..3: every product and every sum over K <= 64 is exact in fp32 and in fp16."""
+    return torch.from_numpy(np.random.default_rng(seed).integers(-3, 4, shape).astype(np.float16)).to(DEVICE)
+
+
+def _exact(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    return (A.double().cpu() @ B.double().cpu().T).half()
+
+
+def test_row_strides_reach_the_kernel_and_the_plan_key():
+    """A row stride of 72 (a multiple of 8: allowed) is the stride the kernel reads A / B with, and a plan cached
+    for a contiguous B does not serve a B of another row stride (the plan key holds the strides)."""
+    A, B = _small_ints((4, 64), 1), _small_ints((16, 64), 2)
+    wide_a = _small_ints((4, 72), 3)[:, :64]
+    assert torch.equal(mod.gemm_fp16(wide_a, B).cpu(), _exact(wide_a, B))
+    assert torch.equal(mod.gemm_fp16(A, B).cpu(), _exact(A, B))  # the plan of a contiguous B
+    wide_b = _small_ints((16, 72), 4)[:, :64]
+    assert torch.equal(mod.gemm_fp16(A, wide_b).cpu(), _exact(A, wide_b))
+
+
+def test_a_cached_plan_serves_only_its_config():
+    """The config is part of the plan key: after a default call of a shape, an explicit config is validated as on
+    a first call (GemvConfig() serves M <= 2) and an explicit N = 0 is refused, not launched."""
+    A, B = _small_ints((4, 64), 1), _small_ints((16, 64), 2)
+    mod.gemm_fp16(A, B)
+    with pytest.raises(ValueError, match=r"serves M <= 2 \(max_m\), got M=4"):
+        mod.gemm_fp16(A, B, mod.GemvConfig())
+    cfg = mod.pick_config(4, 16, 64, interpreter=not ON_GPU)
+    with pytest.raises(ValueError, match="N=0: expected a positive multiple of 8"):
+        mod.gemm_fp16(A, _small_ints((0, 64), 2), cfg)
+
+
+def test_an_output_must_be_contiguous_and_aligned():
+    """gemm_fp16 writes out as a contiguous [M, N] array from a 16-byte aligned base: a transposed or offset out
+    is refused (and left as it was), not written with the wrong layout."""
+    A, B = _small_ints((4, 64), 1), _small_ints((16, 64), 2)
+    for bad, words in ((torch.full((16, 4), NAN, dtype=torch.float16, device=DEVICE).t(), "contiguous=False"),
+                       (torch.full((65,), NAN, dtype=torch.float16, device=DEVICE)[1:].view(4, 16), "data_ptr")):
+        for _ in range(2):  # a first call, then with the plan of the shape cached
+            with pytest.raises(ValueError, match=words):
+                mod.gemm_fp16(A, B, out=bad)
+            assert torch.isnan(bad).all()
+            mod.gemm_fp16(A, B)
+
+
 def test_split_k_path_refuses_operands_beyond_32_bit_offsets(monkeypatch):
     """The SplitKConfig kernel indexes A, B and C with 32-bit offsets: operands that extend over 2^31 elements or
     more are refused with the operand named (the limit lowered here to 2048 elements: A [16, 128] reaches it)."""
@@ -483,6 +528,21 @@ def test_gemm_tma_bad_inputs_raise():
         mod.gemm_tma(A, B, C, config=S(16, 32, 64))
     with pytest.raises(TypeError, match="C"):
         mod.gemm_tma(A, B, "C")
+    inside = torch.zeros(4, 16, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="C overlaps scale"):  # the epilogue would read a scale it overwrites
+        mod.gemm_tma(A, B, inside, scale=inside.view(torch.float32)[0, :1].fill_(1.0))
+    with pytest.raises(ValueError, match="N=0"):
+        mod.gemm_tma(A, _t((0, 64)), _t((4, 0)))
+
+
+def test_gemm_tma_a_cached_unscaled_plan_does_not_serve_a_scaled_call():
+    """The plan key holds whether a scale is given: a scaled call (scale 0.25, at an offset of 4 bytes) after an
+    unscaled one of the same shapes multiplies by it."""
+    A, B = _small_ints((4, 64), 1), _small_ints((16, 64), 2)
+    mod.gemm_tma(A, B, torch.full((4, 16), NAN, dtype=torch.float16, device=DEVICE))
+    scale = torch.tensor([9.0, 0.25], dtype=torch.float32, device=DEVICE)[1:]
+    got = mod.gemm_tma(A, B, torch.full((4, 16), NAN, dtype=torch.float16, device=DEVICE), scale=scale)
+    assert torch.equal(got.cpu(), (_exact(A, B).double() * 0.25).half())  # exact: small integers x 2^-2
 
 
 # The bf16 + scale builds the NVFP4 helper needs (its tile configs may differ; TMA_CONFIGS are the defaults).
