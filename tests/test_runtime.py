@@ -376,6 +376,21 @@ def test_check_no_overlap():
     with pytest.raises(ValueError, match="out overlaps x"):
         rt.check_no_overlap(base[:, :8], "out", x=base[:, 4:12])  # strided spans interleave
     rt.check_no_overlap(torch.zeros(0), "out", x=base)  # an empty output touches nothing
+    # a strided out reaches beyond its numel: base[:, :8] spans elements 0 .. 4039, so base[40:, 32:] (from 2592)
+    # lies inside that span although the two share no element (the check is by span, conservatively)
+    with pytest.raises(ValueError, match="out overlaps x"):
+        rt.check_no_overlap(base[:, :8], "out", x=base[40:, 32:])
+
+
+def test_check_distinct_elements():
+    """Elements share memory where a dimension longer than 1 has stride 0 or the strides interleave (3-D: offsets
+    1*i + 2*j + 3*k reach 3 as (1, 1, 0) and (0, 0, 1)); a size-1 dimension's stride is never used."""
+    rt.check_distinct_elements(torch.zeros(4, 6)[:, ::2], "t")
+    rt.check_distinct_elements(torch.zeros(3).as_strided((1, 3), (0, 1)), "t")  # one row: its stride is unused
+    rt.check_distinct_elements(torch.zeros(24).as_strided((2, 3, 4), (1, 2, 6)), "t")
+    for shape, strides in (((2, 3), (0, 1)), ((2, 2, 2), (1, 2, 3)), ((3, 4), (2, 1))):
+        with pytest.raises(ValueError, match=r"t: strides .* share memory"):
+            rt.check_distinct_elements(torch.zeros(64).as_strided(shape, strides), "t")
 
 
 def test_kernels_refuse_an_output_that_overlaps_an_input():
