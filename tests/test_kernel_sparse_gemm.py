@@ -296,6 +296,12 @@ def test_expand_config_fallback_and_errors():
     assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="ExpandConfig"):
         mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
+    # K = 16 but rows 24 bytes apart: the row stride, not only K, must be a 16-byte multiple
+    b24 = torch.zeros(8, 24, dtype=torch.uint8)[:, :16].view(torch.float8_e4m3fn)
+    assert not mod.tma_eligible(b24) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.uint8)[:, :16]
+                                                          .view(torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="ExpandConfig"):
+        mod.sparse_gemm_fp4_fp8(v[:, :4].contiguous(), v[:, :4].contiguous(), b24, EXPAND_CFG)
     # the expand path has no split-K and no other MMA; n_split is the expand path's: the types reject them
     with pytest.raises(TypeError, match="split_k"):
         ExpandConfig(64, 64, 64, split_k=2)
@@ -332,6 +338,56 @@ def test_tl_paths_refuse_operands_beyond_32_bit_offsets(monkeypatch):
     vv = torch.from_numpy(rng.integers(-128, 128, (16, 8), dtype=np.int8)).to(DEVICE)
     with pytest.raises(ValueError, match=r"split_k_partials extends over 512 elements.*FusedConfig path"):
         mod.sparse_gemm_fp4_fp8(vv, vv.clone(), b[:8, :32], FusedConfig(16, 16, 16, split_k=2))
+    # a strided out reaches past M x N: [4, 2] of rows 70 apart extends over 3 * 70 + 2 = 212 elements (b [2, 64]
+    # over 128, a_vals over 64)
+    monkeypatch.setattr(_runtime, "INT32_OFFSETS", 212)
+    out = torch.full((4, 70), NAN, dtype=torch.bfloat16, device=DEVICE)[:, :2]
+    with pytest.raises(ValueError, match=r"out extends over 212 elements.*FusedConfig path"):
+        mod.sparse_gemm_fp4_fp8(v, v.clone(), b[:2], FusedConfig(16, 16, 64), out=out)
+    assert torch.isnan(out).all()
+
+
+def _random_operands(seed: int, M: int, N: int, K: int):
+    """Random vals / meta bytes and finite E4M3FN b bytes (numpy) and their device tensors (int8 / fp8 views)."""
+    rng = np.random.default_rng(seed)
+    vals = rng.integers(0, 256, (M, K // 4), dtype=np.uint8)
+    meta = rng.integers(0, 256, (M, K // 4), dtype=np.uint8)
+    b = _b_bytes(rng, N, K)
+    dev = (torch.from_numpy(vals.view(np.int8)).to(DEVICE), torch.from_numpy(meta.view(np.int8)).to(DEVICE),
+           torch.from_numpy(b).to(DEVICE).view(torch.float8_e4m3fn))
+    return (vals, meta, b), dev
+
+
+def test_a_one_row_out_may_have_any_row_stride():
+    """M = 1: the row stride of out is never used (here 0), so such an out is accepted and written."""
+    ops, (v, m, b) = _random_operands(11, 1, 12, 64)
+    out = torch.full((12,), NAN, dtype=torch.bfloat16, device=DEVICE).as_strided((1, 12), (0, 1))
+    _assert_matches(mod.sparse_gemm_fp4_fp8(v, m, b, out=out).cpu(), *ops)
+
+
+def test_a_cached_plan_checks_the_strides_and_memory_of_a_new_out():
+    """The plan key holds out's strides: after a call with a contiguous out, an out whose rows share memory is
+    refused as on a first call; an out that overlaps b_fp8 (not only a_vals) is refused."""
+    ops, (v, m, b) = _random_operands(12, 2, 12, 64)
+    _assert_matches(mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.full((2, 12), NAN, dtype=torch.bfloat16,
+                                                                    device=DEVICE)).cpu(), *ops)
+    with pytest.raises(ValueError, match=r"out: strides \(0, 1\).*share memory"):
+        mod.sparse_gemm_fp4_fp8(v, m, b, out=torch.zeros(1, 12, dtype=torch.bfloat16, device=DEVICE).expand(2, 12))
+    store = torch.zeros(12 * 64, dtype=torch.uint8, device=DEVICE)
+    store.copy_(b.view(torch.uint8).reshape(-1))
+    with pytest.raises(ValueError, match="out overlaps b_fp8"):
+        mod.sparse_gemm_fp4_fp8(v, m, store.view(12, 64).view(torch.float8_e4m3fn),
+                                out=store[: 2 * 12 * 2].view(torch.bfloat16).view(2, 12))
+
+
+def test_split_k_never_launches_an_empty_k_slice():
+    """split_k is clamped to the K blocks there are: K = 64 in block_k 64 is one slice (no split-K workspace, no
+    empty slices adding +0), whatever the config asks."""
+    ops, (v, m, b) = _random_operands(13, 4, 16, 64)
+    mod.PLANS.clear()
+    _assert_matches(mod.sparse_gemm_fp4_fp8(v, m, b, FusedConfig(16, 16, 64, split_k=4)).cpu(), *ops)
+    (plan,) = mod.PLANS._plans.values()
+    assert plan.main.constexprs["SPLIT_K"] == 1 and plan.main.grid[1] == 1 and plan.ws_elems == 0
 
 
 def test_launch_plan_cache():
