@@ -471,6 +471,8 @@ def test_chunk_rows():
     assert nvl.chunk_rows(1025, 8192, 2) == nvl.chunk_rows(16384, 8192, 2) == 1024
     assert nvl.chunk_rows(16384, 8192, 4) == 512 and nvl.chunk_rows(4096, 6000, 2) == 1280
     assert nvl.chunk_rows(7, 64, 2, cap=3 * 64 * 2) == 3 and nvl.chunk_rows(7, 64, 2, cap=10) == 1
+    assert nvl.chunk_rows(300, 16, 2, cap=300 * 16 * 2) == 300  # all of x fits exactly: one piece
+    assert nvl.chunk_rows(301, 16, 2, cap=300 * 16 * 2) == 256
 
 
 @pytest.mark.parametrize("config", [_SMALL_CONFIGS[1], _SMALL_CONFIGS[4], _GEMV_CONFIGS[1]], ids=repr)
@@ -618,6 +620,42 @@ def test_linear_validates_new_keys_after_a_cached_call():
         nvl.nvfp4_linear(x, w, ws, gw, config="gemv")
     with pytest.raises(ValueError, match="out"):
         nvl.nvfp4_linear(x, w, ws, gw, out=torch.empty(1, 2, 31, dtype=torch.bfloat16, device=DEVICE))
+
+
+def _small_linear(seed: int = 31):
+    """x [1, 2, 64] bf16 and a [32, 64] weight quantized by recipe sol (codes, E4M3FN scales, global decode)."""
+    rng = np.random.default_rng(seed)
+    wq = ref_quantize(rng.standard_normal((32, 64), dtype=np.float32), recipe="sol")
+    x = _to_torch(rng.standard_normal((1, 2, 64)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    return (x, torch.from_numpy(wq.codes).to(DEVICE), torch.from_numpy(wq.scales).view(torch.float8_e4m3fn).to(DEVICE),
+            float(wq.global_decode_scale))
+
+
+def test_linear_refuses_no_rows_of_w_and_scales_of_another_dtype():
+    x, w, s, gw = _small_linear()
+    with pytest.raises(ValueError, match="N=0"):
+        nvl.nvfp4_linear(x, w[:0], s[:0], gw)
+    with pytest.raises(TypeError, match=r"weight_scales.dtype=torch.int16"):
+        nvl.nvfp4_linear(x, w, s.view(torch.uint8).to(torch.int16), gw)
+
+
+def test_linear_out_must_be_contiguous_and_apart_from_every_input():
+    """A transposed out is refused on a first call and after the plan of a contiguous out is cached (the key holds
+    out's contiguity), and left as it was; an out sharing memory with the block scales is refused."""
+    x, w, s, gw = _small_linear()
+    want = nvl.nvfp4_linear(x, w, s, gw)
+    bad = torch.full((1, 32, 2), float("nan"), dtype=torch.bfloat16, device=DEVICE).transpose(1, 2)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="contiguous"):
+            nvl.nvfp4_linear(x, w, s, gw, out=bad)
+        assert torch.isnan(bad).all()
+        out = torch.full((1, 2, 32), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        assert torch.equal(nvl.nvfp4_linear(x, w, s, gw, out=out).view(torch.int16), want.view(torch.int16))
+    out = torch.full((1, 2, 32), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    inside = out.view(torch.uint8).view(32, 4)  # out's 128 bytes hold a copy of the [32, 4] scale bytes
+    inside.copy_(s.view(torch.uint8))
+    with pytest.raises(ValueError, match="out overlaps weight_scales"):
+        nvl.nvfp4_linear(x, w, inside.view(torch.float8_e4m3fn), gw, out=out)
 
 
 def _e2m1_e4m3_values(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
