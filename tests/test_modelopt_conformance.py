@@ -109,3 +109,36 @@ def test_modelopt_layout_bytes_equal_modelopt_nvfp4qtensor(tmp_path):
                                       sf2.numpy(), err_msg=name)
         checked += 1
     assert checked == 4 + 2 + 12 + 2  # q k v o, gate up, 12 per-expert Linear weights, 2 3-D expert tensors
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_modelopt_qtensors_decode_the_stored_bytes_as_fp4ref_does(tmp_path, fmt):
+    """Read back: ModelOpt's own NVFP4QTensor / MXFP8QTensor ``dequantize`` of each stored 2-D layer (codes, block
+    scales, weight_scale_2), in float64 where every product is exact, equals fp4ref's exact decode
+    (``read_dequantized``) value for value. The one difference is the sign of zero: ModelOpt's E2M1 table decodes
+    code 0x8 as +0, fp4ref as -0 (E2M1's -0; a bf16 / fp16 weight keeps it)."""
+    from modelopt.torch.quantization.qtensor import MXFP8QTensor, NVFP4QTensor
+
+    tensors = make_checkpoint(tmp_path / "in")
+    out = tmp_path / "out"
+    reports = C.quantize_checkpoint(tmp_path / "in", out, fmt=fmt, checkpoint_format="modelopt")
+    names = [r.name for r in reports if r.action == "quantized" and tensors[r.name].ndim == 2]
+    assert len(names) == 4 + 2 + 12
+    negative_zeros = 0
+    for name in names:
+        codes, scale_name, global_name = _modelopt_names(name)
+        w, s = torch.from_numpy(_stored(out, codes).copy()), torch.from_numpy(_stored(out, scale_name).copy())
+        exact = C.read_dequantized(out, name)
+        if fmt == "nvfp4":
+            g = torch.from_numpy(_stored(out, global_name).view(np.float32).copy()).double()
+            q = NVFP4QTensor(torch.Size(exact.shape), torch.float64, w)
+            got = q.dequantize(dtype=torch.float64, scale=s.view(torch.float8_e4m3fn).double(), double_scale=g,
+                               block_sizes={-1: 16}).numpy()
+        else:
+            q = MXFP8QTensor(torch.Size(exact.shape), torch.float64, w.view(torch.float8_e4m3fn))
+            got = q.dequantize(dtype=torch.float64, scale=s).numpy()
+        np.testing.assert_array_equal(got, exact, err_msg=name)  # (0.0 == -0.0)
+        sign = np.signbit(got) != np.signbit(exact)
+        assert not sign.any() or (fmt == "nvfp4" and (exact[sign] == 0).all() and np.signbit(exact[sign]).all())
+        negative_zeros += int(sign.sum())
+    assert (negative_zeros > 0) == (fmt == "nvfp4")  # a -0 weight is quantized to code 0x8 somewhere
