@@ -285,8 +285,12 @@ def test_clearing_workspaces_drops_the_plans_that_hold_views_of_them():
     assert len(cache) == 0 and gone() is None and rt.workspace_bytes() == 0
 
 
-def test_workspace_grows_per_device_stream_and_name():
+def test_workspace_grows_per_device_stream_and_name(monkeypatch):
     dev = torch.device("cpu")
+    real_empty = torch.empty
+    # fresh memory may happen to be zero: make every uninitialised buffer garbage, so zeroed=True is what zeroes
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(0x5A5A))
+    assert rt.workspace(dev, 0, "t_raw", 10, torch.int32).eq(0x5A5A).all()
     w1 = rt.workspace(dev, 0, "t_cnt", 10, torch.int32, zeroed=True)
     assert w1.numel() == 10 and not w1.any()
     assert rt.workspace(dev, 0, "t_cnt", 5, torch.int32) is w1  # big enough: the same buffer
