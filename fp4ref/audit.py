@@ -10,7 +10,7 @@ Checks per quantized tensor (docs/checkpoints.md, "fp4ref audit"):
   (:func:`fp4ref.checkpoint.output_names`; codes U8 [.., N, K/2] or F8_E4M3 [.., N, K]; NVFP4 scales F8_E4M3, MX
   scales U8 [.., N, K/block]; the global scale F32 [] / [E] (ModelOpt, fp4ref) or [1] (compressed-tensors)). A
   missing codes tensor, or codes without their scale in a shard without fp4ref's record, leave no layer to check:
-  the checkpoint is unreadable (exit 2, both tensors named).
+  the checkpoint is unreadable (exit 2, the missing tensor named).
 * ``scale-nan``: NVFP4 scale bytes 0x7F / 0xFF (E4M3FN NaN); MX scale byte 0xFF (UE8M0 NaN).
 * ``scale-negative``: NVFP4 scale bytes with the sign bit set (0x80 = -0 included): UE4M3 has no sign, a
   reader that decodes them as E4M3FN gets a negative or -0 scale.
@@ -580,7 +580,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", type=path_option, action=OnceAction,
                    help="write the report as JSON to FILE ('-' for stdout; an existing FILE only with --force)")
     p.add_argument("--force", action="store_true", help="replace an existing --json output")
-    p.add_argument("--quiet", action="store_true", help="no table (a failed audit prints its summary line to stderr)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no table (without one, a failed audit prints its summary line to stderr; so does --json -)")
 
 
 def run(args) -> int:

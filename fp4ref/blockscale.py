@@ -78,9 +78,9 @@ class NVFP4Recipe(str, enum.Enum):
     """
 
     TE = "te"
-    """TransformerEngine >= 2.14 (checked against 2.18 and 2.20.2), ``NVFP4QuantizerRef._quantize_blockwise_reference``
-    in transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py (reference_nvfp4.py from 2.19; and, at
-    2.18, its CUDA kernels' default path)::
+    """TransformerEngine >= 2.14 (modelled on 2.18; the source is the same in 2.20.2),
+    ``NVFP4QuantizerRef._quantize_blockwise_reference`` in transformer_engine/pytorch/custom_recipes/
+    quantization_ref_nvfp4.py (reference_nvfp4.py from 2.19; and, at 2.18, its CUDA kernels' default path)::
 
         S_enc = min(2688 / A, FLT_MAX); if S_enc == 0: S_enc = 1      # 2688 = 448 * 6
         S_dec = 1 / S_enc                                             # stored global decode scale
@@ -275,7 +275,8 @@ _4OVER6_GLOBAL = "`S_enc = min({n}/A, FLT_MAX)` (A = 0: FLT_MAX; 1 where that gi
 #: recipe table (``python -m fp4ref.tables quantization``), the CLI's ``--recipe`` choices and the tests.
 NVFP4_RECIPES: dict = {
     NVFP4Recipe.TE: RecipeSource(
-        "TransformerEngine >= 2.14 (checked: 2.18, 2.20.2)", _TE_FILE,
+        "TransformerEngine >= 2.14 (modelled on 2.18; the same source in 2.20.2, whose file is reference_nvfp4.py)",
+        _TE_FILE,
         "NVFP4QuantizerRef._quantize_blockwise_reference",
         _TE_GLOBAL, "`e4m3(clamp(min(a * (S_enc * fp32(1/6)), FLT_MAX), ±448))`", _TE_ELEM, "0x0", "0x00"),
     NVFP4Recipe.SOL: RecipeSource(

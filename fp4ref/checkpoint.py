@@ -163,8 +163,8 @@ class TensorReport:
     "dequantized" or "copied"); reason (why a tensor was copied); sqnr_db (10 log10(sum x^2 / sum (x - x_hat)^2),
     float64; inf when x_hat == x); max_abs_err; zero_blocks (blocks whose amax is 0); lost_blocks (NVFP4 blocks
     whose block scale rounded to 0 while their codes did not: their values decode to 0, which fp4ref audit reports
-    as zero-scale-codes; te / sol / te-4over6 do this to a block far below the tensor amax); seconds; fmt;
-    k_padded (the stored K where ``pad=True`` zero-padded the original K to a multiple of the block, else 0).
+    as zero-scale-codes; te / sol / te-4over6 do this to a block far below the tensor amax); seconds; fmt; extra;
+    padded_to (the stored K where ``pad=True`` zero-padded the original K to a multiple of the block, else 0).
     A dry run's "quantized" reports are a plan made from the headers (values not read): sqnr_db, max_abs_err and
     seconds are NaN (not measured).
     """
@@ -180,8 +180,8 @@ class TensorReport:
     lost_blocks: int = 0
     seconds: float = 0.0
     fmt: str = ""
-    k_padded: int = 0
     extra: dict = field(default_factory=dict)
+    padded_to: int = 0
 
 
 # ------------------------------------------------------------------------------------------------------ naming
@@ -995,7 +995,7 @@ def _report(it: Item, target: Target, planned: bool = False) -> TensorReport:
     if it.quantized:  # planned (a dry run): not timed, seconds NaN as the statistics
         return TensorReport(it.name, tuple(it.shape), it.dtype, "quantized", fmt=target.fmt,
                             seconds=math.nan if planned else 0.0, extra={"outputs": [o[1] for o in it.outputs]},
-                            k_padded=it.k_padded if it.k_padded != it.shape[-1] else 0)
+                            padded_to=it.k_padded if it.k_padded != it.shape[-1] else 0)
     return TensorReport(it.name, tuple(it.shape), it.dtype, "copied", reason=it.reason)
 
 
@@ -1237,11 +1237,13 @@ def find_quantized_layers(ckpt) -> tuple:
             own = _tensors_record(s, cf, fmt)
             for orig in own:  # a record copied from another shard lists layers whose codes are not here
                 codes = output_names(cf, fmt, orig)["codes"]
-                if ckpt.weight_map.get(codes) != s.path.name:
+                if codes not in names:
+                    raise QuantizeFileError(f"{str(s.path)!r}: metadata fp4ref.tensors lists {orig!r}, whose codes "
+                                            f"tensor {codes!r} is missing from the checkpoint")
+                if ckpt.weight_map[codes] != s.path.name:
                     raise QuantizeFileError(
                         f"{str(s.path)!r}: metadata fp4ref.tensors lists {orig!r}, whose codes tensor {codes!r} is "
-                        f"{'missing' if codes not in names else 'in ' + ckpt.weight_map[codes]} (the metadata of "
-                        "another shard?)")
+                        f"in {ckpt.weight_map[codes]} (the metadata of another shard?)")
             recorded.update(own)
         else:
             unrecorded.add(s.path.name)
@@ -1772,7 +1774,7 @@ def print_report(reports: list, *, title: str, file=None) -> None:
             planned = math.isnan(r.seconds)  # a dry run: nothing was quantized, nothing timed
             zb = "-" if r.action != "quantized" or planned else str(r.zero_blocks)
             ms = "-" if planned else f"{1e3 * r.seconds:.1f}"
-            act = f"{r.action} {r.fmt}".strip() + (f", K padded to {r.k_padded}" if r.k_padded else "")
+            act = f"{r.action} {r.fmt}".strip() + (f", K padded to {r.padded_to}" if r.padded_to else "")
             table.add_row(Text(_shown_name(r.name)), str(list(r.shape)), r.dtype, Text(act), _fmt_db(r.sqnr_db), err,
                           zb, ms)
     print_table(Console(file=file or sys.stdout), table,

@@ -4,8 +4,10 @@
   @triton.jit module is imported, so it is set here, first.
 * From a source checkout that was not installed, ``fp4ref.kernels`` (which lives in the top-level ``kernels/``
   directory and is mapped there by pyproject's package-dir) is registered by hand so plain ``pytest`` works.
-* Once fp4ref is imported, the checkout's root leaves sys.path: there ``kernels/`` would shadow the top-level
-  ``kernels`` distribution (Hugging Face's, which transformers imports; tests/test_compressed_tensors_conformance.py).
+* Once fp4ref is imported, the checkout's root moves to the end of sys.path: at the front, ``kernels/`` would
+  shadow the top-level ``kernels`` distribution (Hugging Face's, which transformers imports;
+  tests/test_compressed_tensors_conformance.py imports it at collection); at the end, ``tests`` (the package of
+  helper modules such as tests._verify_kernels) stays importable.
 * Hypothesis profiles: ``ci`` (default, modest example counts) and ``thorough`` (HYPOTHESIS_PROFILE=thorough).
 """
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _register_kernels_package() -> None:
 
 
 _register_kernels_package()
-# (pyproject's pythonpath and `python -m pytest` put the root there; fp4ref's own imports go through fp4ref.__path__)
-sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
+# (pyproject's pythonpath and `python -m pytest` put the root first; fp4ref's own imports go through fp4ref.__path__)
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT] + [str(_ROOT)]
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

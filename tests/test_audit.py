@@ -98,6 +98,9 @@ def test_planted_scale_defects(made, tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["clean"] is False
     out, err = capsys.readouterr()  # no table, but a failed audit says so on stderr
     assert out == "" and err == f"fp4ref audit: 1 of 20 tensor(s) FAIL ({bad})\n", err
+    assert main(["audit", str(bad), "--json", "-"]) == 1  # stdout holds the JSON alone; the line goes to stderr
+    out, err = capsys.readouterr()
+    assert json.loads(out)["clean"] is False and err == f"fp4ref audit: 1 of 20 tensor(s) FAIL ({bad})\n", err
     mx = copy(made, "mx8", tmp_path)
     patch(mx, O_PROJ[: -len("weight")] + "weight_scale", lambda a: a.__setitem__(0, 0xFF))
     patch(mx, O_PROJ, lambda a: a.__setitem__(5, 0xFF))
@@ -751,7 +754,8 @@ def test_a_scale_without_its_codes_is_refused(made, made_fp4ref, tmp_path, capsy
         strip_fp4ref_metadata(s2)
     rewrite_shard(s2, drop=(layers[name].codes,))
     codes = re.escape(repr(layers[name].codes))
-    _refused(tmp_path, capsys, d, f"codes tensor {codes} is missing" if recorded else f"has no codes tensor {codes}")
+    _refused(tmp_path, capsys, d, f"codes tensor {codes} is missing from the checkpoint$" if recorded
+             else f"scale tensor .* has no codes tensor {codes}$")
 
 
 def test_a_tensor_beside_its_layers_codes_is_refused(made, tmp_path, capsys):
@@ -956,8 +960,11 @@ def test_loader_config_that_disagrees_with_the_tensors_is_a_finding(made, tmp_pa
     details = _config_details(d)
     assert len(details) >= 1 and any(re.search(words, t) for t in details), details
     assert main(["audit", str(d), "--json", "-"]) == 1
-    rep = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    rep = json.loads(out)
     assert rep["clean"] is False and rep["findings"][0]["check"] == "config"
+    n = len(rep["findings"])  # no tensor fails: the summary line names the checkpoint findings alone
+    assert err == f"fp4ref audit: {n} checkpoint finding(s) ({d})\n", err
     assert main(["audit", str(d)]) == 1
     assert "checkpoint config:" in capsys.readouterr().out
 

@@ -380,10 +380,10 @@ def test_check_no_overlap():
     with pytest.raises(ValueError, match="out overlaps x"):
         rt.check_no_overlap(base[:, :8], "out", x=base[:, 4:12])  # strided spans interleave
     rt.check_no_overlap(torch.zeros(0), "out", x=base)  # an empty output touches nothing
-    # a strided out reaches beyond its numel: base[:, :8] spans elements 0 .. 4039, so base[40:, 32:] (from 2592)
-    # lies inside that span although the two share no element (the check is by span, conservatively)
+    # a strided out reaches beyond its numel: base[:, :8] spans elements 0 .. 4039 (not 0 .. 511), and
+    # base[40:41, 4:12] (from element 2564) shares four of them
     with pytest.raises(ValueError, match="out overlaps x"):
-        rt.check_no_overlap(base[:, :8], "out", x=base[40:, 32:])
+        rt.check_no_overlap(base[:, :8], "out", x=base[40:41, 4:12])
 
 
 def test_check_distinct_elements():
