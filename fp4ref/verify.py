@@ -748,15 +748,20 @@ def _json_safe(x):
 
 
 def plan_size(workloads=None, *, device="cpu", sizes=None, families=None, shapes="fixed", integrity=True) -> int:
-    """Number of table rows ``verify`` will produce (for a progress bar)."""
+    """Number of table rows ``verify`` will produce (for a progress bar). A workload none of whose families is
+    asked for is skipped, integrity rows too; one whose kernel cannot be loaded is counted (verify then lists it as
+    missing, and the bar ends early)."""
     n = 0
     sizes = list(dict.fromkeys(sizes)) if sizes else sizes
     families = list(dict.fromkeys(families)) if families else families
     for name in dict.fromkeys(workloads or WORKLOADS):
         w = get_workload(name)
+        fams = [f for f in (families or w.families) if f in w.families]
+        if not fams:  # verify skips it (VerifyResult.skipped)
+            continue
         ms = sizes or (_SWEEP_M if shapes == "sweep" else (w.cpu_m if device == "cpu" else w.gpu_m))
         dims = len(sweep_shapes(w)) if shapes == "sweep" else 1
-        n += dims * len(ms) * len([f for f in (families or w.families) if f in w.families])
+        n += dims * len(ms) * len(fams)
         n += len(INTEGRITY_CHECKS) if integrity else 0
     return n
 
