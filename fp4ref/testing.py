@@ -171,7 +171,7 @@ def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required:
         match = (d <= np.float32(atol) + np.float32(rtol) * np.abs(r)) & np.isfinite(d)
         insane = not (np.isfinite(o).all() and np.isfinite(r).all())  # (check_tensor_sanity)
         zero_out = bool(np.any(np.square(r) > 0)) and not np.any(np.square(o) > 0)
-    frac = float(match.sum()) / max(o.size, 1)
+    frac = 1.0 - float((~match).sum()) / max(o.size, 1)  # (its order: 1 - exceeding / total)
     return AllcloseResult(
         ok=not insane and not zero_out and frac >= required,
         checker="sol-execbench",

@@ -61,3 +61,21 @@ def test_to_numpy_gives_native_byte_order_same_values():
         assert b.dtype == a.dtype and np.array_equal(b, a) and b.tobytes() == a.tobytes()
     t = torch.tensor([1.5, -2.0])
     assert to_numpy(t, "t").dtype == np.float32
+
+
+def test_float8_e5m2_tensors_are_read_as_e5m2():
+    from fp4ref._interop import to_numpy
+
+    t = torch.tensor([1.5, -0.0, 57344.0, float("inf")]).to(torch.float8_e5m2)
+    a = to_numpy(t, "t")
+    assert a.dtype == ml_dtypes.float8_e5m2
+    assert a.view(np.uint8).tolist() == [0x3E, 0x80, 0x7B, 0x7C]
+
+
+def test_tensor_subclasses_are_converted_bit_for_bit():
+    from fp4ref._interop import to_numpy
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -0.0, 3.0]).bfloat16(), requires_grad=False)
+    a = to_numpy(p, "p")
+    assert type(a) is np.ndarray and a.dtype == ml_dtypes.bfloat16
+    assert a.view(np.uint16).tolist() == [0x3F80, 0x8000, 0x4040]

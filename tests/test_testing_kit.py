@@ -555,3 +555,41 @@ def test_report_sqnr_is_10_log10_of_signal_over_noise():
     rep = bounds.check(out, ref, "fp32_rn")
     assert rep.sqnr_db == pytest.approx(10 * math.log10(sig / noise), rel=1e-12)
     assert bounds.check(ref.out.copy(), ref, "fp32_rn").sqnr_db == math.inf
+
+
+def test_fib_relative_error_is_relative_to_the_reference():
+    ref, out = np.array([1.0634765625]), np.array([1.07421875])
+    assert not testing.fib_allclose(out, ref).ok  # d / |ref| = 0.010101 > rtol
+    assert testing.fib_allclose(ref, out).ok  # d / |1.0742| = 0.0099999 <= rtol: the rule is not symmetric
+
+
+def test_sol_passes_at_exactly_the_required_share():
+    ref = np.ones(100)
+    out = ref.copy()
+    out[0] = 2.0
+    r = testing.sol_allclose(out, ref)
+    assert r.matched_fraction == 0.99 and r.ok  # "at least 99%"
+    out[1] = 2.0
+    assert not testing.sol_allclose(out, ref).ok
+
+
+def test_assert_gemm_close_reports_an_element_left_at_the_poison_value():
+    """A poison value one ulp from the right result is within the bound: only the poison rule sees the element the
+    kernel never wrote."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((2, 2048)).astype(np.float16)
+    B = rng.standard_normal((8, 2048)).astype(np.float16)
+    ref = gemm.gemm_fp16(A, B)
+    out = ref.out.copy()
+    p = np.nextafter(ref.out[0, 0], np.float16(np.inf))
+    out[0, 0] = p
+    assert bounds.check(out, ref).ok
+    with pytest.raises(AssertionError, match="nwritten"):
+        testing.assert_gemm_close(out, ref, poison=float(p))
+
+
+def test_assert_gemm_close_demands_the_correctly_rounded_output_on_exact_inputs():
+    out, ref, _ = case_ties_away()
+    testing.assert_gemm_close(out, ref, "fp32_rn")  # ties rounded away: within the bound
+    with pytest.raises(AssertionError, match="correctly rounded"):
+        testing.assert_gemm_close(out, ref, "fp32_rn", exact_accumulation=True)

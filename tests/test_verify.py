@@ -759,3 +759,111 @@ def test_an_option_taking_one_value_given_twice_is_a_usage_error(argv, capsys, t
     err = capsys.readouterr().err
     assert re.search(r"(--[a-z-]+|-o) given twice \(\S+ and \S+\): give it once", err), err
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# From a mutation audit of verify.py / repro.py: behaviours no test above pins
+# ---------------------------------------------------------------------------------------------------------------
+GEMM_W, SPARSE_W = "gemm_n3072_k2048", "sparse_gemm_fp4_fp8_n2048_k2048"
+
+
+def test_a_result_with_no_rows_is_not_ok():
+    """Nothing verified is no pass: no rows, or only skipped workloads, is ok=False."""
+    assert V.VerifyResult().ok is False
+    r = V.VerifyResult(skipped=[[GEMM_W, "why"]])
+    assert r.ok is False and r.to_json()["ok"] is False
+
+
+def test_the_fib_column_divides_by_the_reference():
+    """out 1.07421875 against the exact 1.0634765625 (both fp16): |d| = 0.0107421875 > 0.01 and d / |ref| =
+    0.010101 > 0.01, so FlashInfer-Bench's rule fails it (d / |out| = 0.0099999 would pass); SOL passes it."""
+    from fp4ref import gemm
+
+    ref = gemm.gemm_fp16(np.array([[1.0634765625]], np.float16), np.array([[1.0]], np.float16))
+    _, fib, sol, nrows = V._check_one(np.array([[1.07421875]], np.float16), ref, None, 1, DEFAULT_MODEL, "rne")
+    assert (fib, sol, nrows) == (False, True, 1)
+
+
+def test_examples_keep_the_worst_metrics_and_any_failure(tmp_path, monkeypatch):
+    """A kernel wrong on its first call only, run with examples=2: the row fails (a passing second example does not
+    clear it) and reports the worse example's ulps and bitwise share."""
+    (tmp_path / "first_call_wrong.py").write_text(
+        "from tests._verify_kernels import right, truncating_store\nCALLS = [0]\n"
+        "def gemm(A, B):\n    CALLS[0] += 1\n    return truncating_store(A, B) if CALLS[0] == 1 else right(A, B)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = V.verify([GEMM_W], kernel="first_call_wrong:gemm", device="cpu", sizes=[2], families=["exact_acc"],
+                   examples=2, integrity=False)
+    (row,) = res.rows
+    assert row.examples == 2 and not row.fp4ref_ok and not res.ok
+    assert row.max_ulps == 1.0 and row.bitwise_equal_pct < 100.0  # truncation: one ulp, on the first example
+
+
+def test_json_keeps_the_sign_of_an_infinite_metric():
+    row = V.Row(workload="w", m=1, family="f", sqnr_db=-math.inf, max_err_over_bound=math.inf)
+    j = V.VerifyResult(rows=[row]).to_json()
+    assert j["rows"][0]["sqnr_db"] == "-inf" and j["rows"][0]["max_err_over_bound"] == "inf"
+    json.dumps(j, allow_nan=False)
+
+
+def test_a_definition_of_another_k_matches_no_workload(tmp_path):
+    d = {"name": "g", "axes": {"M": {"type": "var"}, "N": {"type": "const", "value": 3072},
+                               "K": {"type": "const", "value": 4096}},
+         "inputs": {"A": {"dtype": "float16"}, "B": {"dtype": "float16"}}}
+    p = tmp_path / "def.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="matches none"):
+        V.workload_from_definition(str(p))
+
+
+def test_max_check_rows_must_leave_middle_rows():
+    with pytest.raises(ValueError, match=r"max_check_rows \(--max-check-rows\)=128"):
+        V.verify([GEMM_W], device="cpu", sizes=[1], max_check_rows=128)
+
+
+def test_integrity_rows_run_once_per_workload_and_plan_size_counts_the_rows():
+    """Integrity checks run at the first size only; plan_size (the progress bar's total) equals the rows made,
+    also where a workload none of whose families is asked for is skipped (its integrity rows were counted)."""
+    kw = dict(device="cpu", sizes=[1, 2], families=["public"])
+    res = V.verify([GEMM_W], kernel="tests._verify_kernels:right", **kw)
+    integ = [r for r in res.rows if r.kind == "integrity"]
+    assert len(integ) == len(V.INTEGRITY_CHECKS) and {r.m for r in integ} == {1}
+    assert len(res.rows) == 2 + len(V.INTEGRITY_CHECKS) == V.plan_size([GEMM_W], **kw)
+    assert V.plan_size([GEMM_W, SPARSE_W], device="cpu", sizes=[1], families=["nan_b"]) == 1 + len(V.INTEGRITY_CHECKS)
+
+
+def test_large_m_checks_the_sampled_rows_against_their_reference():
+    res = V.verify([GEMM_W], kernel="tests._verify_kernels:right", device="cpu", sizes=[300], families=["exact_acc"],
+                   integrity=False, max_check_rows=129)
+    (row,) = res.rows
+    assert res.ok and row.checked_rows == 129 and row.bitwise_equal_pct == 100.0
+
+
+def test_sparse_repro_k_blocks_are_64_wide():
+    """A sparse reproducer's K-blocks are 16 groups of 4 (64 K, 16 a_vals bytes): keeping block 3 of K = 2048
+    leaves non-zero a_vals only in byte columns 48 .. 63."""
+    from fp4ref import repro
+    from fp4ref.workloads import WORKLOADS
+
+    w = WORKLOADS[SPARSE_W]
+    case = V._Case(w, None, "m:f", DEFAULT_MODEL, "rne", 1, 128, 2048, "public", False)
+    assert repro._n_blocks(case) == 2048 // 64
+    ops = w.families["public"](np.random.default_rng(0), 1, 128, 2048)
+    keep = np.zeros(32, bool)
+    keep[3] = True
+    nz = np.flatnonzero(np.any(repro._zero_blocks(case, ops, keep)["a_vals"] != 0, axis=0))
+    assert nz.size and nz.min() >= 48 and nz.max() < 64
+
+
+def test_reproducer_operands_round_trip_bit_for_bit(tmp_path):
+    """bf16 (with -0 and NaN) and E4M3FN bytes (NaN 0x7F, -0 0x80) and a float come back with their dtypes and bits."""
+    import ml_dtypes
+
+    from fp4ref.repro import load_operands, save_operands
+
+    x = np.array([1.0, -0.0, np.nan], np.float32).astype(ml_dtypes.bfloat16)
+    b = np.array([0x7F, 0x80, 0x01], np.uint8).view(ml_dtypes.float8_e4m3fn)
+    save_operands(str(tmp_path / "o.npz"), {"x": x, "b": b, "s": 0.5})
+    got = load_operands(str(tmp_path / "o.npz"))
+    assert got["x"].dtype == ml_dtypes.bfloat16 and got["b"].dtype == ml_dtypes.float8_e4m3fn
+    assert got["x"].view(np.uint16).tolist() == x.view(np.uint16).tolist()
+    assert got["b"].view(np.uint8).tolist() == [0x7F, 0x80, 0x01] and got["s"] == 0.5

@@ -94,3 +94,39 @@ def test_gemm_extreme_overflows_at_every_size(m, n, k):
     normal = np.abs(be) >= 2.0**-14
     ratio = -bo[normal] / be[normal]
     assert np.all(np.abs(ratio - (1 + 2.0**-10)) <= 2.0**-10 + 2.0**-19)
+
+
+# What each operand family promises (docs/verify.md, "Families"), checked on the drawn values
+GEMM_W, SPARSE_W, NVFP4_W = "gemm_n3072_k2048", "sparse_gemm_fp4_fp8_n2048_k2048", "nvfp4_linear_n8192_k8192"
+
+
+def test_gemm_extreme_subnormal_rows_are_subnormal_scale():
+    """Rows 1, 4, ... of the extreme family are randn x 2^-14 (fp16's subnormal boundary): median |x| = 0.674 x
+    2^-14."""
+    A = WORKLOADS[GEMM_W].families["extreme"](np.random.default_rng(0), 7, 16, 1024)["A"].astype(np.float64)
+    assert 2.0**-16 < np.median(np.abs(A[1::3])) < 2.0**-13
+
+
+def test_sparse_public_bytes_cover_every_int8_value():
+    ops = WORKLOADS[SPARSE_W].families["public"](np.random.default_rng(0), 64, 8, 2048)
+    for name in ("a_vals", "a_meta"):
+        assert ops[name].dtype == np.int8 and np.unique(ops[name]).size == 256, name
+
+
+def test_sparse_canonical_groups_fill_both_value_slots():
+    """Canonical groups hold two values, each a non-zero E2M1 magnitude with probability 14/16: both non-zero in
+    about 3/4 x (14/16)^2 = 0.57 of the bytes."""
+    ops = WORKLOADS[SPARSE_W].families["canonical"](np.random.default_rng(0), 16, 8, 256)
+    v = ops["a_vals"].view(np.uint8)
+    assert (((v & 7) != 0) & (((v >> 4) & 7) != 0)).mean() > 0.4
+
+
+def test_sparse_nan_b_plants_both_e4m3fn_nan_bytes():
+    b = WORKLOADS[SPARSE_W].families["nan_b"](np.random.default_rng(0), 1, 128, 2048)["b_fp8"].view(np.uint8)
+    assert {0x7F, 0xFF} <= set(np.unique(b).tolist())
+
+
+def test_nvfp4_adversarial_amax_and_zero_blocks():
+    x = WORKLOADS[NVFP4_W].families["adversarial"](np.random.default_rng(0), 2, 32, 256)["x"].astype(np.float32)
+    assert np.max(np.abs(x)) == 448.0 * 6  # the "sol" global encode scale is then exactly 1
+    assert np.any(np.all(x.reshape(-1, 16) == 0, axis=1))  # all-zero blocks
