@@ -84,7 +84,8 @@ class AllcloseResult:
 
 
 def _pair(out, ref, dtype=np.float64):
-    """(out, ref) as ``dtype`` arrays of one shape (ref may be a Reference: its correctly rounded ``out``)."""
+    """(out, ref, same_dtype): out and ref as ``dtype`` arrays of one shape (ref may be a Reference: its correctly
+    rounded ``out``), and whether their own dtypes agree. float64 is exact for every floating dtype."""
     if isinstance(ref, Reference):
         ref = ref.out
     o = to_numpy(out, "out")
@@ -96,7 +97,8 @@ def _pair(out, ref, dtype=np.float64):
             raise TypeError(f"{name} must be a floating array, got dtype {a.dtype}")
     if o.shape != r.shape:
         raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
-    return o.astype(dtype), r.astype(dtype)
+    with np.errstate(over="ignore"):  # (float64 beyond float32's range becomes inf, as torch's cast gives)
+        return o.astype(dtype), r.astype(dtype), o.dtype == r.dtype
 
 
 def _tolerance(v, name: str, upper: float | None = None) -> float:
@@ -119,7 +121,8 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
     """FlashInfer-Bench's correctness rule (docs/verify.md), as its default evaluator applies it
     (flashinfer_bench/bench/evaluators/default.py, bench/utils.py ``compute_error_stats``).
 
-    An output holding any NaN/Inf fails. Otherwise both are converted to float32 and an element fails iff
+    An output whose dtype is not the reference's fails (INCORRECT_DTYPE), and so does one holding any NaN/Inf in
+    its own dtype. Otherwise both are converted to float32 and an element fails iff
     |o - r| > atol AND |o - r| / (|r| + 1e-8) > rtol, in float32 arithmetic with float32 tolerances; every
     comparison with NaN is false, so an element whose reference is inf or NaN passes with any finite output (its
     relative error is inf / inf or NaN). ``n_fail`` counts the failing elements and the non-finite outputs.
@@ -130,15 +133,16 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
         ValueError: shapes differ; ``atol`` or ``rtol`` NaN, infinite or negative.
     """
     atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
-    o, r = _pair(out, ref, np.float32)  # (as torch's .to(torch.float32): exact from fp16 / bf16, RNE from fp64)
-    nonfinite = ~np.isfinite(o)
+    o64, _, same_dtype = _pair(out, ref)
+    nonfinite = ~np.isfinite(o64)  # (checked before the float32 cast, as FlashInfer-Bench does)
+    o, r, _ = _pair(out, ref, np.float32)  # (as torch's .to(torch.float32): exact from fp16 / bf16, RNE from fp64)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(o - r)
         rel = d / (np.abs(r) + np.float32(1e-8))
         fail = nonfinite | ((d > np.float32(atol)) & (rel > np.float32(rtol)))
     n_fail = int(fail.sum())
     return AllcloseResult(
-        ok=n_fail == 0,
+        ok=same_dtype and n_fail == 0,
         checker="flashinfer-bench",
         n_fail=n_fail,
         matched_fraction=1.0 - n_fail / max(o.size, 1),
@@ -147,16 +151,22 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
     )
 
 
+def _norm_nonzero(a: np.ndarray) -> bool:
+    """Whether torch.linalg.vector_norm of float32 ``a`` is non-zero: its float32 sum of squares (a square that
+    underflows is 0), except for one element, whose norm is |x| (no square)."""
+    return bool(a.reshape(()) != 0) if a.size == 1 else bool(np.any(np.square(a) > 0))
+
+
 def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required: float = 0.99) -> AllcloseResult:
     """SOL-ExecBench's correctness rule (docs/verify.md), as its evaluator applies it (NVIDIA/SOL-ExecBench
     src/sol_execbench/core/bench/correctness.py ``check_tensor_sanity`` and ``compute_error_stats``, 2026-04).
 
-    Both are converted to float32. The output fails if either holds a NaN or inf (even where both hold the same
-    inf), or if it is all zero while the reference is not (the squares' sum is compared with 0 in float32).
+    An output whose dtype is not the reference's fails (INCORRECT_DTYPE). Both are converted to float32; the
+    output fails if either holds a NaN or inf (even where both hold the same inf), or if its norm is 0 while the
+    reference's is not (torch.linalg.vector_norm in float32: the sum of squares, or |x| for one element).
     Otherwise an element matches iff |o - r| <= atol + rtol * |r| in float32 arithmetic with float32 tolerances
     (a non-finite |o - r| never matches), and the output passes when at least ``required`` (99%) of the elements
-    match. (Its optional per-workload ``max_error_cap`` and ``allow_negative_inf`` are not modelled: the
-    nvfp4_linear_layer workload sets neither.)
+    match. (Its optional per-workload ``max_error_cap`` and ``allow_negative_inf`` are not modelled.)
 
     Raises:
         TypeError: ``out`` / ``ref`` not floating arrays, a tolerance or ``required`` not a real number (a bool is
@@ -165,15 +175,15 @@ def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required:
     """
     atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
     required = _tolerance(required, "required", upper=1.0)
-    o, r = _pair(out, ref, np.float32)
+    o, r, same_dtype = _pair(out, ref, np.float32)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         d = np.abs(o - r)
         match = (d <= np.float32(atol) + np.float32(rtol) * np.abs(r)) & np.isfinite(d)
         insane = not (np.isfinite(o).all() and np.isfinite(r).all())  # (check_tensor_sanity)
-        zero_out = bool(np.any(np.square(r) > 0)) and not np.any(np.square(o) > 0)
+        zero_out = _norm_nonzero(r) and not _norm_nonzero(o)
     frac = 1.0 - float((~match).sum()) / max(o.size, 1)  # (its order: 1 - exceeding / total)
     return AllcloseResult(
-        ok=not insane and not zero_out and frac >= required,
+        ok=same_dtype and not insane and not zero_out and frac >= required,
         checker="sol-execbench",
         n_fail=int((~match).sum()),
         matched_fraction=frac,

@@ -538,6 +538,26 @@ def test_sol_execbench_sanity_rules():
     assert testing.sol_allclose(np.full(8, 0.0005, np.float32), small).ok
     assert testing.sol_allclose(np.zeros(8, np.float32), np.zeros(8, np.float32)).ok
     assert testing.sol_allclose(np.zeros(8, np.float32), np.full(8, 2.0**-80, np.float32)).ok  # its norm is 0
+    # one element: torch's vector_norm is |x| (no square), so 1e-30 is a non-zero reference and 0 fails
+    assert not testing.sol_allclose(np.zeros(1, np.float32), np.full(1, 1e-30, np.float32)).ok
+
+
+def test_public_checkers_fail_an_output_of_another_dtype():
+    """Both benchmarks compare dtypes first (INCORRECT_DTYPE): the reference's values as float32 against a bf16
+    reference fail, although every value is equal."""
+    ref = np.array([1.0, 2.0, 3.0, 4.0], np.float32).astype(ml_dtypes.bfloat16)
+    out = ref.astype(np.float32)
+    for checker in (testing.fib_allclose, testing.sol_allclose):
+        assert checker(ref.copy(), ref).ok and not checker(out, ref).ok, checker
+        assert checker(out, ref).n_fail == 0  # (no element differs: the dtype alone fails it)
+
+
+def test_fib_checks_non_finite_outputs_in_their_own_dtype():
+    """FlashInfer-Bench looks for inf / NaN before its float32 cast: a float64 output of 1e39 (inf once cast) equal
+    to its reference is finite there, and inf - inf = NaN then fails no comparison."""
+    out = np.array([1e39, 1.0])
+    assert testing.fib_allclose(out, out.copy()).ok and testing.fib_allclose(out, out.copy()).n_nonfinite_out == 0
+    assert not testing.fib_allclose(np.array([np.inf, 1.0]), out).ok
 
 
 def test_report_sqnr_is_10_log10_of_signal_over_noise():
