@@ -235,7 +235,8 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
                                                  ignore=ignore, jobs=args.jobs, force=args.force,
                                                  progress=show and not args.dry_run, dry_run=args.dry_run,
                                                  pad=args.pad)
-            opt = f"recipe {args.recipe}" if args.recipe else f"mode {args.mode}" if args.mode else "default options"
+            opt = (f"recipe {args.recipe}" if args.recipe else f"mode {args.mode}" if args.mode
+                   else "the layout's default recipe" if fmt == "nvfp4" else "the layout's default mode")
             title = f"fp4ref quantize {args.input} -> {args.output} ({cf} {fmt}, {opt})"
             if args.dry_run:
                 title = f"fp4ref quantize --dry-run {args.input} ({cf} {fmt}): nothing written"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from ._interop import to_numpy
@@ -70,6 +71,9 @@ class AllcloseResult:
         matched_fraction: fraction of elements that pass the element test.
         max_abs_err: max |o - r| over finite pairs.
         n_nonfinite_out: NaN/Inf elements in the output.
+        reason: why it fails ("" when it passes): "dtype" (the output's is not the reference's), "non-finite" (a
+            NaN/Inf the benchmark refuses outright), "all-zero output" (SOL-ExecBench) or "tolerance" (elements
+            beyond it: every one for FlashInfer-Bench, more than ``1 - required`` for SOL-ExecBench).
     """
 
     ok: bool
@@ -78,9 +82,19 @@ class AllcloseResult:
     matched_fraction: float
     max_abs_err: float
     n_nonfinite_out: int
+    reason: str = ""
 
     def __bool__(self) -> bool:
         return self.ok
+
+
+def _ml_float(dtype) -> bool:
+    """Whether ``dtype`` is one of ml_dtypes' floating types (bfloat16, float8_*, float6_*, float4_*)."""
+    try:
+        ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return dtype.kind == "V"
 
 
 def _pair(out, ref, dtype=np.float64):
@@ -93,8 +107,9 @@ def _pair(out, ref, dtype=np.float64):
     o = np.asarray(o)
     r = np.asarray(r)
     for name, a in (("out", o), ("ref", r)):
-        if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
-            raise TypeError(f"{name} must be a floating array, got dtype {a.dtype}")
+        if a.dtype.kind != "f" and not _ml_float(a.dtype):
+            raise TypeError(f"{name} must be a floating array (numpy or ml_dtypes: bfloat16, float8_*, ...), got "
+                            f"dtype {a.dtype}")
     if o.shape != r.shape:
         raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
     with np.errstate(over="ignore"):  # (float64 beyond float32's range becomes inf, as torch's cast gives)
@@ -141,13 +156,15 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
         rel = d / (np.abs(r) + np.float32(1e-8))
         fail = nonfinite | ((d > np.float32(atol)) & (rel > np.float32(rtol)))
     n_fail = int(fail.sum())
+    reason = "dtype" if not same_dtype else "non-finite" if nonfinite.any() else "tolerance" if n_fail else ""
     return AllcloseResult(
-        ok=same_dtype and n_fail == 0,
+        ok=not reason,
         checker="flashinfer-bench",
         n_fail=n_fail,
         matched_fraction=1.0 - n_fail / max(o.size, 1),
         max_abs_err=float(np.max(d[np.isfinite(d)])) if np.any(np.isfinite(d)) else 0.0,
         n_nonfinite_out=int(nonfinite.sum()),
+        reason=reason,
     )
 
 
@@ -182,8 +199,11 @@ def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required:
         insane = not (np.isfinite(o).all() and np.isfinite(r).all())  # (check_tensor_sanity)
         zero_out = _norm_nonzero(r) and not _norm_nonzero(o)
     frac = 1.0 - float((~match).sum()) / max(o.size, 1)  # (its order: 1 - exceeding / total)
+    reason = ("dtype" if not same_dtype else "non-finite" if insane else "all-zero output" if zero_out
+              else "tolerance" if frac < required else "")
     return AllcloseResult(
-        ok=same_dtype and not insane and not zero_out and frac >= required,
+        ok=not reason,
+        reason=reason,
         checker="sol-execbench",
         n_fail=int((~match).sum()),
         matched_fraction=frac,

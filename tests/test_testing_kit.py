@@ -501,7 +501,7 @@ def test_public_checkers_refuse_tolerances_that_would_pass_everything(checker):
             checker(-ref, ref, required=False)
     assert checker(ref, ref, atol=0, rtol=np.float32(0)).ok
     assert not checker(-ref, ref, atol=0.0, rtol=0.0).ok
-    with pytest.raises(TypeError, match=r"^out must be a floating array, got dtype <U1"):
+    with pytest.raises(TypeError, match=r"^out must be a floating array .*, got dtype <U1"):
         checker("a", ref)
 
 
@@ -540,6 +540,22 @@ def test_sol_execbench_sanity_rules():
     assert testing.sol_allclose(np.zeros(8, np.float32), np.full(8, 2.0**-80, np.float32)).ok  # its norm is 0
     # one element: torch's vector_norm is |x| (no square), so 1e-30 is a non-zero reference and 0 fails
     assert not testing.sol_allclose(np.zeros(1, np.float32), np.full(1, 1e-30, np.float32)).ok
+
+
+def test_public_checkers_say_why_they_fail_and_take_ml_dtypes_floats():
+    """``reason`` names the rule that failed; fp8 outputs (ml_dtypes) are floating arrays the benchmarks accept."""
+    ref = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    assert (testing.fib_allclose(ref, ref).reason, testing.sol_allclose(ref, ref).reason) == ("", "")
+    assert testing.fib_allclose(ref + 1, ref).reason == "tolerance" == testing.sol_allclose(ref + 1, ref).reason
+    bad = ref.copy()
+    bad[0] = np.inf
+    assert testing.fib_allclose(bad, ref).reason == "non-finite" == testing.sol_allclose(ref, bad).reason
+    assert testing.sol_allclose(np.zeros(4, np.float32), np.full(4, 1e-3, np.float32)).reason == "all-zero output"
+    assert testing.fib_allclose(ref.astype(np.float16), ref).reason == "dtype"
+    f8 = ref.astype(ml_dtypes.float8_e4m3fn)
+    assert testing.fib_allclose(f8, f8.copy()).ok and testing.sol_allclose(f8, f8.copy()).ok
+    with pytest.raises(TypeError, match=r"^ref must be a floating array"):
+        testing.fib_allclose(ref, ref.astype(np.int32))
 
 
 def test_public_checkers_fail_an_output_of_another_dtype():
