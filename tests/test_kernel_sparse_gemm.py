@@ -291,14 +291,14 @@ def test_expand_path_canonical_bytes(ops):
 
 def test_expand_config_fallback_and_errors():
     """A b the TMA descriptors cannot read: an explicit expand config raises, the default pick falls back."""
-    b = torch.zeros(8, 24, dtype=torch.float8_e4m3fn)  # K = 24: rows of 24 bytes, not 16-byte multiples
-    v = torch.zeros(4, 6, dtype=torch.int8)
-    assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn))
+    b = torch.zeros(8, 24, dtype=torch.float8_e4m3fn, device=DEVICE)  # K = 24: rows of 24 bytes, not 16-byte multiples
+    v = torch.zeros(4, 6, dtype=torch.int8, device=DEVICE)
+    assert not mod.tma_eligible(b) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.float8_e4m3fn, device=DEVICE))
     with pytest.raises(ValueError, match="ExpandConfig"):
         mod.sparse_gemm_fp4_fp8(v, v.clone(), b, EXPAND_CFG)
     # K = 16 but rows 24 bytes apart: the row stride, not only K, must be a 16-byte multiple
-    b24 = torch.zeros(8, 24, dtype=torch.uint8)[:, :16].view(torch.float8_e4m3fn)
-    assert not mod.tma_eligible(b24) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.uint8)[:, :16]
+    b24 = torch.zeros(8, 24, dtype=torch.uint8, device=DEVICE)[:, :16].view(torch.float8_e4m3fn)
+    assert not mod.tma_eligible(b24) and mod.tma_eligible(torch.zeros(8, 32, dtype=torch.uint8, device=DEVICE)[:, :16]
                                                           .view(torch.float8_e4m3fn))
     with pytest.raises(ValueError, match="ExpandConfig"):
         mod.sparse_gemm_fp4_fp8(v[:, :4].contiguous(), v[:, :4].contiguous(), b24, EXPAND_CFG)
