@@ -343,7 +343,8 @@ def test_per_config_models_name_the_split():
     assert mod.accumulation_model(S(16, 32, 128, SPLIT_K=4), 2048, interpreter=True) == (
         "splitk(fp32_rn, 512)"
     )
-    assert mod.NUMERIC_CONTRACT.model_for(mod.pick_config(16, 3072, 2048), 2048, M=16, N=3072).name == (
+    assert mod.NUMERIC_CONTRACT.model_for(mod.pick_config(16, 3072, 2048, interpreter=True), 2048, M=16,
+                                          N=3072).name == (
         "splitk(tc_fp32_universal, 512)"
     )
 

@@ -22,6 +22,10 @@ from fp4ref.gemm import gemm_fp16 as reference
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
 from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
+from fp4ref.kernels import _runtime
+
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
 
 GluonConfig = mod.GluonConfig
 ON_GPU = torch.cuda.is_available()
@@ -164,6 +168,7 @@ def test_bad_config_types_raise():
         GluonConfig(WARP_SPEC=1)
 
 
+@INTERPRETER_ONLY
 def test_gluon_config_on_cpu_tensors_is_refused():
     A = torch.ones(4, 64, dtype=torch.float16)
     B = torch.ones(16, 64, dtype=torch.float16)

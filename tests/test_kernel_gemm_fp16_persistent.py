@@ -25,6 +25,9 @@ from fp4ref.kernels.gemm_fp16.bench import _config_source, cfg_name
 from fp4ref.kernels.gemm_fp16.persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+
 P = mod.PersistentConfig
 T = mod.TmaConfig
 ON_GPU = torch.cuda.is_available()
@@ -98,6 +101,7 @@ def test_schedule_and_model_arguments_are_checked():
     assert big == small and big["max_pieces"] == 16
 
 
+@INTERPRETER_ONLY
 def test_persistent_config_on_cpu_tensors_is_refused():
     A = torch.ones(4, 64, dtype=torch.float16)
     B = torch.ones(16, 64, dtype=torch.float16)

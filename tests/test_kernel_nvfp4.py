@@ -32,6 +32,9 @@ from fp4ref.kernels.gemm_fp16 import TmaConfig
 from fp4ref.kernels.nvfp4_linear import gemv, prepass, quantize, tensorcore
 from fp4ref.strategies import nvfp4_inputs, nvfp4_operands
 
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -180,6 +183,7 @@ def test_quantize_launch_count():
             quantize.QuantizeLaunches(1, 8192, None, True, False, trigger_dependents=bad)
 
 
+@INTERPRETER_ONLY
 def test_grid_sync_config():
     """The grid-barrier form's tile (hand-derived): 4096 elements at 4 warps, 1024 columns, doubled with the
     warps until the grid fits ``max_programs``; None beyond 16 warps."""
@@ -273,6 +277,7 @@ def test_cluster_form_programs_cover_every_tile_once():
     assert seen > 1000
 
 
+@INTERPRETER_ONLY
 def test_quantize_one_launch_form_refusals(monkeypatch):
     """The grid and cluster forms need every program resident: refused under the CPU interpreter (programs run one
     after another), the grid form for a grid above max_programs, the cluster form for more tiles than its cluster;

@@ -25,6 +25,10 @@ from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests
                         assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
+from fp4ref.kernels import _runtime
+
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
 
 D = nvl.Dp4aConfig
 CUDA = torch.cuda.is_available()
@@ -98,6 +102,7 @@ def test_dp4a_pdl_build_waits_before_x():
     assert "griddepcontrol" not in _build(cfg, pdl=False).asm["ptx"]
 
 
+@INTERPRETER_ONLY
 def test_dp4a_config_checks_and_model():
     for bm in (3, 16, 0):
         with pytest.raises(ValueError, match="BM"):

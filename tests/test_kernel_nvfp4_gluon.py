@@ -24,6 +24,10 @@ from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests
                         assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
+from fp4ref.kernels import _runtime
+
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
 
 G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()
@@ -131,6 +135,7 @@ def test_quantizer_writes_the_permuted_k_order():
         QuantizeLaunches(M, 128, nvl.pick_quantize_config(M, 128), False, True, permute_k=True)
 
 
+@INTERPRETER_ONLY
 def test_gluon_config_checks_and_model():
     with pytest.raises(ValueError, match="BN"):
         G(BN=128, BM=16, SPLIT_K=1, STAGES=3)  # 128 rows need 8 warps

@@ -22,6 +22,9 @@ from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
 from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, expand, fused
 from fp4ref.packing import compress_2to4
 
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 ROUNDING = "rne" if ON_GPU else "faithful"
@@ -47,9 +50,10 @@ def _assert_matches(c, vals_u8, meta_u8, b_u8, model=CONTRACT):
 
 
 def _workspace(name, dtype, device=DEVICE):
-    """The package's workspace ``name`` on the current stream (a 1-element one when none was allocated yet)."""
+    """The package's workspace ``name`` on the current stream (a zeroed 1-element one when the path never allocated
+    it: the GPU's expand path keeps no NaN flags)."""
     dev = torch.device(device)
-    return _runtime.workspace(dev, _runtime.current_stream(dev), name, 0, dtype)
+    return _runtime.workspace(dev, _runtime.current_stream(dev), name, 0, dtype, zeroed=True)
 
 
 def _b_bytes(rng, N, K, nan_rate=0.0):
@@ -98,6 +102,7 @@ def test_every_vals_byte_with_every_meta_nibble():
     np.testing.assert_array_equal(c.float().numpy(), ref.out.astype(np.float32))  # exact: no rounding happens
 
 
+@INTERPRETER_ONLY
 def test_prepass_every_vals_byte_with_every_meta_nibble():
     """The large-M decode pre-pass (sparse_expand_a_kernel) bytes, exhaustive over one group: all 256 vals bytes x
     all 16 meta nibbles (meta bits 7:4 set at random), in tiles of PREP_BLOCK_G groups, against the dense A of
@@ -390,6 +395,7 @@ def test_split_k_never_launches_an_empty_k_slice():
     assert plan.main.constexprs["SPLIT_K"] == 1 and plan.main.grid[1] == 1 and plan.ws_elems == 0
 
 
+@INTERPRETER_ONLY
 def test_launch_plan_cache():
     """One plan per key; a cached key still checks out; new keys (other strides, dtypes) are validated anew."""
     rng = np.random.default_rng(5)
@@ -492,6 +498,7 @@ def test_bad_arguments(mutate, exc, match):
         mod.sparse_gemm_fp4_fp8(v, m, b)
 
 
+@INTERPRETER_ONLY
 def test_bad_config_and_out():
     v, m, b = _tensors()
     with pytest.raises(ValueError, match="block_k"):

@@ -24,6 +24,9 @@ from fp4ref.kernels.sparse_gemm_fp4_fp8.gemv import sparse_gemv_kernel
 from fp4ref.packing import decompress_2to4
 from _sparse_gpu import b_bytes, run_poisoned  # tests/_sparse_gpu.py
 
+# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+
 GemvConfig = mod.GemvConfig
 ON_GPU = torch.cuda.is_available()
 NAN = float("nan")
@@ -129,6 +132,7 @@ def test_config_builds_for_sm90(cfg, block_m):
             assert info["hgmma"] == info["qgmma"] == 0, info
 
 
+@INTERPRETER_ONLY
 def test_refused_and_fallbacks_off_the_gpu():
     """An explicit GemvConfig with M > max_m, or with b rows it cannot read as words (a 1-byte offset), is
     refused naming what it needs; nothing is written."""

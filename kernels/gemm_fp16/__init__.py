@@ -274,11 +274,11 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     """Launch ``plan`` on the current stream of A's device (scratch from ``_runtime.workspace``)."""
     device = A.device
     stream = _runtime.current_stream(device)
-    if plan.ws_elems:
-        ws = _runtime.workspace(device, stream, PARTIALS, plan.ws_elems, torch.float32)
-        cnt = _runtime.workspace(device, stream, COUNTERS, plan.n_counters, torch.int32, zeroed=True)
-    else:
-        ws = cnt = C  # never read without split tiles
+    # Scratch of its declared dtypes even where no tile is split (one element): Triton types a kernel's pointer
+    # arguments by the tensors passed, and the stream-K kernel's split-tile branch is compiled for every shape
+    # (an fp16 stand-in made its counter atomics fp16: a compile error on the GPU)
+    ws = _runtime.workspace(device, stream, PARTIALS, max(plan.ws_elems, 1), torch.float32)
+    cnt = _runtime.workspace(device, stream, COUNTERS, max(plan.n_counters, 1), torch.int32, zeroed=True)
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
     if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A, A's low part) layouts
         ce = plan.launch.constexprs
