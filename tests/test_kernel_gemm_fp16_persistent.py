@@ -25,8 +25,9 @@ from fp4ref.kernels.gemm_fp16.bench import _config_source, cfg_name
 from fp4ref.kernels.gemm_fp16.persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
 
-# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
+                                      reason="written for the CPU interpreter's tensors and paths")
 
 P = mod.PersistentConfig
 T = mod.TmaConfig

@@ -26,8 +26,9 @@ from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
 from fp4ref.kernels import _runtime
 
-# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
+                                      reason="written for the CPU interpreter's tensors and paths")
 
 G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()

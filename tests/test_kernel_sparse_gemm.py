@@ -22,8 +22,9 @@ from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
 from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, expand, fused
 from fp4ref.packing import compress_2to4
 
-# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
+                                      reason="written for the CPU interpreter's tensors and paths")
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -224,6 +225,7 @@ EXPAND_CFG = ExpandConfig(64, 32, 64, num_warps=4, num_stages=2)
 EXPAND_CFG_SPLIT = ExpandConfig(64, 64, 64, num_warps=4, num_stages=2, n_split=2, nan_fixup="inline")
 
 
+@INTERPRETER_ONLY  # (it reads the `tl` expand path's workspaces)
 @pytest.mark.parametrize("cfg", [EXPAND_CFG, EXPAND_CFG_SPLIT], ids=["n_split1-fixup_launch", "n_split2-inline"])
 def test_expand_path_ragged_with_nan_selected_and_pruned(cfg):
     """Ragged M and N (TMA zero padding), any bytes; NaN bytes of b at positions some rows select and others

@@ -24,8 +24,9 @@ from fp4ref.kernels.sparse_gemm_fp4_fp8.gemv import sparse_gemv_kernel
 from fp4ref.packing import decompress_2to4
 from _sparse_gpu import b_bytes, run_poisoned  # tests/_sparse_gpu.py
 
-# Checks that build CPU tensors for the CPU interpreter: on a GPU machine the device check refuses those first.
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(), reason="CPU tensors for the CPU interpreter")
+# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
+INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
+                                      reason="written for the CPU interpreter's tensors and paths")
 
 GemvConfig = mod.GemvConfig
 ON_GPU = torch.cuda.is_available()

@@ -209,11 +209,12 @@ class _Plan:
     strides, the TMA descriptor blocks ("tma") or the operands' shared layouts ("gluon", "persistent"), and
     scratch sizes."""
 
-    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters")
+    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters", "scratch")
 
     def __init__(self, path, launch, M, N, K, sa, sb, blocks, ws_elems, n_counters):
         self.path, self.launch, self.M, self.N, self.K, self.sa, self.sb = path, launch, M, N, K, sa, sb
         self.blocks, self.ws_elems, self.n_counters = blocks, ws_elems, n_counters
+        self.scratch = None  # (fp32, int32) one-element stand-ins where no tile is split (_run)
 
 
 _PLANS = PlanCache("gemm_fp16")
@@ -274,11 +275,17 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     """Launch ``plan`` on the current stream of A's device (scratch from ``_runtime.workspace``)."""
     device = A.device
     stream = _runtime.current_stream(device)
-    # Scratch of its declared dtypes even where no tile is split (one element): Triton types a kernel's pointer
-    # arguments by the tensors passed, and the stream-K kernel's split-tile branch is compiled for every shape
-    # (an fp16 stand-in made its counter atomics fp16: a compile error on the GPU)
-    ws = _runtime.workspace(device, stream, PARTIALS, max(plan.ws_elems, 1), torch.float32)
-    cnt = _runtime.workspace(device, stream, COUNTERS, max(plan.n_counters, 1), torch.int32, zeroed=True)
+    if plan.ws_elems:
+        ws = _runtime.workspace(device, stream, PARTIALS, plan.ws_elems, torch.float32)
+        cnt = _runtime.workspace(device, stream, COUNTERS, plan.n_counters, torch.int32, zeroed=True)
+    else:
+        # never read, but of the declared dtypes: Triton types pointer arguments by the tensors passed, and the
+        # stream-K kernel's split-tile branch is compiled for every shape (an fp16 stand-in made its counter
+        # atomics fp16: a compile error on the GPU). The plan keeps one pair (no per-call lookup).
+        if plan.scratch is None:
+            plan.scratch = (torch.zeros(1, dtype=torch.float32, device=device),
+                            torch.zeros(1, dtype=torch.int32, device=device))
+        ws, cnt = plan.scratch
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
     if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A, A's low part) layouts
         ce = plan.launch.constexprs
