@@ -97,9 +97,10 @@ def _ml_float(dtype) -> bool:
     return dtype.kind == "V"
 
 
-def _pair(out, ref, dtype=np.float64):
-    """(out, ref, same_dtype): out and ref as ``dtype`` arrays of one shape (ref may be a Reference: its correctly
-    rounded ``out``), and whether their own dtypes agree. float64 is exact for every floating dtype."""
+def _pair(out, ref):
+    """(out, ref, same_dtype): out and ref as float64 arrays of one shape (ref may be a Reference: its correctly
+    rounded ``out``), and whether their own dtypes agree. float64 is exact for every floating dtype, so a float32
+    cast of these is the benchmarks' ``.to(torch.float32)`` of the originals (exact, or one RNE from float64)."""
     if isinstance(ref, Reference):
         ref = ref.out
     o = to_numpy(out, "out")
@@ -112,8 +113,13 @@ def _pair(out, ref, dtype=np.float64):
                             f"dtype {a.dtype}")
     if o.shape != r.shape:
         raise ValueError(f"out has shape {o.shape}, ref {r.shape}")
-    with np.errstate(over="ignore"):  # (float64 beyond float32's range becomes inf, as torch's cast gives)
-        return o.astype(dtype), r.astype(dtype), o.dtype == r.dtype
+    return o.astype(np.float64), r.astype(np.float64), o.dtype == r.dtype
+
+
+def _float32(*arrays) -> list:
+    """float64 ``arrays`` cast to float32 (RNE; beyond float32's range inf, as torch's cast gives)."""
+    with np.errstate(over="ignore"):
+        return [a.astype(np.float32) for a in arrays]
 
 
 def _tolerance(v, name: str, upper: float | None = None) -> float:
@@ -148,9 +154,9 @@ def fib_allclose(out, ref, *, atol: float = 1e-2, rtol: float = 1e-2) -> Allclos
         ValueError: shapes differ; ``atol`` or ``rtol`` NaN, infinite or negative.
     """
     atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
-    o64, _, same_dtype = _pair(out, ref)
+    o64, r64, same_dtype = _pair(out, ref)
     nonfinite = ~np.isfinite(o64)  # (checked before the float32 cast, as FlashInfer-Bench does)
-    o, r, _ = _pair(out, ref, np.float32)  # (as torch's .to(torch.float32): exact from fp16 / bf16, RNE from fp64)
+    o, r = _float32(o64, r64)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(o - r)
         rel = d / (np.abs(r) + np.float32(1e-8))
@@ -192,7 +198,8 @@ def sol_allclose(out, ref, *, atol: float = 0.005, rtol: float = 0.02, required:
     """
     atol, rtol = _tolerance(atol, "atol"), _tolerance(rtol, "rtol")
     required = _tolerance(required, "required", upper=1.0)
-    o, r, same_dtype = _pair(out, ref, np.float32)
+    o64, r64, same_dtype = _pair(out, ref)
+    o, r = _float32(o64, r64)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         d = np.abs(o - r)
         match = (d <= np.float32(atol) + np.float32(rtol) * np.abs(r)) & np.isfinite(d)
