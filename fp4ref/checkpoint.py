@@ -474,10 +474,10 @@ def plan_quantize(ckpt: Checkpoint, target: Target, *, include=None, ignore=None
     if target.checkpoint_format == "modelopt":
         # ModelOpt's exclude_modules entries are patterns (its loaders match * and [...]): a module left unquantized
         # whose name holds one would exclude other layers too
-        odd = [m for m in _unquantized_modules(items) if any(c in m for c in "*?[]")]
+        left = _unquantized_modules(items)
+        odd = [m for m in left if any(c in m for c in "*?[]")]
         if odd:
-            why = next(it.reason for it in items if not it.quantized and it.name.endswith(".weight")
-                       and len(it.shape) >= 2 and _module_of(it.name) == odd[0])
+            why = left[odd[0]]
             chosen = why.startswith(("ignored", "excluded"))  # left out by include / ignore, not by its shape
             raise QuantizeFileError(
                 f"module {odd[0]!r} stays unquantized ({why}) but its name holds a pattern character (*, ?, [ or ]): "
@@ -1045,11 +1045,12 @@ def _module_of(name: str) -> str:
     return name[: -len(".weight")] if name.endswith(".weight") else name
 
 
-def _unquantized_modules(items: list) -> list:
-    """The modules whose 2-D or 3-D ``.weight`` stays unquantized, sorted: the serving layouts' exclude_modules /
-    ignore entries."""
-    return sorted({_module_of(it.name) for it in items
-                   if not it.quantized and len(it.shape) >= 2 and it.name.endswith(".weight")})
+def _unquantized_modules(items: list) -> dict:
+    """{module: why its weight is copied}, sorted by module, for the modules whose 2-D or 3-D ``.weight`` stays
+    unquantized: the serving layouts' exclude_modules / ignore entries."""
+    left = {_module_of(it.name): it.reason for it in items
+            if not it.quantized and len(it.shape) >= 2 and it.name.endswith(".weight")}
+    return dict(sorted(left.items()))
 
 
 def quantization_config(target: Target, items: list) -> tuple:
@@ -1058,7 +1059,7 @@ def quantization_config(target: Target, items: list) -> tuple:
     3-D weight left unquantized (the loaders treat any Linear not listed there as quantized)."""
     from . import __version__
 
-    skipped = _unquantized_modules(items)
+    skipped = list(_unquantized_modules(items))
     if target.checkpoint_format == "modelopt":
         algo = "W4A16_NVFP4" if target.fmt == "nvfp4" else "MXFP8"
         producer = {"name": "fp4ref", "version": __version__}
