@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ._validate import STDOUT, OnceAction, path_option
-from .formats import FORMATS
+from .formats import FORMATS, _name_hint
 
 __all__ = ["main", "build_parser"]
 
@@ -225,8 +225,8 @@ def _run_verify(args, workloads, console, state) -> int:
 def _format_name(text: str) -> str:
     name = text.lower()
     if name not in FORMATS:
-        hint = " ('e4m3fn' is OCP E4M3)" if name == "e4m3" else ""  # as fp4ref.formats' own error says
-        raise argparse.ArgumentTypeError(f"unknown format {text!r}{hint}; choose from {', '.join(FORMATS)}")
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}{_name_hint(name)}; choose from "
+                                         f"{', '.join(FORMATS)}")
     return name
 
 

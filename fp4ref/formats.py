@@ -245,11 +245,16 @@ def get_format(fmt) -> FloatFormat:
         try:
             return FORMATS[fmt.lower()]
         except KeyError:
-            # the OCP MX spec calls the 8-bit element "E4M3" (mx_quantize takes that name); as a codec the
-            # registry names it for what it is, finite-only with one NaN pattern
-            hint = " ('e4m3fn' is OCP E4M3)" if fmt.lower() == "e4m3" else ""
-            raise ValueError(f"fmt={fmt!r} is not a known format{hint}; expected one of {sorted(FORMATS)}") from None
+            raise ValueError(f"fmt={fmt!r} is not a known format{_name_hint(fmt)}; expected one of "
+                             f"{sorted(FORMATS)}") from None
     raise TypeError(f"fmt must be a format name or FloatFormat, got {type(fmt).__name__}")
+
+
+def _name_hint(name: str) -> str:
+    """What an unknown format name may have meant (for error messages), or "": the OCP MX spec calls the 8-bit
+    element "E4M3" (mx_quantize takes that name); as a codec the registry names it for what it is, finite-only with
+    one NaN pattern."""
+    return " ('e4m3fn' is OCP E4M3)" if name.lower() == "e4m3" else ""
 
 
 class Rounding(str, enum.Enum):
