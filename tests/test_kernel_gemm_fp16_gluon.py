@@ -22,11 +22,7 @@ from fp4ref.gemm import gemm_fp16 as reference
 from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
 from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
-from fp4ref.kernels import _runtime
-
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 GluonConfig = mod.GluonConfig
 ON_GPU = torch.cuda.is_available()

@@ -24,10 +24,7 @@ from fp4ref.kernels._sm90 import compile_for_sm90, gluon_tensordesc
 from fp4ref.kernels.gemm_fp16.bench import _config_source, cfg_name
 from fp4ref.kernels.gemm_fp16.persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from _sm90_checks import assert_gluon_build  # tests/_sm90_checks.py
-
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 P = mod.PersistentConfig
 T = mod.TmaConfig

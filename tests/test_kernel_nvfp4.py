@@ -32,9 +32,7 @@ from fp4ref.kernels.gemm_fp16 import TmaConfig
 from fp4ref.kernels.nvfp4_linear import gemv, prepass, quantize, tensorcore
 from fp4ref.strategies import nvfp4_inputs, nvfp4_operands
 
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

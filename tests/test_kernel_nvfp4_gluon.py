@@ -24,11 +24,7 @@ from _nvfp4_gpu import (assert_exact_accumulation_is_correctly_rounded,  # tests
                         assert_within_bound_and_deterministic, x_bf16)
 from _ptx_model import run_ptx as _run_ptx  # tests/_ptx_model.py
 from _sm90_checks import assert_cluster_build, assert_gluon_build  # tests/_sm90_checks.py
-from fp4ref.kernels import _runtime
-
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 G = nvl.GluonConfig
 CUDA = torch.cuda.is_available()

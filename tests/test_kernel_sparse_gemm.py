@@ -22,9 +22,7 @@ from fp4ref.kernels import sparse_gemm_fp4_fp8 as mod
 from fp4ref.kernels.sparse_gemm_fp4_fp8 import ExpandConfig, FusedConfig, expand, fused
 from fp4ref.packing import compress_2to4
 
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

@@ -23,10 +23,7 @@ from fp4ref.kernels._sm90 import SM90_MAX_SHARED_BYTES, compile_for_sm90, ptxas_
 from fp4ref.kernels.sparse_gemm_fp4_fp8.gemv import sparse_gemv_kernel
 from fp4ref.packing import decompress_2to4
 from _sparse_gpu import b_bytes, run_poisoned  # tests/_sparse_gpu.py
-
-# Tests written for the CPU interpreter (CPU tensors, which a GPU machine refuses first, or its `tl` paths).
-INTERPRETER_ONLY = pytest.mark.skipif(not _runtime.interpreting(),
-                                      reason="written for the CPU interpreter's tensors and paths")
+from _marks import INTERPRETER_ONLY  # tests/_marks.py
 
 GemvConfig = mod.GemvConfig
 ON_GPU = torch.cuda.is_available()
