@@ -17,8 +17,8 @@ plumbing:
   leave them at zero.
 * ``Launch``: one kernel launch of a plan. Its first call goes through Triton's JIT (compiles, validates, and
   hands back the CompiledKernel, which the Launch keeps); later calls launch the kept kernel directly. A
-  Launch's TMA descriptors keep the shapes, strides and blocks of its first call (the plan's key fixes them);
-  only their base pointers may change.
+  Launch holds the geometry of its TMA descriptors (``Desc``: shapes, strides, blocks; the plan's key fixes
+  them); a call passes only their base tensors.
 
 Why direct launches. The JIT re-binds and re-specialises every argument on each call, tens of microseconds of
 Python on the GPU machine's CPU, which a CUDA-event timing of a ~5 us kernel measures as kernel time (the GPU
@@ -372,31 +372,35 @@ def cluster_metadata(ck, cluster: int) -> tuple:
 
 
 class Desc:
-    """A host TMA tensor descriptor argument: ``base`` tensor, global ``shape`` and ``strides`` (elements), the
-    ``block_shape`` one TMA copy moves, and for Gluon kernels the shared-memory ``layout`` (an NVMMASharedLayout)
-    the copy writes. A Launch turns it into Triton's TensorDescriptor (Gluon's when a layout is given; checked on
-    the first launch) or, on the direct path, into the cached encoding the C launcher takes."""
+    """The geometry of a host TMA descriptor parameter: global ``shape`` and ``strides`` (elements), the
+    ``block_shape`` one TMA copy moves, for Gluon kernels the shared-memory ``layout`` (an NVMMASharedLayout) the
+    copy writes, and ``dtype``, the dtype the base tensor is viewed as (None: its own; e.g. uint8 for NVFP4
+    codes). A Launch holds one per descriptor parameter (``descs``: its plan's key fixes the geometry); each call
+    passes only the base tensor, which the Launch turns into Triton's TensorDescriptor (Gluon's when a layout is
+    given; checked on the first launch) or, on the direct path, into the cached encoding the C launcher takes."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "layout")
+    __slots__ = ("shape", "strides", "block_shape", "layout", "dtype")
 
-    def __init__(self, base: torch.Tensor, shape, strides, block_shape, layout=None):
-        self.base, self.shape, self.strides, self.block_shape = base, list(shape), list(strides), list(block_shape)
-        self.layout = layout
+    def __init__(self, shape, strides, block_shape, layout=None, dtype: torch.dtype | None = None):
+        self.shape, self.strides, self.block_shape = list(shape), list(strides), list(block_shape)
+        self.layout, self.dtype = layout, dtype
 
-    def tensor_descriptor(self, validate: bool):
+    def tensor_descriptor(self, base: torch.Tensor, validate: bool):
+        """Triton's descriptor of this geometry over ``base`` (validated by Triton when ``validate``)."""
+        if self.dtype is not None and base.dtype != self.dtype:
+            base = base.view(self.dtype)
         if self.layout is not None and validate:
             from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
-            return GluonTensorDescriptor(self.base, self.shape, self.strides, self.block_shape, self.layout)
+            return GluonTensorDescriptor(base, self.shape, self.strides, self.block_shape, self.layout)
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         if validate:
-            return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
+            return TensorDescriptor(base, self.shape, self.strides, self.block_shape)
         # The checks ran on the plan's first launch; encoding needs only base, shape, strides and padding (the
         # block shape and swizzle come from the compiled kernel's metadata).
         d = object.__new__(TensorDescriptor)
-        d.base, d.shape, d.strides, d.block_shape, d.padding = (self.base, self.shape, self.strides,
-                                                                self.block_shape, "zero")
+        d.base, d.shape, d.strides, d.block_shape, d.padding = base, self.shape, self.strides, self.block_shape, "zero"
         return d
 
 
@@ -412,14 +416,14 @@ class _Direct:
         packed = ck.packed_metadata if packed_metadata is None else packed_metadata
         self.base = (ck.function, run.launch_cooperative_grid, run.launch_pdl, None, None, packed, None, None, None)
 
-    def encode(self, descs) -> tuple:
-        """The C launcher's arguments for host descriptors (CUtensorMap, shape, strides each), as Triton's
-        launcher wrapper computes them."""
+    def encode(self, descs, bases) -> tuple:
+        """The C launcher's arguments for host descriptors of geometries ``descs`` over ``bases`` (CUtensorMap,
+        shape, strides each), as Triton's launcher wrapper computes them."""
         from triton.backends.nvidia import driver as drv  # looked up per call: tests replace make_tensordesc_arg
 
         tmeta = self.ck.metadata.tensordesc_meta
-        return tuple(x for d, m in zip(descs, tmeta, strict=True)
-                     for x in drv.make_tensordesc_arg(d.tensor_descriptor(False), m))
+        return tuple(x for d, b, m in zip(descs, bases, tmeta, strict=True)
+                     for x in drv.make_tensordesc_arg(d.tensor_descriptor(b, False), m))
 
 
 def raw_launcher(ck, n_desc: int, packed_metadata=None):
@@ -475,28 +479,34 @@ class Launch:
         kernel: the @triton.jit function.
         grid: 1-3 ints.
         constexprs: the kernel's constexpr arguments IN PARAMETER ORDER (they follow its runtime parameters).
-        n_desc: how many leading runtime arguments are host descriptors (``Desc``).
+        descs: the geometry (``Desc``) of each leading runtime parameter that is a host TMA descriptor, in order;
+            each call passes the descriptor's base tensor in its place.
         cluster: > 1 launches the ``grid`` CTAs of a kernel compiled for one CTA per program as thread-block
             clusters of ``cluster`` consecutive CTAs along x (``cluster_metadata``; 2 .. 8 or 16, dividing grid[0];
             not with num_ctas; a GPU only): programs that exchange data through distributed shared memory. Launch
             hooks, where installed, see the grid in clusters (Triton's launcher multiplies x back).
         options: compile options (num_warps, num_stages, enable_fp_fusion, ...), used by the first launch.
 
-    ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (``Desc`` first, then
-    tensors, ints and floats). The first call compiles through the JIT; on a CUDA device the CompiledKernel is
-    kept and later calls launch it directly (module docstring), or through ``ck.run`` where that is not possible.
-    In the CPU interpreter every call goes through the JIT.
+    ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (the base tensors of the
+    ``descs`` first, then tensors, ints and floats). The first call compiles through the JIT; on a CUDA device
+    the CompiledKernel is kept and later calls launch it directly (module docstring), or through ``ck.run`` where
+    that is not possible. In the CPU interpreter every call goes through the JIT.
 
     Raises:
+        TypeError: a ``descs`` entry that is not a Desc.
         ValueError: a grid beyond CUDA's (GRID_X_MAX along x, GRID_YZ_MAX along y and z), naming the kernel; a
             ``cluster`` not 1 .. 8 or 16, not dividing grid[0] or given with num_ctas.
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "n_desc", "ck", "direct", "encodings", "_tail", "cluster",
-                 "packed", "launch_grid")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "descs", "n_desc", "ck", "direct", "encodings", "_tail",
+                 "cluster", "packed", "launch_grid")
 
-    def __init__(self, kernel, grid, constexprs: dict, *, n_desc: int = 0, cluster: int = 1, **options):
-        self.kernel, self.constexprs, self.options, self.n_desc = kernel, dict(constexprs), options, n_desc
+    def __init__(self, kernel, grid, constexprs: dict, *, descs=(), cluster: int = 1, **options):
+        self.kernel, self.constexprs, self.options = kernel, dict(constexprs), options
+        self.descs = tuple(descs)
+        if not all(isinstance(d, Desc) for d in self.descs):
+            raise TypeError(f"descs: expected Desc geometries, got {[type(d).__name__ for d in self.descs]}")
+        self.n_desc = len(self.descs)
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         if self.grid[0] > GRID_X_MAX or max(self.grid[1:]) > GRID_YZ_MAX:  # CUDA would refuse it at launch
             name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
@@ -522,7 +532,7 @@ class Launch:
         if ck is None:
             if self.cluster > 1 and _INTERPRET:
                 raise ValueError(f"cluster={self.cluster}: the CPU interpreter has no thread-block clusters")
-            descs = tuple(d.tensor_descriptor(True) for d in args[:nd])
+            descs = tuple(d.tensor_descriptor(b, True) for d, b in zip(self.descs, args[:nd]))
             if (self.options.get("num_ctas", 1) > 1 or self.cluster > 1) and not _INTERPRET:
                 # compile, opt in to static beside dynamic shared memory, then launch (in clusters)
                 ck = self.kernel.warmup(*descs, *args[nd:], grid=self.grid, **self.constexprs, **self.options)
@@ -545,10 +555,10 @@ class Launch:
             if nd:
                 # a Launch's descriptors have fixed shapes, strides and blocks (its plan's key fixes them), so an
                 # encoding depends only on the base pointers
-                key = tuple([d.base.data_ptr() for d in args[:nd]])
+                key = tuple([b.data_ptr() for b in args[:nd]])
                 enc = self.encodings.get(key)
                 if enc is None:
-                    enc = direct.encode(args[:nd])
+                    enc = direct.encode(self.descs, args[:nd])
                     if len(self.encodings) >= _MAX_ENCODINGS:
                         self.encodings.clear()
                     self.encodings[key] = enc
@@ -561,5 +571,5 @@ class Launch:
                 return
             except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
                 self.direct = False
-        descs = tuple(d.tensor_descriptor(False) for d in args[:nd])
+        descs = tuple(d.tensor_descriptor(b, False) for d, b in zip(self.descs, args[:nd]))
         launch_compiled(ck, self.launch_grid, stream, (*descs, *args[nd:], *self._tail), self.packed)

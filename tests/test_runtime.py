@@ -71,12 +71,13 @@ def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, c
            "N": "i32", "BLOCK": "constexpr"}  # fmt: skip
     ck, calls, encoded = fake_compiled_kernel(monkeypatch, sig)
     jit = _FakeJit(ck)
-    launch = rt.Launch(jit, (3, 2), {"BLOCK": 64}, n_desc=2, num_warps=4, num_stages=3)
+    geometry = rt.Desc([40, 64], [64, 1], [64, 64])
+    launch = rt.Launch(jit, (3, 2), {"BLOCK": 64}, descs=(geometry, geometry), num_warps=4, num_stages=3)
     A, B1, B2 = (torch.randn(40, 64).half() for _ in range(3))
     ws = torch.empty(16)
 
-    def args(B):
-        return (rt.Desc(A, [40, 64], [64, 1], [64, 64]), rt.Desc(B, [40, 64], [64, 1], [64, 64]), ws, 40, 24)
+    def args(B):  # the descriptors' base tensors in their places
+        return (A, B, ws, 40, 24)
 
     launch.launch(7, *args(B1))  # first call: the JIT, with validated descriptors and the compile options
     assert len(jit.jit_calls) == 1 and launch.ck is ck and not calls
@@ -92,6 +93,25 @@ def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, c
     assert calls[0] == calls[1] == calls[3] and calls[2] == calls[4] and calls[0] != calls[2]
     assert calls[0][:4] == (3, 2, 1, 7)  # grid padded to 3 dimensions, then the stream
     assert len(jit.jit_calls) == 1  # never back through the JIT
+
+
+def test_desc_views_its_base_as_its_dtype_and_launch_takes_only_descs():
+    """A geometry with a dtype (NVFP4 codes / scale bytes as uint8) views the base it is given, on the validated
+    first-launch descriptor and on the encoding one alike, without copying; the caller's tensor is not changed.
+    A Launch's ``descs`` must be Desc geometries."""
+    pytest.importorskip("triton.tools.tensor_descriptor")
+    codes = torch.randint(-128, 128, (40, 64), dtype=torch.int8)
+    before = codes.clone()
+    geometry = rt.Desc([40, 64], [64, 1], [16, 64], dtype=torch.uint8)
+    for validate in (True, False):
+        d = geometry.tensor_descriptor(codes, validate)
+        assert d.base.dtype == torch.uint8 and d.base.data_ptr() == codes.data_ptr()
+        assert list(d.shape) == [40, 64] and list(d.strides) == [64, 1] and list(d.block_shape) == [16, 64]
+    assert codes.dtype == torch.int8 and torch.equal(codes, before)
+    own = rt.Desc([40, 64], [64, 1], [16, 64]).tensor_descriptor(codes, False)
+    assert own.base is codes  # no dtype: the tensor itself
+    with pytest.raises(TypeError, match="descs"):
+        rt.Launch(_FakeJit(None), (1,), {}, descs=(codes,))
 
 
 def test_launch_direct_without_descriptors_passes_pointers(monkeypatch, compiled):

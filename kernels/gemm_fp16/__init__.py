@@ -205,15 +205,14 @@ def gemm_tma(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, scale: torch.Ten
 # pointers' 16-byte alignment is checked on every call), so the kept kernel is valid for it (kernels/_runtime.py).
 # ---------------------------------------------------------------------------------------------------------------
 class _Plan:
-    """One launch of one key: the path ("splitk", "tma", "gluon", "persistent" or "gemv"), the Launch, sizes, row
-    strides, the TMA descriptor blocks ("tma") or the operands' shared layouts ("gluon", "persistent"), and
-    scratch sizes."""
+    """One launch of one key: the path ("splitk", "tma", "gluon", "persistent" or "gemv"), the Launch (holding
+    its TMA descriptors' geometry), sizes, row strides and scratch sizes."""
 
-    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "blocks", "ws_elems", "n_counters", "scratch")
+    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "ws_elems", "n_counters", "scratch")
 
-    def __init__(self, path, launch, M, N, K, sa, sb, blocks, ws_elems, n_counters):
+    def __init__(self, path, launch, M, N, K, sa, sb, ws_elems, n_counters):
         self.path, self.launch, self.M, self.N, self.K, self.sa, self.sb = path, launch, M, N, K, sa, sb
-        self.blocks, self.ws_elems, self.n_counters = blocks, ws_elems, n_counters
+        self.ws_elems, self.n_counters = ws_elems, n_counters
         self.scratch = None  # (fp32, int32) one-element stand-ins where no tile is split (_run)
 
 
@@ -232,7 +231,7 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
             raise ValueError(f"config={config}: serves M <= {config.max_m} (max_m), got M={M}")
         launch = Launch(gemm_fp16_gemv_kernel, (-(-N // config.BLOCK_N),), gemv_constexprs(config, M, K),
                         num_warps=config.num_warps)
-        return _Plan("gemv", launch, M, N, K, sa, sb, None, 0, 0)
+        return _Plan("gemv", launch, M, N, K, sa, sb, 0, 0)
     BM, BN, BK = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     num_tiles = -(-M // BM) * -(-N // BN)
     S = config.SPLIT_K
@@ -243,32 +242,41 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         per, splits = config.k_split(K)
         cluster = config.cluster_size(K)  # > 1: each program is a cluster of the tile's K slices
         tiles = -(-N // BN) * -(-M // BM)
+        # swap-AB: B's descriptor first, then A's in its (high, low) parts; a one-part tile never reads the third
+        # (A's own geometry stands in for it)
+        b_layout, a_layout, a2_layout = operand_layouts(config)
+        hi, lo = m_parts(BM)
+        a_desc = Desc((M, K), (sa, 1), (hi, BK), a_layout)
+        descs = (Desc((N, K), (sb, 1), (BN, BK), b_layout), a_desc,
+                 Desc((M, K), (sa, 1), (lo, BK), a2_layout) if lo else a_desc)
         launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits // cluster, -(-M // BM)),
-                        gluon_constexprs(config, K), n_desc=3, num_ctas=cluster)  # (num_warps: a constexpr)
+                        gluon_constexprs(config, K), descs=descs, num_ctas=cluster)  # (num_warps: a constexpr)
         ws = splits > 1 and cluster == 1  # the workspace reduction
-        return _Plan("gluon", launch, M, N, K, sa, sb, operand_layouts(config), tiles * splits * BM * BN if ws else 0,
-                     tiles if ws else 0)
+        return _Plan("gluon", launch, M, N, K, sa, sb, tiles * splits * BM * BN if ws else 0, tiles if ws else 0)
     if isinstance(config, PersistentConfig):  # (CUDA tensors: gemm_fp16 checked)
         nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
         if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
             sch = stream_k_schedule(config, M, N, K, nprog)
             S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
-        launch = Launch(gemm_persistent_kernel, (nprog,), persistent_constexprs(config), n_desc=3)
-        return _Plan("persistent", launch, M, N, K, sa, sb, persistent_layouts(config), S * split_tiles * BM * BN,
-                     split_tiles)
+        a_layout, b_layout, c_layout = persistent_layouts(config)
+        descs = (Desc((M, K), (sa, 1), (BM, BK), a_layout), Desc((N, K), (sb, 1), (BN, BK), b_layout),
+                 Desc((M, N), (N, 1), (BM, BN), c_layout))
+        launch = Launch(gemm_persistent_kernel, (nprog,), persistent_constexprs(config), descs=descs)
+        return _Plan("persistent", launch, M, N, K, sa, sb, S * split_tiles * BM * BN, split_tiles)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
     if isinstance(config, SplitKConfig):  # (gemm_tma takes TmaConfigs only: no scale here)
         # (its kernel indexes A, B and the contiguous C with 32-bit offsets)
         _runtime.check_int32_offsets("SplitKConfig path", A=(M - 1) * sa + K, B=(N - 1) * sb + K, out=M * N)
         launch = Launch(gemm_fp16_splitk_kernel, (num_tiles, S), splitk_constexprs(config, K), **opts)
-        return _Plan("splitk", launch, M, N, K, sa, sb, None, S * split_tiles * BM * BN, split_tiles)
+        return _Plan("splitk", launch, M, N, K, sa, sb, S * split_tiles * BM * BN, split_tiles)
     nprog = launch_programs(config, M, N, K, _runtime.num_sms(A.device))
     if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
         sch = stream_k_schedule(config, M, N, K, nprog)
         S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
-    launch = Launch(tma_kernel(config), (nprog,), tma_constexprs(config, nprog, has_scale), n_desc=3, **opts)
-    blocks = ([BM, BK], [BN, BK], [BM, BN // config.EPILOGUE_SUBTILE])
-    return _Plan("tma", launch, M, N, K, sa, sb, blocks, S * split_tiles * BM * BN, split_tiles)
+    descs = (Desc((M, K), (sa, 1), (BM, BK)), Desc((N, K), (sb, 1), (BN, BK)),
+             Desc((M, N), (N, 1), (BM, BN // config.EPILOGUE_SUBTILE)))
+    launch = Launch(tma_kernel(config), (nprog,), tma_constexprs(config, nprog, has_scale), descs=descs, **opts)
+    return _Plan("tma", launch, M, N, K, sa, sb, S * split_tiles * BM * BN, split_tiles)
 
 
 def _run(plan: _Plan, A, B, C, scale) -> None:
@@ -287,23 +295,11 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
                             torch.zeros(1, dtype=torch.int32, device=device))
         ws, cnt = plan.scratch
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
-    if plan.path == "gluon":  # swap-AB: B's descriptor first; blocks holds the (B, A, A's low part) layouts
-        ce = plan.launch.constexprs
-        b_layout, a_layout, a2_layout = plan.blocks
-        hi, lo = m_parts(ce["BLOCK_M"])
-        a_desc = Desc(A, (M, K), (sa, 1), (hi, ce["BLOCK_K"]), a_layout)
-        # a one-part tile never reads its third descriptor: A's own stands in for it
-        a2_desc = Desc(A, (M, K), (sa, 1), (lo, ce["BLOCK_K"]), a2_layout) if lo else a_desc
-        plan.launch.launch(stream, Desc(B, (N, K), (sb, 1), (ce["BLOCK_N"], ce["BLOCK_K"]), b_layout), a_desc,
-                           a2_desc, C, ws, cnt, M, N, -(-K // ce["BLOCK_K"]), N)
+    if plan.path == "gluon":  # descriptors of B, A and A's low part (the Launch holds their geometry)
+        plan.launch.launch(stream, B, A, A, C, ws, cnt, M, N, -(-K // plan.launch.constexprs["BLOCK_K"]), N)
         return
     if plan.path == "persistent":
-        ce = plan.launch.constexprs
-        a_layout, b_layout, c_layout = plan.blocks
-        BM, BN, BK = ce["BLOCK_M"], ce["BLOCK_N"], ce["BLOCK_K"]
-        plan.launch.launch(stream, Desc(A, (M, K), (sa, 1), (BM, BK), a_layout),
-                           Desc(B, (N, K), (sb, 1), (BN, BK), b_layout), Desc(C, (M, N), (N, 1), (BM, BN), c_layout),
-                           ws, cnt, M, N, K)
+        plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K)
         return
     if plan.path == "splitk":
         plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K, sa, sb, N)
@@ -311,9 +307,7 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     if plan.path == "gemv":
         plan.launch.launch(stream, A, B, C, M, N, K, sa, sb, N)
         return
-    ba, bb, bc = plan.blocks
-    plan.launch.launch(stream, Desc(A, (M, K), (sa, 1), ba), Desc(B, (N, K), (sb, 1), bb),
-                       Desc(C, (M, N), (N, 1), bc), ws, cnt, ws if scale is None else scale, M, N, K)
+    plan.launch.launch(stream, A, B, C, ws, cnt, ws if scale is None else scale, M, N, K)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -257,17 +257,23 @@ class Dp4aLaunch:
     ``run(stream, device, weight_fp4, weight_scales, xq, gdec, out, w_gdec)``: ``xq`` uint8 [>= M K + M K / 16]:
     x's int8 codes [M, K], then its block-scale bytes [M, K / 16] (``x_views``: the quantizer writes them)."""
 
-    __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K", "_views")
+    __slots__ = ("launch", "split_k", "tiles", "config", "M", "N", "K", "_views")
 
     def __init__(self, config: Dp4aConfig, M: int, N: int, K: int, pdl: bool = False):
         self._views = (None, None, None, None)  # (workspace, codes, scale bytes, codes as int8): see x_views
         grid = (triton.cdiv(N, config.BN), triton.cdiv(M, config.BM), config.SPLIT_K)
         self.M, self.N, self.K, self.config = M, N, K, config
-        self.split_k, self.tiles, self.layouts = config.SPLIT_K, grid[0] * grid[1], shared_layouts()
+        self.split_k, self.tiles = config.SPLIT_K, grid[0] * grid[1]
+        # TMA descriptors: W codes and scale bytes (viewed as uint8), x's int8 codes and scale bytes (x_views)
+        wl, sl, xl, xsl = shared_layouts()
+        descs = (Desc((N, K // 2), (K // 2, 1), (config.BN, STEP_K // 2), wl, torch.uint8),
+                 Desc((N, K // 16), (K // 16, 1), (config.BN, STEP_K // 16), sl, torch.uint8),
+                 Desc((M, K), (K, 1), (config.BM, STEP_K), xl),
+                 Desc((M, K // 16), (K // 16, 1), (config.BM, STEP_K // 16), xsl))
         self.launch = Launch(
             nvfp4_dp4a_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES,
-                 num_warps=config.num_warps, PDL=pdl), n_desc=4, launch_pdl=pdl)
+                 num_warps=config.num_warps, PDL=pdl), descs=descs, launch_pdl=pdl)
 
     def x_views(self, buf):
         """(codes [M * K], scale bytes [M * K / 16], codes viewed as int8) of x in the uint8 workspace ``buf``
@@ -283,12 +289,7 @@ class Dp4aLaunch:
 
     def run(self, stream: int, device, weight_fp4, weight_scales, xq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
-        wl, sl, xl, xsl = self.layouts
         part, cnt = splitk_buffers(device, stream, self.split_k,
                                    workspace_elements(self.tiles, self.split_k, cfg.BN, EPILOGUE_M), self.tiles, out)
         _, scales, codes = self.x_views(xq)
-        self.launch.launch(
-            stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
-            Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            Desc(codes, (M, K), (K, 1), (cfg.BM, STEP_K), xl),
-            Desc(scales, (M, K // 16), (K // 16, 1), (cfg.BM, STEP_K // 16), xsl), gdec, out, part, cnt, M, N, K)
+        self.launch.launch(stream, weight_fp4, weight_scales, codes, scales, gdec, out, part, cnt, M, N, K)

@@ -334,7 +334,7 @@ class GluonLaunch:
 
     ``run(stream, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec)`` as the other paths."""
 
-    __slots__ = ("launch", "split_k", "tiles", "layouts", "config", "M", "N", "K", "x_rows")
+    __slots__ = ("launch", "split_k", "tiles", "config", "M", "N", "K", "x_rows")
 
     def __init__(self, config: GluonConfig, M: int, N: int, K: int, pdl: bool = False, x_rows: int | None = None):
         # CLUSTER: each program is a cluster of the tile's SPLIT_K slices (grid dimension x counts clusters)
@@ -345,25 +345,25 @@ class GluonLaunch:
         if self.x_rows < M:
             raise ValueError(f"x_rows={x_rows}: expected >= M={M}")
         # the workspace reduction's slices (1 in a cluster: no workspace)
-        self.split_k, self.tiles, self.layouts = grid[2], grid[0] * grid[1], shared_layouts(config)
+        self.split_k, self.tiles = grid[2], grid[0] * grid[1]
+        # TMA descriptors: W codes and scale bytes (viewed as uint8), x's high and low parts (a one-part tile never
+        # reads the fourth: x's own geometry stands in for it)
+        wl, sl, xl, x2l = shared_layouts(config)
+        hi, lo = m_parts(config.BM)
+        x_desc = Desc((self.x_rows, K), (K, 1), (hi, x_block_k(config)), xl)
+        descs = (Desc((N, K // 2), (K // 2, 1), (config.BN, STEP_K // 2), wl, torch.uint8),
+                 Desc((N, K // 16), (K // 16, 1), (config.BN, STEP_K // 16), sl, torch.uint8), x_desc,
+                 Desc((self.x_rows, K), (K, 1), (lo, x_block_k(config)), x2l) if lo else x_desc)
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
                  W_SWIZZLE=config.W_SWIZZLE, num_warps=config.num_warps, PDL=pdl, X_LO=m_parts(config.BM)[1],
                  CLUSTER=cluster),
-            n_desc=4, launch_pdl=pdl, num_ctas=cluster)
+            descs=descs, launch_pdl=pdl, num_ctas=cluster)
 
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
-        wl, sl, xl, x2l = self.layouts
-        hi, lo = m_parts(cfg.BM)
         # store_or_reduce's tile-major split-K workspace and the per-tile arrival counters
         part, cnt = splitk_buffers(device, stream, self.split_k,
                                    workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles, out)
-        x_desc = Desc(deq, (self.x_rows, K), (K, 1), (hi, x_block_k(cfg)), xl)
-        # a one-part tile never reads its fourth descriptor: x's own stands in for it
-        x2_desc = Desc(deq, (self.x_rows, K), (K, 1), (lo, x_block_k(cfg)), x2l) if lo else x_desc
-        self.launch.launch(
-            stream, Desc(weight_fp4.view(torch.uint8), (N, K // 2), (K // 2, 1), (cfg.BN, STEP_K // 2), wl),
-            Desc(weight_scales.view(torch.uint8), (N, K // 16), (K // 16, 1), (cfg.BN, STEP_K // 16), sl),
-            x_desc, x2_desc, gdec, out, part, cnt, M, N, K)
+        self.launch.launch(stream, weight_fp4, weight_scales, deq, deq, gdec, out, part, cnt, M, N, K)

@@ -190,56 +190,41 @@ def gluon_eligible(a_vals: torch.Tensor, a_meta: torch.Tensor, b_fp8: torch.Tens
 # Plans
 # ---------------------------------------------------------------------------------------------------------------
 class _GluonPlan:
-    """One launch of gluon.sparse_swapab_kernel: the Launch, the shared layouts of its TMA destinations, the
-    split-K workspace size (0 without split-K) and the number of c tiles (arrival counters)."""
+    """One launch of gluon.sparse_swapab_kernel: the Launch (with its TMA descriptors' geometry), the split-K
+    workspace size (0 without split-K) and the number of c tiles (arrival counters)."""
 
-    __slots__ = ("config", "main", "layouts", "ws_elems", "n_tiles")
+    __slots__ = ("config", "main", "ws_elems", "n_tiles")
 
-    def __init__(self, config, main, ws_elems, n_tiles, layouts):
-        self.config, self.main, self.ws_elems, self.n_tiles, self.layouts = config, main, ws_elems, n_tiles, layouts
+    def __init__(self, config, main, ws_elems, n_tiles):
+        self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
-        cfg = self.config
         device = out.device
         if self.ws_elems:
             ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
             cnt = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
         else:
             ws = cnt = out  # not read by the kernel
-        m, g = a_vals.shape
+        m = a_vals.shape[0]
         n, k = b_fp8.shape
-        fp8, raw = self.layouts
-        sam = sa[0] if m > 1 else g
-        self.main.launch(
-            stream, _runtime.Desc(b_fp8, (n, k), (sb[0] if n > 1 else k, 1), (cfg.BLOCK_N, STEP_K), fp8),
-            _runtime.Desc(a_vals, (m, g), (sam, 1), (cfg.BLOCK_M, STEP_K // 4), raw),
-            _runtime.Desc(a_meta, (m, g), (sam, 1), (cfg.BLOCK_M, STEP_K // 4), raw),
-            b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m, n, k // STEP_K, sb[0], sa[0],
-            out.stride(0))
+        self.main.launch(stream, b_fp8, a_vals, a_meta, b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m,
+                         n, k // STEP_K, sb[0], sa[0], out.stride(0))
 
 
 class _FusedWSPlan:
-    """One launch of fused_gluon.sparse_fused_ws_kernel (persistent) and the shared layouts of its TMA
-    descriptors."""
+    """One launch of fused_gluon.sparse_fused_ws_kernel (persistent; the Launch holds its TMA descriptors'
+    geometry)."""
 
-    __slots__ = ("config", "main", "layouts")
+    __slots__ = ("config", "main")
 
     def __init__(self, config, main):
         self.config, self.main = config, main
-        self.layouts = fused_ws_layouts(config)
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
-        cfg = self.config
-        m, g = a_vals.shape
+        m = a_vals.shape[0]
         n, k = b_fp8.shape
-        fp8, raw, c_layout = self.layouts
-        sam = sa[0] if m > 1 else g
-        self.main.launch(
-            stream, _runtime.Desc(a_vals, (m, g), (sam, 1), (cfg.block_m, STEP_K // 4), raw),
-            _runtime.Desc(a_meta, (m, g), (sam, 1), (cfg.block_m, STEP_K // 4), raw),
-            _runtime.Desc(b_fp8, (n, k), (sb[0] if n > 1 else k, 1), (cfg.block_n, STEP_K), fp8),
-            _runtime.Desc(out, (m, n), (out.stride(0) if m > 1 else n, 1), (cfg.block_m, cfg.block_n), c_layout),
-            b_fp8, a_vals, a_meta, out, m, n, k // STEP_K, sb[0], sa[0], out.stride(0))
+        self.main.launch(stream, a_vals, a_meta, b_fp8, out, b_fp8, a_vals, a_meta, out, m, n, k // STEP_K, sb[0],
+                         sa[0], out.stride(0))
 
 
 class _GemvPlan:
@@ -284,19 +269,17 @@ class _FusedPlan:
 
 class _ExpandPlan:
     """The expand path's launches: the decode pre-pass, the persistent TMA GEMM (``config.gemm``: the `tl` or the
-    Gluon kernel) and (nan_fixup "launch") the NaN fix-up; ``a8_elems`` bytes of dense A, ``n_tiles`` flags.
-    ``_a8`` keeps the last dense-A workspace with its int32 view and TMA descriptor (rebuilt when the workspace
-    is another tensor: another stream, or grown)."""
+    Gluon kernel; its Launch holds the TMA descriptors' geometry: dense A, b and, for the Gluon GEMM, c) and
+    (nan_fixup "launch") the NaN fix-up; ``a8_elems`` bytes of dense A, ``n_tiles`` flags. ``_a8`` keeps the last
+    dense-A workspace with its int32 view (rebuilt when the workspace is another tensor: another stream, or
+    grown)."""
 
-    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "b_block", "layouts", "_a8")
+    __slots__ = ("config", "prep", "main", "fix", "a8_elems", "n_tiles", "_a8")
 
     def __init__(self, config, prep, main, fix, a8_elems, n_tiles):
         self.config, self.prep, self.main, self.fix = config, prep, main, fix
         self.a8_elems, self.n_tiles = a8_elems, n_tiles
-        self.b_block = [config.block_n // config.n_split, config.block_k]
-        # the Gluon GEMM's shared layouts (fp8 operand tiles, bf16 c tile); None for the `tl` GEMM
-        self.layouts = expand_gluon_layouts(config) if config.gemm == "gluon" else (None, None)
-        self._a8 = (None, None, None)
+        self._a8 = (None, None)
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
         device = out.device
@@ -306,25 +289,20 @@ class _ExpandPlan:
         sbn, sbk = sb
         scm, scn = out.stride()
         a8 = _runtime.workspace(device, stream, WS_DENSE_A, self.a8_elems, torch.float8_e4m3fn)
-        cached, a8w, a_desc = self._a8
-        fp8, c_layout = self.layouts
+        cached, a8w = self._a8
         if a8 is not cached:
             a8w = a8.view(torch.int32)
-            a_desc = _runtime.Desc(a8, [m, k], [k, 1], [self.config.block_m, self.config.block_k], fp8)
-            self._a8 = (a8, a8w, a_desc)
+            self._a8 = (a8, a8w)
         self.prep.launch(stream, a_vals, a_meta, a8w, m, g, sam, sag, g)
-        b_desc = _runtime.Desc(b_fp8, [n, k], [sbn if n > 1 else k, 1], self.b_block, fp8)
         if self.config.gemm == "gluon":
-            c_desc = _runtime.Desc(out, [m, n], [scm if m > 1 else n, 1], [self.config.block_m, self.config.block_n],
-                                   c_layout)
-            self.main.launch(stream, a_desc, b_desc, c_desc, b_fp8, a_vals, a_meta, out, m, n,
-                             k // self.config.block_k, sbn, sam, scm)
+            self.main.launch(stream, a8, b_fp8, out, b_fp8, a_vals, a_meta, out, m, n, k // self.config.block_k, sbn,
+                             sam, scm)
             return
         fix = self.fix
         flags = out  # unused with the inline fix-up
         if fix is not None:
             flags = _runtime.workspace(device, stream, WS_NAN_FLAGS, self.n_tiles, torch.int32, zeroed=True)
-        self.main.launch(stream, a_desc, b_desc, a_vals, a_meta, b_fp8, out, flags, m, n, k, self.main.grid[0],
+        self.main.launch(stream, a8, b_fp8, a_vals, a_meta, b_fp8, out, flags, m, n, k, self.main.grid[0],
                          sam, sag, sbn, sbk, scm, scn)
         if fix is not None:
             fix.launch(stream, a_vals, a_meta, b_fp8, out, flags, m, n, k, sam, sag, sbn, sbk, scm, scn)
@@ -381,6 +359,11 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
     if a_vals.stride() != a_meta.stride():
         raise ValueError(f"a_meta.stride()={a_meta.stride()}: expected a_vals' strides {a_vals.stride()} "
                          "(the kernels index both with one set)")
+    # row strides of the TMA descriptors: a one-row tensor never uses its stride, so its row length stands in
+    # (out None: the new contiguous [m, n] output; an out of another shape is refused after the plan is made)
+    sam = a_vals.stride(0) if m > 1 else g
+    sbn = b_fp8.stride(0) if n > 1 else k
+    scm = out.stride(0) if out is not None and out.dim() == 2 and m > 1 else n
     interp = _runtime.interpreting()
     explicit = config is not None
     gluon_ok = gluon_eligible(a_vals, a_meta, b_fp8)
@@ -423,11 +406,14 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
         per, splits = config.k_split(k)
         tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
         cluster = config.cluster_size(k)  # > 1: each program is a cluster of the tile's K slices
+        fp8, raw = shared_layouts(cluster)
+        a_desc = _runtime.Desc((m, g), (sam, 1), (config.BLOCK_M, STEP_K // 4), raw)  # a_vals, a_meta
+        descs = (_runtime.Desc((n, k), (sbn, 1), (config.BLOCK_N, STEP_K), fp8), a_desc, a_desc)
         main = _runtime.Launch(sparse_swapab_kernel, (triton.cdiv(n, config.BLOCK_N), splits // cluster,
                                                       triton.cdiv(m, config.BLOCK_M)),
-                               gluon_constexprs(config, k), n_desc=3, num_ctas=cluster)
+                               gluon_constexprs(config, k), descs=descs, num_ctas=cluster)
         ws_elems = tiles * splits * config.BLOCK_M * config.BLOCK_N if splits > 1 and cluster == 1 else 0
-        return _GluonPlan(config, main, ws_elems, tiles, shared_layouts(cluster))
+        return _GluonPlan(config, main, ws_elems, tiles)
     if isinstance(config, FusedWSConfig):
         if interp or b_fp8.device.type != "cuda":
             raise ValueError(f"config={config}: the fused Gluon kernel runs on CUDA (sm_90), not in the CPU "
@@ -438,8 +424,12 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                              f"16-byte row stride and base; got K={k}, a_vals strides {a_vals.stride()}, b_fp8 "
                              f"strides {b_fp8.stride()}")
         tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        fp8, raw, c_layout = fused_ws_layouts(config)
+        a_desc = _runtime.Desc((m, g), (sam, 1), (config.block_m, STEP_K // 4), raw)  # a_vals, a_meta
+        descs = (a_desc, a_desc, _runtime.Desc((n, k), (sbn, 1), (config.block_n, STEP_K), fp8),
+                 _runtime.Desc((m, n), (scm, 1), (config.block_m, config.block_n), c_layout))
         main = _runtime.Launch(sparse_fused_ws_kernel, (min(tiles, _runtime.num_sms(b_fp8.device)),),
-                               fused_ws_constexprs(config), n_desc=4)
+                               fused_ws_constexprs(config), descs=descs)
         return _FusedWSPlan(config, main)
     expand = isinstance(config, ExpandConfig)
     # the `tl` kernels from here on (fused, the expand pre-pass and GEMM, the NaN fix-up) index with 32-bit offsets
@@ -473,15 +463,20 @@ def _make_plan(a_vals, a_meta, b_fp8, config, nan_check_bytes, out):
                                dict(BLOCK_M=PREP_BLOCK_M, BLOCK_G=PREP_BLOCK_G, TRIGGER_DEPENDENTS=pdl),
                                num_warps=PREP_WARPS, num_stages=1)
         a8_elems = -(-(m * k) // 16) * 16  # int32-viewable
+        # TMA descriptors of the GEMM: the dense-A workspace [m, k], b, and (Gluon GEMM) c
+        fp8, c_layout = expand_gluon_layouts(config) if config.gemm == "gluon" else (None, None)
+        ab = (_runtime.Desc((m, k), (k, 1), (config.block_m, config.block_k), fp8),
+              _runtime.Desc((n, k), (sbn, 1), (config.block_n // config.n_split, config.block_k), fp8))
         if config.gemm == "gluon":
+            descs = (*ab, _runtime.Desc((m, n), (scm, 1), (config.block_m, config.block_n), c_layout))
             main = _runtime.Launch(sparse_expanded_ws_kernel, (nprog,), expand_gluon_constexprs(config, pdl),
-                                   n_desc=3, launch_pdl=pdl)
+                                   descs=descs, launch_pdl=pdl)
             return _ExpandPlan(config, prep, main, None, a8_elems, tiles)
         main = _runtime.Launch(sparse_gemm_expanded_kernel, (nprog,),
                                dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                                     GROUP_M=config.group_m, N_SPLIT=config.n_split,
                                     INLINE_FIXUP=config.nan_fixup == "inline", NAN_CHECK_BYTES=ncb, EVEN_K=even_k),
-                               n_desc=2, num_warps=config.num_warps, num_stages=config.num_stages)
+                               descs=ab, num_warps=config.num_warps, num_stages=config.num_stages)
         fix = None
         if config.nan_fixup == "launch":
             fix = _runtime.Launch(sparse_nan_fixup_kernel, (tiles,),
