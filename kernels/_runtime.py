@@ -498,8 +498,8 @@ class Launch:
             ``cluster`` not 1 .. 8 or 16, not dividing grid[0] or given with num_ctas.
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "options", "descs", "n_desc", "ck", "direct", "encodings", "_tail",
-                 "cluster", "packed", "launch_grid")
+    __slots__ = ("kernel", "grid", "constexprs", "options", "descs", "n_desc", "ck", "direct", "encodings", "ptrs",
+                 "_tail", "cluster", "packed", "launch_grid")
 
     def __init__(self, kernel, grid, constexprs: dict, *, descs=(), cluster: int = 1, **options):
         self.kernel, self.constexprs, self.options = kernel, dict(constexprs), options
@@ -524,6 +524,7 @@ class Launch:
         self.ck: Any = None
         self.direct: Any = None  # None: not looked up yet; False: not possible with this Triton
         self.encodings: dict = {}
+        self.ptrs: tuple | None = None  # positions of the tensor arguments after the descriptors (direct path)
         self._tail = tuple(self.constexprs.values())
 
     def launch(self, stream: int, *args) -> None:
@@ -564,7 +565,17 @@ class Launch:
                     self.encodings[key] = enc
             else:
                 enc = ()
-            rest = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:]]
+            # tensors go as integer pointers; a plan's call site passes tensors in the same places every call, so
+            # the first direct launch finds them and later ones only convert
+            rest = list(args[nd:])
+            ptrs = self.ptrs
+            if ptrs is None:
+                ptrs = self.ptrs = tuple(i for i, a in enumerate(rest) if isinstance(a, torch.Tensor))
+            try:
+                for i in ptrs:
+                    rest[i] = rest[i].data_ptr()
+            except AttributeError:  # a scalar where the first call had a tensor: convert by type
+                rest = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args[nd:]]
             g = self.launch_grid
             try:
                 direct.fn(g[0], g[1], g[2], stream, *direct.base, *enc, *rest, *self._tail)

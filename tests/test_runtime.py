@@ -126,6 +126,12 @@ def test_launch_direct_without_descriptors_passes_pointers(monkeypatch, compiled
     _triton_path(monkeypatch, launch, 0, x, out, 100, 0.5)
     assert len(calls) == 2 and calls[0] == calls[1]
     assert (x.data_ptr(), out.data_ptr(), 100, 0.5) == calls[0][13:17]  # pointers as integers, then scalars
+    assert launch.ptrs == (0, 1)  # the tensor places, found by the first direct launch
+    out2 = torch.full((100,), float("nan"))
+    launch.launch(0, x, out2, 100, 0.5)  # another tensor in a tensor place: its own pointer
+    assert calls[-1][13:17] == (x.data_ptr(), out2.data_ptr(), 100, 0.5)
+    launch.launch(0, x, out2.data_ptr(), 100, 0.5)  # an integer pointer where a tensor was: passed as it is
+    assert calls[-1][13:17] == (x.data_ptr(), out2.data_ptr(), 100, 0.5) and launch.direct
 
 
 def test_launch_takes_tritons_path_for_hooks_and_foreign_launchers(monkeypatch, compiled):
