@@ -20,14 +20,14 @@ plumbing:
   Launch holds the geometry of its TMA descriptors (``Desc``: shapes, strides, blocks; the plan's key fixes
   them); a call passes only their base tensors.
 
-Why direct launches. The JIT re-binds and re-specialises every argument on each call, tens of microseconds of
-Python on the GPU machine's CPU, which a CUDA-event timing of a ~5 us kernel measures as kernel time (the GPU
-waits for the launch). Triton's own launch of a CompiledKernel (``ck.run``) still re-encodes each host tensor
-descriptor (cuTensorMapEncodeTiled, ~7 us each on that CPU) and calls cuPointerGetAttribute per tensor. With
-``FAST_LAUNCH`` on, a Launch calls Triton's generated C launch function itself, with tensors as integer
-pointers and descriptor encodings cached per (pointer, shape, strides, block shape). A kept kernel is valid for
-the plan that made it only if the plan's key fixes everything Triton specialises on: dtypes, ints equal to 1 or
-divisible by 16 (shapes and strides; M is ``do_not_specialize`` where it varies) and 16-byte pointer alignment.
+Why direct launches. The JIT re-binds and re-specialises every argument on each call, tens of microseconds of Python
+on the GPU machine's CPU, which a CUDA-event timing of a ~5 us kernel measures as kernel time (the GPU waits for the
+launch). Triton's own launch of a CompiledKernel (``ck.run``) still re-encodes each host tensor descriptor
+(cuTensorMapEncodeTiled, ~7 us each on that CPU) and calls cuPointerGetAttribute per tensor. With ``FAST_LAUNCH``
+on, a Launch calls Triton's generated C launch function itself, with tensors as integer pointers and descriptor
+encodings cached per base pointers (a Launch's descriptor geometry is fixed by its plan's key). A kept kernel is
+valid for the plan that made it only if the plan's key fixes everything Triton specialises on: dtypes, ints equal to
+1 or divisible by 16 (shapes and strides; M is ``do_not_specialize`` where it varies) and 16-byte pointer alignment.
 
 The direct path needs Triton's NVIDIA launcher of the 3.4-3.6 shape (``raw_launcher`` checks it and returns
 False otherwise; the Launch then uses ``ck.run``, which is only slower). A launch hook
@@ -488,9 +488,11 @@ class Launch:
         options: compile options (num_warps, num_stages, enable_fp_fusion, ...), used by the first launch.
 
     ``launch(stream, *args)``: ``args`` are the runtime arguments in parameter order (the base tensors of the
-    ``descs`` first, then tensors, ints and floats). The first call compiles through the JIT; on a CUDA device
-    the CompiledKernel is kept and later calls launch it directly (module docstring), or through ``ck.run`` where
-    that is not possible. In the CPU interpreter every call goes through the JIT.
+    ``descs`` first, then tensors, ints and floats); a call site passes tensors in the same places on every call
+    (the direct path converts the places its first launch found; a tensor elsewhere goes to Triton's launcher as an
+    object, which is slower, or off the direct path at a scalar parameter). The first call compiles through the JIT;
+    on a CUDA device the CompiledKernel is kept and later calls launch it directly (module docstring), or through
+    ``ck.run`` where that is not possible. In the CPU interpreter every call goes through the JIT.
 
     Raises:
         TypeError: a ``descs`` entry that is not a Desc.
@@ -533,7 +535,7 @@ class Launch:
         if ck is None:
             if self.cluster > 1 and _INTERPRET:
                 raise ValueError(f"cluster={self.cluster}: the CPU interpreter has no thread-block clusters")
-            descs = tuple(d.tensor_descriptor(b, True) for d, b in zip(self.descs, args[:nd]))
+            descs = tuple(d.tensor_descriptor(b, True) for d, b in zip(self.descs, args[:nd], strict=True))
             if (self.options.get("num_ctas", 1) > 1 or self.cluster > 1) and not _INTERPRET:
                 # compile, opt in to static beside dynamic shared memory, then launch (in clusters)
                 ck = self.kernel.warmup(*descs, *args[nd:], grid=self.grid, **self.constexprs, **self.options)
@@ -582,5 +584,5 @@ class Launch:
                 return
             except (TypeError, ValueError, SystemError):  # argument packing rejected: Triton's path from now on
                 self.direct = False
-        descs = tuple(d.tensor_descriptor(b, False) for d, b in zip(self.descs, args[:nd]))
+        descs = tuple(d.tensor_descriptor(b, False) for d, b in zip(self.descs, args[:nd], strict=True))
         launch_compiled(ck, self.launch_grid, stream, (*descs, *args[nd:], *self._tail), self.packed)
