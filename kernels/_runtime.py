@@ -320,6 +320,23 @@ def workspace(device: torch.device, stream: int, name: str, numel: int, dtype: t
     return buf
 
 
+def unused_scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One-element fp32 and int32 tensors on ``device``, passed for a launch's split-K partials and arrival
+    counters where it has no split tile (the kernel never touches them). They carry the dtypes the kernel declares
+    because Triton types a pointer argument by the tensor passed and compiles a branch that no constexpr prunes:
+    an fp16 output passed as the counters made the stream-K kernel's counter atomics fp16, which failed to build on
+    the GPU. Kept per device (one pair; never freed)."""
+    key = (device.type, device.index)
+    pair = _UNUSED_SCRATCH.get(key)
+    if pair is None:
+        pair = _UNUSED_SCRATCH[key] = (torch.zeros(1, dtype=torch.float32, device=device),
+                                       torch.zeros(1, dtype=torch.int32, device=device))
+    return pair
+
+
+_UNUSED_SCRATCH: dict = {}
+
+
 def workspace_bytes() -> int:
     """Bytes held by every cached workspace (all devices and streams)."""
     return sum(b.numel() * b.element_size() for b in _WORKSPACES.values())

@@ -208,12 +208,11 @@ class _Plan:
     """One launch of one key: the path ("splitk", "tma", "gluon", "persistent" or "gemv"), the Launch (holding
     its TMA descriptors' geometry), sizes, row strides and scratch sizes."""
 
-    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "ws_elems", "n_counters", "scratch")
+    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "ws_elems", "n_counters")
 
     def __init__(self, path, launch, M, N, K, sa, sb, ws_elems, n_counters):
         self.path, self.launch, self.M, self.N, self.K, self.sa, self.sb = path, launch, M, N, K, sa, sb
         self.ws_elems, self.n_counters = ws_elems, n_counters
-        self.scratch = None  # (fp32, int32) one-element stand-ins where no tile is split (_run)
 
 
 _PLANS = PlanCache("gemm_fp16")
@@ -286,14 +285,8 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     if plan.ws_elems:
         ws = _runtime.workspace(device, stream, PARTIALS, plan.ws_elems, torch.float32)
         cnt = _runtime.workspace(device, stream, COUNTERS, plan.n_counters, torch.int32, zeroed=True)
-    else:
-        # never read, but of the declared dtypes: Triton types pointer arguments by the tensors passed, and the
-        # stream-K kernel's split-tile branch is compiled for every shape (an fp16 stand-in made its counter
-        # atomics fp16: a compile error on the GPU). The plan keeps one pair (no per-call lookup).
-        if plan.scratch is None:
-            plan.scratch = (torch.zeros(1, dtype=torch.float32, device=device),
-                            torch.zeros(1, dtype=torch.int32, device=device))
-        ws, cnt = plan.scratch
+    else:  # no split tile: never touched, but typed as the kernel declares them
+        ws, cnt = _runtime.unused_scratch(device)
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
     if plan.path == "gluon":  # descriptors of B, A and A's low part (the Launch holds their geometry)
         plan.launch.launch(stream, B, A, A, C, ws, cnt, M, N, -(-K // plan.launch.constexprs["BLOCK_K"]), N)

@@ -290,6 +290,6 @@ class Dp4aLaunch:
     def run(self, stream: int, device, weight_fp4, weight_scales, xq, gdec, out, w_gdec: float) -> None:
         M, N, K, cfg = self.M, self.N, self.K, self.config
         part, cnt = splitk_buffers(device, stream, self.split_k,
-                                   workspace_elements(self.tiles, self.split_k, cfg.BN, EPILOGUE_M), self.tiles, out)
+                                   workspace_elements(self.tiles, self.split_k, cfg.BN, EPILOGUE_M), self.tiles)
         _, scales, codes = self.x_views(xq)
         self.launch.launch(stream, weight_fp4, weight_scales, codes, scales, gdec, out, part, cnt, M, N, K)

@@ -204,5 +204,5 @@ class GemvLaunch:
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         w = weight_fp4.view(torch.int64)  # [N, K/16]: one NVFP4 block (16 codes) per int64
         ws = weight_scales.view(torch.uint8)
-        part, cnt = splitk_buffers(device, stream, self.split_k, self.split_k * self.M * self.N, self.tiles, out)
+        part, cnt = splitk_buffers(device, stream, self.split_k, self.split_k * self.M * self.N, self.tiles)
         self.launch.launch(stream, w, ws, deq, gdec, out, part, cnt, w_gdec, self.M, self.N, self.K, self.K // 16)

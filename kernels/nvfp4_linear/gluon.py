@@ -365,5 +365,5 @@ class GluonLaunch:
         M, N, K, cfg = self.M, self.N, self.K, self.config
         # store_or_reduce's tile-major split-K workspace and the per-tile arrival counters
         part, cnt = splitk_buffers(device, stream, self.split_k,
-                                   workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles, out)
+                                   workspace_elements(self.tiles, self.split_k, cfg.BN, cfg.BM), self.tiles)
         self.launch.launch(stream, weight_fp4, weight_scales, deq, deq, gdec, out, part, cnt, M, N, K)

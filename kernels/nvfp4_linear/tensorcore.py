@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import Launch, interpreting, workspace
+from .._runtime import Launch, interpreting, unused_scratch, workspace
 from .configs import TensorCoreConfig, block_k_for
 from .decode import DECODE_BITS_PTX, DECODE_WORD_PTX, decode_bits_portable, decode_word_portable
 
@@ -149,12 +149,12 @@ def nvfp4_linear_kernel(
 
 
 
-def splitk_buffers(device: torch.device, stream: int, split_k: int, partials: int, tiles: int, out):
+def splitk_buffers(device: torch.device, stream: int, split_k: int, partials: int, tiles: int):
     """(partials, counters) for a launch with ``tiles`` output tiles and ``partials`` fp32 partial elements (the
-    layout is the kernel's): the per-(device, stream) workspaces when split_k > 1, else ``out`` twice (the kernels
-    do not touch them)."""
+    layout is the kernel's): the per-(device, stream) workspaces when split_k > 1, else ``unused_scratch`` (the
+    kernels do not touch them)."""
     if split_k == 1:
-        return out, out
+        return unused_scratch(device)
     return (workspace(device, stream, PARTIALS_WORKSPACE, partials, torch.float32),
             workspace(device, stream, COUNTERS_WORKSPACE, max(tiles, 4096), torch.int32, zeroed=True))
 
@@ -182,5 +182,5 @@ class TensorCoreLaunch:
     def run(self, stream: int, device, weight_fp4, weight_scales, deq, gdec, out, w_gdec: float) -> None:
         w = weight_fp4.view(torch.int32)  # [N, K/8]: 8 codes per word (K % 16 == 0)
         ws = weight_scales.view(torch.int32 if self.scale_words else torch.uint8)  # [N, K/64] or [N, K/16]
-        part, cnt = splitk_buffers(device, stream, self.split_k, self.split_k * self.M * self.N, self.tiles, out)
+        part, cnt = splitk_buffers(device, stream, self.split_k, self.split_k * self.M * self.N, self.tiles)
         self.launch.launch(stream, w, ws, deq, gdec, out, part, cnt, w_gdec, self.M, self.N, self.K)

@@ -204,7 +204,7 @@ class _GluonPlan:
             ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
             cnt = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
         else:
-            ws = cnt = out  # not read by the kernel
+            ws, cnt = _runtime.unused_scratch(device)
         m = a_vals.shape[0]
         n, k = b_fp8.shape
         self.main.launch(stream, b_fp8, a_vals, a_meta, b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m,
@@ -245,7 +245,7 @@ class _GemvPlan:
 
 class _FusedPlan:
     """One launch of sparse_gemm_fp4_fp8_kernel; ``ws_elems`` fp32 split-K partials and ``n_tiles`` counters
-    (0 partials without split-K: ``out`` stands in for the unused workspace pointers)."""
+    (0 partials without split-K: ``_runtime.unused_scratch`` in their places)."""
 
     __slots__ = ("config", "main", "ws_elems", "n_tiles")
 
@@ -253,12 +253,12 @@ class _FusedPlan:
         self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
+        device = out.device
         if self.ws_elems:
-            device = out.device
             ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
             locks = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
         else:
-            ws = locks = out  # not read by the kernel
+            ws, locks = _runtime.unused_scratch(device)
         m, g = a_vals.shape
         n = b_fp8.shape[0]
         sam, sag = sa
@@ -299,7 +299,7 @@ class _ExpandPlan:
                              sam, scm)
             return
         fix = self.fix
-        flags = out  # unused with the inline fix-up
+        flags = _runtime.unused_scratch(device)[1]  # int32, unused with the inline fix-up
         if fix is not None:
             flags = _runtime.workspace(device, stream, WS_NAN_FLAGS, self.n_tiles, torch.int32, zeroed=True)
         self.main.launch(stream, a8, b_fp8, a_vals, a_meta, b_fp8, out, flags, m, n, k, self.main.grid[0],
