@@ -41,6 +41,7 @@ from .checkpoint import (
     CHECKPOINT_FORMATS,
     DEFAULT_IGNORE,
     FORMATS,
+    LAYOUTS,
     QuantizeFileError,
     TensorReport,
     _dequantize_checkpoint,
@@ -235,9 +236,14 @@ def _run(args, fmt: str, cf: str, ignore, show: bool, stop: Stop) -> int:
                                                  ignore=ignore, jobs=args.jobs, force=args.force,
                                                  progress=show and not args.dry_run, dry_run=args.dry_run,
                                                  pad=args.pad)
+            default = LAYOUTS[(cf, fmt)]  # (an unsupported pair was refused above)
             opt = (f"recipe {args.recipe}" if args.recipe else f"mode {args.mode}" if args.mode
-                   else "the layout's default recipe" if fmt == "nvfp4" else "the layout's default mode")
-            title = f"fp4ref quantize {args.input} -> {args.output} ({cf} {fmt}, {opt})"
+                   else f"recipe {default}, the layout's default" if fmt == "nvfp4"
+                   else f"mode {default}, the layout's default")
+            # an output path without .safetensors is a directory (the file goes inside it): the title says so
+            out = (f"{args.output}/" if args.output and not str(args.output).endswith("/")
+                   and Path(args.output).is_dir() else args.output)
+            title = f"fp4ref quantize {args.input} -> {out} ({cf} {fmt}, {opt})"
             if args.dry_run:
                 title = f"fp4ref quantize --dry-run {args.input} ({cf} {fmt}): nothing written"
     except (QuantizeFileError, CheckpointError, ValueError) as e:

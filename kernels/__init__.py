@@ -2,3 +2,10 @@
 
 Installed as ``fp4ref.kernels``. Nothing here runs at import time beyond defining kernels.
 """
+
+try:  # the kernels' dependencies are an extra: say which one is missing and how to install it
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(f"fp4ref.kernels needs torch and triton ({e.name} is not installed): pip install "
+                              "'fp4ref[kernels]'", name=e.name) from e

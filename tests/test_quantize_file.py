@@ -238,6 +238,12 @@ def test_small_file_round_trip(tmp_path, fmt, capsys):
     assert main([str(src), "-o", str(out), "--format", fmt]) == 0
     table = capsys.readouterr().out
     assert "a.weight" in table and "copied as is: 1-D" in table and "SQNR" in table
+    # the title names the default the layout took (fp4ref layout: TE recipe, floor mode), as the metadata does
+    shown = "recipe te" if fmt == "nvfp4" else "mode floor"
+    assert f"{shown}, the layout's default" in " ".join(table.split())
+    with safe_open(str(out), framework="np") as f:
+        meta = f.metadata()
+    assert meta["fp4ref.recipe" if fmt == "nvfp4" else "fp4ref.mode"] == shown.split()[1]
     assert main([str(out), "-o", str(deq), "--dequantize", "--quiet"]) == 0
     back = load_file(str(deq))
     block = 16 if fmt == "nvfp4" else 32
@@ -312,6 +318,15 @@ def test_python_api_errors_name_the_argument(tmp_path):
     with pytest.raises(QuantizeFileError, match=r"is already quantized .*: dequantize it first "
                                                 r"\(dequantize_checkpoint; fp4ref quantize --dequantize\)$"):
         quantize_file(out, tmp_path / "twice.safetensors")
+
+
+def test_an_output_path_without_the_suffix_is_a_directory_and_the_title_says_so(tmp_path, capsys):
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    out = tmp_path / "model.nvfp4"
+    assert main([str(src), "-o", str(out)]) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert (out / "in.safetensors").is_file() and f"-> {out}/ (" in table
 
 
 def test_bad_input_writes_nothing(tmp_path, capsys):

@@ -95,6 +95,19 @@ def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, c
     assert len(jit.jit_calls) == 1  # never back through the JIT
 
 
+@pytest.mark.parametrize("missing", ["torch", "triton"])
+def test_import_without_torch_or_triton_names_the_extra(monkeypatch, missing):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # as if not installed (restored after the test)
+    monkeypatch.delitem(sys.modules, "fp4ref.kernels")
+    with pytest.raises(ModuleNotFoundError, match=rf"^fp4ref\.kernels needs torch and triton \({missing} is not "
+                                                  r"installed\): pip install 'fp4ref\[kernels\]'$") as info:
+        importlib.import_module("fp4ref.kernels")
+    assert info.value.name == missing and isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
 def test_desc_views_its_base_as_its_dtype_and_launch_takes_only_descs():
     """A geometry with a dtype (NVFP4 codes / scale bytes as uint8) views the base it is given, on the validated
     first-launch descriptor and on the encoding one alike, without copying; the caller's tensor is not changed.
