@@ -97,15 +97,36 @@ def test_launch_direct_passes_what_triton_passes_with_descriptors(monkeypatch, c
 
 @pytest.mark.parametrize("missing", ["torch", "triton"])
 def test_import_without_torch_or_triton_names_the_extra(monkeypatch, missing):
-    import importlib
+    import importlib.util
     import sys
 
+    # the package's own file executed again (installed or registered by conftest alike), as a fresh import would
+    spec = sys.modules["fp4ref.kernels"].__spec__
     monkeypatch.setitem(sys.modules, missing, None)  # as if not installed (restored after the test)
-    monkeypatch.delitem(sys.modules, "fp4ref.kernels")
     with pytest.raises(ModuleNotFoundError, match=rf"^fp4ref\.kernels needs torch and triton \({missing} is not "
                                                   r"installed\): pip install 'fp4ref\[kernels\]'$") as info:
-        importlib.import_module("fp4ref.kernels")
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert info.value.name == missing and isinstance(info.value.__cause__, ModuleNotFoundError)
+
+
+def test_import_with_a_broken_torch_install_keeps_its_own_error(monkeypatch):
+    """A module torch itself cannot find (a broken install, not the missing extra) keeps its own error."""
+    import builtins
+    import importlib.util
+    import sys
+
+    spec = sys.modules["fp4ref.kernels"].__spec__
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name == "torch":
+            raise ModuleNotFoundError("No module named 'sympy'", name="sympy")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'sympy'$") as info:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert info.value.name == "sympy"
 
 
 def test_desc_views_its_base_as_its_dtype_and_launch_takes_only_descs():
