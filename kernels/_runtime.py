@@ -325,11 +325,11 @@ def unused_scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     counters where it has no split tile (the kernel never touches them). They carry the dtypes the kernel declares
     because Triton types a pointer argument by the tensor passed and compiles a branch that no constexpr prunes:
     an fp16 output passed as the counters made the stream-K kernel's counter atomics fp16, which failed to build on
-    the GPU. Kept per device (one pair; never freed)."""
-    key = (device.type, device.index)
-    pair = _UNUSED_SCRATCH.get(key)
+    the GPU. Kept per device (one pair; never freed), keyed by the device itself: a lookup on every call costs
+    about as much as a cached attribute."""
+    pair = _UNUSED_SCRATCH.get(device)
     if pair is None:
-        pair = _UNUSED_SCRATCH[key] = (torch.zeros(1, dtype=torch.float32, device=device),
+        pair = _UNUSED_SCRATCH[device] = (torch.zeros(1, dtype=torch.float32, device=device),
                                        torch.zeros(1, dtype=torch.int32, device=device))
     return pair
 

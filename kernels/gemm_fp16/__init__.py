@@ -208,12 +208,11 @@ class _Plan:
     """One launch of one key: the path ("splitk", "tma", "gluon", "persistent" or "gemv"), the Launch (holding
     its TMA descriptors' geometry), sizes, row strides and scratch sizes."""
 
-    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "ws_elems", "n_counters", "scratch")
+    __slots__ = ("path", "launch", "M", "N", "K", "sa", "sb", "ws_elems", "n_counters")
 
     def __init__(self, path, launch, M, N, K, sa, sb, ws_elems, n_counters):
         self.path, self.launch, self.M, self.N, self.K, self.sa, self.sb = path, launch, M, N, K, sa, sb
         self.ws_elems, self.n_counters = ws_elems, n_counters
-        self.scratch = None  # _runtime.unused_scratch of the plan's device, kept at its first call without a split
 
 
 _PLANS = PlanCache("gemm_fp16")
@@ -287,9 +286,7 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
         ws = _runtime.workspace(device, stream, PARTIALS, plan.ws_elems, torch.float32)
         cnt = _runtime.workspace(device, stream, COUNTERS, plan.n_counters, torch.int32, zeroed=True)
     else:  # no split tile: never touched, but typed as the kernel declares them
-        if plan.scratch is None:
-            plan.scratch = _runtime.unused_scratch(device)
-        ws, cnt = plan.scratch
+        ws, cnt = _runtime.unused_scratch(device)
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
     if plan.path == "gluon":  # descriptors of B, A and A's low part (the Launch holds their geometry)
         plan.launch.launch(stream, B, A, A, C, ws, cnt, M, N, -(-K // plan.launch.constexprs["BLOCK_K"]), N)
