@@ -300,14 +300,15 @@ def test_config_table_is_sorted_and_covers_every_m():
             assert cfg is next((c for b, c in table.rows if M <= b), table.larger)
             assert mod.NUMERIC_CONTRACT.config_for(M, 3072, 2048, interp) is cfg
     assert mod.pick_config(10**6, 3072, 2048, interpreter=False) is mod.CONFIGS.larger
-    assert mod.pick_config(300, 3072, 2048, interpreter=True) == mod.pick_config(300, 3072, 2048, interpreter=False)
+    assert mod.pick_config(2053, 3072, 2048, interpreter=True) == mod.pick_config(2053, 3072, 2048, interpreter=False)
+    assert mod.pick_config(972, 3072, 2048, interpreter=False) == mod.PersistentConfig(128, 192, 32, 7, 8, 0)
     # the paths by M that the module docstring names (the checks above compare the pick with the tables only)
     paths = {M: (type(mod.pick_config(M, 3072, 2048, interpreter=False)),
-                 type(mod.pick_config(M, 3072, 2048, interpreter=True))) for M in (1, 2, 3, 17, 255, 256, 257, 8192)}
+                 type(mod.pick_config(M, 3072, 2048, interpreter=True))) for M in (1, 2, 3, 17, 255, 256, 257, 972, 8192)}
     assert {M: p for M, p in paths.items() if M <= 256} == {
         1: (mod.GemvConfig, S), 2: (mod.GemvConfig, S), 3: (mod.GluonConfig, S), 17: (mod.GluonConfig, S),
         255: (mod.GluonConfig, S), 256: (mod.GluonConfig, S)}, paths
-    assert all(gpu is interp and gpu in (mod.PersistentConfig, T) for M, (gpu, interp) in paths.items() if M > 256)
+    assert all(gpu in (mod.PersistentConfig, T) and interp is T for M, (gpu, interp) in paths.items() if M > 256)
 
 
 def test_pick_config_checks_sizes():

@@ -105,7 +105,7 @@ def test_table_serves_small_m_with_gluon_on_the_gpu_and_tl_in_the_interpreter():
     for M in range(1, 257):  # M = 1-2: the GEMV path (tests/test_kernel_gemm_fp16_gemv.py)
         assert isinstance(mod.pick_config(M, N, K, interpreter=False), mod.GemvConfig if M <= 2 else GluonConfig)
         assert isinstance(mod.pick_config(M, N, K, interpreter=True), mod.SplitKConfig)
-    assert isinstance(mod.pick_config(257, N, K, interpreter=False), mod.TmaConfig)
+    assert isinstance(mod.pick_config(257, N, K, interpreter=False), mod.PersistentConfig)  # (128 x 192 tiles)
 
 
 @pytest.mark.parametrize("cfg", TABLE + VARIANTS, ids=repr)

@@ -30,14 +30,26 @@ P = mod.PersistentConfig
 T = mod.TmaConfig
 ON_GPU = torch.cuda.is_available()
 NAN = float("nan")
-BUILDS = [P(128, 256, 64, 3, 8, 0), P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1), P(64, 256, 32, 6, 4, 2)]
+def _table_and_tune_candidates():
+    from fp4ref.kernels.gemm_fp16.bench import tune_buckets
+    return [c for _, c in mod.CONFIGS.rows if isinstance(c, P)] + [
+        c for _, _, cands in tune_buckets() for c in cands if isinstance(c, P)]
+
+
+# (plus the table's and every --tune candidate: a config the tuner may write into the table)
+BUILDS = list(dict.fromkeys([P(128, 256, 64, 3, 8, 0), P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1),
+                             P(64, 256, 32, 6, 4, 2), P(128, 192, 64, 4, 8, 0), P(64, 192, 64, 5, 8, 0),
+                             *_table_and_tune_candidates()]))
 
 
 def _build(cfg):
-    la, lb, lc = persistent_layouts(cfg)
+    la, lb, lb2, lc, lc2 = persistent_layouts(cfg)
+    hi, lo = _runtime.m_parts(cfg.BLOCK_N)
     sig = {"a_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_K], la),
-           "b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], lb),
-           "c_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_N], lc),
+           "b_desc": gluon_tensordesc("fp16", [hi, cfg.BLOCK_K], lb),
+           "b2_desc": gluon_tensordesc("fp16", [lo or hi, cfg.BLOCK_K], lb2),
+           "c_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, hi], lc),
+           "c2_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, lo or hi], lc2),
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     return compile_for_sm90(gemm_persistent_kernel, sig, persistent_constexprs(cfg), num_warps=cfg.num_warps,
                             divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"])
@@ -60,6 +72,7 @@ def test_config_builds_for_sm90(cfg):
     (dict(BLOCK_M=256), ValueError, "BLOCK_M=256"), (dict(BLOCK_N=32), ValueError, "BLOCK_N=32"),
     (dict(BLOCK_K=16), ValueError, "BLOCK_K=16"), (dict(STAGES=1), ValueError, "STAGES=1"),
     (dict(GROUP_M=3), ValueError, "GROUP_M=3"), (dict(STREAM_K=3), ValueError, "STREAM_K=3"),
+    (dict(BLOCK_N=96, STREAM_K=0), ValueError, "BLOCK_N=96"), (dict(BLOCK_N=192), ValueError, "whole tiles only"),
     (dict(BLOCK_K=128, STAGES=3), ValueError, "shared memory for STAGES"), (dict(STAGES=3.0), TypeError, "STAGES"),
 ])
 def test_bad_configs_raise(kw, exc, words):
@@ -128,6 +141,12 @@ CASES = [
     (P(128, 128, 64, 4, 4, 2), 129, 1032, 4096),
     (P(64, 256, 32, 6, 4, 1), 5, 256, 512),
     (P(128, 256, 64, 3, 8, 0), 700, 1000, 640),
+    # two column parts: the workload's M = 972; N = 520 ends in a part of 8 columns; N = 1000 in a high part of 40
+    # and a low part wholly past N
+    (P(128, 192, 64, 4, 8, 0), 972, 3072, 2048),
+    (P(128, 192, 32, 7, 8, 0), 1536, 3072, 2048),  # 192 tiles: CTAs with two, the stores of one overlap the next
+    (P(128, 192, 64, 3, 4, 0), 300, 520, 1000),
+    (P(64, 192, 64, 5, 8, 0), 129, 1000, 512),
 ]
 _TL_MODE = {0: 3, 1: 1, 2: 2}  # PersistentConfig.STREAM_K -> the tl kernel's mode with the same schedule
 
@@ -150,8 +169,9 @@ def test_within_bound_deterministic_and_equal_to_the_tl_stream_k_kernel(case):
     c1 = _run(A, B, cfg)
     c2 = _run(A, B, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
-    tl_cfg = T(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=3, GROUP_M=cfg.GROUP_M,
-               STREAM_K=_TL_MODE[cfg.STREAM_K])
+    # (a two-part tile's elements have the one-part tile's chains: the tl kernel with 128-wide tiles)
+    tl_cfg = T(cfg.BLOCK_M, 128 if cfg.BLOCK_N == 192 else cfg.BLOCK_N, cfg.BLOCK_K, num_warps=cfg.num_warps,
+               num_stages=3, GROUP_M=cfg.GROUP_M, STREAM_K=_TL_MODE[cfg.STREAM_K])
     assert torch.equal(c1.view(torch.int16), _run(A, B, tl_cfg).view(torch.int16))
     device = A.device
     cnt = _runtime.workspace(device, _runtime.current_stream(device), mod.COUNTERS, 1, torch.int32, zeroed=True)
@@ -167,7 +187,8 @@ def test_within_bound_deterministic_and_equal_to_the_tl_stream_k_kernel(case):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cfg", [P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1)], ids=repr)
+@pytest.mark.parametrize("cfg", [P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1), P(128, 192, 64, 4, 8, 0)],
+                         ids=repr)
 def test_exact_accumulation_is_correctly_rounded(cfg):
     M, N, K = 260, 3072, 2048
     rng = np.random.default_rng(5)

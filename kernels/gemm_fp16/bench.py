@@ -279,7 +279,8 @@ def gluon_candidates(M: int):
     return list(dict.fromkeys(out + ([table] if isinstance(table, GluonConfig) else [])))
 
 
-TUNE_M = (1, 16, 32, 64, 72, 128, 136, 200, 256, 972, 2053, 2379, 8192)  # --tune's sample sizes (a subset of 43)
+# --tune's sample sizes: 11 of the 43 and 1280 / 1536 (buckets between the workload's sizes)
+TUNE_M = (1, 16, 32, 64, 72, 128, 136, 200, 256, 972, 1280, 1536, 2053, 2379, 8192)
 
 
 def tune_buckets():
@@ -299,7 +300,8 @@ def tune_buckets():
       128x128 tiles (192), 64x256 tiles (192), split-K 2 (192/384 units, the deterministic last-arrival sum) and
       PROGRAMS_PER_SM 4 (grid = all units: the hardware scheduler balances the tail).
     * M >= 972, the Gluon persistent kernel (``PersistentConfig``: warp-specialized, TMA-store epilogue) with the
-      same stream-K schedules (0: whole tiles, 1: all tiles, 2: the last partial wave), 128x256 and 128x128.
+      same stream-K schedules (0: whole tiles, 1: all tiles, 2: the last partial wave), 128x256 and 128x128, and
+      its 128x192 whole tiles (two column parts).
     """
     from . import PersistentConfig as P, SplitKConfig as S, TmaConfig as T
 
@@ -354,8 +356,10 @@ def tune_buckets():
                                             # 3: data-parallel only, the loop flattened over (tile, K)
                                             (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
+    # (128 x 192 whole tiles: 16 column tiles of N = 3072, 128 tiles at M = 972)
     persistent = [P(bm, bn, 64, st, 8, sk) for bm, bn, st, sk in ((128, 256, 3, 0), (128, 256, 3, 1), (128, 256, 3, 2),
-                                                                (128, 128, 5, 0), (128, 128, 5, 2))]
+                                                                (128, 128, 5, 0), (128, 128, 5, 2), (128, 192, 4, 0),
+                                                                (128, 192, 3, 0))]
     stream_k += persistent
     return [
         (16, (1, 16), ptr(16, small) + tma_small),
@@ -364,7 +368,12 @@ def tune_buckets():
         (128, (72, 128), mid),
         (192, (136,), mid),
         (256, (200, 256), mid + large[:1]),
-        (1536, (972,), stream_k + large + fill_972),
+        # (the rows between 972 and 2053 follow the waves of 132 SMs: 128 x 192 tiles make 16 column tiles of
+        # N = 3072, so <= 8 row tiles (1024 rows) are one wave and 12-16 (1409-2048) two, where 128 x 256 tiles
+        # make one wave up to 1408 rows and two above)
+        (1024, (972,), stream_k + large + fill_972),
+        (1408, (1280,), stream_k + large),
+        (2048, (1536,), stream_k + large),
         (4096, (2053, 2379), stream_k + large),
         (None, (8192,), stream_k + large),
     ]

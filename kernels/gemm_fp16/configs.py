@@ -241,7 +241,9 @@ class PersistentConfig:
     """A launch of the Gluon persistent kernel (``persistent.gemm_persistent_kernel``; sm_90 only, large M).
 
     BLOCK_M: rows of A and C per tile, 64 per consumer warpgroup (64 or 128; ``num_warps`` = BLOCK_M // 16).
-    BLOCK_N: rows of B (= columns of C) per tile, the wgmma N width (64, 128 or 256).
+    BLOCK_N: rows of B (= columns of C) per tile: the wgmma N width (64, 128 or 256), or 192 = 128 + 64 in two
+        column parts (``m_parts``; two wgmmas per K step, one accumulator each, whole tiles only: STREAM_K 0), so
+        that N = 3072 makes 16 column tiles (128 tiles at M = 972: 0.97 of a 132-SM wave, against 96 of 128 x 256).
     BLOCK_K: K per ring step (32, 64 or 128).
     STAGES: depth of the TMA / mbarrier ring (>= 2).
     GROUP_M: row tiles per group of the grouped tile order (a power of two).
@@ -269,8 +271,8 @@ class PersistentConfig:
         _runtime.check_int_fields(self, "BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "GROUP_M", "STREAM_K")
         if self.BLOCK_M not in (64, 128):
             raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected 64 or 128 (one or two warpgroups)")
-        if self.BLOCK_N not in (64, 128, 256):
-            raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 (the wgmma N width)")
+        if self.BLOCK_N not in (64, 128, 192, 256):
+            raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 (the wgmma N width) or 192 (128 + 64)")
         if self.BLOCK_K not in (32, 64, 128):
             raise ValueError(f"BLOCK_K={self.BLOCK_K}: expected 32, 64 or 128")
         if self.STAGES < 2:
@@ -279,6 +281,9 @@ class PersistentConfig:
             raise ValueError(f"GROUP_M={self.GROUP_M}: expected a power of two >= 1")
         if self.STREAM_K not in (0, 1, 2):
             raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, 1 or 2")
+        if self.BLOCK_N == 192 and self.STREAM_K:
+            raise ValueError(f"BLOCK_N=192 (two column parts) runs whole tiles only: expected STREAM_K=0, got "
+                             f"STREAM_K={self.STREAM_K}")
         if self.shared_bytes > SM90_MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for STAGES x (BLOCK_M + BLOCK_N) x "
                              f"BLOCK_K ring and the C tile (sm_90 limit {SM90_MAX_SHARED_BYTES})")
@@ -300,13 +305,13 @@ class PersistentConfig:
 # winner has SPLIT_K = 1: the split-K reduction's serial tail cost ~1 us more than the extra SMs gained; 48 CTAs of
 # BLOCK_N = 64 with a deep ring of 128-wide K tiles keep ~100 KB of B in flight per SM). Larger M: 128 x 256 TMA
 # tiles in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's
-# loads overlap this tile's store). docs/kernels.md and docs/benchmarks.md.
-# M > 256 (both tables; the rows follow the tune's buckets)
-_LARGE_M_ROWS = (
-    (1536, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)),
-    (4096, TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)),
-)
+# loads overlap this tile's store). On a GPU, where fewer waves of 132 SMs result, the persistent Gluon kernel's
+# 128 x 192 whole tiles (16 column tiles of N = 3072): M = 257-1024 (<= 128 tiles, one wave, against 96 tiles of
+# 128 x 256 at M = 972) and 1409-2048 (two waves against two of the larger tiles). docs/kernels.md and
+# docs/benchmarks.md.
+_TMA_LARGE = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)
 _LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)
+_P192 = PersistentConfig(BLOCK_M=128, BLOCK_N=192, BLOCK_K=32, STAGES=7, GROUP_M=8, STREAM_K=0)
 _G = GluonConfig
 CONFIGS = ConfigTable(
     rows=(
@@ -322,13 +327,16 @@ CONFIGS = ConfigTable(
         (160, _G(BLOCK_N=64, BLOCK_M=80, BLOCK_K=128, STAGES=6)),  # two M tiles of 64 + 16 rows
         (192, _G(BLOCK_N=64, BLOCK_M=96, BLOCK_K=128, STAGES=5)),  # two M tiles of 64 + 32 rows
         (256, _G(BLOCK_N=64, BLOCK_M=128, BLOCK_K=64, STAGES=8)),
-        *_LARGE_M_ROWS,
+        (1024, _P192),
+        (1408, _TMA_LARGE),
+        (2048, _P192),
+        (4096, _TMA_LARGE),
     ),
     larger=_LARGEST_M,
 )
 
 # The table in the Triton CPU interpreter (no Gluon there): the ``tl`` paths, chosen on the H200 before the Gluon
-# path existed (small M: pointer-load split-K; large M as CONFIGS). Also correct on a GPU.
+# path existed (small M: pointer-load split-K; large M: the 128 x 256 TmaConfigs). Also correct on a GPU.
 INTERPRETER_CONFIGS = ConfigTable(
     rows=(
         (16, SplitKConfig(16, 32, 128, SPLIT_K=4, num_warps=4, num_stages=4)),
@@ -337,7 +345,7 @@ INTERPRETER_CONFIGS = ConfigTable(
         (128, SplitKConfig(128, 64, 128, SPLIT_K=2, num_warps=8, num_stages=4)),
         (192, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
         (256, SplitKConfig(64, 128, 64, SPLIT_K=1, num_warps=4, num_stages=4)),
-        *_LARGE_M_ROWS,
+        (4096, _TMA_LARGE),
     ),
     larger=_LARGEST_M,
 )

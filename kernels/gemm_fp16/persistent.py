@@ -28,8 +28,13 @@ the staggered K ranges feed the tensor cores more slowly than whole tiles do; do
   (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one group in flight, and stores.
 * epilogue: a whole tile is rounded once to fp16 (RNE) into shared memory and stored by TMA (rows >= M and
   columns >= N clipped), overlapping the next piece's main loop; a split tile's finisher stores the same way.
+* two column parts (BLOCK_N = 192 = 128 + 64, ``m_parts``; whole tiles only): Triton's tensors are powers of two,
+  so each K step loads B's two boxes into two rings and issues one wgmma per part into its own accumulator, and
+  the epilogue stores the two parts. N = 3072 then makes 16 column tiles, so M <= 1024 is one wave of 128 tiles
+  (against 96 of 128 x 256 at M = 972, which leave 36 of 132 SMs idle).
 
-Numerics: each piece is one ``hopper_fp16_wgmma`` chain over its K-iterations; a split tile's pieces are summed
+Numerics: each piece is one ``hopper_fp16_wgmma`` chain over its K-iterations (a two-part tile's elements have
+the one-part tile's chains); a split tile's pieces are summed
 in K order in fp32 RN (``configs.accumulation_model`` bounds both with the schedule of the launch). There is no
 CPU interpreter for Gluon: the CPU tests build every config for sm_90 (kernels/_sm90.py), the GPU tests run it.
 """
@@ -39,23 +44,27 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .._gluon import grouped_tile, invalidate_ring, release_slot, tma_store_tile, ws_shared
+from .._gluon import grouped_tile, invalidate_ring, m_parts, release_slot, tma_store_tile, ws_shared
 
 __all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layouts"]
 
 
 def persistent_layouts(config):
-    """The NVMMA shared-memory layouts of the A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K] fp16 tiles (the TMA
-    destinations and wgmma operands) and of the C tile [BLOCK_M, BLOCK_N] (the TMA store's source)."""
-    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_K], gl.float16),
-            gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16),
-            gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_N], gl.float16))
+    """The NVMMA shared-memory layouts of the A tile [BLOCK_M, BLOCK_K], of B's two column parts [hi, BLOCK_K] and
+    [lo, BLOCK_K] (``m_parts(BLOCK_N)``; a one-part tile's second is its first) (the TMA destinations and wgmma
+    operands) and of C's two parts [BLOCK_M, hi] and [BLOCK_M, lo] (the TMA stores' sources)."""
+    hi, lo = m_parts(config.BLOCK_N)
+    f = gl.NVMMASharedLayout.get_default_for
+    b, c = f([hi, config.BLOCK_K], gl.float16), f([config.BLOCK_M, hi], gl.float16)
+    return (f([config.BLOCK_M, config.BLOCK_K], gl.float16), b, f([lo, config.BLOCK_K], gl.float16) if lo else b,
+            c, f([config.BLOCK_M, lo], gl.float16) if lo else c)
 
 
 def persistent_constexprs(config) -> dict:
     """``gemm_persistent_kernel``'s constexpr arguments for ``config``, in parameter order."""
-    return dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
-                GROUP_M=config.GROUP_M, STREAM_K=config.STREAM_K, num_warps=config.num_warps)
+    return dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_N_LO=m_parts(config.BLOCK_N)[1],
+                BLOCK_K=config.BLOCK_K, STAGES=config.STAGES, GROUP_M=config.GROUP_M, STREAM_K=config.STREAM_K,
+                num_warps=config.num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,10 +110,12 @@ def _owner(i, base, extra):
 # Producer partition (1 warp)
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, kt0, kt1, step,
-                BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
-    """TMA K-iterations kt0..kt1-1 of one tile into the ring from ring step ``step``; returns the next step."""
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+def _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, off_m, off_n, kt0, kt1, step,
+                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, BLOCK_N_LO: gl.constexpr):
+    """TMA K-iterations kt0..kt1-1 of one tile (with BLOCK_N_LO, B's rows in two parts: b_desc's block rows from
+    off_n, then b2_desc's) into the ring from ring step ``step``; returns the next step."""
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        b2_desc.block_type.nbytes if BLOCK_N_LO > 0 else 0)
     for kk in range(kt0, kt1):
         s = step % STAGES
         mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh barriers: parity 1 counts as complete
@@ -112,14 +123,17 @@ def _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, kt0,
         mbarrier.expect(bar, nbytes)
         tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
         tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
+        if BLOCK_N_LO > 0:
+            tma.async_copy_global_to_shared(b2_desc, [off_n + b_desc.block_type.shape[0], kk * BLOCK_K], bar,
+                                            b2_bufs.index(s))
         step += 1
     return step
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              STREAM_K: gl.constexpr):
+def _producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr, STREAM_K: gl.constexpr):
     num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile = _schedule(
         M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STREAM_K)
     step = 0
@@ -127,12 +141,12 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M: gl
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         kt0 = gl.maximum(it - tile * k_tiles, 0)
         kt1 = gl.minimum(it_end - tile * k_tiles, k_tiles)
-        step = _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m * BLOCK_M, pid_n * BLOCK_N, kt0,
-                           kt1, step, BLOCK_K, STAGES)
+        step = _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, pid_m * BLOCK_M,
+                           pid_n * BLOCK_N, kt0, kt1, step, BLOCK_K, STAGES, BLOCK_N_LO)
     for tile in range(sk_tiles + gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):  # whole tiles
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        step = _load_piece(a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m * BLOCK_M, pid_n * BLOCK_N, 0,
-                           k_tiles, step, BLOCK_K, STAGES)
+        step = _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, pid_m * BLOCK_M,
+                           pid_n * BLOCK_N, 0, k_tiles, step, BLOCK_K, STAGES, BLOCK_N_LO)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -157,6 +171,27 @@ def _mma_piece(a_bufs, b_bufs, ready, empty, step, nk, acc_layout: gl.constexpr,
 
 
 @gluon.jit
+def _mma_piece_2(a_bufs, b_bufs, b2_bufs, ready, empty, step, nk, acc_layout: gl.constexpr,
+                 acc2_layout: gl.constexpr, BLOCK_M: gl.constexpr, BN_HI: gl.constexpr, BN_LO: gl.constexpr,
+                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """``_mma_piece`` of a two-part tile: per ring step one wgmma per column part into its own accumulator (each
+    element's chain is the one-part tile's), both in one group, one group in flight. Returns (acc, acc2)."""
+    acc = gl.zeros([BLOCK_M, BN_HI], gl.float32, acc_layout)
+    acc2 = gl.zeros([BLOCK_M, BN_LO], gl.float32, acc2_layout)
+    for i in range(nk):
+        s = (step + i) % STAGES
+        mbarrier.wait(ready.index(s), ((step + i) // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+        acc2 = warpgroup_mma(a_bufs.index(s), b2_bufs.index(s).permute((1, 0)), acc2, is_async=True)
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))  # this step's two stay in flight
+        if i > 0:
+            release_slot(empty, step + i - 1, STAGES, num_warps)
+    acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+    release_slot(empty, step + nk - 1, STAGES, num_warps)
+    return acc, acc2
+
+
+@gluon.jit
 def _store_tile(acc, c_smem, c_desc, off_m, off_n):
     """Round once to fp16 and TMA-store, after the previous store from ``c_smem`` has read it."""
     tma.store_wait(pendings=0)
@@ -178,11 +213,12 @@ def _finish_split(acc, ws_tile, slot_stride, offs, n_pieces, cnt, c_smem, c_desc
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, N, K,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr):
+def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M, N, K,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr,
+              STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr):
+    BN_HI: gl.constexpr = BLOCK_N - BLOCK_N_LO
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN_HI, 16])
     num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile = _schedule(
         M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STREAM_K)
     G = gl.num_programs(0)
@@ -226,10 +262,18 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, 
                                       pid_m * BLOCK_M, pid_n * BLOCK_N, True)
     for tile in range(sk_tiles + gl.program_id(0), num_pid_m * num_pid_n, G):  # whole tiles
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, k_tiles, acc_layout, BLOCK_M, BLOCK_N, STAGES,
-                         num_warps)
+        if BLOCK_N_LO > 0:  # two column parts (whole tiles only: the config checks STREAM_K == 0)
+            acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N_LO, 16])
+            acc, acc2 = _mma_piece_2(a_bufs, b_bufs, b2_bufs, ready, empty, step, k_tiles, acc_layout, acc2_layout,
+                                     BLOCK_M, BN_HI, BLOCK_N_LO, STAGES, num_warps)
+            _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)  # (waits for both parts' stores)
+            tma_store_tile(acc2, c2_smem, c2_desc, pid_m * BLOCK_M, pid_n * BLOCK_N + BN_HI)
+        else:
+            acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, k_tiles, acc_layout, BLOCK_M, BLOCK_N, STAGES,
+                             num_warps)
+            _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
         step += k_tiles
-        _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
     tma.store_wait(pendings=0)
 
 
@@ -238,21 +282,28 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, 
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit(do_not_specialize=["M"])  # one build for every M of a config
 def gemm_persistent_kernel(
-    # TMA descriptors: A [M, K] fp16 (block [BLOCK_M, BLOCK_K]), B [N, K] fp16 (block [BLOCK_N, BLOCK_K]), C [M, N]
-    # fp16 (block [BLOCK_M, BLOCK_N])
-    a_desc, b_desc, c_desc,
+    # TMA descriptors: A [M, K] fp16 (block [BLOCK_M, BLOCK_K]); B [N, K] fp16 in its column parts (``m_parts(
+    # BLOCK_N)``: blocks [hi, BLOCK_K] and [lo, BLOCK_K]; a one-part tile never reads b2_desc); C [M, N] fp16 in the
+    # same parts (blocks [BLOCK_M, hi] and [BLOCK_M, lo])
+    a_desc, b_desc, b2_desc, c_desc, c2_desc,
     # stream-K scratch: fp32 partial tiles [max pieces, stream-K tiles, BLOCK_M * BLOCK_N] and int32 arrival
     # counters [stream-K tiles], 0 between launches (never read without a split tile)
     ws_ptr, cnt_ptr,
     M, N, K,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr,
+    STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
 ):
+    gl.static_assert((BLOCK_N_LO == 0) | (STREAM_K == 0), "a two-part tile runs whole tiles only")
     a_bufs, b_bufs, c_smem, ready, empty = ws_shared(a_desc, b_desc, c_desc, STAGES)
+    b2_bufs = b_bufs  # a one-part tile's stand-ins: never read
+    c2_smem = c_smem
+    if BLOCK_N_LO > 0:
+        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BLOCK_N_LO, BLOCK_K], b2_desc.layout)
+        c2_smem = gl.allocate_shared_memory(c2_desc.dtype, [BLOCK_M, BLOCK_N_LO], c2_desc.layout)
     gl.warp_specialize(
-        [(_consumer, (a_bufs, b_bufs, ready, empty, c_smem, c_desc, ws_ptr, cnt_ptr, M, N, K, BLOCK_M, BLOCK_N,
-                      BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps)),
-         (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
-                      GROUP_M, STREAM_K))],
+        [(_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M, N,
+                      K, BLOCK_M, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps)),
+         (_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, BLOCK_M, BLOCK_N,
+                      BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K))],
         [1], [40])
     invalidate_ring(ready, empty, STAGES)
