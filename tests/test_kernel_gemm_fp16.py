@@ -304,11 +304,31 @@ def test_config_table_is_sorted_and_covers_every_m():
     assert mod.pick_config(972, 3072, 2048, interpreter=False) == mod.PersistentConfig(128, 192, 32, 7, 8, 0)
     # the paths by M that the module docstring names (the checks above compare the pick with the tables only)
     paths = {M: (type(mod.pick_config(M, 3072, 2048, interpreter=False)),
-                 type(mod.pick_config(M, 3072, 2048, interpreter=True))) for M in (1, 2, 3, 17, 255, 256, 257, 972, 8192)}
+                 type(mod.pick_config(M, 3072, 2048, interpreter=True)))
+             for M in (1, 2, 3, 17, 255, 256, 257, 972, 8192)}
     assert {M: p for M, p in paths.items() if M <= 256} == {
         1: (mod.GemvConfig, S), 2: (mod.GemvConfig, S), 3: (mod.GluonConfig, S), 17: (mod.GluonConfig, S),
         255: (mod.GluonConfig, S), 256: (mod.GluonConfig, S)}, paths
-    assert all(gpu in (mod.PersistentConfig, T) and interp is T for M, (gpu, interp) in paths.items() if M > 256)
+    assert all(interp is T for M, (gpu, interp) in paths.items() if M > 256)
+    # M > 256 on a GPU: 128 x 192 Gluon tiles where they need no more waves of 132 SMs than 128 x 256 tiles
+    p192 = mod.PersistentConfig(128, 192, 32, 7, 8, 0)
+    for M, want in ((257, p192), (1024, p192), (1025, T), (1408, T), (1409, p192), (2048, p192), (2049, T),
+                    (8192, T)):
+        got = mod.pick_config(M, 3072, 2048, interpreter=False)
+        assert (got == p192) if want is p192 else isinstance(got, T), (M, got)
+
+
+def test_every_large_m_row_is_a_candidate_of_its_tune_bucket():
+    """--tune keeps a bucket's row only when it times it again: a row that is not among the bucket's candidates
+    would be replaced by the best of the others."""
+    from fp4ref.kernels.gemm_fp16.bench import tune_buckets
+
+    buckets = tune_buckets()
+    large = [(b, c) for b, c in mod.CONFIGS.rows if b > 256] + [(None, mod.CONFIGS.larger)]
+    assert [b for b, _ in large] == [b for b, _, _ in buckets if b is None or b > 256]
+    for (bound, cfg), (_, ms, cands) in zip(large, [x for x in buckets if x[0] is None or x[0] > 256], strict=True):
+        assert cfg in cands, (bound, cfg)
+        assert all(M <= bound for M in ms) if bound is not None else True
 
 
 def test_pick_config_checks_sizes():

@@ -30,6 +30,8 @@ P = mod.PersistentConfig
 T = mod.TmaConfig
 ON_GPU = torch.cuda.is_available()
 NAN = float("nan")
+
+
 def _table_and_tune_candidates():
     from fp4ref.kernels.gemm_fp16.bench import tune_buckets
     return [c for _, c in mod.CONFIGS.rows if isinstance(c, P)] + [
@@ -42,17 +44,40 @@ BUILDS = list(dict.fromkeys([P(128, 256, 64, 3, 8, 0), P(128, 256, 64, 3, 8, 2),
                              *_table_and_tune_candidates()]))
 
 
-def _build(cfg):
-    la, lb, lb2, lc, lc2 = persistent_layouts(cfg)
+def _desc_blocks(cfg) -> dict:
+    """The block shape of each descriptor parameter in parameter order (a one-part tile repeats its first part's)."""
     hi, lo = _runtime.m_parts(cfg.BLOCK_N)
-    sig = {"a_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, cfg.BLOCK_K], la),
-           "b_desc": gluon_tensordesc("fp16", [hi, cfg.BLOCK_K], lb),
-           "b2_desc": gluon_tensordesc("fp16", [lo or hi, cfg.BLOCK_K], lb2),
-           "c_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, hi], lc),
-           "c2_desc": gluon_tensordesc("fp16", [cfg.BLOCK_M, lo or hi], lc2),
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    return {"a_desc": [cfg.BLOCK_M, cfg.BLOCK_K], "b_desc": [hi, cfg.BLOCK_K], "b2_desc": [lo or hi, cfg.BLOCK_K],
+            "c_desc": [cfg.BLOCK_M, hi], "c2_desc": [cfg.BLOCK_M, lo or hi]}
+
+
+def _build(cfg):
+    layouts = persistent_layouts(cfg)
+    sig = {name: gluon_tensordesc("fp16", block, layout)
+           for (name, block), layout in zip(_desc_blocks(cfg).items(), layouts, strict=True)}
+    sig |= {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     return compile_for_sm90(gemm_persistent_kernel, sig, persistent_constexprs(cfg), num_warps=cfg.num_warps,
                             divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"])
+
+
+@pytest.mark.parametrize("cfg", [P(128, 192, 32, 7, 8, 0), P(128, 256, 64, 3, 8, 2)], ids=repr)
+def test_the_plan_launches_what_the_build_test_compiles(cfg):
+    """The host plan (built on the CPU, not launched): a descriptor per leading kernel parameter, over A, B, B, C,
+    C, with the blocks and layouts the sm_90 builds above compile, and the constexprs in parameter order."""
+    M, N, K = 972, 1000, 2048  # N = 1000: the last column tile's low part lies wholly past N
+    A = torch.ones(M, K, dtype=torch.float16)
+    B = torch.ones(N, K, dtype=torch.float16)
+    plan = mod._plan(A, B, M, N, K, cfg, False)
+    names = gemm_persistent_kernel.arg_names
+    descs = dict(zip(names, plan.launch.descs))  # (zip stops at the descriptors: the leading parameters)
+    assert plan.path == "persistent" and {n: d.block_shape for n, d in descs.items()} == _desc_blocks(cfg)
+    assert [(d.shape, d.strides) for d in descs.values()] == [([M, K], [K, 1]), ([N, K], [K, 1]), ([N, K], [K, 1]),
+                                                              ([M, N], [N, 1]), ([M, N], [N, 1])]
+    assert [d.layout for d in descs.values()] == list(persistent_layouts(cfg))
+    assert list(plan.launch.constexprs) == [names[i] for i in gemm_persistent_kernel.constexprs]
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    assert plan.launch.grid[0] == (min(tiles, _runtime.num_sms(A.device)) if not cfg.STREAM_K
+                                   else _runtime.num_sms(A.device))
 
 
 @pytest.mark.parametrize("cfg", BUILDS, ids=repr)
@@ -66,6 +91,8 @@ def test_config_builds_for_sm90(cfg):
     # split tiles: the acq_rel arrival and the head's acquire read; whole tiles only: no atomics at all
     assert ("atom.global.gpu.acq_rel.add" in ptx) == bool(cfg.STREAM_K), cfg
     assert ("ld.global.gpu.acquire" in ptx) == bool(cfg.STREAM_K), cfg
+    if cfg.BLOCK_N == 192:  # each part's wgmma is its own group: waiting down to 2 retires the previous K step's
+        assert ptx.count("wgmma.commit_group.sync.aligned") == 2 and "wgmma.wait_group.sync.aligned 2;" in ptx
 
 
 @pytest.mark.parametrize("kw, exc, words", [

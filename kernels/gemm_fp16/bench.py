@@ -279,7 +279,7 @@ def gluon_candidates(M: int):
     return list(dict.fromkeys(out + ([table] if isinstance(table, GluonConfig) else [])))
 
 
-# --tune's sample sizes: 11 of the 43 and 1280 / 1536 (buckets between the workload's sizes)
+# --tune's sample sizes: 13 of the 43 and 1280 / 1536 (buckets between the workload's sizes)
 TUNE_M = (1, 16, 32, 64, 72, 128, 136, 200, 256, 972, 1280, 1536, 2053, 2379, 8192)
 
 
@@ -356,10 +356,11 @@ def tune_buckets():
                                             # 3: data-parallel only, the loop flattened over (tile, K)
                                             (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
-    # (128 x 192 whole tiles: 16 column tiles of N = 3072, 128 tiles at M = 972)
-    persistent = [P(bm, bn, 64, st, 8, sk) for bm, bn, st, sk in ((128, 256, 3, 0), (128, 256, 3, 1), (128, 256, 3, 2),
-                                                                (128, 128, 5, 0), (128, 128, 5, 2), (128, 192, 4, 0),
-                                                                (128, 192, 3, 0))]
+    # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, STREAM_K); 128 x 192 whole tiles: 16 column tiles of N = 3072, 128
+    # tiles at M = 972
+    persistent = [P(bm, bn, bk, st, 8, sk) for bm, bn, bk, st, sk in (
+        (128, 256, 64, 3, 0), (128, 256, 64, 3, 1), (128, 256, 64, 3, 2), (128, 128, 64, 5, 0), (128, 128, 64, 5, 2),
+        (128, 192, 64, 4, 0), (128, 192, 64, 3, 0), (128, 192, 32, 7, 0))]
     stream_k += persistent
     return [
         (16, (1, 16), ptr(16, small) + tma_small),

@@ -305,10 +305,10 @@ class PersistentConfig:
 # winner has SPLIT_K = 1: the split-K reduction's serial tail cost ~1 us more than the extra SMs gained; 48 CTAs of
 # BLOCK_N = 64 with a deep ring of 128-wide K tiles keep ~100 KB of B in flight per SM). Larger M: 128 x 256 TMA
 # tiles in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's
-# loads overlap this tile's store). On a GPU, where fewer waves of 132 SMs result, the persistent Gluon kernel's
-# 128 x 192 whole tiles (16 column tiles of N = 3072): M = 257-1024 (<= 128 tiles, one wave, against 96 tiles of
-# 128 x 256 at M = 972) and 1409-2048 (two waves against two of the larger tiles). docs/kernels.md and
-# docs/benchmarks.md.
+# loads overlap this tile's store). On a GPU, where they need no more waves of 132 SMs than 128 x 256 tiles, the
+# persistent Gluon kernel's 128 x 192 whole tiles (16 column tiles of N = 3072): M = 257-1024 (<= 128 tiles, one
+# wave, against 96 tiles of 128 x 256 at M = 972) and 1409-2048 (two waves against two of the larger tiles).
+# docs/kernels.md and docs/benchmarks.md.
 _TMA_LARGE = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)
 _LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)
 _P192 = PersistentConfig(BLOCK_M=128, BLOCK_N=192, BLOCK_K=32, STAGES=7, GROUP_M=8, STREAM_K=0)

@@ -25,7 +25,8 @@ the staggered K ranges feed the tensor cores more slowly than whole tiles do; do
 * warp specialization: a 1-warp producer partition TMA-loads A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K]
   into a STAGES-deep ring ("ready" barriers carry the bytes, "empty" barriers hand a slot back) and runs ahead
   across pieces and tiles, so the next piece's loads overlap this piece's fix-up or store. The default partition
-  (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one group in flight, and stores.
+  (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one K step's wgmma groups in
+  flight (one, or one per column part), and stores.
 * epilogue: a whole tile is rounded once to fp16 (RNE) into shared memory and stored by TMA (rows >= M and
   columns >= N clipped), overlapping the next piece's main loop; a split tile's finisher stores the same way.
 * two column parts (BLOCK_N = 192 = 128 + 64, ``m_parts``; whole tiles only): Triton's tensors are powers of two,
@@ -34,9 +35,9 @@ the staggered K ranges feed the tensor cores more slowly than whole tiles do; do
   (against 96 of 128 x 256 at M = 972, which leave 36 of 132 SMs idle).
 
 Numerics: each piece is one ``hopper_fp16_wgmma`` chain over its K-iterations (a two-part tile's elements have
-the one-part tile's chains); a split tile's pieces are summed
-in K order in fp32 RN (``configs.accumulation_model`` bounds both with the schedule of the launch). There is no
-CPU interpreter for Gluon: the CPU tests build every config for sm_90 (kernels/_sm90.py), the GPU tests run it.
+the one-part tile's chains); a split tile's pieces are summed in K order in fp32 RN (``configs.accumulation_model``
+bounds both with the schedule of the launch). There is no CPU interpreter for Gluon: the CPU tests build every
+config for sm_90 (kernels/_sm90.py), the GPU tests run it.
 """
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def _mma_piece_2(a_bufs, b_bufs, b2_bufs, ready, empty, step, nk, acc_layout: gl
                  acc2_layout: gl.constexpr, BLOCK_M: gl.constexpr, BN_HI: gl.constexpr, BN_LO: gl.constexpr,
                  STAGES: gl.constexpr, num_warps: gl.constexpr):
     """``_mma_piece`` of a two-part tile: per ring step one wgmma per column part into its own accumulator (each
-    element's chain is the one-part tile's), both in one group, one group in flight. Returns (acc, acc2)."""
+    element's chain is the one-part tile's), each committed as its own wgmma group; waiting down to two groups
+    keeps this step's pair in flight and retires the previous step's, whose slot goes back. Returns (acc, acc2)."""
     acc = gl.zeros([BLOCK_M, BN_HI], gl.float32, acc_layout)
     acc2 = gl.zeros([BLOCK_M, BN_LO], gl.float32, acc2_layout)
     for i in range(nk):
@@ -183,7 +185,7 @@ def _mma_piece_2(a_bufs, b_bufs, b2_bufs, ready, empty, step, nk, acc_layout: gl
         mbarrier.wait(ready.index(s), ((step + i) // STAGES) & 1)
         acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
         acc2 = warpgroup_mma(a_bufs.index(s), b2_bufs.index(s).permute((1, 0)), acc2, is_async=True)
-        acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))  # this step's two stay in flight
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2))
         if i > 0:
             release_slot(empty, step + i - 1, STAGES, num_warps)
     acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
