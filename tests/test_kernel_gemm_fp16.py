@@ -220,6 +220,37 @@ def test_bad_out_and_config_raise():
         S(64, 48, 64)
 
 
+@pytest.mark.parametrize("cls", [S, T])
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(BLOCK_M=128.0), TypeError, "BLOCK_M"), (dict(BLOCK_M="128"), TypeError, "BLOCK_M"),
+    (dict(BLOCK_M=None), TypeError, "BLOCK_M"), (dict(num_warps=True), TypeError, "num_warps"),
+    (dict(num_stages=2.5), TypeError, "num_stages"), (dict(num_stages="4"), TypeError, "num_stages"),
+    (dict(num_stages=0), ValueError, "num_stages=0"), (dict(BLOCK_M=512), ValueError, "BLOCK_M=512"),
+    (dict(BLOCK_K=2 ** 40), ValueError, "BLOCK_K="), (dict(num_warps=32), ValueError, "num_warps=32"),
+])
+def test_tl_config_fields_are_checked(cls, kw, exc, words):
+    """Every field of the tl paths' configs is typed and bounded (a float or bool reached Triton before)."""
+    with pytest.raises(exc, match=words):
+        cls(**(dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64) | kw))
+
+
+@pytest.mark.parametrize("kw, exc, words", [
+    (dict(PROGRAMS_PER_SM=2.0), TypeError, "PROGRAMS_PER_SM"), (dict(EPILOGUE_SUBTILE=2.0), TypeError, "EPILOGUE"),
+    (dict(EPILOGUE_SUBTILE=True), TypeError, "EPILOGUE"), (dict(STREAM_K=1.0), TypeError, "STREAM_K"),
+    (dict(STREAM_K=True), TypeError, "STREAM_K"), (dict(RANGE_REVERSE="no"), TypeError, "RANGE_REVERSE"),
+    (dict(RANGE_REVERSE=0), TypeError, "RANGE_REVERSE"),
+])
+def test_tma_config_fields_are_checked(kw, exc, words):
+    with pytest.raises(exc, match=words):
+        T(64, 64, 64, **kw)
+
+
+def test_pick_config_takes_a_bool_interpreter():
+    for bad in ("yes", 1, 0.0):
+        with pytest.raises(TypeError, match="interpreter"):
+            mod.pick_config(5, 16, 64, interpreter=bad)
+
+
 def _small_ints(shape, seed: int) -> torch.Tensor:
     """fp16 integers in -3..3: every product and every sum over K <= 64 is exact in fp32 and in fp16."""
     return torch.from_numpy(np.random.default_rng(seed).integers(-3, 4, shape).astype(np.float16)).to(DEVICE)

@@ -141,6 +141,8 @@ def test_config_checks_and_max_m():
                {"num_warps": 0}, {"BLOCK_N": 8, "BLOCK_K": 8192}):  # the last: 2048 products per thread
         with pytest.raises(ValueError):
             G(**kw)
+    with pytest.raises(ValueError, match="= 2048 products per thread for one row of A"):
+        G(BLOCK_N=8, BLOCK_K=8192)
     for kw in ({"BLOCK_N": 2.0}, {"num_warps": True}):
         with pytest.raises(TypeError):
             G(**kw)

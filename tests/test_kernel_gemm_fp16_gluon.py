@@ -132,7 +132,7 @@ def test_k_split_never_launches_an_empty_slice():
 def test_m_parts_are_the_wgmma_widths():
     assert [m_parts(bm) for bm in (8, 24, 48, 64, 96, 136, 192, 256)] == [
         (8, 0), (16, 8), (32, 16), (64, 0), (64, 32), (128, 8), (128, 64), (256, 0)]
-    ok = [bm for bm in range(1, 300) if _accepts(BLOCK_M=bm)]
+    ok = [bm for bm in range(1, 300) if _accepts(BLOCK_M=bm, STAGES=2)]  # (2 stages: within shared memory)
     # powers of two in 8..256 and their sums of two, written out
     assert ok == [8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 128, 136, 144, 160, 192, 256]
 
@@ -152,6 +152,7 @@ def _accepts(**kw) -> bool:
     (dict(BLOCK_N=32), "BLOCK_N=32"), (dict(num_warps=2), "num_warps=2"),
     (dict(STAGES=1), "STAGES=1"), (dict(SPLIT_K=0), "SPLIT_K=0"), (dict(BLOCK_K=256), "BLOCK_K=256"),
     (dict(BLOCK_N=128, BLOCK_M=256, num_warps=4), "accumulator registers"),
+    (dict(STAGES=1000), "shared memory"), (dict(BLOCK_M=192, STAGES=4), "262208 bytes of shared memory"),
 ])
 def test_bad_configs_raise(kw, words):
     with pytest.raises(ValueError, match=words):

@@ -49,12 +49,22 @@ class _Tiles:
     num_stages: int = 4
 
     def __post_init__(self):
+        _runtime.check_int_fields(self, "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps",
+                                  "num_stages", *self._MORE_INTS)
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps") + self._POWERS_OF_TWO:
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"{name}={v}: expected a power of two >= 1")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):  # (a TMA box is at most 256 wide; tl tiles no larger here)
+            if getattr(self, name) > 256:
+                raise ValueError(f"{name}={getattr(self, name)}: expected at most 256")
+        if self.num_warps > 16:
+            raise ValueError(f"num_warps={self.num_warps}: expected at most 16")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages={self.num_stages}: expected >= 1")
 
     _POWERS_OF_TWO = ()  # further fields a subclass requires to be powers of two
+    _MORE_INTS = ()  # further int fields of a subclass
 
     @property
     def uses_wgmma(self) -> bool:
@@ -71,7 +81,8 @@ class SplitKConfig(_Tiles):
     (L2 reuse). num_warps/num_stages: Triton launch options.
 
     Raises:
-        ValueError: a field that is not a power of two >= 1.
+        TypeError: a field that is not an int. ValueError: a size that is not a power of two >= 1, a tile size
+            above 256, num_warps above 16, num_stages < 1.
     """
 
 
@@ -98,8 +109,8 @@ class TmaConfig(_Tiles):
     split tile's head arrive last (the head path), False a tail (the last-arrival path); the tests run both.
 
     Raises:
-        ValueError: a size that is not a power of two >= 1; EPILOGUE_SUBTILE not 1 or 2; STREAM_K not 0-3, or
-            STREAM_K with SPLIT_K > 1.
+        TypeError: a field that is not an int (RANGE_REVERSE: a bool). ValueError: as SplitKConfig; EPILOGUE_SUBTILE
+            not 1 or 2; STREAM_K not 0-3, or STREAM_K with SPLIT_K > 1.
     """
 
     PROGRAMS_PER_SM: int = 1
@@ -108,13 +119,16 @@ class TmaConfig(_Tiles):
     RANGE_REVERSE: bool = True
 
     _POWERS_OF_TWO = ("PROGRAMS_PER_SM",)
+    _MORE_INTS = ("PROGRAMS_PER_SM", "EPILOGUE_SUBTILE", "STREAM_K")
 
     def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.RANGE_REVERSE, bool):
+            raise TypeError(f"RANGE_REVERSE={self.RANGE_REVERSE!r}: expected a bool")
         if self.EPILOGUE_SUBTILE not in (1, 2):
             raise ValueError(f"EPILOGUE_SUBTILE={self.EPILOGUE_SUBTILE}: expected 1 or 2")
         if self.STREAM_K not in (0, 1, 2, 3) or (self.STREAM_K and self.SPLIT_K != 1):
             raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, or 1/2/3 with SPLIT_K=1")
-        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +152,9 @@ class GluonConfig:
         runs instead (``cluster_size``; the same bits).
 
     Raises:
-        TypeError: a field of the wrong type. ValueError: a value the kernel cannot take, or an accumulator of
-            more than 128 fp32 registers per thread (it would spill).
+        TypeError: a field of the wrong type. ValueError: a value the kernel cannot take, an accumulator of
+            more than 128 fp32 registers per thread (it would spill), or shared memory over the sm_90 limit
+            (``shared_bytes``).
     """
 
     BLOCK_N: int = 64
@@ -177,6 +192,9 @@ class GluonConfig:
             if self.WARP_SPEC:
                 raise ValueError("WARP_SPEC=True: CLUSTER=True needs WARP_SPEC=False")
             check_cluster(self, self.BLOCK_N * self.BLOCK_M, self.shared_bytes)
+        elif self.shared_bytes > SM90_MAX_SHARED_BYTES:
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for the STAGES x (BLOCK_N + BLOCK_M) "
+                             f"x BLOCK_K ring (sm_90 limit {SM90_MAX_SHARED_BYTES})")
 
     @property
     def shared_bytes(self) -> int:
@@ -225,8 +243,9 @@ class GemvConfig:
             if not lo <= v <= hi or v & (v - 1):
                 raise ValueError(f"{name}={v}: expected a power of two in {lo}..{hi}")
         if self.max_m < 1:
-            raise ValueError(f"{self}: BLOCK_N x BLOCK_K = {self.BLOCK_N * self.BLOCK_K} products per row of A "
-                             f"exceed {self.MAX_PRODUCTS_PER_THREAD} fp32 registers per thread")
+            per_thread = self.BLOCK_N * self.BLOCK_K // (32 * self.num_warps)
+            raise ValueError(f"{self}: BLOCK_N x BLOCK_K / (32 x num_warps) = {per_thread} products per thread for one "
+                             f"row of A exceed {self.MAX_PRODUCTS_PER_THREAD} fp32 registers per thread")
 
     @property
     def max_m(self) -> int:
@@ -369,9 +388,11 @@ def pick_config(M: int, N: int, K: int, interpreter: bool | None = None) -> (
     change the choice.
 
     Raises:
-        TypeError: M, N or K is not an int. ValueError: M, N or K below 1 (``gemm_fp16`` itself takes M = 0 and
-            launches nothing)."""
+        TypeError: M, N or K is not an int; interpreter not None or a bool. ValueError: M, N or K below 1
+            (``gemm_fp16`` itself takes M = 0 and launches nothing)."""
     _runtime.check_ints(M=M, N=N, K=K)
+    if interpreter is not None and not isinstance(interpreter, bool):
+        raise TypeError(f"interpreter={interpreter!r}: expected None or a bool")
     if M < 1 or N < 1 or K < 1:
         raise ValueError(f"M={M}, N={N}, K={K}: expected ints >= 1")
     if interpreter is None:
