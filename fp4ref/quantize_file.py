@@ -51,7 +51,7 @@ from .checkpoint import (
     print_report,
     quantize_checkpoint,
 )
-from ._validate import OnceAction, Stop, help_description, sigterm_as_interrupt
+from ._validate import STDOUT, OnceAction, Stop, help_description, sigterm_as_interrupt
 from .checkpoint_io import CheckpointError
 
 __all__ = [
@@ -140,7 +140,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="OUT", default=None, action=OnceAction,
                    help="output directory, or a .safetensors file when IN is one file (fp4ref layout; a trailing / "
                         "makes it a directory whatever its name); built under a temporary name and renamed on "
-                        "success (required unless --dry-run)")
+                        "success (required unless --dry-run; '-' is refused: a checkpoint is files, not stdout)")
     p.add_argument("--format", choices=list(FORMATS), default=None, action=OnceAction,
                    help="target format (default nvfp4)")
     p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), default=None, action=OnceAction,
@@ -211,6 +211,9 @@ def run(args) -> int:
                       "layout has no default ignore list)")
     if args.output is None and not args.dry_run:
         return _error("the following arguments are required: -o/--output")
+    if str(args.output) == STDOUT:  # a checkpoint is files: never standard output (as verify --repro)
+        return _error(f"-o {STDOUT!r}: a checkpoint is written as files, not to standard output; give a path "
+                      f"(./{STDOUT} for one named {STDOUT!r})")
     fmt = args.format or "nvfp4"
     cf = args.checkpoint_format or "fp4ref"
     ignore = None

@@ -320,6 +320,15 @@ def test_python_api_errors_name_the_argument(tmp_path):
         quantize_file(out, tmp_path / "twice.safetensors")
 
 
+def test_a_dash_output_is_refused_not_written_as_a_directory(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "in.safetensors"
+    _small_file(src)
+    monkeypatch.chdir(tmp_path)
+    assert main([str(src), "-o", "-"]) == 2
+    assert "not to standard output" in capsys.readouterr().err and not (tmp_path / "-").exists()
+    assert main([str(src), "-o", "./-", "--quiet"]) == 0 and (tmp_path / "-" / "in.safetensors").is_file()
+
+
 def test_an_output_path_without_the_suffix_is_a_directory_and_the_title_says_so(tmp_path, capsys):
     src = tmp_path / "in.safetensors"
     _small_file(src)
