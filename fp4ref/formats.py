@@ -425,7 +425,11 @@ def decode(codes, fmt, dtype=np.float32) -> np.ndarray:
     Source: the value rule of each format's specification (see ``fmt.source``).
     """
     fmt = get_format(fmt)
-    if dtype is None or np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+    try:
+        ok = dtype is not None and np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+    except TypeError:  # not a dtype at all ("foo"): the same message, not numpy's
+        ok = False
+    if not ok:
         raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
     c = as_code_array(codes, "codes", nbits=fmt.nbits, allow_int8=fmt.nbits == 8)
     return np.asarray(_table(fmt).astype(dtype)[c])  # 0-d codes give a 0-d array, as encode does
