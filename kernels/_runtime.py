@@ -337,6 +337,18 @@ def unused_scratch(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 _UNUSED_SCRATCH: dict = {}
 
 
+def split_scratch(device: torch.device, stream: int, partials_name: str, partials: int, counters_name: str,
+                  counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partials, int32 arrival counters) of a split-K or stream-K launch: the workspaces (``workspace``)
+    ``partials_name`` of ``partials`` elements and ``counters_name`` of ``counters`` (zero-filled when allocated;
+    the kernels leave them at zero) on (``device``, ``stream``), or ``unused_scratch(device)`` when ``partials`` is 0
+    (no split tile: the kernel never touches them)."""
+    if not partials:
+        return unused_scratch(device)
+    return (workspace(device, stream, partials_name, partials, torch.float32),
+            workspace(device, stream, counters_name, counters, torch.int32, zeroed=True))
+
+
 def workspace_bytes() -> int:
     """Bytes held by every cached workspace (all devices and streams)."""
     return sum(b.numel() * b.element_size() for b in _WORKSPACES.values())

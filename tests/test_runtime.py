@@ -365,6 +365,20 @@ def test_workspace_grows_per_device_stream_and_name(monkeypatch):
     assert rt.workspace_bytes() == 0
 
 
+def test_split_scratch_is_the_workspaces_or_the_typed_stand_ins():
+    dev = torch.device("cpu")
+    before = rt.workspace_bytes()
+    ws, cnt = rt.split_scratch(dev, 0, "t_part", 0, "t_locks", 7)  # no split tile: the one-element stand-ins
+    assert (ws.dtype, cnt.dtype, ws.numel(), cnt.numel()) == (torch.float32, torch.int32, 1, 1)
+    stand_ins = rt.unused_scratch(dev)
+    assert ws is stand_ins[0] and cnt is stand_ins[1] and rt.workspace_bytes() == before  # no workspace made
+    ws, cnt = rt.split_scratch(dev, 0, "t_part", 12, "t_locks", 7)
+    assert (ws.dtype, ws.numel(), cnt.dtype, cnt.numel()) == (torch.float32, 12, torch.int32, 7) and not cnt.any()
+    assert ws is rt.workspace(dev, 0, "t_part", 12, torch.float32)
+    assert cnt is rt.workspace(dev, 0, "t_locks", 7, torch.int32)
+    rt.clear_workspaces()
+
+
 def test_config_table_picks_by_m():
     t = rt.ConfigTable(rows=((16, "small"), (256, "mid")), larger="large")
     assert [t.pick(m) for m in (1, 16, 17, 256, 257, 10**9)] == ["small", "small", "mid", "mid", "large", "large"]

@@ -286,11 +286,7 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
     """Launch ``plan`` on the current stream of A's device (scratch from ``_runtime.workspace``)."""
     device = A.device
     stream = _runtime.current_stream(device)
-    if plan.ws_elems:
-        ws = _runtime.workspace(device, stream, PARTIALS, plan.ws_elems, torch.float32)
-        cnt = _runtime.workspace(device, stream, COUNTERS, plan.n_counters, torch.int32, zeroed=True)
-    else:  # no split tile: never touched, but typed as the kernel declares them
-        ws, cnt = _runtime.unused_scratch(device)
+    ws, cnt = _runtime.split_scratch(device, stream, PARTIALS, plan.ws_elems, COUNTERS, plan.n_counters)
     M, N, K, sa, sb = plan.M, plan.N, plan.K, plan.sa, plan.sb
     if plan.path == "gluon":  # descriptors of B, A and A's low part (the Launch holds their geometry)
         plan.launch.launch(stream, B, A, A, C, ws, cnt, M, N, -(-K // plan.launch.constexprs["BLOCK_K"]), N)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import Launch, interpreting, unused_scratch, workspace
+from .._runtime import Launch, interpreting, split_scratch
 from .configs import TensorCoreConfig, block_k_for
 from .decode import DECODE_BITS_PTX, DECODE_WORD_PTX, decode_bits_portable, decode_word_portable
 
@@ -153,10 +153,8 @@ def splitk_buffers(device: torch.device, stream: int, split_k: int, partials: in
     """(partials, counters) for a launch with ``tiles`` output tiles and ``partials`` fp32 partial elements (the
     layout is the kernel's): the per-(device, stream) workspaces when split_k > 1, else ``unused_scratch`` (the
     kernels do not touch them)."""
-    if split_k == 1:
-        return unused_scratch(device)
-    return (workspace(device, stream, PARTIALS_WORKSPACE, partials, torch.float32),
-            workspace(device, stream, COUNTERS_WORKSPACE, max(tiles, 4096), torch.int32, zeroed=True))
+    return split_scratch(device, stream, PARTIALS_WORKSPACE, partials if split_k > 1 else 0, COUNTERS_WORKSPACE,
+                         max(tiles, 4096))
 
 
 class TensorCoreLaunch:

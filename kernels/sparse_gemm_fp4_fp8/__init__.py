@@ -200,11 +200,7 @@ class _GluonPlan:
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
         device = out.device
-        if self.ws_elems:
-            ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
-            cnt = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
-        else:
-            ws, cnt = _runtime.unused_scratch(device)
+        ws, cnt = _runtime.split_scratch(device, stream, WS_PARTIALS, self.ws_elems, WS_COUNTERS, self.n_tiles)
         m = a_vals.shape[0]
         n, k = b_fp8.shape
         self.main.launch(stream, b_fp8, a_vals, a_meta, b_fp8, a_vals, a_meta, out, ws, cnt, decode_table(device), m,
@@ -253,12 +249,8 @@ class _FusedPlan:
         self.config, self.main, self.ws_elems, self.n_tiles = config, main, ws_elems, n_tiles
 
     def run(self, stream, a_vals, a_meta, b_fp8, out, sa, sb) -> None:
-        device = out.device
-        if self.ws_elems:
-            ws = _runtime.workspace(device, stream, WS_PARTIALS, self.ws_elems, torch.float32)
-            locks = _runtime.workspace(device, stream, WS_COUNTERS, self.n_tiles, torch.int32, zeroed=True)
-        else:
-            ws, locks = _runtime.unused_scratch(device)
+        ws, locks = _runtime.split_scratch(out.device, stream, WS_PARTIALS, self.ws_elems, WS_COUNTERS,
+                                           self.n_tiles)
         m, g = a_vals.shape
         n = b_fp8.shape[0]
         sam, sag = sa
