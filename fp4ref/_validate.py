@@ -130,8 +130,11 @@ def global_scale_float32(v, name: str) -> float:
     return positive_float32(v, name)
 
 
-def normalize_axis(axis, ndim: int, name: str = "axis") -> int:
-    """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``."""
+def normalize_axis(axis, ndim: int, name: str = "axis", array: str | None = None) -> int:
+    """Return ``axis`` as a non-negative int, or raise ValueError/TypeError naming ``name``; with ``array`` (the
+    name of the array the axis indexes) a 0-d array is refused first, by that name."""
+    if array is not None and ndim == 0:
+        raise ValueError(f"{array} must have at least one dimension, got a 0-d array")
     if not is_int(axis):
         raise TypeError(f"{name} must be an int, got {type(axis).__name__} {axis!r}")
     if not -ndim <= axis < ndim:
@@ -202,6 +205,9 @@ def as_float_array(x, name: str) -> np.ndarray:
             fix = "complex numbers are not supported: pass real floats"
         elif isinstance(x, (bool, int, list, tuple)):  # Python values: no astype to suggest
             fix = "Python ints and bools are not read as floats: write float literals (3.0) or pass a float array"
+        elif arr.dtype.kind == "f":  # longdouble: wider than float64, whose conversion rounds
+            fix = (f"its values are not read here because float64 would round them; {name}.astype(np.float64) "
+                   "rounds each to 53 significant bits, if that is what you mean")
         else:
             fix = f"convert explicitly (e.g. {name}.astype(np.float64)) if that is what you mean"
         raise TypeError(

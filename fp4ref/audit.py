@@ -573,9 +573,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="quantized checkpoint: .safetensors file, index or directory")
     p.add_argument("--reference", metavar="ORIGINAL", type=path_option, action=OnceAction,
                    help="original checkpoint: re-quantize and compare bytes")
-    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], action=OnceAction,
+    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], type=str.lower, action=OnceAction,
                    help="NVFP4 recipe for --reference (default: the recorded one)")
-    p.add_argument("--mode", choices=[m.value for m in MXMode], action=OnceAction,
+    p.add_argument("--mode", choices=[m.value for m in MXMode], type=str.lower, action=OnceAction,
                    help="MX mode for --reference (default: recorded)")
     p.add_argument("--json", metavar="FILE", type=path_option, action=OnceAction,
                    help="write the report as JSON to FILE ('-' for stdout; an existing FILE only with --force)")

@@ -899,9 +899,7 @@ def nvfp4_quantize(x, *, recipe="te", block=16, global_amax=None, axis: int = -1
     if nonfinite not in ("raise", "zero"):
         raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'zero']")
     xf = _as_f32_input(x, "x")
-    if xf.ndim == 0:
-        raise ValueError("x must have at least one dimension, got a 0-d array")
-    ax = normalize_axis(axis, xf.ndim, "axis")
+    ax = normalize_axis(axis, xf.ndim, "axis", array="x")
     if blk == (16, 16) and xf.ndim < 2:
         raise ValueError(f"block=(16, 16) needs x with at least 2 dimensions, got shape {xf.shape}")
     k = xf.shape[ax]
@@ -1259,9 +1257,7 @@ def mx_quantize(x, elem="e2m1", *, mode="floor", block: int = 32, axis: int = -1
     if nonfinite not in ("raise", "nan_scale"):
         raise ValueError(f"nonfinite={nonfinite!r} is not one of ['raise', 'nan_scale']")
     xf = _as_f32_input(x, "x")
-    if xf.ndim == 0:
-        raise ValueError("x must have at least one dimension, got a 0-d array")
-    ax = normalize_axis(axis, xf.ndim, "axis")
+    ax = normalize_axis(axis, xf.ndim, "axis", array="x")
     k = xf.shape[ax]
     if k % block:
         raise ValueError(f"x has length {k} along axis={axis}; it must be a multiple of block={block}")

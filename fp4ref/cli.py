@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from .workloads import WORKLOADS
 
-    p.add_argument("--workload", action="append", choices=list(WORKLOADS),
+    p.add_argument("--workload", action="append", choices=list(WORKLOADS), type=str.lower,
                    help="workload to verify (repeatable, each counts once; default all)")
     p.add_argument("--kernel", metavar="MODULE:FUNCTION", action=OnceAction,
                    help="your kernel, taking the workload's signature (needs --workload or --definition)")
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", action=OnceAction, type=int, default=1,
                    help="seeds per workload, size and input family (default 1)")
     p.add_argument("--seed", action=OnceAction, type=int, default=0)
-    p.add_argument("--device", action=OnceAction, choices=("cpu", "cuda"),
+    p.add_argument("--device", action=OnceAction, choices=("cpu", "cuda"), type=str.lower,
                    help="default: cuda if available, else cpu (interpreter)")
     p.add_argument("--sizes", type=int, nargs="+", action="extend", metavar="M",
                    help="M values (default: per device; repeatable, the values combine); a repeated M counts once; "
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-check-rows", action=OnceAction, type=int, default=256,
                    help="check at most this many rows of a large-M output: 0 (all rows) or >= 129, so that the "
                         "first and last 64 rows and one between are always in (default 256)")
-    p.add_argument("--shapes", action=OnceAction, choices=("fixed", "sweep"), default="fixed",
+    p.add_argument("--shapes", action=OnceAction, choices=("fixed", "sweep"), type=str.lower, default="fixed",
                    help="fixed: the workload's N and K (default); sweep: N and K around tile boundaries (K not a "
                         "multiple of 64/128, N tails, below one tile), for a kernel that claims general shapes")
     p.add_argument("--no-integrity", action="store_true",

@@ -865,10 +865,10 @@ def nvfp4_linear(x, weight_fp4, weight_scales, weight_global_decode_scale, recip
         raise ValueError(f"weight_fp4 and weight_scales must be 2-D, got {wc.shape} and {ws.shape}")
     K = x.shape[-1]
     N = wc.shape[0]
-    if K == 0:
-        raise ValueError(f"x has shape {x.shape}: its last dimension K is 0, and NVFP4 needs K a positive multiple "
-                         "of 16")
-    if wc.shape != (N, K // 2) or ws.shape != (N, K // 16) or K % 16:
+    if K == 0 or K % 16:
+        raise ValueError(f"x has shape {x.shape}: its last dimension K is {K}, and NVFP4 needs K a positive multiple "
+                         "of 16 (the block size)")
+    if wc.shape != (N, K // 2) or ws.shape != (N, K // 16):
         raise ValueError(
             f"shapes disagree: x [..., K={K}] needs weight_fp4 [N, {K // 2}] and weight_scales [N, {K // 16}], "
             f"got {wc.shape} and {ws.shape}"

@@ -16,6 +16,8 @@ A plain block-scale matrix is row-major ``[rows, cols]`` (one byte per block: E4
 
         off(r, c) = ((r//8)*(Cp/4) + c//4)*32 + (r%8)*4 + (c%4)
 
+Layout names are read in any case (``"128X4"`` is ``"128x4"``), as the library's other names are.
+
 Padding must be zero: a kernel that reads a padding byte as an E4M3 scale multiplies by 0, while 0x7F would be NaN
 (cuBLAS "1D block scaling factors layout"; torch._scaled_mm).
 """
@@ -34,9 +36,9 @@ LAYOUTS = {"128x4": (128, 4), "8x4": (8, 4)}
 def _check_layout(layout) -> str:
     if not isinstance(layout, str):
         raise TypeError(f"layout={layout!r}: expected a str (one of {sorted(LAYOUTS)}), got {type(layout).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not one of {sorted(LAYOUTS)}")
-    return layout
+    if layout.lower() not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {sorted(LAYOUTS)} (any case)")
+    return layout.lower()
 
 
 def _check_dim(value, name: str) -> int:

@@ -54,12 +54,13 @@ def pack_fp4(codes, axis: int = -1) -> np.ndarray:
 
     Raises:
         TypeError: ``codes`` is not an integer array.
-        ValueError: a code is outside 0..15, the length along ``axis`` is odd, or ``axis`` is out of range.
+        ValueError: ``codes`` is 0-d, a code is outside 0..15, the length along ``axis`` is odd, or ``axis`` is
+            out of range.
 
     Source: element order of ``torch.float4_e2m1fn_x2`` and the NVFP4-linear workload (low nibble first).
     """
     c = as_code_array(codes, "codes", nbits=4)
-    ax = normalize_axis(axis, c.ndim, "axis")
+    ax = normalize_axis(axis, c.ndim, "axis", array="codes")
     n = c.shape[ax]
     if n % 2:
         raise ValueError(
@@ -86,10 +87,10 @@ def unpack_fp4(packed, axis: int = -1) -> np.ndarray:
 
     Raises:
         TypeError: ``packed`` is not an integer array.
-        ValueError: a value is outside 0..255, or ``axis`` is out of range.
+        ValueError: ``packed`` is 0-d, a value is outside 0..255, or ``axis`` is out of range.
     """
     p = as_code_array(packed, "packed", nbits=8, allow_int8=True)
-    ax = normalize_axis(axis, p.ndim, "axis")
+    ax = normalize_axis(axis, p.ndim, "axis", array="packed")
     p = np.moveaxis(p, ax, -1)
     out = np.empty(p.shape[:-1] + (2 * p.shape[-1],), dtype=np.uint8)
     out[..., 0::2] = p & 0x0F
@@ -181,9 +182,7 @@ def compress_2to4(a, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     (FlashInfer-Bench); index order of CUTLASS / PTX ``mma.sp`` metadata.
     """
     codes = _e2m1_codes_from(a, "a")
-    if codes.ndim == 0:
-        raise ValueError("a must have at least one dimension, got a 0-d array")
-    ax = normalize_axis(axis, codes.ndim, "axis")
+    ax = normalize_axis(axis, codes.ndim, "axis", array="a")
     k = codes.shape[ax]
     if k % 4:
         raise ValueError(
@@ -253,9 +252,7 @@ def decompress_2to4(vals, meta, axis: int = -1) -> np.ndarray:
     m = as_code_array(meta, "meta", nbits=8, allow_int8=True)
     if v.shape != m.shape:
         raise ValueError(f"vals and meta must have the same shape, got vals {v.shape} and meta {m.shape}")
-    if v.ndim == 0:
-        raise ValueError("vals must have at least one dimension, got a 0-d array")
-    ax = normalize_axis(axis, v.ndim, "axis")
+    ax = normalize_axis(axis, v.ndim, "axis", array="vals")
     v = np.moveaxis(v, ax, -1)
     m = np.moveaxis(m, ax, -1)
     lead, ngroups = v.shape[:-1], v.shape[-1]

@@ -141,15 +141,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output directory, or a .safetensors file when IN is one file (fp4ref layout; a trailing / "
                         "makes it a directory whatever its name); built under a temporary name and renamed on "
                         "success (required unless --dry-run; '-' is refused: a checkpoint is files, not stdout)")
-    p.add_argument("--format", choices=list(FORMATS), default=None, action=OnceAction,
+    p.add_argument("--format", choices=list(FORMATS), type=str.lower, default=None, action=OnceAction,
                    help="target format (default nvfp4)")
-    p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), default=None, action=OnceAction,
+    p.add_argument("--checkpoint-format", choices=list(CHECKPOINT_FORMATS), type=str.lower, default=None,
+                   action=OnceAction,
                    help="tensor names and config files: fp4ref (default), modelopt (nvidia-modelopt 0.47.0 unified "
                         "HF export) or compressed-tensors (0.20.1); see docs/checkpoints.md")
-    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], default=None, action=OnceAction,
+    p.add_argument("--recipe", choices=[r.value for r in NVFP4Recipe], type=str.lower, default=None, action=OnceAction,
                    help="NVFP4 recipe (nvfp4 only; default te, modelopt for --checkpoint-format modelopt; "
                         "compressed-tensors takes te, sol and the te-4over6 recipes, which have a global encode scale)")
-    p.add_argument("--mode", choices=[m.value for m in MXMode], default=None, action=OnceAction,
+    p.add_argument("--mode", choices=[m.value for m in MXMode], type=str.lower, default=None, action=OnceAction,
                    help="MX scale mode (mxfp4/mxfp8 only; default floor, rceil for modelopt)")
     p.add_argument("--include", metavar="REGEX", default=None, action=OnceAction,
                    help="quantize only tensors whose name matches REGEX (re.search; one REGEX: join names with |); "

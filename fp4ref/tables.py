@@ -66,7 +66,8 @@ def policies(fmt) -> list:
     rows = [("rounding", "RNE (ties to the even code) by default; also rna (ties away from zero), rz, ru, rd, "
                          "stochastic (floor = rd, ceil = ru)")]
     rows.append(("ties", tie_behaviour(fmt)))
-    big = fmt.max * 4
+    # an input past the largest code that float32 holds too (UE8M0's 4 x 2^127 would be inf as float32)
+    big = min(fmt.max * 4, float(np.finfo(np.float32).max))
     if fmt.special == "none":
         rows.append(("overflow", f"always saturates: {big!r} -> {enc(big)}, +inf -> {enc(math.inf)}"))
         rows.append(("NaN input", f"raises ValueError by default; nan='max' -> {enc(math.nan, nan='max')}, "

@@ -789,6 +789,13 @@ def test_encode_non_float_input_message_fits_the_input():
         encode(np.array([1, 2]), E4M3FN)
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="longdouble is float64 on this platform")
+def test_encode_refuses_longdouble_saying_float64_rounds():
+    """1 + 2^-60 is not a float64: the conversion the message names is lossy, and the message says so."""
+    with pytest.raises(TypeError, match=r"float64 would round them; x\.astype\(np\.float64\) rounds each to 53 "):
+        encode(np.array([1 + np.longdouble(2) ** -60]), E2M1)
+
+
 def test_encode_non_float_input_message_fits_strings_and_complex():
     """Strings and complex numbers get a reason that fits them, not the one for Python ints and bools."""
     head = r"^x must be float16, bfloat16 \(ml_dtypes\), float32 or float64, got dtype "

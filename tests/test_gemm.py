@@ -795,6 +795,9 @@ def test_exact_fraction_negative_index_nd_nvfp4_linear():
 def test_nvfp4_linear_k0_and_recipe_name():
     with pytest.raises(ValueError, match=r"^x has shape \(2, 0\): its last dimension K is 0"):
         gemm.nvfp4_linear(np.zeros((2, 0), np.float32), np.zeros((3, 0), np.uint8), np.zeros((3, 0), np.uint8), 1.0)
+    # K = 24: weights of the matching [N, 12] / [N, 1] shapes do not make it a whole number of 16-element blocks
+    with pytest.raises(ValueError, match=r"^x has shape \(1, 24\): its last dimension K is 24, .* multiple of 16"):
+        gemm.nvfp4_linear(np.ones((1, 24), np.float32), np.ones((4, 12), np.uint8), np.ones((4, 1), np.uint8), 1.0)
     rng = np.random.default_rng(24)
     wq = nvfp4_quantize(rng.standard_normal((2, 16)).astype(np.float32), recipe="sol")
     x = rng.standard_normal((1, 16)).astype(np.float32)

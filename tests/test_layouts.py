@@ -71,6 +71,9 @@ def test_int8_input_and_errors():
     np.testing.assert_array_equal(from_blocked(to_blocked(plain), 2, 2), plain.view(np.uint8))
     with pytest.raises(ValueError, match="layout="):
         to_blocked(plain, "32x4")
+    # layout names in any case, as the library's other names
+    np.testing.assert_array_equal(to_blocked(plain, "128X4"), to_blocked(plain, "128x4"))
+    np.testing.assert_array_equal(from_blocked(to_blocked(plain, "8x4"), 2, 2, "8X4"), plain.view(np.uint8))
     with pytest.raises(ValueError, match="2-D"):
         to_blocked(np.zeros(4, np.uint8))
     with pytest.raises(TypeError, match="scales"):

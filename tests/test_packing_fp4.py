@@ -133,6 +133,14 @@ def test_non_integer_arrays_raise_type_error(bad):
         unpack_fp4(bad)
 
 
+def test_zero_d_arrays_are_refused_by_name():
+    for value in (np.uint8(3), np.array(3, dtype=np.uint8), 3):
+        with pytest.raises(ValueError, match=r"^codes must have at least one dimension, got a 0-d array$"):
+            pack_fp4(value)
+        with pytest.raises(ValueError, match=r"^packed must have at least one dimension, got a 0-d array$"):
+            unpack_fp4(value)
+
+
 def test_bad_axis():
     with pytest.raises(ValueError, match="axis"):
         pack_fp4(np.ones((2, 4), dtype=np.uint8), axis=2)

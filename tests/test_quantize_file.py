@@ -439,6 +439,22 @@ def test_add_parser_wires_a_quantize_subcommand(tmp_path, capsys):
         assert f.get_slice("a.weight").get_dtype() == "F8_E4M3"
 
 
+def test_named_choices_are_read_in_any_case():
+    """The CLI's named choices, as the Python functions' names, in any case; an unknown one is still refused."""
+    from fp4ref.cli import build_parser
+
+    parser = build_parser()
+    q = parser.parse_args(["quantize", "in.safetensors", "-o", "out", "--format", "NVFP4", "--recipe", "TE",
+                           "--checkpoint-format", "ModelOpt", "--mode", "RCEIL-torchao"])
+    assert (q.format, q.recipe, q.checkpoint_format, q.mode) == ("nvfp4", "te", "modelopt", "rceil-torchao")
+    a = parser.parse_args(["audit", "q", "--recipe", "Sol", "--mode", "Floor"])
+    assert (a.recipe, a.mode) == ("sol", "floor")
+    v = parser.parse_args(["verify", "--workload", "GEMM_N3072_K2048", "--device", "CPU", "--shapes", "Sweep"])
+    assert (v.workload, v.device, v.shapes) == (["gemm_n3072_k2048"], "cpu", "sweep")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["quantize", "in.safetensors", "-o", "out", "--format", "NVFP5"])
+
+
 @pytest.mark.parametrize("command", ["quantize", "audit", "verify"])
 def test_unknown_option_shows_the_subcommands_usage(command, capsys):
     from fp4ref.cli import main as cli_main
