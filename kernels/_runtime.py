@@ -432,6 +432,22 @@ class Desc:
         d.base, d.shape, d.strides, d.block_shape, d.padding = base, self.shape, self.strides, self.block_shape, "zero"
         return d
 
+    @classmethod
+    def parts(cls, shape, strides, block_shape, axis: int, layouts, dtype: torch.dtype | None = None):
+        """The two descriptors of a tile in two parts along block axis ``axis`` (``m_parts``: a high part of the
+        largest power of two, then the rest) over one tensor: the high part's box, then the low part's, each
+        with its own layout (``layouts``: two). A one-part tile (its width a power of two) gets its first
+        descriptor twice: the kernel takes both parameters and never reads the second."""
+        hi, lo = m_parts(block_shape[axis])
+
+        def part(width, layout):
+            box = list(block_shape)
+            box[axis] = width
+            return cls(shape, strides, box, layout, dtype)
+
+        first = part(hi, layouts[0])
+        return first, (part(lo, layouts[1]) if lo else first)
+
 
 class _Direct:
     """Triton's C launch function of one CompiledKernel, with the launch header it takes (see raw_launcher)."""

@@ -148,6 +148,20 @@ def test_desc_views_its_base_as_its_dtype_and_launch_takes_only_descs():
         rt.Launch(_FakeJit(None), (1,), {}, descs=(codes,))
 
 
+def test_desc_parts_split_one_block_axis_into_the_tile_parts():
+    """A 192-wide tile: a box of 128 then one of 64 along the named axis, the other axis whole, each with its
+    layout, over the same tensor; a power-of-two width: its one descriptor twice (the second never read)."""
+    hi, lo = rt.Desc.parts((300, 512), (512, 1), (192, 64), 0, ("L_hi", "L_lo"), torch.uint8)
+    assert (hi.shape, hi.strides, hi.block_shape, hi.layout, hi.dtype) == ([300, 512], [512, 1], [128, 64], "L_hi",
+                                                                          torch.uint8)
+    assert (lo.shape, lo.strides, lo.block_shape, lo.layout, lo.dtype) == ([300, 512], [512, 1], [64, 64], "L_lo",
+                                                                          torch.uint8)
+    c_hi, c_lo = rt.Desc.parts((972, 3072), (3072, 1), (128, 80), 1, ("a", "b"))
+    assert (c_hi.block_shape, c_lo.block_shape, c_lo.dtype) == ([128, 64], [128, 16], None)
+    one, again = rt.Desc.parts((972, 3072), (3072, 1), (128, 256), 1, ("a", "b"))
+    assert one is again and one.block_shape == [128, 256] and one.layout == "a"
+
+
 def test_launch_direct_without_descriptors_passes_pointers(monkeypatch, compiled):
     from _fake_launcher import fake_compiled_kernel
 

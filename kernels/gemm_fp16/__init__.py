@@ -40,7 +40,7 @@ from .configs import (CONFIGS, INTERPRETER_CONFIGS, NUMERIC_CONTRACT, TMA_CONFIG
                       PersistentConfig, SplitKConfig, TmaConfig, accumulation_model, launch_programs, pick_config,
                       stream_k_schedule)  # fmt: skip
 from .gemv import gemm_fp16_gemv_kernel, gemv_constexprs
-from .gluon import gemm_swapab_kernel, gluon_constexprs, m_parts, operand_layouts
+from .gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
 from .persistent import gemm_persistent_kernel, persistent_constexprs, persistent_layouts
 from .splitk import gemm_fp16_splitk_kernel, splitk_constexprs
 from .tma import tma_constexprs, tma_kernel
@@ -241,13 +241,10 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         per, splits = config.k_split(K)
         cluster = config.cluster_size(K)  # > 1: each program is a cluster of the tile's K slices
         tiles = -(-N // BN) * -(-M // BM)
-        # swap-AB: B's descriptor first, then A's in its (high, low) parts; a one-part tile never reads the third
-        # (A's own geometry stands in for it)
+        # swap-AB: B's descriptor first, then A's in its (high, low) row parts
         b_layout, a_layout, a2_layout = operand_layouts(config)
-        hi, lo = m_parts(BM)
-        a_desc = Desc((M, K), (sa, 1), (hi, BK), a_layout)
-        descs = (Desc((N, K), (sb, 1), (BN, BK), b_layout), a_desc,
-                 Desc((M, K), (sa, 1), (lo, BK), a2_layout) if lo else a_desc)
+        descs = (Desc((N, K), (sb, 1), (BN, BK), b_layout),
+                 *Desc.parts((M, K), (sa, 1), (BM, BK), 0, (a_layout, a2_layout)))
         launch = Launch(gemm_swapab_kernel, (-(-N // BN), splits // cluster, -(-M // BM)),
                         gluon_constexprs(config, K), descs=descs, num_ctas=cluster)  # (num_warps: a constexpr)
         ws = splits > 1 and cluster == 1  # the workspace reduction
@@ -257,13 +254,11 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
             sch = stream_k_schedule(config, M, N, K, nprog)
             S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
-        # B and C in their column parts (m_parts); a one-part tile never reads the second (the first stands in)
+        # A, then B and C in their column parts
         a_layout, b_layout, b2_layout, c_layout, c2_layout = persistent_layouts(config)
-        hi, lo = m_parts(BN)
-        b_desc, c_desc = Desc((N, K), (sb, 1), (hi, BK), b_layout), Desc((M, N), (N, 1), (BM, hi), c_layout)
-        descs = (Desc((M, K), (sa, 1), (BM, BK), a_layout), b_desc,
-                 Desc((N, K), (sb, 1), (lo, BK), b2_layout) if lo else b_desc, c_desc,
-                 Desc((M, N), (N, 1), (BM, lo), c2_layout) if lo else c_desc)
+        descs = (Desc((M, K), (sa, 1), (BM, BK), a_layout),
+                 *Desc.parts((N, K), (sb, 1), (BN, BK), 0, (b_layout, b2_layout)),
+                 *Desc.parts((M, N), (N, 1), (BM, BN), 1, (c_layout, c2_layout)))
         launch = Launch(gemm_persistent_kernel, (nprog,), persistent_constexprs(config), descs=descs)
         return _Plan("persistent", launch, M, N, K, sa, sb, S * split_tiles * BM * BN, split_tiles)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)

@@ -346,14 +346,11 @@ class GluonLaunch:
             raise ValueError(f"x_rows={x_rows}: expected >= M={M}")
         # the workspace reduction's slices (1 in a cluster: no workspace)
         self.split_k, self.tiles = grid[2], grid[0] * grid[1]
-        # TMA descriptors: W codes and scale bytes (viewed as uint8), x's high and low parts (a one-part tile never
-        # reads the fourth: x's own geometry stands in for it)
+        # TMA descriptors: W codes and scale bytes (viewed as uint8), x in its (high, low) row parts
         wl, sl, xl, x2l = shared_layouts(config)
-        hi, lo = m_parts(config.BM)
-        x_desc = Desc((self.x_rows, K), (K, 1), (hi, x_block_k(config)), xl)
         descs = (Desc((N, K // 2), (K // 2, 1), (config.BN, STEP_K // 2), wl, torch.uint8),
-                 Desc((N, K // 16), (K // 16, 1), (config.BN, STEP_K // 16), sl, torch.uint8), x_desc,
-                 Desc((self.x_rows, K), (K, 1), (lo, x_block_k(config)), x2l) if lo else x_desc)
+                 Desc((N, K // 16), (K // 16, 1), (config.BN, STEP_K // 16), sl, torch.uint8),
+                 *Desc.parts((self.x_rows, K), (K, 1), (config.BM, x_block_k(config)), 0, (xl, x2l)))
         self.launch = Launch(
             nvfp4_gluon_kernel, grid,
             dict(BN=config.BN, BM=config.BM, SPLIT_K=config.SPLIT_K, STAGES=config.STAGES, X_STAGES=config.X_STAGES,
