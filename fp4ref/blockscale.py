@@ -146,7 +146,8 @@ class NVFP4Recipe(str, enum.Enum):
         pts   = A / 2688
         s     = e4m3(clamp((a / 6) / pts, 2^-6, 448))
         code  = e2m1(clamp(x / (pts * fp32(s)), -6, 6))               # -0.0 -> 0x8
-    fp4ref policy where the source gives NaN: pts = 1 when A/2688 rounds to 0.
+    fp4ref policies where the source gives NaN: pts = 1 when A/2688 rounds to 0; where pts * fp32(s) rounds to 0
+    (A below about 2688 * 2^-144), a zero element's 0 / 0 gets the zero code of its sign (0x0 / 0x8).
     Smallest differing inputs (docs/quantization.md case #): te 1, sol 5, torchao 7, torchao-single-level 1,
     torchao-0.16-single-level 1, modelopt 4, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
     te-4over6-mse-256 1.
@@ -169,8 +170,11 @@ class NVFP4Recipe(str, enum.Enum):
         s     = e4m3(clamp(p, 2^-9, 448))                             # _cast_per_block_scale_to_fp8
         code  = e2m1(x / (fp32(s) * sf2))                             # true division, saturating at 6
     Sign of zero: ``_cast_fp4`` takes sign = (x < 0), so -0.0 -> 0x0 and [-0.25, -0) -> 0x8; ties by its bound
-    table are RNE. fp4ref policy where the source gives NaN: A == 0 uses sf2 = 1 (as ModelOpt's numpy export helper
-    ``get_weights_scaling_factor_2`` does).
+    table are RNE. fp4ref policies where the source gives NaN: A == 0, or A / 2688 rounding to 0 (0 < A < about
+    2688 * 2^-150), uses sf2 = 1 (as ModelOpt's numpy export helper ``get_weights_scaling_factor_2`` does at A == 0;
+    ModelOpt 0.47.0 keeps sf2 = 0 there, and every code comes from x / 0); where fp32(s) * sf2 rounds to 0 (tensor
+    amax below about 2^-129.6) a zero element's 0 / 0 is NaN in the source, cast to 0x7 (+6), and fp4ref gives it
+    0x0 (docs/quantization.md, "ModelOpt").
     Smallest differing inputs (docs/quantization.md case #): te 1, sol 4, torchao 4, torchao-single-level 1,
     torchao-0.16 4, torchao-0.16-single-level 1, exact 2, te-4over6 1, te-4over6-mse 1, te-4over6-256 1,
     te-4over6-mse-256 1.
@@ -652,6 +656,16 @@ def _fast_block_scales(recipe: NVFP4Recipe, ab: np.ndarray, gs: dict) -> tuple:
         return sbytes, np.minimum(_F32(1.0) / (s * gs["s_dec"]), _FLT_MAX), s
 
 
+def _zero_for_nan_quotients(y: np.ndarray, xb: np.ndarray) -> None:
+    """fp4ref's policy where a recipe's element step divides 0 by 0 (a block factor that underflowed to 0) or
+    multiplies 0 by inf (torchao's 1/pts overflowed): the source's NaN becomes a code derived from the NaN's bits
+    (+6 in ModelOpt, torchao's own); fp4ref gives the element the zero code of its sign under the recipe's rule,
+    by putting x (a zero) back in place of the NaN. In place."""
+    nan = np.isnan(y)
+    if nan.any():
+        y[nan] = xb[nan]
+
+
 def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool = False) -> tuple:
     """Packed codes [r, K/2], scale bytes [r, K/16] and, with ``stats``, the :class:`_ChunkStats` of finite
     ``x2`` [r, K] (float16, bfloat16 or float32; K a multiple of 16) for recipe te, sol or modelopt with 1x16
@@ -690,8 +704,10 @@ def _nvfp4_rows_fast(recipe: NVFP4Recipe, x2: np.ndarray, gs: dict, stats: bool 
             raise ValueError("x holds NaN/inf values; the fast NVFP4 path needs finite input")
         sbytes[b0:b1], f, s = _fast_block_scales(recipe, ab, gs)
         y = a  # the amax scratch is free again
-        with np.errstate(over="ignore"):  # te/sol: x * FLT_MAX may overflow to inf, which saturates to 6 as there
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # te/sol: x * FLT_MAX may be inf: 6
             (np.divide if divide else np.multiply)(t, f, out=y)
+        if divide and not f.all():  # modelopt's 0 / 0 where s * sf2 underflowed: code 0 (_zero_for_nan_quotients)
+            _zero_for_nan_quotients(y, t)
         h = n // 2  # per element: its code (in its nibble of the packed byte) and its value bits
         _e2m1_entries(y.reshape(-1)[:h], idx[:h], ents[:h])
         _e2m1_entries(y.reshape(-1)[h:n], idx[h:n], ents[h:n], high=True)
@@ -779,15 +795,13 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
             s = decode(sbytes, E4M3FN)
             if recipe is NVFP4Recipe.TORCHAO:
                 y = xb * (gs["rcp"] / s)[..., None]  # (1/pts)/s; inf where 1/pts overflowed
-                nan = np.isnan(y)  # 0 * inf: the source's NaN-derived codes; fp4ref: the zero of x's sign
-                if nan.any():
-                    y[nan] = xb[nan]
             elif recipe is NVFP4Recipe.TORCHAO_SINGLE_LEVEL:
                 y = xb * (_F32(1.0) / s)[..., None]
             elif recipe is NVFP4Recipe.TORCHAO_0_16:
-                y = xb / (gs["g"] * s)[..., None]
+                y = xb / (gs["g"] * s)[..., None]  # 0 where pts * s underflowed
             else:
                 y = xb / s[..., None]
+            _zero_for_nan_quotients(y, xb)
             return sbytes, _e2m1_f32(y)  # clamp to +-6 == saturating E2M1; -0.0 -> 0x8
         if recipe is NVFP4Recipe.MODELOPT:
             sf2 = gs["g"]
@@ -795,7 +809,8 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
             p[p == 0] = _F32(1.0)
             p = np.clip(p, _F32(2.0**-9), _E4M3_MAX)
             sbytes = encode(p, E4M3FN, rounding="rne", saturate=True)
-            y = xb / (decode(sbytes, E4M3FN) * sf2)[..., None]
+            y = xb / (decode(sbytes, E4M3FN) * sf2)[..., None]  # 0 where s * sf2 underflowed
+            _zero_for_nan_quotients(y, xb)
             return sbytes, _e2m1_f32(y, negative_zero=False)  # sign = (x < 0): -0.0 -> 0x0
         # EXACT, in float64 (see NVFP4Recipe.EXACT for why each quotient rounds like the real one)
         d = np.float64(gs["g"])

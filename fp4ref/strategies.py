@@ -402,12 +402,19 @@ def _fp16_run_floor(k) -> float:
     return (k // 4) * _fp16_run_min(imax) ** 2 * 2.0 ** -_fp16_shift(k, imax)
 
 
+def _groups_per_chunk(n: int) -> int:
+    """The most groups of 4 K-columns that a chunk of ``n`` columns starting at a multiple of ``n`` (one promotion
+    interval) touches: n / 4 when 4 divides n, one or two more when a chunk can start or end inside a group (the
+    starts repeat with period 4 n)."""
+    return max((c + n - 1) // 4 - c // 4 + 1 for c in range(0, 4 * n, n))
+
+
 def _exact_sparse_b_bytes(k, promote_every, positive) -> np.ndarray:
     """E4M3FN bytes allowed in B by the exact-accumulation sparse family (see exact_accumulation_sparse)."""
     all_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     bmax = min(448.0, 2.0**23 / (3 * k))
     if promote_every is not None:
-        bmax = min(bmax, np.floor((2.0**13 - 1) / (3 * promote_every)))
+        bmax = min(bmax, np.floor((2.0**13 - 1) / (12 * _groups_per_chunk(promote_every))))
     ok = np.isfinite(all_vals) & (all_vals == np.round(all_vals)) & (np.abs(all_vals) <= bmax)
     if positive:
         ok &= all_vals > 0
@@ -425,8 +432,10 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
     is tested.
 
     ``promote_every=N`` (Hopper fp8 wgmma promoted to fp32 every N products): bmax is lowered so that every chunk
-    of N products also sums exactly in the 14-bit e8m13 accumulator (|chunk| <= 3 N bmax < 2^13, on 2^-1 Z: 14 bits,
-    and the block-FMA alignment to 2^(E - 13) >= 2^-1 keeps the grid), while a same-sign run over the first half of
+    of N products also sums exactly in the 14-bit e8m13 accumulator (|chunk| <= 12 bmax per group of 4 columns the
+    chunk touches, N / 4 groups when 4 divides N and more when a chunk can cut a group, whose two values may then
+    both lie in the chunk; < 2^13, on 2^-1 Z: 14 bits, and the block-FMA alignment to 2^(E - 13) >= 2^-1 keeps the
+    grid), while a same-sign run over the first half of
     K (:func:`exact_accumulation_sparse_arrays`) takes every element's partial sums past 2^13 (>= 13312 at
     k = 2048; with N = 128 only from k = 512) with half-odd products still to come, so an UNpromoted accumulator
     drops bits. The output check catches that where the dropped bits change the rounded output: every seed tried at

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from fp4ref import bounds, gemm
 from fp4ref import strategies as fst
+from fp4ref.blockscale import NVFP4Tensor
+from fp4ref.packing import pack_fp4
 
 SIMULATED_16BIT = ["fp32_rn", "ampere_fp16", "hopper_fp16_wgmma", "blackwell_fp8", "splitk(hopper_fp16_wgmma, 64)",
                    "splitk(fp32_rn, 48)"]
@@ -344,6 +346,27 @@ def test_exact_accumulation_message_says_when_the_worst_element_passes():
     assert "at (1, 0); vs" in rep.message() and "Bound terms at the worst element: " in rep.message()
 
 
+def test_faithful_exact_accumulation_takes_the_side_from_the_exact_value():
+    """An NVFP4 product whose float64 ``exact`` (2^26) is not the exact value 2^26 - 2^-66: the global scales 1 +
+    2^-23 and 1 - 2^-23 multiply to 1 - 2^-46 times the integer 2^46 + 1 (64 codes of 4.0 times 4.0 at block scale
+    256, plus 0.5 x 0.5 at 2^-9). A faithful store may give RD = 2^26 - 2^18 (bf16) or RU = 2^26, never 2^26 + 2^19;
+    the side of 2^26 comes from the exact value, not from its float64 approximation."""
+    codes = np.zeros((1, 80), np.uint8)
+    codes[0, :64], codes[0, 64] = 6, 1  # E2M1 4.0 x 64, 0.5
+    scales = np.array([[0x78] * 4 + [0x01]], np.uint8)  # E4M3 256 x 4, 2^-9
+
+    def operand(g):
+        return NVFP4Tensor(pack_fp4(codes), scales, np.float32(g), (1, 80), "raw", (1, 16), 1)
+
+    ref = gemm.nvfp4_gemm(operand(1 + 2.0**-23), operand(1 - 2.0**-23))
+    assert ref.exact_fraction((0, 0)) == 2**26 - Fraction(1, 2**66) and float(ref.exact[0, 0]) == 2.0**26
+    for value, ok in ((2.0**26 - 2.0**18, True), (2.0**26, True), (2.0**26 + 2.0**19, False),
+                      (2.0**26 - 2.0**19, False)):
+        out = np.array([[value]], ml_dtypes.bfloat16)
+        rep = bounds.check(out, ref, "exact", output_rounding="faithful", exact_accumulation=True)
+        assert rep.ok == ok and rep.not_equal_exact == (not ok), value
+
+
 def test_check_unwritten_and_nan_mismatch():
     A, B, ref = _fp16_case()
     out = ref.out.copy()
@@ -412,8 +435,6 @@ def test_check_epilogue_terms_widen_the_bound():
 def _nvfp4_one_block(gx, gw, code=0x77, scale=0x7E):
     """An NVFP4 x [1, 16] and W [1, 16] of one block each: all elements E2M1 ``code`` with block scale ``scale``
     and global decode scales gx, gw (fp32 values given as floats)."""
-    from fp4ref.blockscale import NVFP4Tensor
-
     def t(g):
         return NVFP4Tensor(codes=np.full((1, 8), code, np.uint8), scales=np.full((1, 1), scale, np.uint8),
                            global_decode_scale=np.float32(g), shape=(1, 16), recipe="raw", block=(1, 16), axis=1)

@@ -248,6 +248,24 @@ def test_exact_accumulation_sparse_promoted_family():
     assert math.isfinite(float(np.max(ref.exact)))
 
 
+@pytest.mark.parametrize("n", range(1, 33))
+def test_exact_accumulation_sparse_promoted_chunks_fit_the_fp8_accumulator(n):
+    """The promoted family's guarantee, by brute force: for every promotion chunk of n K-columns (starting at a
+    multiple of n), the largest |sum| any A bytes can put in it, over every (vals, meta) byte of every group the
+    chunk touches (a duplicate index puts both values in one column), times the largest |B| the family draws,
+    stays below 2^13. With n not a multiple of 4 a chunk cuts groups: at n = 7 the chunk of columns 7-13 touches
+    three, and a bound of 3 n |B| per chunk let 36 x 384 = 13824 in."""
+    k = 8 * n
+    bmax = float(np.max(np.abs(E4M3[fst._exact_sparse_b_bytes(k, n, False)])))  # the B bytes the family draws
+    # every group's 4 dense values for every vals byte and meta nibble (meta bits 7:4 are ignored)
+    vb, mb = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(16, dtype=np.uint8), indexing="ij")
+    dense = np.abs(decompress_2to4(vb.reshape(-1, 1), mb.reshape(-1, 1)).astype(np.float64))  # [4096, 4]
+    for c0 in range(0, k, n):
+        cols = np.arange(c0, min(c0 + n, k))
+        worst = sum(np.max(dense[:, cols[cols // 4 == g] % 4].sum(axis=1)) for g in np.unique(cols // 4))
+        assert worst * bmax < 2**13, (c0, worst, bmax)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # argument validation when BUILT (module docstring): shapes, exponents, scales, the plain-numpy constructions
 # ---------------------------------------------------------------------------------------------------------------
