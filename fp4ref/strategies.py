@@ -435,12 +435,11 @@ def exact_accumulation_sparse(m, n, k, *, promote_every=None, positive=False) ->
     of N products also sums exactly in the 14-bit e8m13 accumulator (|chunk| <= 12 bmax per group of 4 columns the
     chunk touches, N / 4 groups when 4 divides N and more when a chunk can cut a group, whose two values may then
     both lie in the chunk; < 2^13, on 2^-1 Z: 14 bits, and the block-FMA alignment to 2^(E - 13) >= 2^-1 keeps the
-    grid), while a same-sign run over the first half of
-    K (:func:`exact_accumulation_sparse_arrays`) takes every element's partial sums past 2^13 (>= 13312 at
-    k = 2048; with N = 128 only from k = 512) with half-odd products still to come, so an UNpromoted accumulator
-    drops bits. The output check catches that where the dropped bits change the rounded output: every seed tried at
-    k >= 1024, some draws not at k = 512, and below that nothing forces it (docs/bounds.md). ``positive``: only
-    positive values (no cancellation)."""
+    grid), while a same-sign run over the first half of K (:func:`exact_accumulation_sparse_arrays`) takes every
+    element's partial sums past 2^13 (>= 13312 at k = 2048; with N = 128 only from k = 512) with half-odd products
+    still to come, so an UNpromoted accumulator drops bits. The output check catches that where the dropped bits
+    change the rounded output: every seed tried at k >= 1024, some draws not at k = 512, and below that nothing
+    forces it (docs/bounds.md). ``positive``: only positive values (no cancellation)."""
     _check_bools(positive=positive)
     for nm, v in (("m", m), ("n", n), ("k", k)):
         _check_int(nm, v, 1)
