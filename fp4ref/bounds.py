@@ -501,8 +501,9 @@ class NumericContract:
         """A contract from the plain-dict form a kernel module may declare instead.
 
         Keys: ``accumulation_model`` (default :data:`DEFAULT_MODEL`),
-        ``accumulation_model_interpreter`` (default: ``accumulation_model``), ``output_rounding`` and
-        ``output_rounding_interpreter`` (default ``rne``), ``epilogue_multiplies`` (default 0), ``inputs`` (text),
+        ``accumulation_model_interpreter`` (default: ``accumulation_model``), ``output_rounding`` (default ``rne``)
+        and ``output_rounding_interpreter`` (default: ``output_rounding``), ``epilogue_multiplies`` (default 0),
+        ``inputs`` (text),
         ``output`` ("float16" or "bfloat16") and ``notes`` (a mapping of other promises, as text). Any other key is
         an error: a misspelled ``accumulation_model`` must not leave the kernel checked under the default bound.
 
@@ -533,8 +534,10 @@ class NumericContract:
             raise TypeError(f"contract: notes={notes!r}: expected a mapping of other promises (text), got "
                             f"{type(notes).__name__}")
         kw.setdefault("model", DEFAULT_MODEL)
-        # a dict that names only a GPU model: the interpreter's fp32 product is bounded by the same model too
+        # a dict that names only the GPU's model or rounding: the interpreter's run is held to the same promise
         kw.setdefault("model_interpreter", kw["model"])
+        if "output_rounding" in kw:
+            kw.setdefault("output_rounding_interpreter", kw["output_rounding"])
         kw["inputs"] = str(kw.get("inputs", ""))
         return cls(notes={str(k): str(v) for k, v in notes.items()}, **kw)
 

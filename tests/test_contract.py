@@ -65,6 +65,13 @@ def test_from_dict_reads_the_short_form():
     assert c.notes == {"nan": "propagates"} and c.inputs == "fp16 x fp16" and c.epilogue_multiplies == 1
     assert c.output == "bfloat16"
     assert NumericContract.from_dict({}, output="float16").model == bounds.DEFAULT_MODEL
+    # a dict naming only output_rounding: the interpreter's run is held to it too (it was checked as rne)
+    f = NumericContract.from_dict({"output_rounding": "faithful"}, output="bfloat16")
+    assert f.rounding_for(True) == f.rounding_for(False) == "faithful"
+    both = NumericContract.from_dict({"output_rounding": "faithful", "output_rounding_interpreter": "rne"},
+                                     output="bfloat16")
+    assert (both.rounding_for(False), both.rounding_for(True)) == ("faithful", "rne")
+    assert NumericContract.from_dict({}, output="float16").rounding_for(True) == "rne"
     with pytest.raises(TypeError):
         NumericContract.from_dict(["accumulation_model"], output="float16")
 
