@@ -833,6 +833,31 @@ def _as_out_array(out, fmt: OutputFormat) -> np.ndarray:
     return out
 
 
+def _is_own_dtype_poison(poison, fmt) -> bool:
+    """``poison`` is a scalar of the output format's dtype (compared bit for bit, payload included)."""
+    return isinstance(poison, np.generic) and poison.dtype == fmt.dtype
+
+
+def _unwritten_mask(o: np.ndarray, fmt, poison, ref_nan: np.ndarray, r64: np.ndarray) -> np.ndarray:
+    """Elements of the output ``o`` (the format's dtype) still holding ``poison`` where the reference does not (see
+    :func:`check`): a float NaN matches any NaN; otherwise the bits the buffer holds are compared."""
+    if _is_own_dtype_poison(poison, fmt):  # its bits as they are, a NaN payload included
+        stored = np.asarray(poison).reshape(1)
+    else:
+        try:
+            p = float(poison)
+        except OverflowError:  # a Python int beyond float64: its value as the buffer holds it, +-inf
+            p = math.inf if poison > 0 else -math.inf
+        if math.isnan(p):
+            return np.isnan(o.astype(np.float64)) & ~ref_nan
+        with np.errstate(over="ignore"):
+            stored = np.array([p]).astype(fmt.dtype)  # the poison as the buffer holds it (RNE to the format)
+    itemsize = np.dtype(fmt.dtype).itemsize
+    ob = np.ascontiguousarray(o).view(np.uint8).reshape(o.shape + (itemsize,))
+    held = np.all(ob == stored.view(np.uint8), axis=-1)
+    return held & (~ref_nan if np.isnan(stored[0]) else r64 != float(stored[0]))
+
+
 def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "rne", poison=None,
           exact_accumulation: bool = False, epilogue_multiplies: int | None = None) -> Report:
     """Check a kernel's output against a :class:`~fp4ref.gemm.Reference` under an accumulation model.
@@ -842,9 +867,12 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
         ref: the reference (``fp4ref.gemm.*``).
         model: model name or :class:`AccumulationModel` (default ``tc_fp32_universal``).
         output_rounding: "rne" or "faithful" (either neighbour; for the CPU interpreter's bf16 stores).
-        poison: the value the output buffer was filled with before the kernel ran (e.g. ``float("nan")``);
-            elements still holding it (bit for bit; any NaN for a NaN poison) where the reference does not are
-            counted as unwritten. None: no unwritten-element check.
+        poison: the value the output buffer was filled with before the kernel ran; elements still holding it
+            where the reference does not are counted as unwritten. A Python or numpy float is compared bit for
+            bit after RNE to the output format, except a NaN, which matches any NaN; a scalar of the output's
+            own dtype (``np.float16`` / ``ml_dtypes.bfloat16``) is compared bit for bit, so a NaN with its own
+            payload (``fp4ref.verify.POISON_BITS``) tells an unwritten element from a NaN the kernel computed.
+            None: no unwritten-element check.
         exact_accumulation: the inputs come from an exact-accumulation family (every fp32 partial sum exact in
             any order): then every element must EQUAL the correctly rounded output (rne) or be one of the two
             neighbours of the exact value (faithful), whatever the model.
@@ -862,8 +890,8 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
-    if poison is not None and (isinstance(poison, (bool, np.bool_))
-                               or not isinstance(poison, (int, float, np.integer, np.floating))):
+    if poison is not None and not _is_own_dtype_poison(poison, ref.output_format) and (
+            isinstance(poison, (bool, np.bool_)) or not isinstance(poison, (int, float, np.integer, np.floating))):
         raise TypeError(f"poison={poison!r}: expected None or a real number (the value the output was filled with)")
     if not isinstance(exact_accumulation, (bool, np.bool_)):
         raise TypeError(f"exact_accumulation={exact_accumulation!r}: expected a bool")
@@ -883,19 +911,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     out_nan = np.isnan(o64)
     unwritten_mask = np.zeros(o.shape, bool)
     if poison is not None:
-        try:
-            p = float(poison)
-        except OverflowError:  # a Python int beyond float64: its value as the buffer holds it, +-inf
-            p = math.inf if poison > 0 else -math.inf
-        if math.isnan(p):
-            unwritten_mask = out_nan & ~ref_nan
-        else:
-            with np.errstate(over="ignore"):
-                stored = np.array([p]).astype(fmt.dtype)  # the poison as the buffer holds it (RNE to the format)
-            pbits = stored.view(np.uint8)
-            itemsize = np.dtype(fmt.dtype).itemsize
-            ob = np.ascontiguousarray(o).view(np.uint8).reshape(o.shape + (itemsize,))
-            unwritten_mask = np.all(ob == pbits, axis=-1) & (r64 != float(stored[0]))
+        unwritten_mask = _unwritten_mask(o, fmt, poison, ref_nan, r64)
     nan_mm = (ref_nan != out_nan) & ~unwritten_mask
 
     both = ~ref_nan & ~out_nan & ~unwritten_mask

@@ -3,9 +3,10 @@
 :func:`diagnose` looks at a failing output beside its reference (and, where given, the workload's operands) and
 returns :class:`Diagnosis` entries, each a known bug with its evidence. Two kinds of test:
 
-* patterns in the output alone: unwritten trailing rows or columns (elements still holding the NaN poison),
-  NaN/inf flushed to finite values, outputs rounded toward zero or away from it (the signs of the errors against
-  the correctly rounded value, every wrong element one ulp off);
+* patterns in the output alone: unwritten trailing rows or columns (elements still holding the poison), NaNs the
+  kernel computed (with a poison of its own bits, the other NaNs), NaN/inf flushed to finite values, outputs
+  rounded toward zero or away from it (the signs of the errors against the correctly rounded value, every wrong
+  element one ulp off);
 * "the output is what the bug would compute": the output is recomputed, on a sample of at most 4 rows x 48
   columns, the way the bug reads the operands (swapped nibbles, swapped 2:4 metadata fields, a signed shift of
   int8 bytes, missing or misplaced NVFP4 block scales, plain block scales read as a swizzled layout, a dropped K
@@ -29,7 +30,7 @@ import numpy as np
 
 from ._interop import to_numpy
 from ._validate import global_scale_float32, is_int
-from .bounds import _as_out_array, parse_output_rounding
+from .bounds import _as_out_array, _is_own_dtype_poison, _unwritten_mask, parse_output_rounding
 from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -38,7 +39,10 @@ __all__ = ["Diagnosis", "diagnose", "BUGS"]
 BUGS = {
     "unwritten_tail_columns": "the last output columns are never written (a masked-off partial N tile)",
     "unwritten_tail_rows": "the last output rows are never written (a masked-off partial M tile)",
-    "unwritten_elements": "output elements are never written (still hold the NaN poison)",
+    "unwritten_elements": "output elements are never written (still hold the poison)",
+    "computed_nan": "the kernel computes NaN where the exact result is a number (the NaNs do not hold the poison)",
+    "unselected_nan_propagated": "a NaN byte of B at a K position the 2:4 metadata does not select reaches the "
+                                 "output (a dense product multiplies it by a pruned zero); the workload ignores it",
     "nonfinite_flushed": "NaN / inf results are flushed to finite values",
     "rounded_toward_zero": "the output is rounded toward zero (a truncating store) instead of to nearest even",
     "ties_away_from_zero": "output ties are rounded away from zero instead of to even",
@@ -98,8 +102,12 @@ def _ordered(x64, fmt):
 # ------------------------------------------------------------------------------------------- output patterns
 
 
-def _unwritten(o, ref) -> list:
-    mask = np.isnan(o) & ~np.isnan(ref.exact)
+def _unwritten(o, raw, ref, poison) -> list:
+    """Unwritten trailing columns / rows / elements: those holding ``poison`` (any NaN when it is None or a float
+    NaN; bit for bit for a scalar of the output dtype, as :func:`fp4ref.bounds.check` reads it)."""
+    ref_nan = np.isnan(ref.exact)
+    mask = np.isnan(o) & ~ref_nan if poison is None else _unwritten_mask(raw, ref.output_format, poison, ref_nan,
+                                                                          ref.out.astype(np.float64))
     if not mask.any():
         return []
     m2 = mask.reshape(-1, mask.shape[-1])
@@ -112,13 +120,34 @@ def _unwritten(o, ref) -> list:
         n_row += 1
     total = int(mask.sum())
     if n_col and n_col * rows == total:
-        return [Diagnosis("unwritten_tail_columns", f"the last {n_col} of {cols} columns hold the NaN poison in "
+        return [Diagnosis("unwritten_tail_columns", f"the last {n_col} of {cols} columns hold the poison in "
                                                     f"every row, nothing else does")]
     if n_row and n_row * cols == total:
-        return [Diagnosis("unwritten_tail_rows", f"the last {n_row} of {rows} rows hold the NaN poison, "
+        return [Diagnosis("unwritten_tail_rows", f"the last {n_row} of {rows} rows hold the poison, "
                                                  "nothing else does")]
-    return [Diagnosis("unwritten_elements", f"{total} of {mask.size} elements hold the NaN poison where the "
+    return [Diagnosis("unwritten_elements", f"{total} of {mask.size} elements hold the poison where the "
                                             "reference is a number")]
+
+
+def _computed_nan(o, ref, workload, operands, rows) -> list:
+    """NaN outputs where the reference is a number, called after the unwritten ones are ruled out with a poison of
+    its own bits: the kernel computed them. In the sparse workload, NaNs only in columns whose B row holds a NaN
+    byte that the reference ignores (at positions A does not select) name the dense product that reads them."""
+    mask = np.isnan(o) & ~np.isnan(ref.exact)
+    if not mask.any():
+        return []
+    m2 = mask.reshape(-1, mask.shape[-1])
+    total = int(m2.sum())
+    if workload is not None and workload.name.startswith("sparse") and operands is not None:
+        b = np.ascontiguousarray(operands["b_fp8"]).view(np.uint8)
+        nan_cols = np.any((b & 0x7F) == 0x7F, axis=1)  # E4M3FN NaN: 0x7F / 0xFF
+        if m2[:, nan_cols].sum() == total:
+            return [Diagnosis("unselected_nan_propagated", f"{total} of {m2.size} elements are NaN where the "
+                                                           f"reference is a number, all in columns whose B row holds "
+                                                           f"a NaN byte ({int(nan_cols.sum())} of {b.shape[0]} "
+                                                           "rows)")]
+    return [Diagnosis("computed_nan", f"{total} of {m2.size} elements are NaN where the reference is a number, "
+                                      "and none holds the poison's bits")]
 
 
 def _flushed(o, ref) -> list:
@@ -561,7 +590,8 @@ def _check_rows(rows, ref, m_ops):
     return arr.astype(np.int64)
 
 
-def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne") -> list:
+def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_rounding: str = "rne",
+             poison=None) -> list:
     """Name the known bugs a failing output matches, with evidence (see the module docstring).
 
     Args:
@@ -588,6 +618,11 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
             shape of ``ref.out``. A list, tuple or range of ints, or a 1-D integer numpy array or torch tensor.
             None (default): ``ref`` covers every row of the operands.
         output_rounding: "rne" or "faithful", as checked.
+        poison: what the output buffer held before the kernel ran, as :func:`fp4ref.bounds.check` takes it. None
+            or a float NaN: any NaN where the reference is a number counts as unwritten. A NaN of the output's
+            own dtype with its own payload (``fp4ref.verify.POISON_BITS``, what ``fp4ref verify`` fills with):
+            only those bits count as unwritten, and other NaNs are named as computed (``computed_nan``, or
+            ``unselected_nan_propagated`` for the sparse workload's B NaNs that the reference ignores).
 
     Returns:
         A list of :class:`Diagnosis`, most specific first; empty when nothing known matches.
@@ -617,10 +652,13 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
                         f"{type(ref).__name__}")
     # bounds.check's rule: a numpy array or torch tensor of the reference's output dtype (nothing cast: an int,
     # bool or float32 output is a different kernel's, or a mistake)
-    o = _as_out_array(out, _fmt(ref))
-    if o.shape != ref.out.shape:
-        raise ValueError(f"out has shape {o.shape}, the reference {ref.out.shape}")
-    o = o.astype(np.float64)  # exact: every float16 / bfloat16 value is a float64
+    raw = _as_out_array(out, _fmt(ref))
+    if raw.shape != ref.out.shape:
+        raise ValueError(f"out has shape {raw.shape}, the reference {ref.out.shape}")
+    if poison is not None and not _is_own_dtype_poison(poison, ref.output_format) and (
+            isinstance(poison, (bool, np.bool_)) or not isinstance(poison, (int, float, np.integer, np.floating))):
+        raise TypeError(f"poison={poison!r}: expected None, a real number or a scalar of the output dtype")
+    o = raw.astype(np.float64)  # exact: every float16 / bfloat16 value is a float64
     output_rounding = parse_output_rounding(output_rounding)
     if workload is not None:  # an unknown name is named first, whether or not operands came with it
         workload = _resolve_workload(workload)
@@ -634,9 +672,13 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         operands, m_ops = _check_operands(workload, operands, ref, rows is not None)
     if rows is not None:
         rows = _check_rows(rows, ref, m_ops)
-    found = _unwritten(o, ref)
+    found = _unwritten(o, raw, ref, poison)
     if found:
         return found
+    if _is_own_dtype_poison(poison, ref.output_format) and np.isnan(poison):  # no NaN left is the poison's
+        found = _computed_nan(o, ref, workload, operands, rows)
+        if found:
+            return found
     # flushed non-finite elements are named, and the finite ones still analysed: a truncating store also turns an
     # overflow into the largest finite value, and both names describe such a kernel
     flushed = _flushed(o, ref)

@@ -7,10 +7,12 @@ exact reference under the kernel's declared accumulation model; the public bench
 same outputs, for the record.
 
 On a CUDA GPU the workloads run at the public benchmarks' sizes; without one, in the Triton CPU interpreter at
-small M with the full N and K. Unwritten outputs: before each call a NaN-filled tensor of the output's size is
-allocated and released, so the allocator hands the same (poisoned) block to the kernel's ``torch.empty``; an
-element the kernel never writes then stays NaN and shows as a NaN mismatch (best effort: a kernel that allocates
-differently escapes this, so the project's own tests also pass NaN-filled output buffers directly).
+small M with the full N and K. Unwritten outputs: before each call a tensor of the output's size filled with a NaN
+of its own payload (:data:`POISON_BITS`) is allocated and released, so the allocator hands the same (poisoned)
+block to the kernel's ``torch.empty``; an element the kernel never writes then still holds those bits and counts
+as unwritten, while a NaN the kernel computes (other bits) counts as a NaN mismatch (best effort: a kernel that
+allocates differently escapes this, as on the CPU, whose allocator does not cache blocks; the project's own tests
+also pass NaN-filled output buffers directly).
 
 This module is the one place in fp4ref that imports torch (lazily, inside functions; importing it does not).
 """
@@ -27,6 +29,11 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from .workloads import WORKLOADS, Workload, get_workload
+
+#: The output poison's bits per output dtype: quiet NaNs with a payload (0x5A) that arithmetic does not produce
+#: (NVIDIA GPUs write the canonical 0x7FFF, numpy 0x7E00 / 0x7FC0), so an unwritten element is told from a NaN the
+#: kernel computed (:func:`fp4ref.bounds.check`'s ``poison``).
+POISON_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA}
 
 __all__ = ["Row", "VerifyResult", "load_kernel", "kernel_contract", "verify", "workload_from_definition", "max_m",
            "check_sizes", "Interrupted", "MissingDependency"]
@@ -221,12 +228,18 @@ def _dtype_of(name: str):
 
 
 def _poison_allocator(shape, dtype_name: str, device) -> None:
-    """Leave a NaN-filled block of the output's size in the caching allocator (see the module docstring)."""
+    """Leave a block of the output's size holding the poison NaN (:data:`POISON_BITS`) in the caching allocator
+    (see the module docstring)."""
     import torch
 
     dt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
-    buf = torch.full(shape, float("nan"), dtype=dt, device=device)
+    buf = torch.full(shape, POISON_BITS[dtype_name], dtype=torch.int16, device=device).view(dt)
     del buf
+
+
+def poison_value(dtype_name: str):
+    """The poison as a scalar of the output dtype (``check``'s ``poison``, compared bit for bit)."""
+    return np.array([POISON_BITS[dtype_name]], np.uint16).view(_dtype_of(dtype_name))[0]
 
 
 # --------------------------------------------------------------------------------------------------- checking
@@ -248,8 +261,8 @@ def _check_one(out, ref, rows, n: int, model, output_rounding, exact_accumulatio
     if rows is not None:
         out = out.reshape(-1, n)[rows]
     out = out.reshape(ref.out.shape)  # same element count: validated by the caller
-    report = bounds.check(out, ref, model, output_rounding=output_rounding, poison=float("nan"),
-                          exact_accumulation=exact_accumulation)
+    report = bounds.check(out, ref, model, output_rounding=output_rounding,
+                          poison=poison_value(ref.output_format.name), exact_accumulation=exact_accumulation)
     fib = testing.fib_allclose(out, ref.out)
     sol = testing.sol_allclose(out, ref.out)
     return report, bool(fib), bool(sol), int(np.prod(ref.out.shape[:-1]))  # output rows checked
@@ -607,7 +620,8 @@ def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> li
             try:
                 from .diagnose import diagnose
 
-                found = diagnose(checked, ref, workload=w, operands=ops, rows=rows, output_rounding=case.rounding)
+                found = diagnose(checked, ref, workload=w, operands=ops, rows=rows, output_rounding=case.rounding,
+                                 poison=poison_value(ref.output_format.name))
             except Exception as dexc:  # a diagnosis must never hide the verdict
                 found = []
                 row.note += f" | no diagnosis ({type(dexc).__name__}: {dexc})"

@@ -11,6 +11,7 @@ import pytest
 
 from fp4ref import bounds, gemm
 from fp4ref.diagnose import BUGS, diagnose
+from fp4ref.verify import POISON_BITS, poison_value
 from fp4ref.workloads import get_workload
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -288,6 +289,34 @@ def test_correct_kernel_gets_no_diagnosis(name):
                                                                 bounds.DEFAULT_MODEL})
     assert rep.ok, rep.summary()
     assert diagnose(out, ref, workload=w, operands=ops) == []
+
+
+def test_a_poison_of_its_own_bits_tells_unwritten_from_computed_nans():
+    """fp4ref verify fills outputs with a NaN of its own payload (POISON_BITS): elements holding those bits are
+    unwritten, other NaNs were computed. A dense product over the sparse workload's nan_b operands multiplies B's
+    NaN bytes at pruned positions by zero (the reference ignores them): check counts NaN mismatches, not unwritten
+    elements, and diagnose names the dense product instead of an unwritten tile."""
+    poison = poison_value(SPARSE.output_dtype)
+    assert np.asarray(poison).view(np.uint16) == POISON_BITS[SPARSE.output_dtype] and np.isnan(poison)
+    ops = _ops(SPARSE, "nan_b", 4, 64, 256)
+    ref = SPARSE.reference(**ops)
+    dense = _sparse_bug()(SPARSE, ops, ref)  # numpy's NaN: other bits than the poison's
+    computed = np.isnan(dense.astype(np.float64)) & ~np.isnan(ref.exact)
+    assert computed.any()
+    rep = bounds.check(dense, ref, poison=poison)
+    assert rep.unwritten == 0 and rep.nan_mismatch == int(computed.sum()) and not rep.ok
+    assert bounds.check(dense, ref, poison=float("nan")).unwritten == int(computed.sum())  # any NaN: "unwritten"
+    found = diagnose(dense, ref, workload=SPARSE, operands=ops, poison=poison)
+    assert [d.bug for d in found] == ["unselected_nan_propagated"], [str(d) for d in found]
+    assert [d.bug for d in diagnose(dense, ref, poison=poison)] == ["computed_nan"]  # without the operands
+    # the poison's own bits where the kernel wrote nothing: unwritten, by both
+    ops = _ops(SPARSE, "public", 4, 64, 256)
+    ref = SPARSE.reference(**ops)
+    out = ref.out.copy()
+    out[..., -16:] = poison
+    assert bounds.check(out, ref, poison=poison).unwritten == out[..., -16:].size
+    assert [d.bug for d in diagnose(out, ref, workload=SPARSE, operands=ops, poison=poison)] == [
+        "unwritten_tail_columns"]
 
 
 def test_operands_that_do_not_reproduce_ref_are_an_error_even_with_fitting_shapes():
