@@ -12,11 +12,12 @@ returns :class:`Diagnosis` entries, each a known bug with its evidence. Two kind
   int8 bytes, missing or misplaced NVFP4 block scales, plain block scales read as a swizzled layout, a dropped K
   tail), quantizes the NVFP4 layer's activation (another recipe, an amax over a tile of rows, none), scales it (a
   global decode scale left out) or accumulates (fp16 / bf16 partial sums, an unpromoted 14-bit fp8 accumulator);
-  the bug is named when that matches the output on >= 90% of the sample
-  while the correctly rounded reference does not (the share of each is the evidence). fp16 / bf16 partial sums are
-  recomputed two ways, fused (``acc = round(acc + a*b)``, the exact product) and unfused
-  (``acc = round(acc + round(a*b))``, each product rounded first; skipped where every product is exact in the
-  format, as in the sparse workload); either names the bug, and the evidence says which matched.
+  the bug is named when that matches the output on >= 90% of the sample, more than the correctly rounded
+  reference does, and on at least 4 sampled elements where the reference does not (one element of a tiny output
+  says little; the share of each is the evidence); an all-zero output is named as such, not as a bug that
+  computes zeros. fp16 / bf16 partial sums are recomputed two ways, fused (``acc = round(acc + a*b)``, the exact
+  product) and unfused (``acc = round(acc + round(a*b))``, each product rounded first; skipped where every product
+  is exact in the format, as in the sparse workload); either names the bug, and the evidence says which matched.
 
 Pure numpy; the workloads are those of :mod:`fp4ref.workloads` (operands as their numpy dicts).
 """
@@ -40,6 +41,8 @@ BUGS = {
     "unwritten_tail_columns": "the last output columns are never written (a masked-off partial N tile)",
     "unwritten_tail_rows": "the last output rows are never written (a masked-off partial M tile)",
     "unwritten_elements": "output elements are never written (still hold the poison)",
+    "zero_output": "every output element is zero where the reference is not (zeros written, or a zeroed buffer "
+                   "left unwritten)",
     "computed_nan": "the kernel computes NaN where the exact result is a number (the NaNs do not hold the poison)",
     "unselected_nan_propagated": "a NaN byte of B at a K position the 2:4 metadata does not select reaches the "
                                  "output (a dense product multiplies it by a pruned zero); the workload ignores it",
@@ -73,6 +76,7 @@ BUGS = {
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 _E4M3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
 _MATCH = 0.9  # share of the sample a bug's output must match
+_MIN_TELLING = 4  # sampled outputs a bug must explain that the correct reference does not (one element says little)
 
 
 @dataclass(frozen=True)
@@ -200,12 +204,18 @@ def _sample(shape2, rng_rows=4, n_cols=48):
     return r, c
 
 
-def _share_equal(o, x, faithful, fmt) -> float:
+def _equal(o, x, faithful, fmt) -> np.ndarray:
+    """Where ``o`` equals ``x`` (NaN matches NaN; with ``faithful`` also one ulp apart)."""
     with np.errstate(invalid="ignore"):
         eq = (o == x) | (np.isnan(o) & np.isnan(x))
         if faithful:
             fin = np.isfinite(o) & np.isfinite(x)
             eq |= fin & (np.abs(_ordered(np.where(fin, o, 0), fmt) - _ordered(np.where(fin, x, 0), fmt)) <= 1)
+    return eq
+
+
+def _share_equal(o, x, faithful, fmt) -> float:
+    eq = _equal(o, x, faithful, fmt)
     return float(eq.mean()) if eq.size else 0.0
 
 
@@ -427,7 +437,11 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
                              "elements the output recomputed from them differs from ref.out (operands swapped or "
                              "of other data, or rows= that are not the rows ref was computed on)")
     o = o2[np.ix_(rows, cols)]
-    base = _share_equal(o, r2[np.ix_(rows, cols)], faithful, fmt)
+    want_s = r2[np.ix_(rows, cols)]
+    base = _share_equal(o, want_s, faithful, fmt)
+    if not np.any(o2) and np.any(r2):  # all zeros: no recomputation tells which bug left them
+        return [Diagnosis("zero_output", f"all {o2.size} outputs are zero, where the correctly rounded reference "
+                                         f"has {int(np.count_nonzero(r2))} non-zero")]
     found = []
     for bug, detail, fn in _candidates(workload, ops, src_rows, cols):
         # No exception is swallowed here: _check_operands has checked every operand's dtype and shape against the
@@ -436,7 +450,9 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
         with np.errstate(all="ignore"):
             x = round_float64(np.asarray(fn(), dtype=np.float64), fmt.name)
         share = _share_equal(o, x, faithful, fmt)
-        if share >= _MATCH and share > base:
+        # evidence: sampled outputs the bug's recomputation explains and the correct reference does not
+        telling = int(np.sum(_equal(o, x, faithful, fmt) & ~_equal(o, want_s, faithful, fmt)))
+        if share >= _MATCH and share > base and telling >= _MIN_TELLING:
             found.append((share, bug, detail))
     if not found:
         return []

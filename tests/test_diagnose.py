@@ -291,6 +291,22 @@ def test_correct_kernel_gets_no_diagnosis(name):
     assert diagnose(out, ref, workload=w, operands=ops) == []
 
 
+def test_a_tiny_or_all_zero_output_is_not_given_a_recomputed_bug():
+    """Hypothesis shrinks a failure to a 1 x 1 output: one truncated element matched some recomputed bug 100% (an
+    RZ store was named fp16_accumulation). A bug needs >= 4 sampled elements it explains and the reference does
+    not; an all-zero output is named zero_output, not a bug that happens to compute zeros on that family."""
+    for w, k, seed in ((GEMM, 256, 11), (SPARSE, 2048, 0), (SPARSE, 2048, 14)):  # each was named a bug before
+        ops = w.families["exact_acc"](np.random.default_rng(seed), 1, 1, k)
+        ref = w.reference(**ops)
+        out = truncating_store(w, ops, ref)
+        assert not np.array_equal(out.view(np.uint16), ref.out.view(np.uint16))
+        assert diagnose(out, ref, workload=w, operands=ops) == [], (w.name, seed)
+    ops = _ops(GEMM, "exact_acc", 4, 64, 256)
+    ref = GEMM.reference(**ops)
+    found = diagnose(np.zeros_like(ref.out), ref, workload=GEMM, operands=ops)
+    assert [d.bug for d in found] == ["zero_output"] and "all 256 outputs are zero" in found[0].evidence
+
+
 def test_a_poison_of_its_own_bits_tells_unwritten_from_computed_nans():
     """fp4ref verify fills outputs with a NaN of its own payload (POISON_BITS): elements holding those bits are
     unwritten, other NaNs were computed. A dense product over the sparse workload's nan_b operands multiplies B's
