@@ -17,7 +17,8 @@ gemm_n3072_k2048       ``public`` (randn fp16); ``exact_acc`` (scaled integers: 
 sparse_gemm_fp4_fp8    ``public`` (random int8 vals/meta bytes, as the benchmark feeds them: every byte is defined);
 _n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (E4M3FN integer B: sums exact in fp32 and
                        in fp8 wgmma promoted every <= 128; a same-sign run takes every partial sum past 2^13, so an
-                       unpromoted 14-bit accumulator fails); ``nan_b`` (E4M3FN NaN bytes in B must propagate).
+                       unpromoted 14-bit accumulator fails); ``nan_b`` (E4M3FN NaN bytes in B must propagate);
+                       ``subnormal_b`` (B only E4M3FN subnormals, sums exact: catches a decode that flushes them).
 nvfp4_linear           ``public`` (randn bf16 activations, randn fp32 weights quantized with the "sol" recipe);
 _n8192_k8192           ``adversarial`` (activation blocks of zeros, E2M1 ties, huge and tiny blocks: subnormal
                        block scales).
@@ -184,6 +185,20 @@ def _sparse_exact_acc(rng, m, n, k):
     return {"a_vals": vals.view(np.int8), "a_meta": meta.view(np.int8), "b_fp8": b.view(ml_dtypes.float8_e4m3fn)}
 
 
+def _sparse_subnormal_b(rng, m, n, k):
+    # B only E4M3FN subnormals (m * 2^-9, m = 1..7, either sign) under any A bytes: every product lies on 2^-10 Z and
+    # a 128-product chunk sums to at most 32 groups * 12 * 7 * 2^-9 = 5.25 (5376 steps < 2^13), so the sums are
+    # exact in fp32 at any K <= 2^12 and in fp8 wgmma promoted every <= 128; a kernel that flushes subnormal B
+    # bytes to zero (an FTZ decode or conversion) gives zeros, which this family shows bit for bit.
+    mags = rng.integers(1, 8, size=(n, k)).astype(np.uint8)
+    signs = (rng.integers(0, 2, size=(n, k)) * 0x80).astype(np.uint8)
+    return {
+        "a_vals": rng.integers(-128, 128, size=(m, k // 4), dtype=np.int8),
+        "a_meta": rng.integers(-128, 128, size=(m, k // 4), dtype=np.int8),
+        "b_fp8": (mags | signs).view(ml_dtypes.float8_e4m3fn),
+    }
+
+
 def _sparse_nan_b(rng, m, n, k):
     out = _sparse_public(rng, m, n, k)
     b = out["b_fp8"].view(np.uint8).copy()
@@ -324,11 +339,12 @@ WORKLOADS: dict = {
                 "canonical": _sparse_canonical,
                 "exact_acc": _sparse_exact_acc,
                 "nan_b": _sparse_nan_b,
+                "subnormal_b": _sparse_subnormal_b,
             },
             reference=_sparse_reference,
             description="2:4 sparse E2M1 A [M, 2048] x E4M3FN B [2048, 2048] -> bf16 (FlashInfer-Bench)",
             slice_rows=_slice_first("a_vals", "a_meta"),
-            exact_families=("exact_acc",),
+            exact_families=("exact_acc", "subnormal_b"),
         ),
         Workload(
             name="nvfp4_linear_n8192_k8192",

@@ -115,3 +115,32 @@ def test_fp16_exact_acc_exceeds_fp16_and_bf16_accumulators(k):
         out = gemm.round_float64(_sequential(A, B, fmt), "float16").astype(np.float16)
         rep = bounds.check(out, ref, "fp32_rn", exact_accumulation=True)
         assert not rep.ok and rep.not_equal_exact >= ref.out.size // 2, (fmt, rep.summary())
+
+
+@pytest.mark.parametrize("k", _ks(SPARSE))
+def test_sparse_subnormal_b_is_exact_and_shows_a_flushing_decode(k):
+    """subnormal_b: every B byte an E4M3FN subnormal (exponent field 0, mantissa 1..7); in integers on the 2^-10
+    grid (v = e2m1 * 2 and b = m: v * b units of 2^-10) every 128-product chunk stays below 2^13 units and every
+    prefix sum below 2^24, so fp32 and fp8 wgmma promoted every 128 are exact; a decode that flushes subnormal B to
+    zero fails the exact verdict (and the ordinary bound)."""
+    rng = np.random.default_rng(k)
+    ops = SPARSE.families["subnormal_b"](rng, 6, 48, k)
+    b = ops["b_fp8"].view(np.uint8)
+    assert np.all((b & 0x78) == 0) and np.all((b & 0x07) != 0)  # subnormal: exponent 0, mantissa non-zero
+    ref = SPARSE.reference(**ops)
+    A = decompress_2to4(ops["a_vals"].view(np.uint8), ops["a_meta"].view(np.uint8)).astype(np.float64)
+    Ai = (2 * A).astype(np.int64)  # e2m1 sums on 2^-1 Z, exactly
+    Bi = ((b & 0x07).astype(np.int64)) * np.where(b & 0x80, -1, 1)  # b = m * 2^-9
+    P = Ai[:, None, :] * Bi[None, :, :]  # units of 2^-10
+    chunks = P.reshape(P.shape[0], P.shape[1], -1, 128).sum(axis=-1)
+    assert np.abs(chunks).max() < 2**13 and np.abs(np.cumsum(P, axis=-1)).max() < 2**24
+    np.testing.assert_array_equal(P.sum(axis=-1) * 2.0**-10, ref.exact)
+    for model in ("fp32_rn", "hopper_fp8_wgmma_promote(128)"):
+        sim = bounds.simulate(A, E4M3[b], model)
+        np.testing.assert_array_equal(sim, ref.exact, err_msg=model)
+        bounds.check(_bf16(sim), ref, model, exact_accumulation=True).assert_ok()
+    assert np.mean(ref.out.astype(np.float64) != ref.exact) > 0.25  # the outputs need rounding
+    flushed = np.zeros_like(ref.out)  # every product of a flushed B is zero
+    for model in ("fp32_rn", "hopper_fp8_wgmma_promote(128)"):
+        assert not bounds.check(flushed, ref, model, exact_accumulation=True).ok
+        assert not bounds.check(flushed, ref, model).ok
