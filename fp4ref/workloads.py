@@ -21,7 +21,8 @@ _n2048_k2048           ``canonical`` (compress_2to4 output); ``exact_acc`` (E4M3
                        ``subnormal_b`` (B only E4M3FN subnormals, sums exact: catches a decode that flushes them).
 nvfp4_linear           ``public`` (randn bf16 activations, randn fp32 weights quantized with the "sol" recipe);
 _n8192_k8192           ``adversarial`` (activation blocks of zeros, E2M1 ties, huge and tiny blocks: subnormal
-                       block scales).
+                       block scales); ``exact_acc`` (x and W on grids whose fp32 partial sums are exact in any
+                       order, the global scales' product a power of two: the output must be RNE of the exact sum).
 =====================  ===============================================================================================
 """
 from __future__ import annotations
@@ -262,6 +263,28 @@ def _nvfp4_adversarial(rng, m, n, k):
     return {"x": _bf16(x.reshape(1, m, k)), **w}
 
 
+def _nvfp4_exact_acc(rng, m, n, k):
+    # Every fp32 partial sum exact in any order, the bf16 output needing rounding (with ties). x: every block holds
+    # +-2688 = 448 * 6 (the tensor amax, so the "sol" global scale is 1 and every block scale 448) and 448 * e2m1 at
+    # the other elements, so x quantizes to exactly those codes; W: random codes, every block scale 1.0, global
+    # decode scale 2^-3. Products x_deq * w_deq lie on 112 Z = 7 * 16 Z and a partial sum has at most
+    # K * 448 * 36 / 112 = 144 K such units (7 * 144 K < 2^24 at K <= 16384): exact in fp32, and scaled by the power
+    # of two 2^-3 exactly, so the output must be the correctly rounded RNE(C) (the workload's own double rounding
+    # bf16(bf16(acc) * alpha) gives the same bits here). Catches truncating stores, a wrong tie rule, bf16 / fp16
+    # accumulation.
+    e2m1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    x = 448.0 * e2m1[rng.integers(0, 8, size=(m, k // 16, 16))] * rng.choice([-1.0, 1.0], size=(m, k // 16, 16))
+    x[np.arange(m)[:, None], np.arange(k // 16)[None, :], rng.integers(0, 16, size=(m, k // 16))] = \
+        2688.0 * rng.choice([-1.0, 1.0], size=(m, k // 16))
+    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    return {
+        "x": _bf16(x.reshape(1, m, k)),
+        "weight_fp4": (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8),
+        "weight_scales": np.full((n, k // 16), 0x38, np.uint8).view(ml_dtypes.float8_e4m3fn),  # E4M3FN 1.0
+        "weight_global_decode_scale": 0.125,
+    }
+
+
 #: The recipe the NVFP4-linear workload quantizes x with, per call (fp4ref.blockscale.NVFP4Recipe.SOL)
 NVFP4_X_RECIPE = "sol"
 
@@ -357,11 +380,12 @@ WORKLOADS: dict = {
             cpu_m=(1,),
             cpu_n=1024,
             cpu_k=2048,
-            families={"public": _nvfp4_public, "adversarial": _nvfp4_adversarial},
+            families={"public": _nvfp4_public, "adversarial": _nvfp4_adversarial, "exact_acc": _nvfp4_exact_acc},
             reference=_nvfp4_reference,
             description="y = x @ W.T, x bf16 quantized to NVFP4 per call ('sol'), NVFP4 W [8192, 8192] -> bf16 (SOL)",
             slice_rows=_nvfp4_slice_rows,
             batched=True,
+            exact_families=("exact_acc",),
         ),
     )
 }

@@ -144,3 +144,57 @@ def test_sparse_subnormal_b_is_exact_and_shows_a_flushing_decode(k):
     for model in ("fp32_rn", "hopper_fp8_wgmma_promote(128)"):
         assert not bounds.check(flushed, ref, model, exact_accumulation=True).ok
         assert not bounds.check(flushed, ref, model).ok
+
+
+NVFP4 = get_workload("nvfp4_linear_n8192_k8192")
+
+
+@pytest.mark.parametrize("k", _ks(NVFP4))
+def test_nvfp4_exact_acc_is_exact_and_shows_truncating_stores(k):
+    """exact_acc (NVFP4): x quantizes by the "sol" recipe to exactly the planted codes (global scale 1, block scales
+    448); in integers on the 112 Z grid every prefix sum of x_deq * w_deq stays below 2^24 / 7 units, so fp32 and
+    the tensor-core models sum exactly, and the global scales' product 2^-3 scales exactly: the output must be
+    RNE(C), which the workload's double rounding bf16(bf16(acc) * 2^-3) also gives; a truncating store and a bf16
+    accumulator fail the exact verdict."""
+    from fp4ref.blockscale import nvfp4_dequantize, nvfp4_quantize
+    from fp4ref.packing import unpack_fp4
+
+    rng = np.random.default_rng(k)
+    m, n = 3, 40
+    ops = NVFP4.families["exact_acc"](rng, m, n, k)
+    x = ops["x"].reshape(m, k).astype(np.float64)
+    xq = nvfp4_quantize(ops["x"].reshape(m, k), recipe="sol")
+    assert float(xq.global_decode_scale) == 1.0 and np.all(xq.scales == 126)  # E4M3FN 448
+    np.testing.assert_array_equal(nvfp4_dequantize(xq, np.float64), x)  # the planted values, exactly
+    e2m1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    W = e2m1[unpack_fp4(ops["weight_fp4"])]  # block scales 1.0
+    assert np.all(ops["weight_scales"].view(np.uint8) == 0x38) and ops["weight_global_decode_scale"] == 0.125
+    Xi, Wi = (x / 224).astype(np.int64), (2 * W).astype(np.int64)  # x on 224 Z, w on 2^-1 Z: products on 112 Z
+    P = Xi[:, None, :] * Wi[None, :, :]
+    assert 7 * np.abs(np.cumsum(P, axis=-1)).max() < 2**24  # 112 u = 16 * 7 u: exact in fp32
+    acc = P.sum(axis=-1) * 112.0
+    ref = NVFP4.reference(**ops)
+    assert ref.out.shape == (1, m, n)
+    exact = acc * 0.125
+    for i in range(m):
+        for j in range(n):
+            assert ref.exact_fraction((0, i, j)) == exact[i, j]
+    want = _bf16(exact)
+    np.testing.assert_array_equal(ref.out.reshape(m, n).view(np.uint16), want.view(np.uint16))
+    twice = _bf16(_bf16(acc).astype(np.float64) * 0.125)  # the workload's double rounding
+    np.testing.assert_array_equal(twice.view(np.uint16), want.view(np.uint16))
+    assert np.mean(want.astype(np.float64) != exact) > 0.5  # outputs need rounding
+    for model in ("fp32_rn", "hopper_fp16_wgmma", "splitk(hopper_fp16_wgmma, 512)"):
+        sim = bounds.simulate(x, W, model)
+        np.testing.assert_array_equal(sim, acc, err_msg=model)
+        out = _bf16(sim * 0.125).reshape(1, m, n)
+        bounds.check(out, ref, model, exact_accumulation=True).assert_ok()
+    truncated = (want.astype(np.float64) != exact) & (np.abs(want.astype(np.float64)) > np.abs(exact))
+    assert truncated.any()
+    rz = np.where(truncated, np.nextafter(want, np.zeros_like(want)), want).reshape(1, m, n)
+    assert not bounds.check(rz, ref, "hopper_fp16_wgmma", exact_accumulation=True).ok
+    bf16_acc = np.zeros((m, n))
+    for kk in range(k):  # partial sums kept in bf16
+        bf16_acc = _bf16(bf16_acc + x[:, None, kk] * W[None, :, kk]).astype(np.float64)
+    assert not bounds.check(_bf16(bf16_acc * 0.125).reshape(1, m, n), ref, "hopper_fp16_wgmma",
+                            exact_accumulation=True).ok
