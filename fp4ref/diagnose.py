@@ -71,6 +71,13 @@ BUGS = {
     "activation_not_quantized": "x enters the product unquantized (its own values) instead of NVFP4-quantized",
     "missing_global_scale": "a global decode scale (x's or the weight's, named in the evidence) is left out of the "
                             "epilogue",
+    "global_scale_misapplied": "a global decode scale (named in the evidence) is applied twice, or its reciprocal "
+                               "(the encode scale) is applied instead",
+    "block_scales_read_ue8m0": "the weight's E4M3FN block scale bytes are decoded as UE8M0 exponents (2^(byte - "
+                               "127), MX's scales)",
+    "duplicate_index_overwrite": "a 2:4 group whose two indices are equal keeps its second value only (it overwrites "
+                                 "the first) instead of their sum",
+    "bf16_rounded_output": "the fp16 output is rounded to bf16 first (8 significant bits) and then stored as fp16",
 }
 
 _E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -248,7 +255,7 @@ def _dense_variants(A, B, K):
     return out
 
 
-def _sparse_dense(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=False):
+def _sparse_dense(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=False, overwrite=False):
     v = vals.view(np.uint8).astype(np.int64)
     t = meta.view(np.uint8).astype(np.int64)
     lo, hi = v & 0xF, v >> 4
@@ -264,7 +271,8 @@ def _sparse_dense(vals, meta, swap_nibbles=False, swap_meta=False, signed_shift=
     m, g = v.shape
     A = np.zeros((m, g, 4))
     for j in range(4):
-        A[:, :, j] += np.where(i0 == j, v0, 0.0) + np.where(i1 == j, v1, 0.0)
+        first = np.where((i0 == j) & ~(overwrite & (i1 == j)), v0, 0.0)  # overwrite: a duplicate index keeps v1
+        A[:, :, j] += first + np.where(i1 == j, v1, 0.0)
     return A.reshape(m, 4 * g)
 
 
@@ -274,14 +282,15 @@ def _candidates(workload, ops, rows, cols):
     if name.startswith("gemm"):
         A = ops["A"][rows].astype(np.float64)
         B = ops["B"][cols].astype(np.float64)
-        return _dense_variants(A, B, A.shape[1])
+        return _dense_variants(A, B, A.shape[1]) + [
+            ("bf16_rounded_output", "", lambda: round_float64(A @ B.T, "bfloat16"))]
     if name.startswith("sparse"):
         vals, meta = ops["a_vals"][rows], ops["a_meta"][rows]
         B = _E4M3[np.asarray(ops["b_fp8"]).view(np.uint8)[cols]]
         with np.errstate(invalid="ignore"):
             out = [(bug, "", lambda kw=kw: _sparse_dense(vals, meta, **kw) @ B.T) for bug, kw in (
                 ("swapped_nibbles", {"swap_nibbles": True}), ("swapped_meta_fields", {"swap_meta": True}),
-                ("signed_shift", {"signed_shift": True}))]
+                ("signed_shift", {"signed_shift": True}), ("duplicate_index_overwrite", {"overwrite": True}))]
             A = _sparse_dense(vals, meta)
             out += [v for v in _dense_variants(A, B, A.shape[1]) if v[0] != "bf16_accumulation"]
         from .bounds import simulate
@@ -343,6 +352,7 @@ def _nvfp4_activation_candidates(ops, rows, cols):
     epilogue's global scales, each recomputed exactly on the sample (fp4ref.gemm.nvfp4_gemm)."""
     from .blockscale import NVFP4Recipe, NVFP4Tensor, nvfp4_dequantize, nvfp4_quantize
     from .gemm import nvfp4_gemm
+    from .packing import unpack_fp4
     from .workloads import NVFP4_X_RECIPE
 
     x2 = ops["x"].reshape(-1, ops["x"].shape[-1])
@@ -388,6 +398,16 @@ def _nvfp4_activation_candidates(ops, rows, cols):
     out.append(("missing_global_scale", "x's global decode scale left out",
                 lambda: exact(replace(xq, global_decode_scale=np.float32(1.0)))))
     out.append(("missing_global_scale", "the weight's global decode scale left out", lambda: exact(xq, unit)))
+    for who, gs in (("x's", float(xq.global_decode_scale)), ("the weight's", float(g))):
+        if gs != 1.0:  # (a scale of 1 applied twice or inverted changes nothing)
+            out.append(("global_scale_misapplied", f"{who} global decode scale applied twice",
+                        lambda gs=gs: exact(xq) * gs))
+            out.append(("global_scale_misapplied", f"{who} global decode scale's reciprocal applied",
+                        lambda gs=gs: exact(xq) / (gs * gs)))
+    # the weight's scale bytes read as UE8M0 exponents: e2m1 * 2^(byte - 127) * g, exact in float64 per product
+    w_ue8m0 = (_E2M1[unpack_fp4(w)].reshape(len(cols), K // 16, 16) * np.ldexp(1.0, s.astype(np.int64) - 127)[
+        ..., None]).reshape(len(cols), K) * float(g)
+    out.append(("block_scales_read_ue8m0", "", lambda: nvfp4_dequantize(xq, dtype=np.float64) @ w_ue8m0.T))
     return out
 
 

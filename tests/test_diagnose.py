@@ -192,6 +192,44 @@ def w_global_scale_left_out(w, ops, ref):
     return _round(ref.exact / np.float64(np.float32(ops["weight_global_decode_scale"])), ref)
 
 
+def w_global_scale_twice(w, ops, ref):
+    return _round(ref.exact * np.float64(np.float32(ops["weight_global_decode_scale"])), ref)
+
+
+def w_global_scale_reciprocal(w, ops, ref):
+    g = np.float64(np.float32(ops["weight_global_decode_scale"]))
+    return _round(ref.exact / (g * g), ref)
+
+
+def scales_read_ue8m0(w, ops, ref):
+    """The weight's scale bytes taken as UE8M0 exponents 2^(byte - 127); x quantized right ("sol")."""
+    from fp4ref.blockscale import nvfp4_dequantize, nvfp4_quantize
+
+    x = ops["x"].reshape(-1, ops["x"].shape[-1])
+    xd = nvfp4_dequantize(nvfp4_quantize(x, recipe="sol"), dtype=np.float64)
+    codes = np.asarray(ops["weight_fp4"]).view(np.uint8)
+    lo, hi = codes & 0xF, codes >> 4
+    wc = np.stack([E2M1[lo], E2M1[hi]], axis=-1).reshape(codes.shape[0], -1)
+    s = np.asarray(ops["weight_scales"]).view(np.uint8).astype(np.int64)
+    wd = (wc.reshape(wc.shape[0], -1, 16) * np.ldexp(1.0, s - 127)[..., None]).reshape(wc.shape)
+    return _round((xd @ wd.T * np.float64(np.float32(ops["weight_global_decode_scale"])))[None], ref)
+
+
+def duplicate_overwrite(w, ops, ref):
+    """A 2:4 decode that writes v0 then v1 into the group, so a duplicate index keeps v1 only."""
+    v, t = ops["a_vals"].view(np.uint8).astype(np.int64), ops["a_meta"].view(np.uint8).astype(np.int64)
+    v0, v1, i0, i1 = E2M1[v & 0xF], E2M1[v >> 4], t & 3, (t >> 2) & 3
+    m, g = v.shape
+    A = np.zeros((m, g, 4))
+    for j in range(4):
+        A[:, :, j] = np.where(i1 == j, v1, np.where(i0 == j, v0, 0.0))
+    return _round(A.reshape(m, 4 * g) @ E4M3[ops["b_fp8"].view(np.uint8)].T, ref)
+
+
+def bf16_rounded_output(w, ops, ref):
+    return gemm.round_float64(gemm.round_float64(ref.exact, "bfloat16"), "float16").astype(np.float16)
+
+
 def right(w, ops, ref):
     return ref.out.copy()
 
@@ -237,6 +275,13 @@ PLANTED = {
     "x global scale left out": (NVFP4, "public", 2, 48, 256, x_global_scale_left_out, "missing_global_scale", {}),
     "weight global scale left out": (NVFP4, "public", 2, 48, 256, w_global_scale_left_out, "missing_global_scale",
                                      {}),
+    "weight global scale twice": (NVFP4, "public", 2, 48, 256, w_global_scale_twice, "global_scale_misapplied", {}),
+    "weight global scale inverted": (NVFP4, "public", 2, 48, 256, w_global_scale_reciprocal,
+                                     "global_scale_misapplied", {}),
+    "scales read as UE8M0": (NVFP4, "public", 2, 48, 256, scales_read_ue8m0, "block_scales_read_ue8m0", {}),
+    "duplicate index overwrites": (SPARSE, "public", 4, 64, 256, duplicate_overwrite, "duplicate_index_overwrite",
+                                   {}),
+    "output rounded to bf16": (GEMM, "public", 4, 64, 256, bf16_rounded_output, "bf16_rounded_output", {}),
 }
 
 # what the evidence of a planted bug must say, where a bug has several forms
@@ -245,6 +290,8 @@ EVIDENCE = {
     "x quantized with another recipe": "recipe 'te-4over6'", "x amax per row": "tiles of 1 row:",
     "x amax per 2 rows": "tiles of 2 rows:",
     "x global scale left out": "x's global decode scale", "weight global scale left out": "the weight's global",
+    "weight global scale twice": "the weight's global decode scale applied twice",
+    "weight global scale inverted": "the weight's global decode scale's reciprocal",
 }
 
 
