@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="M values (default: per device; repeatable, the values combine); a repeated M counts once; "
                         "each at most (2**31 - 1) // max(N, K) of the workload (699050 for gemm_n3072_k2048), so no "
                         "operand or output reaches 2**31 elements")
-    p.add_argument("--families", nargs="+", action="extend", metavar="FAMILY",
+    p.add_argument("--families", nargs="+", action="extend", metavar="FAMILY", type=str.lower,
                    help="input families (default: all; repeatable, the names combine); a repeated name counts once; "
                         "a workload with none of them is skipped, with a note naming it")
     p.add_argument("--model", action=OnceAction,

@@ -440,7 +440,8 @@ def _sample_reference(workload, ops, rows, cols) -> np.ndarray | None:
     return sub.out.astype(np.float64).reshape(len(rows), len(cols))
 
 
-def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list:
+def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> tuple:
+    """(the bugs whose recomputation matches the sample best, that share), ([], 0.0) when none does."""
     fmt = _fmt(ref)
     faithful = output_rounding == "faithful"
     o2 = out2
@@ -461,7 +462,7 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
     base = _share_equal(o, want_s, faithful, fmt)
     if not np.any(o2) and np.any(r2):  # all zeros: no recomputation tells which bug left them
         return [Diagnosis("zero_output", f"all {o2.size} outputs are zero, where the correctly rounded reference "
-                                         f"has {int(np.count_nonzero(r2))} non-zero")]
+                                         f"has {int(np.count_nonzero(r2))} non-zero")], 1.0
     found = []
     for bug, detail, fn in _candidates(workload, ops, src_rows, cols):
         # No exception is swallowed here: _check_operands has checked every operand's dtype and shape against the
@@ -475,7 +476,7 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
         if share >= _MATCH and share > base and telling >= _MIN_TELLING:
             found.append((share, bug, detail))
     if not found:
-        return []
+        return [], 0.0
     top = max(share for share, _, _ in found)
     # bugs that compute the same output are all named (swapping the two nibbles of a byte and swapping the two
     # index fields of its meta byte put the same values in the same columns); a bug recomputed several ways (the
@@ -488,7 +489,7 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> list
                 best[bug].append(detail)
     return [Diagnosis(bug, f"{' or '.join(details) + ': ' if details else ''}recomputed that way, "
                            f"{100 * top:.0f}% of {o.size} sampled outputs match (the correctly rounded reference: "
-                           f"{100 * base:.0f}%)") for bug, details in best.items()]
+                           f"{100 * base:.0f}%)") for bug, details in best.items()], top
 
 
 def _resolve_workload(workload):
@@ -718,10 +719,15 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     # flushed non-finite elements are named, and the finite ones still analysed: a truncating store also turns an
     # overflow into the largest finite value, and both names describe such a kernel
     flushed = _flushed(o, ref)
-    found = []
-    if workload is not None and operands is not None:  # the specific recomputations first: an unpromoted RZ
-        # accumulator's errors also point toward zero
-        found = _recomputed(o.reshape(-1, o.shape[-1]), ref, workload, operands, rows, output_rounding)
-    if not found and output_rounding == "rne":
-        found = _rounding(o, ref)
+    found, top = [], 0.0
+    if workload is not None and operands is not None:
+        found, top = _recomputed(o.reshape(-1, o.shape[-1]), ref, workload, operands, rows, output_rounding)
+    rounding = _rounding(o, ref) if output_rounding == "rne" else []
+    # an unpromoted RZ accumulator's errors also point toward zero, and a truncating store matches its recomputation
+    # on most of a sample: the output pattern, which holds for every wrong element, wins over a recomputation that
+    # explains only most of the sample; where both explain everything, both are named
+    if rounding and top < 1.0:
+        found = rounding
+    elif rounding:
+        found = found + rounding
     return flushed + found

@@ -120,26 +120,27 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _exact_families(workloads, families) -> list:
-    """The exact-accumulation families a run of these workloads and families builds (fp4ref.strategies' arrays,
-    which need hypothesis)."""
+def _hypothesis_families(workloads, families) -> list:
+    """The families a run of these workloads and families builds with fp4ref.strategies' arrays, which need
+    hypothesis (``Workload.hypothesis_families``)."""
     out = []
     for name in workloads:
         w = get_workload(name)
-        out += [f for f in (families or w.families) if f in w.exact_families and f not in out]
+        out += [f for f in (families or w.families) if f in w.hypothesis_families and f not in out]
     return out
 
 
 def check_dependencies(workloads=None, *, kernel: str | None = None, families=None) -> None:
     """Raise :class:`MissingDependency` if a module the run needs is not installed: torch always (the operands go to
-    the kernel as torch tensors), triton for the project's kernels (no ``kernel``), hypothesis when the run builds an
-    exact-accumulation family. Unknown workload names are left to :func:`verify`'s own checks."""
+    the kernel as torch tensors), triton for the project's kernels (no ``kernel``), hypothesis when the run builds a
+    family with fp4ref.strategies (``Workload.hypothesis_families``). Unknown workload names are left to
+    :func:`verify`'s own checks."""
     missing = [m for m in (("torch", "triton") if kernel is None else ("torch",)) if not _installed(m)]
     why = []
     if missing:
         why.append("runs the kernels, which need torch and triton" if kernel is None
                    else "passes the operands to the kernel as torch tensors, so it needs torch")
-    exact = _exact_families([n for n in dict.fromkeys(workloads or WORKLOADS) if n in WORKLOADS], families)
+    exact = _hypothesis_families([n for n in dict.fromkeys(workloads or WORKLOADS) if n in WORKLOADS], families)
     alternative = ""
     if exact and not _installed("hypothesis"):
         missing.append("hypothesis")

@@ -57,6 +57,8 @@ class Workload:
         batched: x and y carry a leading batch dimension of 1 (the NVFP4-linear workload's [batch, seq, K]).
         exact_families: families whose inputs make every fp32 partial sum exact in any order: there the output must
             equal the correctly rounded one (faithful: one of its two neighbours), whatever the model.
+        hypothesis_families: families built with :mod:`fp4ref.strategies`' array constructions, which import
+            hypothesis (``fp4ref verify`` names it as a missing dependency for them).
         slice_rows: callable(operands, rows) -> operands restricted to those output rows, with the same reference
             values there (None: the reference must see the whole input, e.g. a per-tensor amax).
     """
@@ -74,6 +76,7 @@ class Workload:
     description: str
     slice_rows: Callable | None = None
     exact_families: tuple = ()
+    hypothesis_families: tuple = ()  # families built with fp4ref.strategies' arrays, which import hypothesis
     batched: bool = False  # operands and output carry a leading batch dimension of 1 ([1, M, ...])
     cpu_n: int | None = None
     cpu_k: int | None = None
@@ -188,7 +191,7 @@ def _sparse_exact_acc(rng, m, n, k):
 
 def _sparse_subnormal_b(rng, m, n, k):
     # B only E4M3FN subnormals (m * 2^-9, m = 1..7, either sign) under any A bytes: every product lies on 2^-10 Z and
-    # a 128-product chunk sums to at most 32 groups * 12 * 7 * 2^-9 = 5.25 (5376 steps < 2^13), so the sums are
+    # a chunk of 128 K-columns sums to at most 32 groups * 12 * 7 * 2^-9 = 5.25 (5376 steps < 2^13), so the sums are
     # exact in fp32 at any K <= 2^12 and in fp8 wgmma promoted every <= 128; a kernel that flushes subnormal B
     # bytes to zero (an FTZ decode or conversion) gives zeros, which this family shows bit for bit.
     mags = rng.integers(1, 8, size=(n, k)).astype(np.uint8)
@@ -346,6 +349,7 @@ WORKLOADS: dict = {
             description="C = A @ B.T, fp16 [M, 2048] x fp16 [3072, 2048] -> fp16 (FlashInfer-Bench)",
             slice_rows=_slice_first("A"),
             exact_families=("exact_acc",),
+            hypothesis_families=("exact_acc",),
         ),
         Workload(
             name="sparse_gemm_fp4_fp8_n2048_k2048",
@@ -368,6 +372,7 @@ WORKLOADS: dict = {
             description="2:4 sparse E2M1 A [M, 2048] x E4M3FN B [2048, 2048] -> bf16 (FlashInfer-Bench)",
             slice_rows=_slice_first("a_vals", "a_meta"),
             exact_families=("exact_acc", "subnormal_b"),
+            hypothesis_families=("exact_acc",),
         ),
         Workload(
             name="nvfp4_linear_n8192_k8192",

@@ -382,7 +382,10 @@ def test_sparse_exact_acc_fails_an_unpromoted_fp8_kernel_end_to_end():
     bad = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_unpromoted", **kw)
     (row,) = bad.rows
     assert not bad.ok and row.bitwise_equal_pct < 90 and row.note.startswith("FAILED: ")
-    assert row.diagnosis == ["unpromoted_fp8_accumulation"], row.note
+    # named first; here every wrong element is also the neighbour toward zero, which a truncating store gives too,
+    # and with both explaining the whole output both are named
+    assert row.diagnosis in (["unpromoted_fp8_accumulation"], ["unpromoted_fp8_accumulation", "rounded_toward_zero"]
+                             ), row.note
     good = V.verify(["sparse_gemm_fp4_fp8_n2048_k2048"], kernel="tests._verify_kernels:sparse_fp8_promoted", **kw)
     assert good.ok and good.rows[0].bitwise_equal_pct == 100.0
 
