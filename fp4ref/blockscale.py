@@ -795,13 +795,14 @@ def _nvfp4_rows(recipe: NVFP4Recipe, xb: np.ndarray, ab: np.ndarray, gs: dict,
             s = decode(sbytes, E4M3FN)
             if recipe is NVFP4Recipe.TORCHAO:
                 y = xb * (gs["rcp"] / s)[..., None]  # (1/pts)/s; inf where 1/pts overflowed
+                _zero_for_nan_quotients(y, xb)
             elif recipe is NVFP4Recipe.TORCHAO_SINGLE_LEVEL:
                 y = xb * (_F32(1.0) / s)[..., None]
             elif recipe is NVFP4Recipe.TORCHAO_0_16:
                 y = xb / (gs["g"] * s)[..., None]  # 0 where pts * s underflowed
+                _zero_for_nan_quotients(y, xb)
             else:
                 y = xb / s[..., None]
-            _zero_for_nan_quotients(y, xb)
             return sbytes, _e2m1_f32(y)  # clamp to +-6 == saturating E2M1; -0.0 -> 0x8
         if recipe is NVFP4Recipe.MODELOPT:
             sf2 = gs["g"]

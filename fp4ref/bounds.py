@@ -838,6 +838,14 @@ def _is_own_dtype_poison(poison, fmt) -> bool:
     return isinstance(poison, np.generic) and poison.dtype == fmt.dtype
 
 
+def _check_poison(poison, fmt) -> None:
+    """``poison`` as :func:`check` takes it: None, a real number (not a bool) or a scalar of the output dtype."""
+    if poison is not None and not _is_own_dtype_poison(poison, fmt) and (
+            isinstance(poison, (bool, np.bool_)) or not isinstance(poison, (int, float, np.integer, np.floating))):
+        raise TypeError(f"poison={poison!r}: expected None, a real number or a scalar of the output dtype (the value "
+                        "the output was filled with)")
+
+
 def _unwritten_mask(o: np.ndarray, fmt, poison, ref_nan: np.ndarray, r64: np.ndarray) -> np.ndarray:
     """Elements of the output ``o`` (the format's dtype) still holding ``poison`` where the reference does not (see
     :func:`check`): a float NaN matches any NaN; otherwise the bits the buffer holds are compared."""
@@ -890,9 +898,7 @@ def check(out, ref: Reference, model=DEFAULT_MODEL, *, output_rounding: str = "r
     """
     if not isinstance(ref, Reference):
         raise TypeError(f"ref must be an fp4ref.gemm.Reference, got {type(ref).__name__}")
-    if poison is not None and not _is_own_dtype_poison(poison, ref.output_format) and (
-            isinstance(poison, (bool, np.bool_)) or not isinstance(poison, (int, float, np.integer, np.floating))):
-        raise TypeError(f"poison={poison!r}: expected None or a real number (the value the output was filled with)")
+    _check_poison(poison, ref.output_format)
     if not isinstance(exact_accumulation, (bool, np.bool_)):
         raise TypeError(f"exact_accumulation={exact_accumulation!r}: expected a bool")
     m = get_model(model)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ._interop import to_numpy
 from ._validate import global_scale_float32, is_int
-from .bounds import _as_out_array, _is_own_dtype_poison, _unwritten_mask, parse_output_rounding
+from .bounds import _as_out_array, _check_poison, _is_own_dtype_poison, _unwritten_mask, parse_output_rounding
 from .gemm import OUTPUT_FORMATS, Reference, _as_e4m3_bytes, _check_2d, round_float64
 
 __all__ = ["Diagnosis", "diagnose", "BUGS"]
@@ -113,12 +113,11 @@ def _ordered(x64, fmt):
 # ------------------------------------------------------------------------------------------- output patterns
 
 
-def _unwritten(o, raw, ref, poison) -> list:
+def _unwritten(raw, ref, poison) -> list:
     """Unwritten trailing columns / rows / elements: those holding ``poison`` (any NaN when it is None or a float
     NaN; bit for bit for a scalar of the output dtype, as :func:`fp4ref.bounds.check` reads it)."""
-    ref_nan = np.isnan(ref.exact)
-    mask = np.isnan(o) & ~ref_nan if poison is None else _unwritten_mask(raw, ref.output_format, poison, ref_nan,
-                                                                          ref.out.astype(np.float64))
+    mask = _unwritten_mask(raw, ref.output_format, np.nan if poison is None else poison, np.isnan(ref.exact),
+                           ref.out.astype(np.float64))
     if not mask.any():
         return []
     m2 = mask.reshape(-1, mask.shape[-1])
@@ -159,6 +158,15 @@ def _computed_nan(o, ref, workload, operands, rows) -> list:
                                                            "rows)")]
     return [Diagnosis("computed_nan", f"{total} of {m2.size} elements are NaN where the reference is a number, "
                                       "and none holds the poison's bits")]
+
+
+def _zero_output(o, ref) -> list:
+    """An all-zero output where the reference is not: no recomputation tells which bug left the zeros."""
+    r = ref.out.astype(np.float64)
+    if np.any(o) or not np.any(r):
+        return []
+    return [Diagnosis("zero_output", f"all {o.size} outputs are zero, where the correctly rounded reference has "
+                                     f"{int(np.count_nonzero(r))} non-zero")]
 
 
 def _flushed(o, ref) -> list:
@@ -460,9 +468,6 @@ def _recomputed(out2, ref, workload, ops, rows_checked, output_rounding) -> tupl
     o = o2[np.ix_(rows, cols)]
     want_s = r2[np.ix_(rows, cols)]
     base = _share_equal(o, want_s, faithful, fmt)
-    if not np.any(o2) and np.any(r2):  # all zeros: no recomputation tells which bug left them
-        return [Diagnosis("zero_output", f"all {o2.size} outputs are zero, where the correctly rounded reference "
-                                         f"has {int(np.count_nonzero(r2))} non-zero")], 1.0
     found = []
     for bug, detail, fn in _candidates(workload, ops, src_rows, cols):
         # No exception is swallowed here: _check_operands has checked every operand's dtype and shape against the
@@ -692,9 +697,7 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     raw = _as_out_array(out, _fmt(ref))
     if raw.shape != ref.out.shape:
         raise ValueError(f"out has shape {raw.shape}, the reference {ref.out.shape}")
-    if poison is not None and not _is_own_dtype_poison(poison, ref.output_format) and (
-            isinstance(poison, (bool, np.bool_)) or not isinstance(poison, (int, float, np.integer, np.floating))):
-        raise TypeError(f"poison={poison!r}: expected None, a real number or a scalar of the output dtype")
+    _check_poison(poison, ref.output_format)
     o = raw.astype(np.float64)  # exact: every float16 / bfloat16 value is a float64
     output_rounding = parse_output_rounding(output_rounding)
     if workload is not None:  # an unknown name is named first, whether or not operands came with it
@@ -709,7 +712,7 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
         operands, m_ops = _check_operands(workload, operands, ref, rows is not None)
     if rows is not None:
         rows = _check_rows(rows, ref, m_ops)
-    found = _unwritten(o, raw, ref, poison)
+    found = _unwritten(raw, ref, poison)
     if found:
         return found
     if _is_own_dtype_poison(poison, ref.output_format) and np.isnan(poison):  # no NaN left is the poison's
@@ -719,6 +722,9 @@ def diagnose(out, ref, *, workload=None, operands=None, rows=None, output_roundi
     # flushed non-finite elements are named, and the finite ones still analysed: a truncating store also turns an
     # overflow into the largest finite value, and both names describe such a kernel
     flushed = _flushed(o, ref)
+    zero = _zero_output(o, ref)
+    if zero:
+        return flushed + zero
     found, top = [], 0.0
     if workload is not None and operands is not None:
         found, top = _recomputed(o.reshape(-1, o.shape[-1]), ref, workload, operands, rows, output_rounding)

@@ -140,13 +140,13 @@ def check_dependencies(workloads=None, *, kernel: str | None = None, families=No
     if missing:
         why.append("runs the kernels, which need torch and triton" if kernel is None
                    else "passes the operands to the kernel as torch tensors, so it needs torch")
-    exact = _hypothesis_families([n for n in dict.fromkeys(workloads or WORKLOADS) if n in WORKLOADS], families)
+    built = _hypothesis_families([n for n in dict.fromkeys(workloads or WORKLOADS) if n in WORKLOADS], families)
     alternative = ""
-    if exact and not _installed("hypothesis"):
+    if built and not _installed("hypothesis"):
         missing.append("hypothesis")
-        why.append(f"builds the {' and '.join(exact)} inputs with hypothesis")
+        why.append(f"builds the {' and '.join(built)} inputs with hypothesis")
         if missing == ["hypothesis"]:  # the run needs nothing else
-            alternative = f" (or leave {' and '.join(exact)} out of --families)"
+            alternative = f" (or leave {' and '.join(built)} out of --families)"
     if missing:
         raise MissingDependency(f"verify {', and '.join(why)}; not installed: {', '.join(missing)}. Install with: "
                                 f"{INSTALL}{alternative}", name=missing[0])

@@ -279,10 +279,11 @@ def _nvfp4_exact_acc(rng, m, n, k):
     x = 448.0 * e2m1[rng.integers(0, 8, size=(m, k // 16, 16))] * rng.choice([-1.0, 1.0], size=(m, k // 16, 16))
     x[np.arange(m)[:, None], np.arange(k // 16)[None, :], rng.integers(0, 16, size=(m, k // 16))] = \
         2688.0 * rng.choice([-1.0, 1.0], size=(m, k // 16))
-    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    from .packing import pack_fp4
+
     return {
         "x": _bf16(x.reshape(1, m, k)),
-        "weight_fp4": (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8),
+        "weight_fp4": pack_fp4(rng.integers(0, 16, size=(n, k)).astype(np.uint8)),
         "weight_scales": np.full((n, k // 16), 0x38, np.uint8).view(ml_dtypes.float8_e4m3fn),  # E4M3FN 1.0
         "weight_global_decode_scale": 0.125,
     }
