@@ -29,9 +29,9 @@ from ._runtime import m_parts  # the two-part tile widths (re-exported for the k
 from ._sm90 import SM90_MAX_SHARED_BYTES
 
 __all__ = ["STATIC_SHARED_MAX", "check_cluster", "cluster_rank", "cluster_sum", "cluster_sum_start", "exchange_bytes",
-           "grouped_tile", "in_cluster", "k_slice", "m_parts", "release_slot", "store_layout", "store_or_reduce",
-           "tma_ring_producer", "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared", "ring_barriers",
-           "invalidate_ring"]
+           "grouped_tile", "in_cluster", "k_slice", "m_parts", "part_layouts", "release_slot", "store_layout",
+           "store_or_reduce", "tma_ring_producer", "tma_store_tile", "wait_primary", "workspace_elements", "ws_shared",
+           "ring_barriers", "invalidate_ring"]
 
 
 @gluon.jit
@@ -53,6 +53,21 @@ def store_layout(BLOCK_N, BLOCK_M, num_warps, CLUSTER=1):
     ``in_cluster``'s form for a kernel launched in clusters of that many CTAs."""
     tpw_n = min(32, BLOCK_N // 8)
     return in_cluster(gl.BlockedLayout([8, 1], [tpw_n, 32 // tpw_n], [1, num_warps], [0, 1]), CLUSTER)
+
+
+def part_layouts(block_shape, axis: int, dtype=gl.float16) -> tuple:
+    """The default NVMMA shared-memory layouts (the TMA destination and wgmma operand layout) of a tile's two parts
+    along block axis ``axis`` (``m_parts``: the high part, then the rest), as ``_runtime.Desc.parts`` splits its
+    descriptors; a one-part tile's second is its first (never read). Callable on the host."""
+    hi, lo = m_parts(block_shape[axis])
+
+    def layout(width):
+        shape = list(block_shape)
+        shape[axis] = width
+        return gl.NVMMASharedLayout.get_default_for(shape, dtype)
+
+    first = layout(hi)
+    return first, (layout(lo) if lo else first)
 
 
 @gluon.constexpr_function

@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import cluster_sum, in_cluster, k_slice, m_parts, store_layout, store_or_reduce
+from .._gluon import cluster_sum, in_cluster, k_slice, m_parts, part_layouts, store_layout, store_or_reduce
 
 __all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
 
@@ -41,10 +41,8 @@ def operand_layouts(config):
     """The NVMMA shared-memory layouts of the B tile and of the two A parts' tiles (``m_parts``; a one-part
     config's second is its first) (the TMA destinations and wgmma operands; the same in a cluster: the kernel
     only hands them to TMA and wgmma)."""
-    hi, lo = m_parts(config.BLOCK_M)
-    a = gl.NVMMASharedLayout.get_default_for([hi, config.BLOCK_K], gl.float16)
-    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16), a,
-            gl.NVMMASharedLayout.get_default_for([lo, config.BLOCK_K], gl.float16) if lo else a)
+    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_N, config.BLOCK_K], gl.float16),
+            *part_layouts([config.BLOCK_M, config.BLOCK_K], 0))
 
 
 def gluon_constexprs(config, K: int) -> dict:

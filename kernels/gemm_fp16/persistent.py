@@ -45,7 +45,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .._gluon import grouped_tile, invalidate_ring, m_parts, release_slot, tma_store_tile, ws_shared
+from .._gluon import grouped_tile, invalidate_ring, m_parts, part_layouts, release_slot, tma_store_tile, ws_shared
 
 __all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layouts"]
 
@@ -54,11 +54,8 @@ def persistent_layouts(config):
     """The NVMMA shared-memory layouts of the A tile [BLOCK_M, BLOCK_K], of B's two column parts [hi, BLOCK_K] and
     [lo, BLOCK_K] (``m_parts(BLOCK_N)``; a one-part tile's second is its first) (the TMA destinations and wgmma
     operands) and of C's two parts [BLOCK_M, hi] and [BLOCK_M, lo] (the TMA stores' sources)."""
-    hi, lo = m_parts(config.BLOCK_N)
-    f = gl.NVMMASharedLayout.get_default_for
-    b, c = f([hi, config.BLOCK_K], gl.float16), f([config.BLOCK_M, hi], gl.float16)
-    return (f([config.BLOCK_M, config.BLOCK_K], gl.float16), b, f([lo, config.BLOCK_K], gl.float16) if lo else b,
-            c, f([config.BLOCK_M, lo], gl.float16) if lo else c)
+    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_K], gl.float16),
+            *part_layouts([config.BLOCK_N, config.BLOCK_K], 0), *part_layouts([config.BLOCK_M, config.BLOCK_N], 1))
 
 
 def persistent_constexprs(config) -> dict:

@@ -55,8 +55,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._gluon import (cluster_sum, in_cluster, k_slice, m_parts, store_layout, store_or_reduce, wait_primary,
-                      workspace_elements)
+from .._gluon import (cluster_sum, in_cluster, k_slice, m_parts, part_layouts, store_layout, store_or_reduce,
+                      wait_primary, workspace_elements)
 from .._runtime import Desc, Launch
 from .configs import GluonConfig
 from .decode import DECODE_PAIRS_PTX
@@ -88,9 +88,7 @@ def shared_layouts(config: GluonConfig):
     w = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=128 if config.W_SWIZZLE else 0, element_bitwidth=8,
                                         rank=2), cl)
     s = in_cluster(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2), cl)
-    hi, lo = m_parts(config.BM)
-    x = gl.NVMMASharedLayout.get_default_for([hi, x_block_k(config)], gl.float16)
-    return w, s, x, gl.NVMMASharedLayout.get_default_for([lo, x_block_k(config)], gl.float16) if lo else x
+    return w, s, *part_layouts([config.BM, x_block_k(config)], 0)
 
 
 @gluon.constexpr_function
