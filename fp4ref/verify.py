@@ -47,6 +47,7 @@ class Row:
     m: int
     family: str
     model: str = ""  # the accumulation model the row is checked under
+    output_rounding: str = ""  # the output rounding it is checked under ("rne" or "faithful")
     examples: int = 0
     checked_rows: int = 0
     # Worst over the completed examples; NaN while none completed (a kernel that raised has no metrics).
@@ -87,9 +88,22 @@ class VerifyResult:
         return not self.missing and bool(self.rows) and all(r.fp4ref_ok for r in self.rows)
 
     def to_json(self) -> dict:
-        """The report as strict-JSON data (non-finite floats as the strings "inf", "-inf", "nan")."""
+        """The report as strict-JSON data (non-finite floats as the strings "inf", "-inf", "nan"; an integrity
+        row's metrics, public checkers' verdicts, model and output rounding, which do not apply to it, as null)."""
         return _json_safe({"ok": self.ok, "settings": self.settings, "missing": self.missing,
-                           "skipped": self.skipped, "rows": [asdict(r) for r in self.rows]})
+                           "skipped": self.skipped, "rows": [_row_json(r) for r in self.rows]})
+
+
+#: Row fields that only a numeric row has: null in an integrity row's JSON (its table cells show "-").
+_NUMERIC_ONLY = ("model", "output_rounding", "checked_rows", "max_err_over_bound", "max_ulps", "bitwise_equal_pct",
+                 "sqnr_db", "fib_ok", "sol_ok")
+
+
+def _row_json(row: Row) -> dict:
+    d = asdict(row)
+    if row.kind == "integrity":
+        d.update(dict.fromkeys(_NUMERIC_ONLY))
+    return d
 
 
 class Interrupted(KeyboardInterrupt):
@@ -379,7 +393,8 @@ def verify(
     Args:
         workloads: workload names (default: all three).
         kernel: "module:function" of a user kernel (then exactly one workload); default: the project's kernel.
-        device: "cuda" or "cpu" (Triton interpreter); default cuda if available.
+        device: "cuda" or "cpu" (Triton kernels run in the interpreter: TRITON_INTERPRET=1); default cuda if
+            available.
         sizes: M values (default: the public sizes on cuda, small ones on cpu); each at most :func:`max_m` of every
             workload; a repeated M counts once.
         families: input family names (default: all of the workload's); a repeated name counts once. A workload
@@ -460,10 +475,16 @@ def verify(
         # Must be set before any @triton.jit module is imported.
         os.environ["TRITON_INTERPRET"] = "1"
 
+    from . import __version__
+
+    # What was asked (None: the defaults; each row names the M, family, model and rounding it was checked with)
     result = VerifyResult(settings={
-        "device": device if not interpreted else "cpu (Triton interpreter)",
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-        "examples": examples, "seed": seed, "kernel": kernel, "max_check_rows": max_check_rows, "shapes": shapes,
+        "fp4ref": __version__, "device": device if not interpreted else "cpu (TRITON_INTERPRET=1)",
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "workloads": names, "kernel": kernel,
+        "sizes": sizes, "families": families, "examples": examples, "seed": seed,
+        "model": None if model is None else bounds.get_model(model).name,
+        "output_rounding": output_rounding, "max_check_rows": max_check_rows, "shapes": shapes,
+        "integrity": integrity,
     })
     plan = []
     for name in names:
@@ -578,7 +599,8 @@ def _example(case, seed, ex, max_check_rows):
 
 def _run_case(case, device, examples, seed, max_check_rows, repro, result) -> list:
     w = case.w
-    row = Row(workload=w.name, m=case.m, family=case.family, model=case.model, n=case.n, k=case.k)
+    row = Row(workload=w.name, m=case.m, family=case.family, model=case.model, output_rounding=case.rounding,
+              n=case.n, k=case.k)
     extra = []
     t0 = time.perf_counter()
     exact = case.family in w.exact_families

@@ -42,6 +42,29 @@ def test_user_kernel_right_passes(tmp_path):
     assert status == 0 and rep["rows"][0]["bitwise_equal_pct"] == 100.0
 
 
+def test_json_records_what_was_asked_and_nulls_what_an_integrity_row_lacks(tmp_path):
+    status, rep = _run(tmp_path, "--workload", "GEMM_N3072_K2048", "--kernel", "tests._verify_kernels:right",
+                       "--device", "cpu", "--sizes", "2", "2", "--families", "EXACT_ACC", "--model",
+                       "FP32_RN", "--output-rounding", "faithful")
+    assert status == 0, rep
+    s = rep["settings"]
+    assert s["device"] == "cpu (TRITON_INTERPRET=1)" and s["gpu"] is None and s["fp4ref"]
+    assert (s["workloads"], s["kernel"], s["sizes"], s["families"]) == (
+        ["gemm_n3072_k2048"], "tests._verify_kernels:right", [2], ["exact_acc"])
+    assert (s["model"], s["output_rounding"], s["integrity"]) == ("fp32_rn", "faithful", True)
+    (row,) = rep["rows"]
+    assert (row["model"], row["output_rounding"]) == ("fp32_rn", "faithful")
+    assert set(rep["integrity"]) == set(V.INTEGRITY_CHECKS)
+    for r in rep["integrity"].values():  # the table's "-" cells: null, not a verdict or "nan"
+        assert all(r[f] is None for f in ("model", "output_rounding", "checked_rows", "max_err_over_bound",
+                                          "max_ulps", "bitwise_equal_pct", "sqnr_db", "fib_ok", "sol_ok")), r
+        assert r["fp4ref_ok"] is True and r["examples"] == 1
+    default = V.verify(["gemm_n3072_k2048"], kernel="tests._verify_kernels:right", device="cpu", sizes=[1],
+                       families=["public"], integrity=False).settings
+    assert (default["sizes"], default["families"], default["model"], default["output_rounding"]) == (
+        [1], ["public"], None, None)
+
+
 @pytest.mark.parametrize("bug", ["truncating_store", "last_column_skipped"])
 def test_user_kernel_bugs_fail_fp4ref_but_pass_public_checkers(tmp_path, bug):
     # Power test: the public checkers' loose tolerances pass both bugs; fp4ref's exact-accumulation check
