@@ -313,12 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Entry point of the ``fp4ref`` console script. Returns the process exit status."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits with status 2
-    return args.func(args)
+    """Entry point of the ``fp4ref`` console script. Returns the process exit status (130 on a Ctrl-C)."""
+    args = None
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            args.subparser.error(f"unrecognized arguments: {' '.join(extra)}")  # exits with status 2
+        return args.func(args)
+    except KeyboardInterrupt:
+        # a Ctrl-C outside a command's own handlers (they say what is on disk): while Python imports the
+        # command's modules, while its arguments are checked; one line, no traceback
+        prog = args.subparser.prog if args is not None else "fp4ref"
+        sys.stderr.write(f"{prog}: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

@@ -841,6 +841,16 @@ def test_a_definition_of_another_k_matches_no_workload(tmp_path):
         V.workload_from_definition(str(p))
 
 
+def test_ctrl_c_before_the_run_is_one_line_and_status_130(monkeypatch, capsys):
+    # e.g. while check_dependencies imports torch: outside verify's own handler, still no traceback
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(V, "check_dependencies", interrupted)
+    assert main(["verify", "--device", "cpu", "--sizes", "1"]) == 130
+    assert capsys.readouterr().err == "fp4ref verify: interrupted\n"
+
+
 def test_max_check_rows_must_leave_middle_rows():
     with pytest.raises(ValueError, match=r"max_check_rows \(--max-check-rows\)=128"):
         V.verify([GEMM_W], device="cpu", sizes=[1], max_check_rows=128)
