@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._gluon import cluster_sum, in_cluster, k_slice, m_parts, part_layouts, store_layout, store_or_reduce
 
-__all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
+__all__ = ["gemm_swapab_kernel", "gluon_constexprs", "issue_stage_loads", "m_parts", "operand_layouts"]
 
 
 def operand_layouts(config):
@@ -55,7 +55,7 @@ def gluon_constexprs(config, K: int) -> dict:
 
 
 @gluon.jit
-def _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k, a2_desc=None, a2_bufs=None):
+def issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k, a2_desc=None, a2_bufs=None):
     """TMA: B[off_n:+BLOCK_N, k:+BLOCK_K] and A[off_m:+BLOCK_M, k:+BLOCK_K] into ring slot ``slot`` (with
     ``a2_desc``, A's rows in two parts: a_desc's block rows from off_m, then a2_desc's)."""
     bar = bars.index(slot)
@@ -77,7 +77,7 @@ def _ws_loader(b_desc, a_desc, b_bufs, a_bufs, ready, empty, off_n, off_m, kt0, 
     for j in range(nk):
         slot = j % STAGES
         mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        _issue_loads(b_desc, a_desc, b_bufs, a_bufs, ready, slot, off_n, off_m, (kt0 + j) * BLOCK_K)
+        issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, ready, slot, off_n, off_m, (kt0 + j) * BLOCK_K)
 
 
 @gluon.jit
@@ -156,7 +156,7 @@ def gemm_swapab_kernel(
         # ---- prologue: fill STAGES - 1 slots ------------------------------------------------------------------
         for i in gl.static_range(STAGES - 1):
             if i < nk:
-                _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K, a2_desc,
+                issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K, a2_desc,
                              a2_bufs)
 
         # ---- main loop: C^T tile [BLOCK_N, BLOCK_M] += B tile @ A tile^T on wgmma -----------------------------
@@ -183,7 +183,7 @@ def gemm_swapab_kernel(
                 gl.thread_barrier()  # both warpgroups retired step i - 1 before its slot is refilled
             j = i + STAGES - 1
             if j < nk:
-                _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
+                issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
                              (kt0 + j) * BLOCK_K, a2_desc, a2_bufs)
         if BLOCK_M_LO > 0:
             acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))
