@@ -117,7 +117,7 @@ def swapab_floor_kernel(
             j = i + STAGES - 1
             if j < nk:
                 issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m, j * BLOCK_K, a2_desc,
-                             a2_bufs)
+                                  a2_bufs)
     if MMA:
         if BLOCK_M_LO > 0:
             acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))

@@ -157,7 +157,7 @@ def gemm_swapab_kernel(
         for i in gl.static_range(STAGES - 1):
             if i < nk:
                 issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K, a2_desc,
-                             a2_bufs)
+                                  a2_bufs)
 
         # ---- main loop: C^T tile [BLOCK_N, BLOCK_M] += B tile @ A tile^T on wgmma -----------------------------
         acc_layout: gl.constexpr = in_cluster(gl.NVMMADistributedLayout(
@@ -184,7 +184,7 @@ def gemm_swapab_kernel(
             j = i + STAGES - 1
             if j < nk:
                 issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
-                             (kt0 + j) * BLOCK_K, a2_desc, a2_bufs)
+                                  (kt0 + j) * BLOCK_K, a2_desc, a2_bufs)
         if BLOCK_M_LO > 0:
             acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))
         else:
