@@ -24,7 +24,8 @@ every CTA still moves its B tile and its M tile of A through the ring, so A is r
 L2) or with its refills removed (``mma``: the ring is filled once and the wgmmas run over it, every byte from shared
 memory); ``read + mma`` is both, the Gluon kernel's own work, and must give gemm_fp16's bits. Beside them gemm_fp16
 itself and cuBLAS (torch.matmul), all CUPTI (write flush), and the bytes the tiling moves from L2 into shared
-memory per call.
+memory per call, in all and per CTA (one CTA per SM): whether the read is bound by the L2 as a whole or by what one SM
+takes in.
 """
 from __future__ import annotations
 
@@ -196,13 +197,13 @@ def _tile_floors(ms, json_path: str | None) -> int:
         ctas = -(-N // config.BLOCK_N) * -(-M // config.BLOCK_M)
         l2_mb = ctas * k_tiles * (config.BLOCK_N + config.BLOCK_M) * config.BLOCK_K * 2 / 1e6
         rows.append([M, str(config), t_ours, times["read"], times["mma"], times["read + mma"], t_cublas, ctas, l2_mb,
-                     l2_mb / times["read"]])
+                     l2_mb / times["read"], 1e3 * l2_mb / ctas / times["read"]])
         rec.append(dict(M=M, config=str(config), gemm_fp16_us=t_ours, read_us=times["read"], mma_us=times["mma"],
                         read_mma_us=times["read + mma"], cublas_us=t_cublas, ctas=ctas, l2_to_sm_mb=l2_mb))
     print_table(f"gemm_fp16 swap-AB tiling floors, N = {N}, K = {K}, on {torch.cuda.get_device_name()} (CUPTI us, "
                 "L2 write-flushed before every call; L2->SM MB: the boxes the CTAs load per call)",
                 ["M", "config", "gemm_fp16", "read", "mma", "read + mma", "cuBLAS", "CTAs", "L2->SM MB",
-                 "read TB/s"], rows, markdown=True)
+                 "read TB/s", "read GB/s per CTA"], rows, markdown=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(rec, f, indent=1)
