@@ -18,11 +18,11 @@ under the read-only flush (``_bench.gpu_time_graph``: graph of reps x (flush, ca
 and the CUDA-event time (write flush).
 
 ``--tiles``: the floors of gemm_fp16's swap-AB Gluon tiling at mid M (``--m``; the workload's N = 3072, K = 2048),
-where the whole GEMM no longer only streams B: ``swapab_floor_kernel`` is the Gluon kernel's pipeline (the same
-grid, TMA boxes, ring depth and epilogue store of the table's ``GluonConfig`` for M) with its wgmma removed (``read``:
+where the whole GEMM no longer only streams B: the Gluon kernel itself (the table's ``GluonConfig`` for M: the same
+grid, TMA boxes, ring depth and epilogue store) built with its FLOOR switch, which removes its wgmmas (``read``:
 every CTA still moves its B tile and its M tile of A through the ring, so A is read once per N tile, mostly from
-L2) or with its refills removed (``mma``: the ring is filled once and the wgmmas run over it, every byte from shared
-memory); ``read + mma`` is both, the Gluon kernel's own work, and must give gemm_fp16's bits. Beside them gemm_fp16
+L2) or its refills (``mma``: the ring is filled once and the wgmmas run over it, every byte from shared memory);
+``read + mma`` is the kernel as gemm_fp16 launches it, and must give gemm_fp16's bits. Beside them gemm_fp16
 itself and cuBLAS (torch.matmul), all CUPTI (write flush), and the bytes the tiling moves from L2 into shared
 memory per call, in all and per CTA (one CTA per SM): whether the read is bound by the L2 as a whole or by what one SM
 takes in.
@@ -34,15 +34,8 @@ import json
 
 import triton
 import triton.language as tl
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_wait)
 
-from ._gluon import store_layout, store_or_reduce
-from .gemm_fp16.gluon import issue_stage_loads
-
-__all__ = ["main", "swapab_floor_kernel", "swapab_floor_launch"]
+__all__ = ["FLOORS", "main", "swapab_floor_launch"]
 
 
 @triton.jit
@@ -56,107 +49,31 @@ def _read_kernel(src, partial, n_words, BLOCK: tl.constexpr, STEPS: tl.constexpr
     tl.store(partial + pid, tl.sum(acc, axis=0))
 
 
-@gluon.jit(do_not_specialize=["M"])
-def swapab_floor_kernel(
-    b_desc, a_desc, a2_desc, c_ptr, M, N, k_tiles,  # as gemm_swapab_kernel's (one K slice: no workspace)
-    BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_M_LO: gl.constexpr, BLOCK_K: gl.constexpr,
-    STAGES: gl.constexpr, READ: gl.constexpr, MMA: gl.constexpr, num_warps: gl.constexpr,
-):
-    """gemm_fp16's swap-AB Gluon kernel (SPLIT_K 1, no WARP_SPEC / CLUSTER) with READ: every K tile moved
-    through the TMA ring, MMA: the wgmmas (without READ over the ring as its first fill left it), and the same
-    epilogue store (zeros without MMA). Its wgmma loop and A box placement are the Gluon kernel's."""
-    BM_HI: gl.constexpr = BLOCK_M - BLOCK_M_LO
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(2)
-    off_n = pid_n * BLOCK_N
-    m_own = pid_m * BLOCK_M
-    off_m = gl.minimum(m_own, gl.maximum(M - BLOCK_M, 0))
-    nk = k_tiles
-    gl.assume(nk >= 1)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM_HI, BLOCK_K], a_desc.layout)
-    if BLOCK_M_LO > 0:
-        a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [STAGES, BLOCK_M_LO, BLOCK_K], a2_desc.layout)
-    else:
-        a2_desc = None
-        a2_bufs = None
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()
-    # READ: the Gluon kernel's prologue (STAGES - 1 slots); MMA alone: every slot once, all landed before the loop
-    FILL: gl.constexpr = STAGES - 1 if READ else STAGES
-    for i in gl.static_range(FILL):
-        if i < nk:
-            issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, i * BLOCK_K, a2_desc, a2_bufs)
-    if not READ:
-        for i in gl.static_range(STAGES):
-            if i < nk:
-                mbarrier.wait(bars.index(i), 0)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BM_HI, 16])
-    acc = gl.zeros([BLOCK_N, BM_HI], gl.float32, layout=acc_layout)
-    if BLOCK_M_LO > 0:
-        lo_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, BLOCK_M_LO, 16])
-        acc_lo = gl.zeros([BLOCK_N, BLOCK_M_LO], gl.float32, layout=lo_layout)
-    for i in range(nk):
-        slot = i % STAGES
-        if READ:
-            mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
-        if MMA:
-            acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-            if BLOCK_M_LO > 0:
-                acc_lo = warpgroup_mma(b_bufs.index(slot), a2_bufs.index(slot).permute((1, 0)), acc_lo,
-                                       is_async=True)
-                acc, acc_lo = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_lo))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            if num_warps > 4:
-                gl.thread_barrier()
-        if READ:
-            j = i + STAGES - 1
-            if j < nk:
-                issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m, j * BLOCK_K, a2_desc,
-                                  a2_bufs)
-    if MMA:
-        if BLOCK_M_LO > 0:
-            acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-    part = gl.convert_layout(acc, store_layout(BLOCK_N, BM_HI, num_warps))
-    store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, N, off_n, off_m, m_own, 0, 0, 1.0, BLOCK_N, BM_HI, 1, False,
-                    num_warps)
-    if BLOCK_M_LO > 0:
-        part = gl.convert_layout(acc_lo, store_layout(BLOCK_N, BLOCK_M_LO, num_warps))
-        store_or_reduce(part, c_ptr, c_ptr, c_ptr, M, N, N, off_n, off_m + BM_HI, m_own, 0, 0, 1.0, BLOCK_N,
-                        BLOCK_M_LO, 1, False, num_warps)
+#: ``--tiles`` variants: name -> gemm_swapab_kernel's FLOOR (0: the GEMM itself)
+FLOORS = {"read": 1, "mma": 2, "read + mma": 0}
 
 
-def swapab_floor_launch(config, M: int, N: int, K: int, read: bool, mma: bool):
-    """The ``_runtime.Launch`` of ``swapab_floor_kernel`` for gemm_fp16's ``config`` (a GluonConfig of SPLIT_K 1,
-    without WARP_SPEC or CLUSTER) at M x N x K (contiguous A [M, K], B [N, K]); call ``launch(stream, B, A, A, C,
-    M, N, ceil(K / BLOCK_K))``.
+def swapab_floor_launch(config, M: int, N: int, K: int, floor: int):
+    """The ``_runtime.Launch`` of gemm_fp16's swap-AB Gluon kernel for ``config`` (a GluonConfig of SPLIT_K 1,
+    without WARP_SPEC or CLUSTER) at M x N x K (contiguous A [M, K], B [N, K]) with FLOOR = ``floor`` (``FLOORS``);
+    call ``launch(stream, B, A, A, C, *unused_scratch, M, N, ceil(K / BLOCK_K), N)``.
 
     Raises:
-        ValueError: a config the floor kernel does not model, or neither ``read`` nor ``mma``."""
+        ValueError: a config the floor runs do not take, or a ``floor`` not in ``FLOORS``."""
     from ._runtime import Desc, Launch
     from .gemm_fp16 import GluonConfig
-    from .gemm_fp16.gluon import m_parts, operand_layouts
+    from .gemm_fp16.gluon import gemm_swapab_kernel, gluon_constexprs, operand_layouts
 
     if not isinstance(config, GluonConfig) or config.SPLIT_K != 1 or config.WARP_SPEC or config.CLUSTER:
-        raise ValueError(f"config={config}: the floor kernel models a GluonConfig of SPLIT_K 1 without WARP_SPEC or "
+        raise ValueError(f"config={config}: the floor runs take a GluonConfig of SPLIT_K 1 without WARP_SPEC or "
                          "CLUSTER")
-    if not (read or mma):
-        raise ValueError("read and mma are both False: nothing to time")
+    if floor not in FLOORS.values():
+        raise ValueError(f"floor={floor!r}: expected one of {sorted(FLOORS.values())} ({FLOORS})")
     BN, BM, BK = config.BLOCK_N, config.BLOCK_M, config.BLOCK_K
     b_layout, a_layout, a2_layout = operand_layouts(config)
     descs = (Desc((N, K), (K, 1), (BN, BK), b_layout), *Desc.parts((M, K), (K, 1), (BM, BK), 0, (a_layout, a2_layout)))
-    constexprs = dict(BLOCK_N=BN, BLOCK_M=BM, BLOCK_M_LO=m_parts(BM)[1], BLOCK_K=BK, STAGES=config.STAGES,
-                      READ=read, MMA=mma, num_warps=config.num_warps)
-    return Launch(swapab_floor_kernel, (-(-N // BN), 1, -(-M // BM)), constexprs, descs=descs)
+    return Launch(gemm_swapab_kernel, (-(-N // BN), 1, -(-M // BM)), {**gluon_constexprs(config, K), "FLOOR": floor},
+                  descs=descs)
 
 
 def _tile_floors(ms, json_path: str | None) -> int:
@@ -180,16 +97,17 @@ def _tile_floors(ms, json_path: str | None) -> int:
         stream = _runtime.current_stream(A.device)
         k_tiles = -(-K // config.BLOCK_K)
         times = {}
-        for name, read, mma in (("read", True, False), ("mma", False, True), ("read + mma", True, True)):
-            launch = swapab_floor_launch(config, M, N, K, read, mma)
+        ws, cnt = _runtime.unused_scratch(A.device)
+        for name, floor in FLOORS.items():
+            launch = swapab_floor_launch(config, M, N, K, floor)
             C = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
 
             def call(launch=launch, C=C):
-                launch.launch(stream, B, A, A, C, M, N, k_tiles)
+                launch.launch(stream, B, A, A, C, ws, cnt, M, N, k_tiles, N)
 
             call()
             torch.cuda.synchronize()
-            if read and mma and not torch.equal(C.view(torch.int16), ours.view(torch.int16)):
+            if floor == 0 and not torch.equal(C.view(torch.int16), ours.view(torch.int16)):
                 bad.append(M)
             times[name] = time_gpu(call).cupti_us
         t_ours = time_gpu(lambda: gemm_fp16(A, B)).cupti_us
@@ -208,10 +126,10 @@ def _tile_floors(ms, json_path: str | None) -> int:
         with open(json_path, "w") as f:
             json.dump(rec, f, indent=1)
     if bad:
-        print(f"--tiles: read + mma gave other bits than gemm_fp16 at M = {bad}: the floor kernel is not the Gluon "
-              "kernel's pipeline there")
+        print(f"--tiles: the read + mma launch gave other bits than gemm_fp16 at M = {bad}: it is not gemm_fp16's "
+              "launch there")
         return 1
-    print("--tiles: read + mma gave gemm_fp16's bits at every M")
+    print("--tiles: the read + mma launch gave gemm_fp16's bits at every M")
     return 0
 
 

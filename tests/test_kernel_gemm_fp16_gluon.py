@@ -42,7 +42,7 @@ CLUSTERED = [GluonConfig(BLOCK_N=64, BLOCK_M=128, BLOCK_K=128, STAGES=3, SPLIT_K
              GluonConfig(BLOCK_N=128, BLOCK_M=64, BLOCK_K=64, STAGES=4, SPLIT_K=2, num_warps=8, CLUSTER=True)]
 
 
-def _build(cfg: GluonConfig, n: int = N, k: int = K):
+def _build(cfg: GluonConfig, n: int = N, k: int = K, floor: int = 0):
     b_layout, a_layout, a2_layout = operand_layouts(cfg)
     hi, lo = m_parts(cfg.BLOCK_M)
     sig = {"b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], b_layout),
@@ -50,8 +50,8 @@ def _build(cfg: GluonConfig, n: int = N, k: int = K):
            "a2_desc": gluon_tensordesc("fp16", [lo or hi, cfg.BLOCK_K], a2_layout),
            "c_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "k_tiles": "i32",
            "stride_cm": "i32"}
-    return compile_for_sm90(gemm_swapab_kernel, sig, gluon_constexprs(cfg, k), num_warps=cfg.num_warps,
-                            num_ctas=cfg.cluster_size(k),
+    return compile_for_sm90(gemm_swapab_kernel, sig, {**gluon_constexprs(cfg, k), "FLOOR": floor},
+                            num_warps=cfg.num_warps, num_ctas=cfg.cluster_size(k),
                             divisible_by_16=["c_ptr", "ws_ptr", "cnt_ptr", "N", "stride_cm"])
 
 
@@ -273,38 +273,20 @@ def test_two_part_tile_equals_the_power_of_two_tile(M, bm, weights):
     assert torch.equal(two.view(torch.int16), one.view(torch.int16))
 
 
-# The floor benchmark's copy of this pipeline (kernels/bench_floor.py, ``--tiles``): READ without the wgmmas, MMA
-# without the refills, both (which must be the Gluon kernel itself)
-FLOOR_VARIANTS = [(True, False), (False, True), (True, True)]
-
-
-def _build_floor(cfg: GluonConfig, read: bool, mma: bool):
-    from fp4ref.kernels.bench_floor import swapab_floor_kernel
-
-    b_layout, a_layout, a2_layout = operand_layouts(cfg)
-    hi, lo = m_parts(cfg.BLOCK_M)
-    sig = {"b_desc": gluon_tensordesc("fp16", [cfg.BLOCK_N, cfg.BLOCK_K], b_layout),
-           "a_desc": gluon_tensordesc("fp16", [hi, cfg.BLOCK_K], a_layout),
-           "a2_desc": gluon_tensordesc("fp16", [lo or hi, cfg.BLOCK_K], a2_layout),
-           "c_ptr": "*fp16", "M": "i32", "N": "i32", "k_tiles": "i32"}
-    constexprs = dict(BLOCK_N=cfg.BLOCK_N, BLOCK_M=cfg.BLOCK_M, BLOCK_M_LO=lo, BLOCK_K=cfg.BLOCK_K, STAGES=cfg.STAGES,
-                      READ=read, MMA=mma, num_warps=cfg.num_warps)
-    return compile_for_sm90(swapab_floor_kernel, sig, constexprs, num_warps=cfg.num_warps,
-                            divisible_by_16=["c_ptr", "N"])
-
-
-@pytest.mark.parametrize("read, mma", FLOOR_VARIANTS, ids=["read", "mma", "read+mma"])
+# The floor benchmark's runs of this kernel (kernels/bench_floor.py, ``--tiles``): FLOOR 1, the loads without the
+# wgmmas; FLOOR 2, the wgmmas without the refills
+@pytest.mark.parametrize("floor", [1, 2], ids=["read", "mma"])
 @pytest.mark.parametrize("cfg", [c for c in TABLE if c.SPLIT_K == 1 and not c.WARP_SPEC and not c.CLUSTER], ids=repr)
-def test_floor_kernel_builds_for_sm90(cfg, read, mma):
-    """Each variant builds; its TMA copies and wgmmas are the Gluon kernel's (READ: its prologue and refill sites;
-    MMA alone: one fill of every slot) and none else."""
-    built = _build_floor(cfg, read, mma)
-    ck, kernel = built.asm["ptx"], _build(cfg).asm["ptx"]
+def test_floor_runs_build_for_sm90(cfg, floor):
+    """Each floor run builds; its TMA copies and wgmmas are the kernel's (FLOOR 1: its prologue and refill sites,
+    no wgmma; FLOOR 2: its wgmmas and one fill of every slot) and none else."""
+    built = _build(cfg, floor=floor)
+    ptx, kernel = built.asm["ptx"], _build(cfg).asm["ptx"]
     stage_loads = 3 if m_parts(cfg.BLOCK_M)[1] else 2  # B's box and A's one or two
     tma, wgmma = "cp.async.bulk.tensor", "wgmma.mma_async"
-    assert ck.count(tma) == (kernel.count(tma) if read else stage_loads * cfg.STAGES)
-    assert ck.count(wgmma) == (kernel.count(wgmma) if mma else 0)
-    if mma:
+    assert ptx.count(tma) == (kernel.count(tma) if floor == 1 else stage_loads * cfg.STAGES)
+    assert ptx.count(wgmma) == (0 if floor == 1 else kernel.count(wgmma))
+    if floor == 2:
         assert_gluon_build(built)
 
 
@@ -312,17 +294,19 @@ def test_floor_launch_refuses_what_it_does_not_model():
     from fp4ref.kernels.bench_floor import swapab_floor_launch
 
     with pytest.raises(ValueError, match="SPLIT_K 1"):
-        swapab_floor_launch(GluonConfig(SPLIT_K=2), 64, N, K, True, True)
-    with pytest.raises(ValueError, match="nothing to time"):
-        swapab_floor_launch(GluonConfig(), 64, N, K, False, False)
+        swapab_floor_launch(GluonConfig(SPLIT_K=2), 64, N, K, 1)
+    with pytest.raises(ValueError, match="floor=3"):
+        swapab_floor_launch(GluonConfig(), 64, N, K, 3)
+    with pytest.raises(Exception, match="FLOOR: one slice"):  # the kernel's own guard
+        _build(GluonConfig(BLOCK_M=16, SPLIT_K=2), floor=1)
 
 
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("M", [64, 70, 160, 192, 256])
-def test_floor_kernel_read_plus_mma_is_the_gluon_kernel(M, weights):
-    """The floor benchmark's READ + MMA variant gives gemm_fp16's bits (it is the same pipeline), and MMA alone
-    writes every element; NaN-poisoned outputs."""
+def test_floor_runs_write_every_element_and_floor_0_is_the_kernel(M, weights):
+    """FLOOR 0 through the floor benchmark's launch gives gemm_fp16's bits; FLOOR 2 (wgmmas over the first fill)
+    and FLOOR 1 (zeros) write every element of a NaN-poisoned output."""
     from fp4ref.kernels import _runtime
     from fp4ref.kernels.bench_floor import swapab_floor_launch
 
@@ -330,11 +314,14 @@ def test_floor_kernel_read_plus_mma_is_the_gluon_kernel(M, weights):
     A = torch.from_numpy(np.random.default_rng(M).standard_normal((M, K)).astype(np.float16)).cuda()
     cfg = mod.pick_config(M, N, K)
     ours = _run(A, B, cfg)
-    for read in (True, False):
+    for floor in (0, 1, 2):
         C = torch.full((M, N), NAN, dtype=torch.float16, device="cuda")
-        swapab_floor_launch(cfg, M, N, K, read, True).launch(_runtime.current_stream(A.device), B, A, A, C, M, N,
-                                                              -(-K // cfg.BLOCK_K))
+        swapab_floor_launch(cfg, M, N, K, floor).launch(_runtime.current_stream(A.device), B, A, A, C,
+                                                        *_runtime.unused_scratch(A.device), M, N,
+                                                        -(-K // cfg.BLOCK_K), N)
         torch.cuda.synchronize()
         assert not torch.isnan(C).any()
-        if read:
+        if floor == 0:
             assert torch.equal(C.view(torch.int16), ours.view(torch.int16))
+        if floor == 1:
+            assert not C.any()

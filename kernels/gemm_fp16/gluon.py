@@ -20,6 +20,8 @@ B at full HBM bandwidth on every SM:
   the same sum by the first CTA of the thread-block cluster the slices run in, in its shared memory
   (``cluster_sum``). Bitwise reproducible.
 * optional warp specialization (WARP_SPEC): a 1-warp TMA producer partition.
+* FLOOR (the floor benchmark's runs, kernels/bench_floor.py ``--tiles``): the same pipeline without its wgmmas
+  (1) or without its refills (2); 0, the GEMM, is every other caller's.
 
 Numerics: exact fp16 products, fp32 accumulation on wgmma (``hopper_fp16_wgmma``), one RNE rounding to fp16
 (``configs.accumulation_model``). There is no CPU interpreter for Gluon: the CPU tests build every config for
@@ -34,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .._gluon import cluster_sum, in_cluster, k_slice, m_parts, part_layouts, store_layout, store_or_reduce
 
-__all__ = ["gemm_swapab_kernel", "gluon_constexprs", "issue_stage_loads", "m_parts", "operand_layouts"]
+__all__ = ["gemm_swapab_kernel", "gluon_constexprs", "m_parts", "operand_layouts"]
 
 
 def operand_layouts(config):
@@ -51,11 +53,11 @@ def gluon_constexprs(config, K: int) -> dict:
     return dict(BLOCK_N=config.BLOCK_N, BLOCK_M=config.BLOCK_M, BLOCK_M_LO=m_parts(config.BLOCK_M)[1],
                 BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
                 SPLIT_K=splits, K_PER=per, WARP_SPEC=config.WARP_SPEC, CLUSTER=config.cluster_size(K),
-                num_warps=config.num_warps)
+                num_warps=config.num_warps, FLOOR=0)
 
 
 @gluon.jit
-def issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k, a2_desc=None, a2_bufs=None):
+def _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, slot, off_n, off_m, k, a2_desc=None, a2_bufs=None):
     """TMA: B[off_n:+BLOCK_N, k:+BLOCK_K] and A[off_m:+BLOCK_M, k:+BLOCK_K] into ring slot ``slot`` (with
     ``a2_desc``, A's rows in two parts: a_desc's block rows from off_m, then a2_desc's)."""
     bar = bars.index(slot)
@@ -77,7 +79,7 @@ def _ws_loader(b_desc, a_desc, b_bufs, a_bufs, ready, empty, off_n, off_m, kt0, 
     for j in range(nk):
         slot = j % STAGES
         mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
-        issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, ready, slot, off_n, off_m, (kt0 + j) * BLOCK_K)
+        _issue_loads(b_desc, a_desc, b_bufs, a_bufs, ready, slot, off_n, off_m, (kt0 + j) * BLOCK_K)
 
 
 @gluon.jit
@@ -114,10 +116,17 @@ def gemm_swapab_kernel(
     BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_M_LO: gl.constexpr, BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr, SPLIT_K: gl.constexpr, K_PER: gl.constexpr, WARP_SPEC: gl.constexpr,
     CLUSTER: gl.constexpr, num_warps: gl.constexpr,
+    # the floor benchmark's parts of the pipeline (kernels/bench_floor.py): 0 the GEMM; 1 the loads without the
+    # wgmmas (zeros stored); 2 the wgmmas over the ring's first fill, without refills
+    FLOOR: gl.constexpr = 0,
 ):
     BM_HI: gl.constexpr = BLOCK_M - BLOCK_M_LO  # the first (power-of-two) part's wgmma N width
     pid_n = gl.program_id(0)  # with CLUSTER > 1 the ids number clusters: a cluster's CTAs are the K slices
     gl.static_assert(CLUSTER == 1 or BLOCK_M_LO == 0, "a cluster sums one accumulator: a one-part BLOCK_M")
+    gl.static_assert(FLOOR == 0 or (SPLIT_K == 1 and not WARP_SPEC and CLUSTER == 1),
+                     "FLOOR: one slice, no WS / CLUSTER")
+    READ: gl.constexpr = FLOOR != 2  # every K tile through the ring
+    MMA: gl.constexpr = FLOOR != 1
     pid_k = k_slice(1, BLOCK_N, BM_HI, CLUSTER)  # (the tile cluster_sum sends)
     pid_m = gl.program_id(2)  # M tiles (M > BLOCK_M): each re-reads B (mostly from L2)
     tile = pid_m * gl.num_programs(0) + pid_n  # output tile: workspace slot and arrival counter
@@ -153,11 +162,15 @@ def gemm_swapab_kernel(
              (_ws_loader, (b_desc, a_desc, b_bufs, a_bufs, bars, empty, off_n, off_m, kt0, nk, BLOCK_K, STAGES))],
             [1], [40])[0]
     else:
-        # ---- prologue: fill STAGES - 1 slots ------------------------------------------------------------------
-        for i in gl.static_range(STAGES - 1):
+        # ---- prologue: fill STAGES - 1 slots (FLOOR 2: every slot, landed before the loop) ----------------------
+        for i in gl.static_range(STAGES - 1 if READ else STAGES):
             if i < nk:
-                issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K, a2_desc,
-                                  a2_bufs)
+                _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, i, off_n, off_m, (kt0 + i) * BLOCK_K, a2_desc,
+                             a2_bufs)
+        if not READ:
+            for i in gl.static_range(STAGES):
+                if i < nk:
+                    mbarrier.wait(bars.index(i), 0)
 
         # ---- main loop: C^T tile [BLOCK_N, BLOCK_M] += B tile @ A tile^T on wgmma -----------------------------
         acc_layout: gl.constexpr = in_cluster(gl.NVMMADistributedLayout(
@@ -169,26 +182,30 @@ def gemm_swapab_kernel(
             acc_lo = gl.zeros([BLOCK_N, BLOCK_M_LO], gl.float32, layout=lo_layout)
         for i in range(nk):
             slot = i % STAGES
-            mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
-            acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            if READ:
+                mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+            if MMA:
+                acc = warpgroup_mma(b_bufs.index(slot), a_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+                if BLOCK_M_LO > 0:
+                    acc_lo = warpgroup_mma(b_bufs.index(slot), a2_bufs.index(slot).permute((1, 0)), acc_lo,
+                                           is_async=True)
+                    # retire step i - 1's two groups: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
+                    acc, acc_lo = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_lo))
+                else:
+                    # retire the group of step i - 1: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                if num_warps > 4:
+                    gl.thread_barrier()  # both warpgroups retired step i - 1 before its slot is refilled
+            if READ:
+                j = i + STAGES - 1
+                if j < nk:
+                    _issue_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
+                                 (kt0 + j) * BLOCK_K, a2_desc, a2_bufs)
+        if MMA:
             if BLOCK_M_LO > 0:
-                acc_lo = warpgroup_mma(b_bufs.index(slot), a2_bufs.index(slot).permute((1, 0)), acc_lo,
-                                       is_async=True)
-                # retire step i - 1's two groups: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
-                acc, acc_lo = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_lo))
+                acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))
             else:
-                # retire the group of step i - 1: its slot ((i - 1) % STAGES) is free for step i + STAGES - 1
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            if num_warps > 4:
-                gl.thread_barrier()  # both warpgroups retired step i - 1 before its slot is refilled
-            j = i + STAGES - 1
-            if j < nk:
-                issue_stage_loads(b_desc, a_desc, b_bufs, a_bufs, bars, j % STAGES, off_n, off_m,
-                                  (kt0 + j) * BLOCK_K, a2_desc, a2_bufs)
-        if BLOCK_M_LO > 0:
-            acc, acc_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_lo))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
