@@ -28,6 +28,7 @@ Policies (each one documented and tested; see docs/formats.md):
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -439,6 +440,8 @@ def decode(codes, fmt, dtype=np.float32) -> np.ndarray:
 
 # Bytes per chunk of input: the chunk's scratch arrays (_Workspace) stay cache-resident.
 _CHUNK_BYTES = 1 << 18
+# Elements per chunk of the class-table path (its one index array stays cache-resident).
+_CLASS_CHUNK = 1 << 16
 
 
 def _first_index(mask: np.ndarray) -> tuple:
@@ -478,10 +481,12 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
         raise TypeError(f"rounding='stochastic' needs rng=numpy.random.Generator, got {type(rng).__name__}")
     arr = as_float_array(x, "x")
 
-    # Exact widening. float64 input stays float64; narrower inputs widen to float32 unless the format reaches
-    # below float32's normal range (UE8M0's 2^-127), where the float64 path keeps the leading-bit exponent exact.
+    # Exact widening. float64 input stays float64; narrower inputs widen to float32 and, in every mode but
+    # stochastic, take the code of their rounding class (_class_table); otherwise the integer path below, in float64
+    # where the format reaches below float32's normal range (UE8M0's 2^-127: the leading-bit exponent stays exact).
+    by_class = arr.dtype != np.float64 and mode is not Rounding.STOCHASTIC
     with np.errstate(invalid="ignore"):  # ml_dtypes warns when it widens a bfloat16 NaN; the value stays NaN
-        if arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126:
+        if not by_class and (arr.dtype == np.float64 or fmt.emin - fmt.mbits < -126):
             work = arr.astype(np.float64, copy=False)  # exact widening; only ever read, never written
         else:
             work = arr.astype(np.float32, copy=False)
@@ -509,6 +514,14 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
                 )
 
     flat = work.reshape(-1)
+    if by_class:
+        return _encode_by_class(flat, _class_table(fmt, mode, sat, nanpol)).reshape(arr.shape)
+    return _encode_flat(flat, fmt, mode, sat, nanpol, rng).reshape(arr.shape)
+
+
+def _encode_flat(flat: np.ndarray, fmt: FloatFormat, mode: Rounding, sat: bool, nanpol: NanPolicy,
+                 rng) -> np.ndarray:
+    """Codes of a 1-D float32/float64 array, chunk by chunk on the integer path (_encode_chunk)."""
     out = np.empty(flat.shape, dtype=np.uint8)
     chunk = _CHUNK_BYTES // flat.itemsize
     ws = _Workspace(min(chunk, flat.size), flat.dtype)
@@ -516,7 +529,55 @@ def encode(x, fmt, *, rounding="rne", saturate=None, nan=None, rng=None) -> np.n
         stop = min(start + chunk, flat.size)
         u = rng.random(stop - start) if mode is Rounding.STOCHASTIC else None
         _encode_chunk(flat[start:stop], fmt, mode, sat, nanpol, u, ws, out[start:stop])
-    return out.reshape(arr.shape)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _class_table(fmt: FloatFormat, mode: Rounding, sat: bool, nanpol: NanPolicy) -> np.ndarray:
+    """The codes encode() gives float32 inputs in a deterministic mode, tabulated over their rounding classes:
+    index (bits >> 16) * 2 + (bits & 0xFFFF != 0) (_encode_by_class).
+
+    Why a class has one code: every format here keeps at most 3 mantissa bits, so a float32 input's round bit is its
+    mantissa bit 18 or higher (22 - m for a normal result, higher for a subnormal one or a float32 subnormal input)
+    and the bits below it only count through "is any of them set" (the sticky bit of RNE, RNA, RU and RD; RZ
+    ignores them); bits 15..0 lie below it. So the class's members with bits 15..0 equal to 0 and to 1 give every
+    member's code, and the integer path computes those two. NaN classes (their NaN-ness is in the top 16 bits) hold
+    the policy's code (nan="raise" is applied before any lookup; "zero" stands in); an unsigned format's other
+    negative classes, whose inputs encode() refuses first except -0.0, hold -0.0's code. tests/test_encode.py compares this
+    path with the integer path on every class of every format and mode, and on random bit patterns."""
+    reps = np.empty((1 << 16, 2), dtype=np.uint32)
+    reps[:, 0] = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    reps[:, 1] = reps[:, 0] | np.uint32(1)
+    reps = reps.reshape(-1)
+    if not fmt.signed:  # negative classes but NaN ones (a NaN's sign is no sign for an unsigned format)
+        nan_class = (reps & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        reps[(reps >= np.uint32(0x80000000)) & ~nan_class] = np.uint32(0x80000000)
+    vals = reps.view(np.float32)
+    if fmt.emin - fmt.mbits < -126:  # as encode() widens for the integer path
+        with np.errstate(invalid="ignore"):  # (numpy warns when it widens a NaN; the value stays NaN)
+            vals = vals.astype(np.float64)
+    table = _encode_flat(vals, fmt, mode, sat, NanPolicy.ZERO if nanpol is NanPolicy.RAISE else nanpol, None)
+    table.flags.writeable = False
+    return table
+
+
+def _encode_by_class(flat: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Codes of a 1-D float32 array: one gather from ``table`` (_class_table) per chunk. The index is
+    ((bits & 0x7FFF) + 0x7FFF | bits) >> 15: the sum stays below 2^16 and has bit 15 set exactly when bits 14..0
+    are not all zero, so after the OR bit 15 says "bits 15..0 not all zero" and bits 31..16 are the input's."""
+    bits = flat.view(np.uint32)
+    out = np.empty(flat.shape, dtype=np.uint8)
+    chunk = _CLASS_CHUNK
+    idx = np.empty(min(chunk, flat.size), dtype=np.intp)
+    for start in range(0, flat.size, chunk):
+        stop = min(start + chunk, flat.size)
+        b, i = bits[start:stop], idx[:stop - start]
+        np.bitwise_and(b, 0x7FFF, out=i)
+        i += 0x7FFF
+        i |= b
+        i >>= 15
+        table.take(i, out=out[start:stop], mode="wrap")  # every index is in range; "wrap" is not buffered
+    return out
 
 
 class _Workspace:

@@ -263,6 +263,35 @@ def test_random_float64_patterns_single_rounding_thorough(name, mode):
     _f64_case(name, mode, 2_000_000, seed=22)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_rounding_class_of_float32_has_the_integer_paths_code(name):
+    """float16, bfloat16 and float32 inputs take their rounding class's code (formats._class_table: index (bits >>
+    16) * 2 + (bits & 0xFFFF != 0)); the table holds the integer path's code of two members of each class. Here five
+    members of every one of the 2^17 classes (low 16 bits 0, 1, 0x7FFF, 0x8000, 0xFFFF) go through encode() and
+    through the integer path itself, in every deterministic mode, saturation and NaN policy: one code per class,
+    the integer path's."""
+    from fp4ref import formats as F
+
+    fmt = FORMATS[name]
+    hi = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    bits = (hi[:, None] | np.array([0, 1, 0x7FFF, 0x8000, 0xFFFF], dtype=np.uint32)).reshape(-1)
+    x = bits.view(np.float32)
+    if not fmt.signed:  # encode() refuses negative non-NaN non-zero inputs of the unsigned UE8M0
+        x = x[~np.signbit(x) | (x == 0) | np.isnan(x)]
+    with np.errstate(invalid="ignore"):  # (numpy warns when it widens a NaN)
+        work = x.astype(np.float64) if fmt.emin - fmt.mbits < -126 else x  # the integer path's width (encode())
+    for mode in DIRECTED:
+        for sat in SATURATE_OPTIONS[name]:
+            for nan in (["nan"] if fmt.has_nan else []) + ["max", "zero"]:
+                with np.errstate(invalid="ignore"):
+                    ref = F._encode_flat(work, fmt, F._parse_rounding(mode), F._parse_saturate(sat, fmt),
+                                         F._parse_nan(nan, fmt), None)
+                got = encode(x, fmt, rounding=mode, saturate=sat, nan=nan)
+                bad = np.flatnonzero(got != ref)
+                assert bad.size == 0, (f"{name} {mode} saturate={sat} nan={nan}: {bad.size} codes differ, first "
+                                       f"bits {bits[bad[0]]:#010x}: {got[bad[0]]:#x} vs {ref[bad[0]]:#x}")
+
+
 @pytest.mark.parametrize("src", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_float16_and_bfloat16_input(name, src):
