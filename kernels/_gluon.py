@@ -308,13 +308,14 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def ring_barriers(STAGES: gl.constexpr):
-    """The "ready" and "empty" mbarriers of a STAGES-deep TMA ring (count 1 each), initialized and fenced."""
+def ring_barriers(STAGES: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr = 1):
+    """The "ready" and "empty" mbarriers of a STAGES-deep TMA ring (count 1, and EMPTY_ARRIVALS: the consumer
+    partitions that each release a slot), initialized and fenced."""
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)
     fence_async_shared()
     return ready, empty
 
@@ -328,16 +329,16 @@ def invalidate_ring(ready, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def ws_shared(a_desc, b_desc, c_desc, STAGES: gl.constexpr):
+def ws_shared(a_desc, b_desc, c_desc, STAGES: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr = 1):
     """Shared memory of a persistent, warp-specialized C = A @ B^T: STAGES-deep rings of A and B tiles (the
-    descriptors' blocks and layouts), the C staging tile, and the ring's "ready" and "empty" barriers (count 1,
-    initialized and fenced). Returns (a_bufs, b_bufs, c_smem, ready, empty)."""
+    descriptors' blocks and layouts), the C staging tile, and the ring's "ready" and "empty" barriers
+    (``ring_barriers``). Returns (a_bufs, b_bufs, c_smem, ready, empty)."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_shape[0], a_desc.block_shape[1]],
                                        a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_shape[0], b_desc.block_shape[1]],
                                        b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [c_desc.block_shape[0], c_desc.block_shape[1]], c_desc.layout)
-    ready, empty = ring_barriers(STAGES)
+    ready, empty = ring_barriers(STAGES, EMPTY_ARRIVALS)
     return a_bufs, b_bufs, c_smem, ready, empty
 
 

@@ -41,14 +41,18 @@ def _table_and_tune_candidates():
 # (plus the table's and every --tune candidate: a config the tuner may write into the table)
 BUILDS = list(dict.fromkeys([P(128, 256, 64, 3, 8, 0), P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1),
                              P(64, 256, 32, 6, 4, 2), P(128, 192, 64, 4, 8, 0), P(64, 192, 64, 5, 8, 0),
+                             P(192, 128, 64, 4, 8, 0), P(192, 128, 32, 8, 4, 0), P(192, 64, 64, 6, 8, 0),
+                             P(192, 128, 128, 2, 8, 0), P(192, 64, 128, 3, 8, 0),
                              *_table_and_tune_candidates()]))
 
 
 def _desc_blocks(cfg) -> dict:
-    """The block shape of each descriptor parameter in parameter order (a one-part tile repeats its first part's)."""
-    hi, lo = _runtime.m_parts(cfg.BLOCK_N)
-    return {"a_desc": [cfg.BLOCK_M, cfg.BLOCK_K], "b_desc": [hi, cfg.BLOCK_K], "b2_desc": [lo or hi, cfg.BLOCK_K],
-            "c_desc": [cfg.BLOCK_M, hi], "c2_desc": [cfg.BLOCK_M, lo or hi]}
+    """The block shape of each descriptor parameter in parameter order (a one-part dimension's second descriptor
+    repeats its first's)."""
+    (m_hi, m_lo), (n_hi, n_lo) = _runtime.m_parts(cfg.BLOCK_M), _runtime.m_parts(cfg.BLOCK_N)
+    return {"a_desc": [m_hi, cfg.BLOCK_K], "a2_desc": [m_lo or m_hi, cfg.BLOCK_K], "b_desc": [n_hi, cfg.BLOCK_K],
+            "b2_desc": [n_lo or n_hi, cfg.BLOCK_K], "c_desc": [m_hi, n_hi],
+            "c2_desc": [m_hi, n_lo] if n_lo else [m_lo or m_hi, n_hi]}
 
 
 def _build(cfg):
@@ -60,10 +64,11 @@ def _build(cfg):
                             divisible_by_16=["ws_ptr", "cnt_ptr", "N", "K"])
 
 
-@pytest.mark.parametrize("cfg", [P(128, 192, 32, 7, 8, 0), P(128, 256, 64, 3, 8, 2)], ids=repr)
+@pytest.mark.parametrize("cfg", [P(128, 192, 32, 7, 8, 0), P(128, 256, 64, 3, 8, 2), P(192, 128, 64, 4, 8, 0)],
+                         ids=repr)
 def test_the_plan_launches_what_the_build_test_compiles(cfg):
-    """The host plan (built on the CPU, not launched): a descriptor per leading kernel parameter, over A, B, B, C,
-    C, with the blocks and layouts the sm_90 builds above compile, and the constexprs in parameter order."""
+    """The host plan (built on the CPU, not launched): a descriptor per leading kernel parameter, over A, A, B, B,
+    C, C, with the blocks and layouts the sm_90 builds above compile, and the constexprs in parameter order."""
     M, N, K = 972, 1000, 2048  # N = 1000: the last column tile's low part lies wholly past N
     A = torch.ones(M, K, dtype=torch.float16)
     B = torch.ones(N, K, dtype=torch.float16)
@@ -71,8 +76,8 @@ def test_the_plan_launches_what_the_build_test_compiles(cfg):
     names = gemm_persistent_kernel.arg_names
     descs = dict(zip(names, plan.launch.descs))  # (zip stops at the descriptors: the leading parameters)
     assert plan.path == "persistent" and {n: d.block_shape for n, d in descs.items()} == _desc_blocks(cfg)
-    assert [(d.shape, d.strides) for d in descs.values()] == [([M, K], [K, 1]), ([N, K], [K, 1]), ([N, K], [K, 1]),
-                                                              ([M, N], [N, 1]), ([M, N], [N, 1])]
+    assert [(d.shape, d.strides) for d in descs.values()] == [([M, K], [K, 1])] * 2 + [([N, K], [K, 1])] * 2 + [
+        ([M, N], [N, 1])] * 2
     assert [d.layout for d in descs.values()] == list(persistent_layouts(cfg))
     assert list(plan.launch.constexprs) == [names[i] for i in gemm_persistent_kernel.constexprs]
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
@@ -100,6 +105,10 @@ def test_config_builds_for_sm90(cfg):
     (dict(BLOCK_K=16), ValueError, "BLOCK_K=16"), (dict(STAGES=1), ValueError, "STAGES=1"),
     (dict(GROUP_M=3), ValueError, "GROUP_M=3"), (dict(STREAM_K=3), ValueError, "STREAM_K=3"),
     (dict(BLOCK_N=96, STREAM_K=0), ValueError, "BLOCK_N=96"), (dict(BLOCK_N=192), ValueError, "whole tiles only"),
+    (dict(BLOCK_M=192, BLOCK_N=128), ValueError, "BLOCK_M=192 .* whole tiles only"),
+    (dict(BLOCK_M=192, BLOCK_N=192, STREAM_K=0), ValueError, "expected BLOCK_N 64 or 128"),
+    (dict(BLOCK_M=192, BLOCK_N=256, BLOCK_K=32, STAGES=4, STREAM_K=0), ValueError, "registers per thread"),
+    (dict(BLOCK_M=96, STREAM_K=0), ValueError, "BLOCK_M=96"),
     (dict(BLOCK_K=128, STAGES=3), ValueError, "shared memory for STAGES"), (dict(STAGES=3.0), TypeError, "STAGES"),
 ])
 def test_bad_configs_raise(kw, exc, words):
@@ -174,6 +183,11 @@ CASES = [
     (P(128, 192, 32, 7, 8, 0), 1536, 3072, 2048),  # 192 tiles: CTAs with two, the stores of one overlap the next
     (P(128, 192, 64, 3, 4, 0), 300, 520, 1000),
     (P(64, 192, 64, 5, 8, 0), 129, 1000, 512),
+    # two row parts (the low one in a worker partition): M = 2053 makes 11 row tiles of 192 (264 tiles, two per
+    # CTA); M = 300 ends in a high part of 108 rows and a low part wholly past M; M = 129 in a low part of one row
+    (P(192, 128, 64, 4, 8, 0), 2053, 3072, 2048),
+    (P(192, 128, 32, 8, 4, 0), 300, 520, 1000),
+    (P(192, 64, 64, 6, 8, 0), 129, 1000, 512),
 ]
 _TL_MODE = {0: 3, 1: 1, 2: 2}  # PersistentConfig.STREAM_K -> the tl kernel's mode with the same schedule
 
@@ -197,8 +211,8 @@ def test_within_bound_deterministic_and_equal_to_the_tl_stream_k_kernel(case):
     c2 = _run(A, B, cfg)
     assert torch.equal(c1.view(torch.int16), c2.view(torch.int16))  # bitwise, run to run
     # (a two-part tile's elements have the one-part tile's chains: the tl kernel with 128-wide tiles)
-    tl_cfg = T(cfg.BLOCK_M, 128 if cfg.BLOCK_N == 192 else cfg.BLOCK_N, cfg.BLOCK_K, num_warps=cfg.num_warps,
-               num_stages=3, GROUP_M=cfg.GROUP_M, STREAM_K=_TL_MODE[cfg.STREAM_K])
+    tl_cfg = T(128 if cfg.BLOCK_M == 192 else cfg.BLOCK_M, 128 if cfg.BLOCK_N == 192 else cfg.BLOCK_N, cfg.BLOCK_K,
+               num_warps=cfg.num_warps, num_stages=3, GROUP_M=cfg.GROUP_M, STREAM_K=_TL_MODE[cfg.STREAM_K])
     assert torch.equal(c1.view(torch.int16), _run(A, B, tl_cfg).view(torch.int16))
     device = A.device
     cnt = _runtime.workspace(device, _runtime.current_stream(device), mod.COUNTERS, 1, torch.int32, zeroed=True)
@@ -214,8 +228,8 @@ def test_within_bound_deterministic_and_equal_to_the_tl_stream_k_kernel(case):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cfg", [P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1), P(128, 192, 64, 4, 8, 0)],
-                         ids=repr)
+@pytest.mark.parametrize("cfg", [P(128, 256, 64, 3, 8, 2), P(128, 128, 64, 5, 8, 1), P(128, 192, 64, 4, 8, 0),
+                                 P(192, 128, 64, 4, 8, 0)], ids=repr)
 def test_exact_accumulation_is_correctly_rounded(cfg):
     M, N, K = 260, 3072, 2048
     rng = np.random.default_rng(5)

@@ -10,7 +10,8 @@ Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotunin
 * ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256 in the CPU interpreter, which cannot run
   Gluon): pointer loads, one program per (C tile, K slice), deterministic last-arrival split-K reduction.
 * ``PersistentConfig`` -> ``persistent.gemm_persistent_kernel`` (M = 257-1024 and 1409-2048 on a GPU: 128 x 192
-  whole tiles): Gluon, persistent and warp-specialized, optional deterministic stream-K; sm_90 only.
+  whole tiles; 192 x 128 tiles in two row parts too): Gluon, persistent and warp-specialized, optional
+  deterministic stream-K; sm_90 only.
 * ``TmaConfig`` -> ``tma.gemm_fp16_tma_kernel`` (persistent, TMA) or, with ``STREAM_K``,
   ``tma.gemm_fp16_tma_streamk_kernel`` (the other M > 256: 128 x 256 tiles, whole-tile mode STREAM_K=3).
 * ``GemvConfig`` -> ``gemv.gemm_fp16_gemv_kernel`` (M = 1-2 on a GPU; any device): CUDA cores, many small
@@ -254,11 +255,11 @@ def _plan(A, B, M: int, N: int, K: int, config, has_scale: bool) -> _Plan:
         if config.STREAM_K:  # max-pieces slots per stream-K tile, when any tile is split
             sch = stream_k_schedule(config, M, N, K, nprog)
             S, split_tiles = sch["max_pieces"], sch["sk_tiles"] if sch["split_tiles"] else 0
-        # A, then B and C in their column parts
-        a_layout, b_layout, b2_layout, c_layout, c2_layout = persistent_layouts(config)
-        descs = (Desc((M, K), (sa, 1), (BM, BK), a_layout),
+        # A, B and C in their parts (at most one of BLOCK_M and BLOCK_N has two; C's follow it)
+        a_layout, a2_layout, b_layout, b2_layout, c_layout, c2_layout = persistent_layouts(config)
+        descs = (*Desc.parts((M, K), (sa, 1), (BM, BK), 0, (a_layout, a2_layout)),
                  *Desc.parts((N, K), (sb, 1), (BN, BK), 0, (b_layout, b2_layout)),
-                 *Desc.parts((M, N), (N, 1), (BM, BN), 1, (c_layout, c2_layout)))
+                 *Desc.parts((M, N), (N, 1), (BM, BN), 0 if _runtime.m_parts(BM)[1] else 1, (c_layout, c2_layout)))
         launch = Launch(gemm_persistent_kernel, (nprog,), persistent_constexprs(config), descs=descs)
         return _Plan("persistent", launch, M, N, K, sa, sb, S * split_tiles * BM * BN, split_tiles)
     opts = dict(num_warps=config.num_warps, num_stages=config.num_stages)
@@ -287,7 +288,7 @@ def _run(plan: _Plan, A, B, C, scale) -> None:
         plan.launch.launch(stream, B, A, A, C, ws, cnt, M, N, -(-K // plan.launch.constexprs["BLOCK_K"]), N)
         return
     if plan.path == "persistent":
-        plan.launch.launch(stream, A, B, B, C, C, ws, cnt, M, N, K)  # (B's and C's descriptors in two parts)
+        plan.launch.launch(stream, A, A, B, B, C, C, ws, cnt, M, N, K)  # (each descriptor in two parts)
         return
     if plan.path == "splitk":
         plan.launch.launch(stream, A, B, C, ws, cnt, M, N, K, sa, sb, N)

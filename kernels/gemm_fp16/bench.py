@@ -301,7 +301,7 @@ def tune_buckets():
       PROGRAMS_PER_SM 4 (grid = all units: the hardware scheduler balances the tail).
     * M >= 972, the Gluon persistent kernel (``PersistentConfig``: warp-specialized, TMA-store epilogue) with the
       same stream-K schedules (0: whole tiles, 1: all tiles, 2: the last partial wave), 128x256 and 128x128, and
-      its 128x192 whole tiles (two column parts).
+      its 128x192 and 192x128 whole tiles (two column or row parts).
     """
     from . import PersistentConfig as P, SplitKConfig as S, TmaConfig as T
 
@@ -357,10 +357,10 @@ def tune_buckets():
                                             (128, 256, 64, 8, 3, 4, 1, 3), (128, 256, 64, 8, 4, 4, 2, 3))
     ]  # fmt: skip
     # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, STREAM_K); 128 x 192 whole tiles: 16 column tiles of N = 3072, 128
-    # tiles at M = 972
+    # tiles at M = 972; 192 x 128: 11 row tiles at M = 2053, 264 tiles
     persistent = [P(bm, bn, bk, st, 8, sk) for bm, bn, bk, st, sk in (
         (128, 256, 64, 3, 0), (128, 256, 64, 3, 1), (128, 256, 64, 3, 2), (128, 128, 64, 5, 0), (128, 128, 64, 5, 2),
-        (128, 192, 64, 4, 0), (128, 192, 64, 3, 0), (128, 192, 32, 7, 0))]
+        (128, 192, 64, 4, 0), (128, 192, 64, 3, 0), (128, 192, 32, 7, 0), (192, 128, 64, 4, 0))]
     stream_k += persistent
     return [
         (16, (1, 16), ptr(16, small) + tma_small),

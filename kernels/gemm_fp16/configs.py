@@ -259,7 +259,10 @@ class GemvConfig:
 class PersistentConfig:
     """A launch of the Gluon persistent kernel (``persistent.gemm_persistent_kernel``; sm_90 only, large M).
 
-    BLOCK_M: rows of A and C per tile, 64 per consumer warpgroup (64 or 128; ``num_warps`` = BLOCK_M // 16).
+    BLOCK_M: rows of A and C per tile, 64 per consumer warpgroup (64 or 128; ``num_warps`` = BLOCK_M // 16), or
+        192 = 128 + 64 in two row parts (the low part's warpgroup in a worker partition of its own; whole tiles
+        only; BLOCK_N 64 or 128), so that M = 2053 makes 11 row tiles: 264 tiles of 192 x 128, two whole waves of
+        132 SMs.
     BLOCK_N: rows of B (= columns of C) per tile: the wgmma N width (64, 128 or 256), or 192 = 128 + 64 in two
         column parts (``m_parts``; two wgmmas per K step, one accumulator each, whole tiles only: STREAM_K 0), so
         that N = 3072 makes 16 column tiles (128 tiles at M = 972: 0.97 of a 132-SM wave, against 96 of 128 x 256).
@@ -288,8 +291,8 @@ class PersistentConfig:
 
     def __post_init__(self):
         _runtime.check_int_fields(self, "BLOCK_M", "BLOCK_N", "BLOCK_K", "STAGES", "GROUP_M", "STREAM_K")
-        if self.BLOCK_M not in (64, 128):
-            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected 64 or 128 (one or two warpgroups)")
+        if self.BLOCK_M not in (64, 128, 192):
+            raise ValueError(f"BLOCK_M={self.BLOCK_M}: expected 64 or 128 (one or two warpgroups) or 192 (128 + 64)")
         if self.BLOCK_N not in (64, 128, 192, 256):
             raise ValueError(f"BLOCK_N={self.BLOCK_N}: expected 64, 128 or 256 (the wgmma N width) or 192 (128 + 64)")
         if self.BLOCK_K not in (32, 64, 128):
@@ -300,17 +303,22 @@ class PersistentConfig:
             raise ValueError(f"GROUP_M={self.GROUP_M}: expected a power of two >= 1")
         if self.STREAM_K not in (0, 1, 2):
             raise ValueError(f"STREAM_K={self.STREAM_K}: expected 0, 1 or 2")
-        if self.BLOCK_N == 192 and self.STREAM_K:
-            raise ValueError(f"BLOCK_N=192 (two column parts) runs whole tiles only: expected STREAM_K=0, got "
-                             f"STREAM_K={self.STREAM_K}")
+        for name in ("BLOCK_M", "BLOCK_N"):
+            if getattr(self, name) == 192 and self.STREAM_K:
+                raise ValueError(f"{name}=192 (two parts) runs whole tiles only: expected STREAM_K=0, got "
+                                 f"STREAM_K={self.STREAM_K}")
+        if self.BLOCK_M == 192 and self.BLOCK_N > 128:  # (also: at most one dimension in two parts)
+            raise ValueError(f"BLOCK_M=192, BLOCK_N={self.BLOCK_N}: expected BLOCK_N 64 or 128 (16 warps leave 128 "
+                             f"registers per thread, too few for a 64 x {self.BLOCK_N} fp32 accumulator per warpgroup)")
         if self.shared_bytes > SM90_MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for STAGES x (BLOCK_M + BLOCK_N) x "
                              f"BLOCK_K ring and the C tile (sm_90 limit {SM90_MAX_SHARED_BYTES})")
 
     @property
     def num_warps(self) -> int:
-        """Warps of the consumer partition: one warpgroup per 64 rows of BLOCK_M."""
-        return self.BLOCK_M // 16
+        """Warps of the default (consumer) partition: one warpgroup per 64 rows of BLOCK_M's high part (BLOCK_M =
+        192's low 64 rows have a worker partition of one warpgroup)."""
+        return _runtime.m_parts(self.BLOCK_M)[0] // 16
 
     @property
     def shared_bytes(self) -> int:

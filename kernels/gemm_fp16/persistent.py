@@ -33,6 +33,10 @@ the staggered K ranges feed the tensor cores more slowly than whole tiles do; do
   so each K step loads B's two boxes into two rings and issues one wgmma per part into its own accumulator, and
   the epilogue stores the two parts. N = 3072 then makes 16 column tiles, so M <= 1024 is one wave of 128 tiles
   (against 96 of 128 x 256 at M = 972, which leave 36 of 132 SMs idle).
+* two row parts (BLOCK_M = 192 = 128 + 64; whole tiles only): the ring holds A's two boxes, the default partition
+  (two warpgroups) computes and stores the high 128 rows and a worker partition of one warpgroup the low 64, each
+  handing every slot back (the "empty" barriers count two arrivals). M = 2053 then makes 11 row tiles: 264 tiles
+  of 192 x 128, two whole waves of 132 SMs (204 of 128 x 256 also take two, of larger tiles).
 
 Numerics: each piece is one ``hopper_fp16_wgmma`` chain over its K-iterations (a two-part tile's elements have
 the one-part tile's chains); a split tile's pieces are summed in K order in fp32 RN (``configs.accumulation_model``
@@ -51,18 +55,19 @@ __all__ = ["gemm_persistent_kernel", "persistent_constexprs", "persistent_layout
 
 
 def persistent_layouts(config):
-    """The NVMMA shared-memory layouts of the A tile [BLOCK_M, BLOCK_K], of B's two column parts [hi, BLOCK_K] and
-    [lo, BLOCK_K] (``m_parts(BLOCK_N)``; a one-part tile's second is its first) (the TMA destinations and wgmma
-    operands) and of C's two parts [BLOCK_M, hi] and [BLOCK_M, lo] (the TMA stores' sources)."""
-    return (gl.NVMMASharedLayout.get_default_for([config.BLOCK_M, config.BLOCK_K], gl.float16),
-            *part_layouts([config.BLOCK_N, config.BLOCK_K], 0), *part_layouts([config.BLOCK_M, config.BLOCK_N], 1))
+    """The NVMMA shared-memory layouts of A's two row parts [hi, BLOCK_K] and [lo, BLOCK_K] (``m_parts(BLOCK_M)``),
+    of B's two column parts [hi, BLOCK_K] and [lo, BLOCK_K] (``m_parts(BLOCK_N)``) (the TMA destinations and wgmma
+    operands) and of C's two parts along the split dimension ([BLOCK_M, hi] and [BLOCK_M, lo] of N, or [hi,
+    BLOCK_N] and [lo, BLOCK_N] of M; the TMA stores' sources). A one-part dimension's second is its first."""
+    return (*part_layouts([config.BLOCK_M, config.BLOCK_K], 0), *part_layouts([config.BLOCK_N, config.BLOCK_K], 0),
+            *part_layouts([config.BLOCK_M, config.BLOCK_N], 0 if m_parts(config.BLOCK_M)[1] else 1))
 
 
 def persistent_constexprs(config) -> dict:
     """``gemm_persistent_kernel``'s constexpr arguments for ``config``, in parameter order."""
-    return dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_N_LO=m_parts(config.BLOCK_N)[1],
-                BLOCK_K=config.BLOCK_K, STAGES=config.STAGES, GROUP_M=config.GROUP_M, STREAM_K=config.STREAM_K,
-                num_warps=config.num_warps)
+    return dict(BLOCK_M=config.BLOCK_M, BLOCK_M_LO=m_parts(config.BLOCK_M)[1], BLOCK_N=config.BLOCK_N,
+                BLOCK_N_LO=m_parts(config.BLOCK_N)[1], BLOCK_K=config.BLOCK_K, STAGES=config.STAGES,
+                GROUP_M=config.GROUP_M, STREAM_K=config.STREAM_K, num_warps=config.num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,18 +113,23 @@ def _owner(i, base, extra):
 # Producer partition (1 warp)
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, off_m, off_n, kt0, kt1, step,
-                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, BLOCK_N_LO: gl.constexpr):
-    """TMA K-iterations kt0..kt1-1 of one tile (with BLOCK_N_LO, B's rows in two parts: b_desc's block rows from
-    off_n, then b2_desc's) into the ring from ring step ``step``; returns the next step."""
+def _load_piece(a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty, off_m, off_n, kt0,
+                kt1, step, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, BLOCK_M_LO: gl.constexpr,
+                BLOCK_N_LO: gl.constexpr):
+    """TMA K-iterations kt0..kt1-1 of one tile (with BLOCK_M_LO, A's rows in two parts: a_desc's block rows from
+    off_m, then a2_desc's; with BLOCK_N_LO, B's likewise) into the ring from ring step ``step``; returns the next
+    step."""
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
-        b2_desc.block_type.nbytes if BLOCK_N_LO > 0 else 0)
+        a2_desc.block_type.nbytes if BLOCK_M_LO > 0 else 0) + (b2_desc.block_type.nbytes if BLOCK_N_LO > 0 else 0)
     for kk in range(kt0, kt1):
         s = step % STAGES
         mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # fresh barriers: parity 1 counts as complete
         bar = ready.index(s)
         mbarrier.expect(bar, nbytes)
         tma.async_copy_global_to_shared(a_desc, [off_m, kk * BLOCK_K], bar, a_bufs.index(s))
+        if BLOCK_M_LO > 0:
+            tma.async_copy_global_to_shared(a2_desc, [off_m + a_desc.block_type.shape[0], kk * BLOCK_K], bar,
+                                            a2_bufs.index(s))
         tma.async_copy_global_to_shared(b_desc, [off_n, kk * BLOCK_K], bar, b_bufs.index(s))
         if BLOCK_N_LO > 0:
             tma.async_copy_global_to_shared(b2_desc, [off_n + b_desc.block_type.shape[0], kk * BLOCK_K], bar,
@@ -129,9 +139,9 @@ def _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, 
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, STREAM_K: gl.constexpr):
+def _producer(a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+              BLOCK_M: gl.constexpr, BLOCK_M_LO: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr,
+              BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr):
     num_pid_m, num_pid_n, k_tiles, sk_tiles, it, it_end, first_tile, end_tile = _schedule(
         M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STREAM_K)
     step = 0
@@ -139,12 +149,12 @@ def _producer(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M,
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         kt0 = gl.maximum(it - tile * k_tiles, 0)
         kt1 = gl.minimum(it_end - tile * k_tiles, k_tiles)
-        step = _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, pid_m * BLOCK_M,
-                           pid_n * BLOCK_N, kt0, kt1, step, BLOCK_K, STAGES, BLOCK_N_LO)
+        step = _load_piece(a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty,
+                           pid_m * BLOCK_M, pid_n * BLOCK_N, kt0, kt1, step, BLOCK_K, STAGES, BLOCK_M_LO, BLOCK_N_LO)
     for tile in range(sk_tiles + gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):  # whole tiles
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        step = _load_piece(a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, pid_m * BLOCK_M,
-                           pid_n * BLOCK_N, 0, k_tiles, step, BLOCK_K, STAGES, BLOCK_N_LO)
+        step = _load_piece(a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty,
+                           pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, step, BLOCK_K, STAGES, BLOCK_M_LO, BLOCK_N_LO)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,7 +224,10 @@ def _finish_split(acc, ws_tile, slot_stride, offs, n_pieces, cnt, c_smem, c_desc
 @gluon.jit
 def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M, N, K,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr,
-              STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr):
+              STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
+              ROWS: gl.constexpr, ROW0: gl.constexpr):
+    """A consumer partition: rows ROW0..ROW0+ROWS-1 of every tile (all BLOCK_M rows, or one of a two-part tile's row
+    parts: then the A ring, C buffer and C descriptor given are that part's), one warpgroup per 64 rows."""
     BN_HI: gl.constexpr = BLOCK_N - BLOCK_N_LO
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BN_HI, 16])
@@ -269,9 +282,9 @@ def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2
             _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)  # (waits for both parts' stores)
             tma_store_tile(acc2, c2_smem, c2_desc, pid_m * BLOCK_M, pid_n * BLOCK_N + BN_HI)
         else:
-            acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, k_tiles, acc_layout, BLOCK_M, BLOCK_N, STAGES,
+            acc = _mma_piece(a_bufs, b_bufs, ready, empty, step, k_tiles, acc_layout, ROWS, BLOCK_N, STAGES,
                              num_warps)
-            _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+            _store_tile(acc, c_smem, c_desc, pid_m * BLOCK_M + ROW0, pid_n * BLOCK_N)
         step += k_tiles
     tma.store_wait(pendings=0)
 
@@ -281,28 +294,47 @@ def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2
 # ---------------------------------------------------------------------------------------------------------------
 @gluon.jit(do_not_specialize=["M"])  # one build for every M of a config
 def gemm_persistent_kernel(
-    # TMA descriptors: A [M, K] fp16 (block [BLOCK_M, BLOCK_K]); B [N, K] fp16 in its column parts (``m_parts(
-    # BLOCK_N)``: blocks [hi, BLOCK_K] and [lo, BLOCK_K]; a one-part tile never reads b2_desc); C [M, N] fp16 in the
-    # same parts (blocks [BLOCK_M, hi] and [BLOCK_M, lo])
-    a_desc, b_desc, b2_desc, c_desc, c2_desc,
+    # TMA descriptors: A [M, K] fp16 in its row parts (``m_parts(BLOCK_M)``: blocks [hi, BLOCK_K] and [lo, BLOCK_K]);
+    # B [N, K] fp16 in its column parts (``m_parts(BLOCK_N)``: blocks [hi, BLOCK_K] and [lo, BLOCK_K]); C [M, N]
+    # fp16 in the parts of the split dimension (blocks [BLOCK_M, hi] and [BLOCK_M, lo] of N, or [hi, BLOCK_N] and
+    # [lo, BLOCK_N] of M). A one-part dimension's second descriptor is never read.
+    a_desc, a2_desc, b_desc, b2_desc, c_desc, c2_desc,
     # stream-K scratch: fp32 partial tiles [max pieces, stream-K tiles, BLOCK_M * BLOCK_N] and int32 arrival
     # counters [stream-K tiles], 0 between launches (never read without a split tile)
     ws_ptr, cnt_ptr,
     M, N, K,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr, BLOCK_K: gl.constexpr,
-    STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_M_LO: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_N_LO: gl.constexpr,
+    BLOCK_K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, STREAM_K: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
-    gl.static_assert((BLOCK_N_LO == 0) | (STREAM_K == 0), "a two-part tile runs whole tiles only")
-    a_bufs, b_bufs, c_smem, ready, empty = ws_shared(a_desc, b_desc, c_desc, STAGES)
-    b2_bufs = b_bufs  # a one-part tile's stand-ins: never read
+    gl.static_assert(((BLOCK_N_LO == 0) & (BLOCK_M_LO == 0)) | (STREAM_K == 0), "two-part tiles run whole tiles only")
+    gl.static_assert((BLOCK_N_LO == 0) | (BLOCK_M_LO == 0), "one of the two dimensions in parts")
+    a_bufs, b_bufs, c_smem, ready, empty = ws_shared(a_desc, b_desc, c_desc, STAGES, 2 if BLOCK_M_LO > 0 else 1)
+    a2_bufs = a_bufs  # a one-part tile's stand-ins: never read
+    b2_bufs = b_bufs
     c2_smem = c_smem
     if BLOCK_N_LO > 0:
         b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, BLOCK_N_LO, BLOCK_K], b2_desc.layout)
         c2_smem = gl.allocate_shared_memory(c2_desc.dtype, [BLOCK_M, BLOCK_N_LO], c2_desc.layout)
-    gl.warp_specialize(
-        [(_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M, N,
-                      K, BLOCK_M, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps)),
-         (_producer, (a_desc, b_desc, b2_desc, a_bufs, b_bufs, b2_bufs, ready, empty, M, N, K, BLOCK_M, BLOCK_N,
-                      BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K))],
-        [1], [40])
+    if BLOCK_M_LO > 0:
+        a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [STAGES, BLOCK_M_LO, BLOCK_K], a2_desc.layout)
+        c2_smem = gl.allocate_shared_memory(c2_desc.dtype, [BLOCK_M_LO, BLOCK_N], c2_desc.layout)
+    ROWS: gl.constexpr = BLOCK_M - BLOCK_M_LO
+    if BLOCK_M_LO > 0:  # the low row part in a worker partition of its own warpgroup(s), releasing slots too
+        gl.warp_specialize(
+            [(_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M,
+                          N, K, BLOCK_M, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps, ROWS, 0)),
+             (_producer, (a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+                          BLOCK_M, BLOCK_M_LO, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K)),
+             (_consumer, (a2_bufs, b_bufs, b2_bufs, ready, empty, c2_smem, c2_smem, c2_desc, c2_desc, ws_ptr,
+                          cnt_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K,
+                          BLOCK_M_LO // 16, BLOCK_M_LO, ROWS))],
+            [1, BLOCK_M_LO // 16], [40, 152])
+    else:
+        gl.warp_specialize(
+            [(_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M,
+                          N, K, BLOCK_M, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K, num_warps, ROWS, 0)),
+             (_producer, (a_desc, a2_desc, b_desc, b2_desc, a_bufs, a2_bufs, b_bufs, b2_bufs, ready, empty, M, N, K,
+                          BLOCK_M, BLOCK_M_LO, BLOCK_N, BLOCK_N_LO, BLOCK_K, STAGES, GROUP_M, STREAM_K))],
+            [1], [40])
     invalidate_ring(ready, empty, STAGES)
