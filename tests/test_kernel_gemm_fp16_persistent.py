@@ -12,6 +12,8 @@ and N, M below one tile; exact-accumulation inputs correctly rounded.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -98,6 +100,14 @@ def test_config_builds_for_sm90(cfg):
     assert ("ld.global.gpu.acquire" in ptx) == bool(cfg.STREAM_K), cfg
     if cfg.BLOCK_N == 192:  # each part's wgmma is its own group: waiting down to 2 retires the previous K step's
         assert ptx.count("wgmma.commit_group.sync.aligned") == 2 and "wgmma.wait_group.sync.aligned 2;" in ptx
+    if cfg.BLOCK_M == 192:  # two row parts: both consumers hand every slot back; a K step brings both A boxes
+        inits = re.findall(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], (\d+);", ptx)
+        assert sorted(inits) == ["1"] * cfg.STAGES + ["2"] * cfg.STAGES, inits
+        assert re.findall(r"expect_tx\.shared\.b64 _, \[%r\d+\], (\d+);", ptx) == [
+            str((192 + cfg.BLOCK_N) * cfg.BLOCK_K * 2)]
+        # A high, A low and B, each one TMA message per 64 K-columns (at most a 128-byte swizzle row); C in two parts
+        assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global") == 3 * max(1, cfg.BLOCK_K // 64)
+        assert ptx.count("cp.async.bulk.tensor.2d.global.shared") == 2
 
 
 @pytest.mark.parametrize("kw, exc, words", [
@@ -188,6 +198,9 @@ CASES = [
     (P(192, 128, 64, 4, 8, 0), 2053, 3072, 2048),
     (P(192, 128, 32, 8, 4, 0), 300, 520, 1000),
     (P(192, 64, 64, 6, 8, 0), 129, 1000, 512),
+    # 128-wide K steps (two TMA messages per box), each tile's K ending in a partial step (1000 = 7 x 128 + 104)
+    (P(192, 64, 128, 3, 8, 0), 700, 1000, 1000),
+    (P(128, 128, 128, 3, 8, 0), 700, 1000, 1000),
 ]
 _TL_MODE = {0: 3, 1: 1, 2: 2}  # PersistentConfig.STREAM_K -> the tl kernel's mode with the same schedule
 

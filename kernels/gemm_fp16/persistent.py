@@ -22,10 +22,10 @@ the staggered K ranges feed the tensor cores more slowly than whole tiles do; do
   otherwise it writes slot 0 and bumps like a tail, and the last arrival sums slots 0, 1, ... in K order. Either
   way the pieces are summed in the order 0, 1, ..., P - 1 in fp32 (RN) by exactly one CTA, which rounds once,
   stores and resets the counter for the next launch.
-* warp specialization: a 1-warp producer partition TMA-loads A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K]
-  into a STAGES-deep ring ("ready" barriers carry the bytes, "empty" barriers hand a slot back) and runs ahead
-  across pieces and tiles, so the next piece's loads overlap this piece's fix-up or store. The default partition
-  (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one K step's wgmma groups in
+* warp specialization: a 1-warp producer partition TMA-loads A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K], each
+  in its parts, into a STAGES-deep ring ("ready" barriers carry the bytes, "empty" barriers hand a slot back) and
+  runs ahead across pieces and tiles, so the next piece's loads overlap this piece's fix-up or store. The default
+  partition (one or two warpgroups stacked along BLOCK_M) waits, issues async wgmma with one K step's wgmma groups in
   flight (one, or one per column part), and stores.
 * epilogue: a whole tile is rounded once to fp16 (RNE) into shared memory and stored by TMA (rows >= M and
   columns >= N clipped), overlapping the next piece's main loop; a split tile's finisher stores the same way.
