@@ -308,9 +308,9 @@ class PersistentConfig:
                 raise ValueError(f"{name}=192 (two parts) runs whole tiles only: expected STREAM_K=0, got "
                                  f"STREAM_K={self.STREAM_K}")
         if self.BLOCK_M == 192 and self.BLOCK_N > 128:  # (also: at most one dimension in two parts)
-            raise ValueError(f"BLOCK_M=192, BLOCK_N={self.BLOCK_N}: expected BLOCK_N 64 or 128 (the 16 warps share "
-                             f"65536 registers, ~160 per consumer thread: too few beside a 64 x {self.BLOCK_N} fp32 "
-                             f"accumulator of {self.BLOCK_N // 2} registers per thread)")
+            raise ValueError(f"BLOCK_M=192, BLOCK_N={self.BLOCK_N}: expected BLOCK_N 64 or 128 (a launch of 16 warps "
+                             f"compiles with at most 128 registers per thread: ptxas cannot fit the wgmma of a 64 x "
+                             f"{self.BLOCK_N} fp32 accumulator, {self.BLOCK_N // 2} registers per thread, in them)")
         if self.shared_bytes > SM90_MAX_SHARED_BYTES:
             raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory for STAGES x (BLOCK_M + BLOCK_N) x "
                              f"BLOCK_K ring and the C tile (sm_90 limit {SM90_MAX_SHARED_BYTES})")
