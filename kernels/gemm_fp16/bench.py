@@ -371,11 +371,12 @@ def tune_buckets():
         (256, (200, 256), mid + large[:1]),
         # (the rows between 972 and 2053 follow the waves of 132 SMs: 128 x 192 tiles make 16 column tiles of
         # N = 3072, so <= 8 row tiles (1024 rows) are one wave and 12-16 (1409-2048) two, where 128 x 256 tiles
-        # make one wave up to 1408 rows and two above)
+        # make one wave up to 1408 rows and two above; 192 x 128 tiles make 24 column tiles, so 8-11 row tiles
+        # (1409-2112 rows) are two waves, the last of them whole at 2049-2112)
         (1024, (972,), stream_k + large + fill_972),
         (1408, (1280,), stream_k + large),
-        (2048, (1536,), stream_k + large),
-        (4096, (2053, 2379), stream_k + large),
+        (2112, (1536, 2053), stream_k + large),
+        (4096, (2379,), stream_k + large),
         (None, (8192,), stream_k + large),
     ]
 

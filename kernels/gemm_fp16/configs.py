@@ -334,12 +334,15 @@ class PersistentConfig:
 # BLOCK_N = 64 with a deep ring of 128-wide K tiles keep ~100 KB of B in flight per SM). Larger M: 128 x 256 TMA
 # tiles in the stream-K kernel's whole-tile mode (STREAM_K=3: one flattened (tile, K) loop, so the next tile's
 # loads overlap this tile's store). On a GPU, where they need no more waves of 132 SMs than 128 x 256 tiles, the
-# persistent Gluon kernel's 128 x 192 whole tiles (16 column tiles of N = 3072): M = 257-1024 (<= 128 tiles, one
-# wave, against 96 tiles of 128 x 256 at M = 972) and 1409-2048 (two waves against two of the larger tiles).
-# docs/kernels.md and docs/benchmarks.md.
+# persistent Gluon kernel's 128 x 192 whole tiles (16 column tiles of N = 3072) at M = 257-1024 (<= 128 tiles, one
+# wave, against 96 tiles of 128 x 256 at M = 972), and its 192 x 128 whole tiles (two row parts; 24 column tiles)
+# at M = 1409-2112 (<= 11 row tiles, <= 264 tiles: two waves, as the 128 x 256 tiles need there, of 0.75 the work
+# each; M = 2053: 1.23x the 128 x 256 tiles, 1.08-1.17x the 128 x 192 ones at 1409-2048) and above 4096 (8192:
+# 1% faster than 128 x 256, measured on an H100). docs/kernels.md and docs/benchmarks.md.
 _TMA_LARGE = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)
 _LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)
-_P192 = PersistentConfig(BLOCK_M=128, BLOCK_N=192, BLOCK_K=32, STAGES=7, GROUP_M=8, STREAM_K=0)
+_P128x192 = PersistentConfig(BLOCK_M=128, BLOCK_N=192, BLOCK_K=32, STAGES=7, GROUP_M=8, STREAM_K=0)
+_P192x128 = PersistentConfig(BLOCK_M=192, BLOCK_N=128, BLOCK_K=64, STAGES=4, GROUP_M=8, STREAM_K=0)
 _G = GluonConfig
 CONFIGS = ConfigTable(
     rows=(
@@ -355,12 +358,12 @@ CONFIGS = ConfigTable(
         (160, _G(BLOCK_N=64, BLOCK_M=80, BLOCK_K=128, STAGES=6)),  # two M tiles of 64 + 16 rows
         (192, _G(BLOCK_N=64, BLOCK_M=96, BLOCK_K=128, STAGES=5)),  # two M tiles of 64 + 32 rows
         (256, _G(BLOCK_N=64, BLOCK_M=128, BLOCK_K=64, STAGES=8)),
-        (1024, _P192),
+        (1024, _P128x192),
         (1408, _TMA_LARGE),
-        (2048, _P192),
+        (2112, _P192x128),
         (4096, _TMA_LARGE),
     ),
-    larger=_LARGEST_M,
+    larger=_P192x128,
 )
 
 # The table in the Triton CPU interpreter (no Gluon there): the ``tl`` paths, chosen on the H200 before the Gluon
