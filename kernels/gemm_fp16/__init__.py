@@ -9,11 +9,12 @@ Paths, picked per M by ``CONFIGS`` (configs.py; a documented table, no autotunin
   side), TMA / mbarrier ring; sm_90 only.
 * ``SplitKConfig`` -> ``splitk.gemm_fp16_splitk_kernel`` (M <= 256 in the CPU interpreter, which cannot run
   Gluon): pointer loads, one program per (C tile, K slice), deterministic last-arrival split-K reduction.
-* ``PersistentConfig`` -> ``persistent.gemm_persistent_kernel`` (M = 257-1024 and 1409-2048 on a GPU: 128 x 192
-  whole tiles; 192 x 128 tiles in two row parts too): Gluon, persistent and warp-specialized, optional
-  deterministic stream-K; sm_90 only.
+* ``PersistentConfig`` -> ``persistent.gemm_persistent_kernel`` (on a GPU M = 257-1024: 128 x 192 whole tiles;
+  1409-2112 and above 4096: 192 x 128 whole tiles in two row parts): Gluon, persistent and warp-specialized,
+  optional deterministic stream-K; sm_90 only.
 * ``TmaConfig`` -> ``tma.gemm_fp16_tma_kernel`` (persistent, TMA) or, with ``STREAM_K``,
-  ``tma.gemm_fp16_tma_streamk_kernel`` (the other M > 256: 128 x 256 tiles, whole-tile mode STREAM_K=3).
+  ``tma.gemm_fp16_tma_streamk_kernel`` (the other M > 256, 1025-1408 and 2113-4096 on a GPU: 128 x 256 tiles,
+  whole-tile mode STREAM_K=3).
 * ``GemvConfig`` -> ``gemv.gemm_fp16_gemv_kernel`` (M = 1-2 on a GPU; any device): CUDA cores, many small
   programs each streaming a few rows of B over the whole K; fp32 sums, no split-K.
 

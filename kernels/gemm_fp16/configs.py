@@ -14,7 +14,8 @@ One frozen dataclass per path; the type says which kernel serves a call:
 On a GPU ``CONFIGS`` serves every M; the Triton CPU interpreter (which cannot run Gluon) uses
 ``INTERPRETER_CONFIGS``, the ``tl`` paths.
 
-``CONFIGS`` (gemm_fp16's table, tuned for the gemm_n3072_k2048 workload on the H200) and ``TMA_CONFIGS``
+``CONFIGS`` (gemm_fp16's table, tuned for the gemm_n3072_k2048 workload on the H200; its 192 x 128 rows on an
+H100) and ``TMA_CONFIGS``
 (gemm_tma's defaults) are ``_runtime.ConfigTable``\\ s keyed on M; ``accumulation_model`` names the fp4ref.bounds
 model of one config at one K, and ``NUMERIC_CONTRACT`` is what ``fp4ref verify`` and the tests read
 (docs/kernels.md, "gemm_fp16").
