@@ -338,7 +338,7 @@ class PersistentConfig:
 # persistent Gluon kernel's 128 x 192 whole tiles (16 column tiles of N = 3072) at M = 257-1024 (<= 128 tiles, one
 # wave, against 96 tiles of 128 x 256 at M = 972), and its 192 x 128 whole tiles (two row parts; 24 column tiles)
 # at M = 1409-2112 (<= 11 row tiles, <= 264 tiles: two waves, as the 128 x 256 tiles need there, of 0.75 the work
-# each; M = 2053: 1.23x the 128 x 256 tiles, 1.08-1.17x the 128 x 192 ones at 1409-2048) and above 4096 (8192:
+# each; M = 2053: 1.23x the 128 x 256 tiles, 1.07-1.18x the 128 x 192 ones at 1409-2048) and above 4096 (8192:
 # 1% faster than 128 x 256, measured on an H100). docs/kernels.md and docs/benchmarks.md.
 _TMA_LARGE = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=4, GROUP_M=4, EPILOGUE_SUBTILE=2, STREAM_K=3)
 _LARGEST_M = TmaConfig(128, 256, 64, SPLIT_K=1, num_warps=8, num_stages=3, GROUP_M=4, STREAM_K=3)
