@@ -320,6 +320,8 @@ def gemm_persistent_kernel(
         a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [STAGES, BLOCK_M_LO, BLOCK_K], a2_desc.layout)
         c2_smem = gl.allocate_shared_memory(c2_desc.dtype, [BLOCK_M_LO, BLOCK_N], c2_desc.layout)
     ROWS: gl.constexpr = BLOCK_M - BLOCK_M_LO
+    # (each call spells its partitions' arguments out: Triton 3.6's warp_specialize takes neither a JIT function
+    # nor its arguments through a tuple variable)
     if BLOCK_M_LO > 0:  # the low row part in a worker partition of its own warpgroup(s), releasing slots too
         gl.warp_specialize(
             [(_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, c_smem, c2_smem, c_desc, c2_desc, ws_ptr, cnt_ptr, M,
